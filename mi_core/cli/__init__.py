@@ -1,0 +1,80 @@
+"""The ``mi-core`` command.
+
+Each subcommand lives in its own module under ``mi_core.cli`` and exposes
+``add_parser(subparsers)`` (which registers the subcommand and sets ``func``) and a ``run(args)``
+that only composes library functions. Bad input raises :class:`mi_core.errors.MiCoreError`;
+:func:`main` prints its message as one line on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from mi_core.errors import MiCoreError
+
+#: Subcommand modules, in the order ``mi-core --help`` lists them.
+SUBCOMMANDS: tuple[str, ...] = (
+    "finetune",
+    "eval",
+    "means",
+    "ablate",
+    "prune",
+    "sweep",
+    "effective_size",
+    "heuristic_core",
+    "separability",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, like every other mi-core error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise MiCoreError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every subcommand that is installed."""
+    parser = _Parser(prog="mi-core", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    subparsers = parser.add_subparsers(dest="command", parser_class=_Parser)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"mi_core.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"mi_core.cli.{name}":
+                continue
+            raise
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``mi-core``: run one subcommand, report bad input as one line."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=logging.INFO if args.verbose else logging.WARNING,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return 2
+        args.func(args)
+    except MiCoreError as exc:
+        message = " ".join(str(exc).split())
+        print(f"mi-core: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mi-core: interrupted; finished work is kept and a re-run resumes", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

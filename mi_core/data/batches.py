@@ -1,0 +1,281 @@
+"""Tokenised sentence-pair batches: tokenise once, then collate with dynamic padding.
+
+* Tokenizers with a sep token (BERT, RoBERTa, ...) use their own sentence-pair template
+  (``[CLS] a [SEP] b [SEP]``, ``<s> a </s></s> b </s>``) and, where the model has them, token type
+  ids. Tokenizers without a sep token (GPT-2 and other causal LMs) get ``a + eos + b`` with zero
+  token types, and their pad token is eos when they have none.
+* Pairs longer than ``max_length`` are truncated ``"longest_first"`` (the longer side loses tokens
+  first); how many were truncated is logged once per call as a warning and kept in
+  :attr:`TokenizedPairs.n_truncated`.
+* Batches pad to the longest example in the batch, on the right; ``sort_by_length=True`` groups
+  examples of similar length (fast evaluation) and ``batch["index"]`` maps rows back to the
+  data set.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mi_core.data.pairs import PairDataset
+from mi_core.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 4096  # pairs per tokenizer call
+
+
+@dataclass
+class TokenizedPairs:
+    """Per-example token ids of a :class:`PairDataset` (unpadded)."""
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]]
+    labels: list[int]
+    max_length: int
+    pad_token_id: int
+    n_truncated: int
+    truncated: list[int]
+    name: str = ""
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Number of tokens of each example."""
+        return [len(ids) for ids in self.input_ids]
+
+    def collate(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """One right-padded batch of the examples at ``indices``, as wide as its longest one."""
+        idx = [int(i) for i in indices]
+        width = max((len(self.input_ids[i]) for i in idx), default=0)
+        n = len(idx)
+        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, width), dtype=torch.long)
+        token_type_ids = torch.zeros((n, width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids = self.input_ids[i]
+            k = len(ids)
+            input_ids[row, :k] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, :k] = 1
+            token_type_ids[row, :k] = torch.tensor(self.token_type_ids[i], dtype=torch.long)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+            "labels": torch.tensor([self.labels[i] for i in idx], dtype=torch.long),
+            "index": torch.tensor(idx, dtype=torch.long),
+        }
+
+
+def pad_token_id(tokenizer) -> int:
+    """The tokenizer's pad id, or its eos id when it has no pad token (GPT-2)."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tokenizer, "eos_token_id", None)
+    if pad is None:
+        raise DataError("the tokenizer has neither a pad token nor an eos token to pad with")
+    return int(pad)
+
+
+def uses_pair_template(tokenizer) -> bool:
+    """True when the tokenizer has a sep token, so its own sentence-pair template applies."""
+    return getattr(tokenizer, "sep_token", None) is not None
+
+
+def _encode(tokenizer, texts: list[str], **kwargs) -> list[list[int]]:
+    out: list[list[int]] = []
+    for start in range(0, len(texts), _CHUNK):
+        enc = tokenizer(texts[start : start + _CHUNK], return_attention_mask=False, **kwargs)
+        out.extend(enc["input_ids"])
+    return out
+
+
+def _keep_longest_first(la: int, lb: int, budget: int) -> tuple[int, int]:
+    """Tokens kept of each side under ``longest_first`` truncation to ``budget`` tokens."""
+    if la + lb <= budget:
+        return la, lb
+    if la > lb:
+        keep_b = min(lb, budget // 2)
+        return budget - keep_b, keep_b
+    keep_a = min(la, budget // 2)
+    return keep_a, budget - keep_a
+
+
+def tokenize_pairs(dataset: PairDataset, tokenizer, max_length: int = 128) -> TokenizedPairs:
+    """Tokenise every pair of ``dataset`` once (batched calls on the fast tokenizer)."""
+    max_length = int(max_length)
+    n = len(dataset)
+    a, b = list(dataset.text_a), list(dataset.text_b)
+    pad = pad_token_id(tokenizer)
+    if uses_pair_template(tokenizer):
+        n_special = tokenizer.num_special_tokens_to_add(pair=True)
+        if max_length < n_special + 2:
+            raise DataError(
+                f"max_length {max_length} leaves no room for a pair ({n_special} special tokens)"
+            )
+        want_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+        ids: list[list[int]] = []
+        types: list[list[int]] = []
+        # Truncating at max_length + 1 first tells which pairs exceed max_length (they come back
+        # max_length + 1 long) without tokenising over-long sequences; only those are redone.
+        for start in range(0, n, _CHUNK):
+            enc = tokenizer(
+                a[start : start + _CHUNK],
+                b[start : start + _CHUNK],
+                truncation="longest_first",
+                max_length=max_length + 1,
+                return_attention_mask=False,
+                return_token_type_ids=want_types,
+            )
+            ids.extend(enc["input_ids"])
+            if want_types:
+                types.extend(enc["token_type_ids"])
+        truncated = [i for i, x in enumerate(ids) if len(x) > max_length]
+        if truncated:
+            enc = tokenizer(
+                [a[i] for i in truncated],
+                [b[i] for i in truncated],
+                truncation="longest_first",
+                max_length=max_length,
+                return_attention_mask=False,
+                return_token_type_ids=want_types,
+            )
+            for j, i in enumerate(truncated):
+                ids[i] = enc["input_ids"][j]
+                if want_types:
+                    types[i] = enc["token_type_ids"][j]
+        if not want_types:
+            types = [[0] * len(x) for x in ids]
+    else:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if eos is None:
+            raise DataError("a tokenizer without a sep token needs an eos token to join pairs")
+        if max_length < 3:
+            raise DataError(f"max_length {max_length} leaves no room for a pair")
+        budget = max_length - 1
+        # each side clipped at max_length: a clipped side already overflows the budget
+        kw = {"add_special_tokens": False, "truncation": True, "max_length": max_length}
+        ids_a, ids_b = _encode(tokenizer, a, **kw), _encode(tokenizer, b, **kw)
+        ids, truncated = [], []
+        for i, (xa, xb) in enumerate(zip(ids_a, ids_b, strict=True)):
+            if len(xa) + len(xb) > budget:
+                truncated.append(i)
+                ka, kb = _keep_longest_first(len(xa), len(xb), budget)
+                xa, xb = xa[:ka], xb[:kb]
+            ids.append(list(xa) + [int(eos)] + list(xb))
+        types = [[0] * len(x) for x in ids]
+    if truncated:
+        logger.warning(
+            "%s: %d of %d pairs are longer than max_length=%d tokens and were truncated "
+            "(longest_first)",
+            dataset.name or "pairs",
+            len(truncated),
+            n,
+            max_length,
+        )
+    return TokenizedPairs(
+        input_ids=[list(x) for x in ids],
+        token_type_ids=[list(t) for t in types],
+        labels=list(dataset.labels),
+        max_length=max_length,
+        pad_token_id=pad,
+        n_truncated=len(truncated),
+        truncated=truncated,
+        name=dataset.name,
+    )
+
+
+class PairBatches:
+    """Re-iterable batches of a :class:`TokenizedPairs`.
+
+    Each pass yields dicts with ``input_ids``, ``attention_mask``, ``token_type_ids``, ``labels``
+    and ``index`` (LongTensors). With ``shuffle`` the order is drawn from ``seed`` and the pass
+    number, so passes differ but runs repeat. With ``sort_by_length`` examples are grouped by
+    length (batches of similar widths; with ``shuffle`` the order of those batches is shuffled).
+    """
+
+    def __init__(
+        self,
+        tokenized: TokenizedPairs,
+        batch_size: int = 32,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        sort_by_length: bool = False,
+    ) -> None:
+        if int(batch_size) < 1:
+            raise DataError(f"batch_size must be at least 1, not {batch_size}")
+        self.tokenized = tokenized
+        self.batch_size = int(batch_size)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.sort_by_length = sort_by_length
+        self._epoch = 0
+
+    @property
+    def n_truncated(self) -> int:
+        return self.tokenized.n_truncated
+
+    def __len__(self) -> int:
+        n = len(self.tokenized)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def batch_indices(self, epoch: int | None = None) -> list[list[int]]:
+        """The example indices of each batch of pass ``epoch`` (default: the next pass)."""
+        n = len(self.tokenized)
+        epoch = self._epoch if epoch is None else epoch
+        gen = torch.Generator().manual_seed(self.seed + epoch)
+        if self.sort_by_length:
+            lengths = self.tokenized.lengths
+            order = sorted(range(n), key=lambda i: (-lengths[i], i))
+        elif self.shuffle:
+            order = torch.randperm(n, generator=gen).tolist()
+        else:
+            order = list(range(n))
+        batches = [order[s : s + self.batch_size] for s in range(0, n, self.batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        if self.sort_by_length and self.shuffle:
+            perm = torch.randperm(len(batches), generator=gen).tolist()
+            batches = [batches[p] for p in perm]
+        return batches
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        batches = self.batch_indices(self._epoch)
+        self._epoch += 1
+        for idx in batches:
+            yield self.tokenized.collate(idx)
+
+
+def pair_batches(
+    dataset: PairDataset | TokenizedPairs,
+    tokenizer=None,
+    batch_size: int = 32,
+    max_length: int = 128,
+    shuffle: bool = False,
+    seed: int = 0,
+    drop_last: bool = False,
+    sort_by_length: bool = False,
+) -> PairBatches:
+    """Batches of ``dataset`` (tokenised once with ``tokenizer``, or already a
+    :class:`TokenizedPairs`), padded per batch to the longest example."""
+    if isinstance(dataset, TokenizedPairs):
+        tokenized = dataset
+    else:
+        if tokenizer is None:
+            raise DataError("pair_batches needs a tokenizer to tokenise a PairDataset")
+        tokenized = tokenize_pairs(dataset, tokenizer, max_length=max_length)
+    return PairBatches(
+        tokenized,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+        sort_by_length=sort_by_length,
+    )

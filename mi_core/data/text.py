@@ -1,0 +1,226 @@
+"""Text corpora for causal language models, and fixed-length token windows from them.
+
+Specs: ``text:wikitext`` (``text/wikitext2_test.raw``, the raw WikiText-2 test set, split into
+articles at its top-level `` = Title = `` headings; online, the hub's ``Salesforce/wikitext``
+``wikitext-2-raw-v1`` test split) and ``text:python`` (the ``text`` fields of
+``text/python_stdlib_sample.jsonl``, one document per module; no hub copy). A local path works
+too: ``.jsonl``/``.json`` (a ``text`` column, one document per row) or any other text file (split
+into articles at WikiText-style top-level headings, else one document).
+
+:func:`token_windows` tokenises the documents (no special tokens), joins them into one stream with
+a separator token *before* each document (eos, else bos, else sep: for GPT-2 ``<|endoftext|>``),
+and splits the stream once: the first ``1 - heldout_fraction`` of its tokens is the ``"stats"``
+part and the rest the ``"heldout"`` part. Windows are consecutive, non-overlapping slices of one
+part, so no heldout window shares a token position with any stats window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from mi_core.data._sources import hub_load, local_file, missing_error, resolve_data_dir
+from mi_core.errors import DataError
+
+TEXT_SPECS: dict[str, str] = {
+    "text:wikitext": "WikiText-2 raw test set, one document per article",
+    "text:python": "CPython standard library modules, one document per file",
+}
+_FILES = {
+    "text:wikitext": "text/wikitext2_test.raw",
+    "text:python": "text/python_stdlib_sample.jsonl",
+}
+_TOP_HEADING = re.compile(r"^ ?= [^=].* = ?$")
+
+
+def split_wikitext(raw: str) -> list[str]:
+    """Split raw WikiText into articles at its top-level headings (`` = Title = ``)."""
+    docs: list[list[str]] = [[]]
+    for line in raw.splitlines():
+        if _TOP_HEADING.match(line) and any(x.strip() for x in docs[-1]):
+            docs.append([])
+        docs[-1].append(line)
+    out = []
+    for lines in docs:
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        while lines and not lines[-1].strip():
+            lines.pop()
+        if lines:
+            out.append("\n".join(lines))
+    return out
+
+
+def _jsonl_texts(path: Path) -> list[str]:
+    texts = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not a valid JSON line ({exc.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
+        texts.append(row["text"])
+    return texts
+
+
+def _read_path(path: Path) -> list[str]:
+    try:
+        if path.suffix.lower() in (".jsonl", ".json"):
+            return _jsonl_texts(path)
+        return split_wikitext(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text ({exc.reason})") from None
+
+
+def load_text(spec: str, data_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """The documents of a text corpus: ``text:wikitext``, ``text:python`` or a local file."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    key = spec.strip().lower() if isinstance(spec, str) else spec
+    if key not in TEXT_SPECS:
+        path = Path(str(spec)).expanduser()
+        if path.is_file():
+            docs = _read_path(path)
+        elif path.suffix.lower() in (".jsonl", ".json", ".txt", ".raw"):
+            raise DataError(f"text file {path} not found")
+        else:
+            raise DataError(
+                f"unknown text spec {spec!r}; valid specs: {', '.join(TEXT_SPECS)}, or a path to "
+                f"a .jsonl (text column) or plain text file"
+            )
+    else:
+        rel = _FILES[key]
+        root = resolve_data_dir(data_dir)
+        path = local_file(key, rel, root)
+        if path is not None:
+            docs = _read_path(path)
+        elif key == "text:wikitext":
+            hub = hub_load(
+                key,
+                rel,
+                root,
+                ("Salesforce/wikitext", "wikitext-2-raw-v1"),
+                {"split": "test"},
+                "save ''.join(datasets.load_dataset('Salesforce/wikitext', 'wikitext-2-raw-v1', "
+                "split='test')['text']) as that file",
+            )
+            docs = split_wikitext("".join(hub["text"]))
+        else:
+            raise missing_error(
+                key,
+                rel,
+                root,
+                "write JSON lines {path, text} of Python source files (e.g. CPython's Lib/*.py)",
+                "it has no hub copy",
+            )
+    if not docs:
+        raise DataError(f"{spec}: no documents")
+    return docs
+
+
+def _separator_id(tokenizer) -> int | None:
+    for attr in ("eos_token_id", "bos_token_id", "sep_token_id"):
+        tok = getattr(tokenizer, attr, None)
+        if tok is not None:
+            return int(tok)
+    return None
+
+
+def _encode_docs(tokenizer, docs: list[str]) -> list[list[int]]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        # the Rust tokenizer directly: no special tokens and no "sequence too long" warnings
+        no_trunc = backend.truncation
+        if no_trunc is not None:
+            backend.no_truncation()
+        try:
+            return [e.ids for e in backend.encode_batch(docs, add_special_tokens=False)]
+        finally:
+            if no_trunc is not None:
+                backend.enable_truncation(
+                    **{
+                        k: v
+                        for k, v in no_trunc.items()
+                        if k in ("max_length", "stride", "strategy", "direction")
+                    }
+                )
+    return [tokenizer.encode(d, add_special_tokens=False) for d in docs]
+
+
+def token_stream(
+    tokenizer, spec: str, data_dir: str | os.PathLike[str] | None = None
+) -> torch.Tensor:
+    """All documents of ``spec`` as one token stream, a separator token before each document."""
+    docs = load_text(spec, data_dir=data_dir)
+    sep = _separator_id(tokenizer)
+    stream: list[int] = []
+    for ids in _encode_docs(tokenizer, docs):
+        if sep is not None:
+            stream.append(sep)
+        stream.extend(ids)
+    return torch.tensor(stream, dtype=torch.long)
+
+
+def split_stream(
+    stream: torch.Tensor, split: str = "stats", heldout_fraction: float = 0.1
+) -> torch.Tensor:
+    """The ``"stats"`` part (first ``1 - heldout_fraction`` of the tokens) or the ``"heldout"``
+    part (the rest) of a token stream."""
+    if not 0.0 < float(heldout_fraction) < 1.0:
+        raise DataError(
+            f"heldout_fraction must lie strictly between 0 and 1, not {heldout_fraction}"
+        )
+    boundary = int(round(len(stream) * (1.0 - float(heldout_fraction))))
+    if split == "stats":
+        return stream[:boundary]
+    if split == "heldout":
+        return stream[boundary:]
+    raise DataError(f"unknown split {split!r}; expected 'stats' or 'heldout'")
+
+
+def token_windows(
+    tokenizer,
+    spec: str,
+    window: int = 128,
+    n_windows: int | None = None,
+    split: str = "stats",
+    heldout_fraction: float = 0.1,
+    data_dir: str | os.PathLike[str] | None = None,
+    prepend_bos: bool = False,
+) -> torch.Tensor:
+    """Fixed-length windows ``[n, window]`` (LongTensor) of one part of a corpus' token stream.
+
+    ``n_windows`` keeps the first windows of the part (all if None; more than there are is a
+    :class:`DataError`). ``prepend_bos`` makes each window ``[bos] + window - 1`` stream tokens.
+    """
+    window = int(window)
+    if window < 2:
+        raise DataError(f"window must be at least 2 tokens, not {window}")
+    part = split_stream(token_stream(tokenizer, spec, data_dir), split, heldout_fraction)
+    step = window - 1 if prepend_bos else window
+    n_avail = len(part) // step
+    if n_windows is not None:
+        if int(n_windows) < 0:
+            raise DataError(f"n_windows must be non-negative, not {n_windows}")
+        if int(n_windows) > n_avail:
+            raise DataError(
+                f"{spec}: {n_windows} windows of {window} tokens asked for, but the {split} part "
+                f"({len(part)} tokens, heldout_fraction={heldout_fraction}) holds {n_avail}"
+            )
+        n_avail = int(n_windows)
+    windows = part[: n_avail * step].reshape(n_avail, step)
+    if prepend_bos:
+        bos = getattr(tokenizer, "bos_token_id", None)
+        if bos is None:
+            bos = _separator_id(tokenizer)
+        if bos is None:
+            raise DataError("prepend_bos=True but the tokenizer has no bos/eos/sep token")
+        windows = torch.cat([torch.full((n_avail, 1), int(bos), dtype=torch.long), windows], 1)
+    return windows.contiguous()

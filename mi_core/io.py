@@ -1,0 +1,83 @@
+"""Atomic file output: results appear whole or not at all, never half-written.
+
+Every writer goes through :func:`atomic_path`, which yields a temporary file in the target's own
+directory and renames it over the target only once writing succeeded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it to ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically."""
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Read a JSON file."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def write_csv(path: str | os.PathLike[str], frame: Any) -> Path:
+    """Write a pandas DataFrame as CSV (no index) atomically."""
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return Path(path)
+
+
+def write_safetensors(
+    path: str | os.PathLike[str],
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Save tensors (made contiguous) as safetensors atomically, with string metadata."""
+    with atomic_path(path) as tmp:
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+            str(tmp),
+            metadata=dict(metadata) if metadata else None,
+        )
+    return Path(path)
+
+
+def read_safetensors(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Load a safetensors file: its tensors and its metadata."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = dict(handle.metadata() or {})
+    return load_file(str(path)), metadata

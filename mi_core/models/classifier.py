@@ -1,0 +1,173 @@
+"""Hooked sequence classifiers: a TransformerLens body plus the checkpoint's own task head.
+
+``HookedEncoderClassifier`` (BERT, RoBERTa) subclasses TL's ``HookedEncoder`` and
+``HookedDecoderClassifier`` (GPT-2) subclasses ``HookedTransformer``, so every TL hook name
+(``blocks.{l}.attn.hook_z``, ``hook_pattern``, ``hook_mlp_out``, ...) and every TL tool
+(``run_with_cache``, ``run_with_hooks``, ``hooks()``) works unchanged. Both share one interface,
+split in three steps so interventions can re-run only the layers after a change::
+
+    logits = model.classify(model.run_blocks(model.embed_input(ids, mask, types), mask), mask)
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import nn
+from transformer_lens import HookedEncoder, HookedTransformer, HookedTransformerConfig
+
+from mi_core.errors import DataError
+from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
+
+Ids = Int[torch.Tensor, "batch pos"]
+Resid = Float[torch.Tensor, "batch pos d_model"]
+
+
+class HookedClassifier:
+    """What every hooked classifier offers on top of its TL base class."""
+
+    cfg: HookedTransformerConfig
+    head: nn.Module
+    num_labels: int
+    task: str | None
+    label_names: list[str]
+    model_name: str
+    is_encoder: bool
+
+    def _init_classifier(
+        self, num_labels: int, task: str | None, label_names: list[str] | None, model_name: str
+    ) -> None:
+        self.num_labels = num_labels
+        self.task = task
+        self.label_names = list(label_names or [f"LABEL_{i}" for i in range(num_labels)])
+        self.model_name = model_name
+
+    def forward(
+        self,
+        input_ids: Ids,
+        attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+        token_type_ids: Ids | None = None,
+        **_: object,
+    ) -> Float[torch.Tensor, "batch label"]:
+        """Class logits for a batch of token ids (right-padded; extra batch keys are ignored)."""
+        resid = self.embed_input(input_ids, attention_mask, token_type_ids)
+        resid = self.run_blocks(resid, attention_mask)
+        return self.classify(resid, attention_mask)
+
+    def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
+        raise NotImplementedError  # pragma: no cover - defined by each body
+
+    def run_blocks(self, resid: Resid, attention_mask=None, start: int = 0, stop=None) -> Resid:
+        raise NotImplementedError  # pragma: no cover
+
+    def classify(self, resid: Resid, attention_mask=None) -> Float[torch.Tensor, "batch label"]:
+        raise NotImplementedError  # pragma: no cover
+
+    @property
+    def component_labels(self) -> list[str]:
+        """``L{l}.H{h}`` for every head, then ``L{l}.MLP`` for every layer."""
+        heads = [f"L{l}.H{h}" for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
+        return heads + [f"L{l}.MLP" for l in range(self.cfg.n_layers)]
+
+
+class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
+    """A BERT/RoBERTa sequence classifier: hooked encoder + dense-tanh-out head on token 0."""
+
+    is_encoder = True
+
+    def __init__(
+        self,
+        cfg: HookedTransformerConfig,
+        num_labels: int,
+        tokenizer=None,
+        task: str | None = None,
+        label_names: list[str] | None = None,
+        uses_token_types: bool = True,
+    ):
+        HookedEncoder.__init__(self, cfg, tokenizer=tokenizer, move_to_device=False)
+        #: RoBERTa has one token type: its token type ids are ignored (taken as 0).
+        self.uses_token_types = uses_token_types
+        # The masked-LM, NSP and pooler modules are not part of a sequence classifier.
+        del self.mlm_head, self.unembed, self.nsp_head, self.pooler
+        self.head = PooledClassificationHead(cfg.d_model, num_labels)
+        self._init_classifier(num_labels, task, label_names, cfg.model_name)
+        self.to(cfg.device)
+        self.setup()
+
+    def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
+        """Token + position + token-type embeddings after the embedding LayerNorm."""
+        if not self.uses_token_types:
+            token_type_ids = None
+        return self.hook_full_embed(self.embed(input_ids, token_type_ids))
+
+    def run_blocks(self, resid: Resid, attention_mask=None, start: int = 0, stop=None) -> Resid:
+        """Run blocks ``[start:stop]``; padding keys are masked out."""
+        additive = None
+        if attention_mask is not None:
+            additive = torch.zeros(attention_mask.shape, dtype=resid.dtype, device=resid.device)
+            additive = additive.masked_fill(attention_mask == 0, float("-inf"))[:, None, None, :]
+        for block in self.blocks[start:stop]:
+            resid = block(resid, additive)
+        return resid
+
+    def classify(self, resid: Resid, attention_mask=None) -> Float[torch.Tensor, "batch label"]:
+        """The head on the first ([CLS] / <s>) token."""
+        return self.head(resid[:, 0])
+
+
+class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
+    """A GPT-2 sequence classifier: hooked decoder + linear score of the last non-pad token."""
+
+    is_encoder = False
+
+    def __init__(
+        self,
+        cfg: HookedTransformerConfig,
+        num_labels: int,
+        tokenizer=None,
+        task: str | None = None,
+        label_names: list[str] | None = None,
+    ):
+        HookedTransformer.__init__(self, cfg, tokenizer=None, move_to_device=False)
+        # Set directly: TL's set_tokenizer would re-load it with add_bos_token=True.
+        self.tokenizer = tokenizer
+        del self.unembed
+        self.head = LinearClassificationHead(cfg.d_model, num_labels)
+        self._init_classifier(num_labels, task, label_names, cfg.model_name)
+        self.to(cfg.device)
+        self.setup()
+
+    def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
+        """Token + position embeddings (positions from 0; right padding; token types ignored).
+
+        GPT-2 tokenizers make no token type ids, so GPT-2 classifiers are trained without them.
+        """
+        if attention_mask is not None:
+            _check_right_padded(attention_mask)
+        return self.hook_embed(self.embed(input_ids)) + self.hook_pos_embed(
+            self.pos_embed(input_ids)
+        )
+
+    def run_blocks(self, resid: Resid, attention_mask=None, start: int = 0, stop=None) -> Resid:
+        """Run blocks ``[start:stop]``; with right padding the causal mask hides every pad."""
+        for block in self.blocks[start:stop]:
+            resid = block(resid)
+        return resid
+
+    def classify(self, resid: Resid, attention_mask=None) -> Float[torch.Tensor, "batch label"]:
+        """Final LayerNorm, then the score of each row's last non-pad token."""
+        resid = self.ln_final(resid)
+        if attention_mask is None:
+            last = torch.full((resid.shape[0],), resid.shape[1] - 1, device=resid.device)
+        else:
+            last = attention_mask.sum(dim=1) - 1
+        return self.head(resid[torch.arange(resid.shape[0], device=resid.device), last])
+
+
+def _check_right_padded(attention_mask: Int[torch.Tensor, "batch pos"]) -> None:
+    mask = attention_mask.bool()
+    if (mask[:, 1:] & ~mask[:, :-1]).any():
+        raise DataError(
+            "decoder classifiers expect right padding (attention_mask of 1s then 0s); "
+            "tokenise with padding_side='right'"
+        )

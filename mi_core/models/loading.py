@@ -1,0 +1,401 @@
+"""``load_model``: any supported checkpoint (local directory, hub name, embedded) as a hooked model.
+
+Local directories are read without any hub call. Classifier checkpoints keep their exact
+weights (no LayerNorm folding), so activations match Hugging Face's model; causal LMs get TL's
+usual processing (folded norms, centred writing weights and unembedding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from transformer_lens import HookedTransformer
+
+from mi_core.errors import ModelLoadError
+from mi_core.io import read_safetensors, write_safetensors
+from mi_core.models import configs, convert, embedded
+from mi_core.models.classifier import (
+    HookedClassifier,
+    HookedDecoderClassifier,
+    HookedEncoderClassifier,
+)
+
+log = logging.getLogger(__name__)
+
+CLASSIFIER_ARCHITECTURES = (
+    "BertForSequenceClassification",
+    "RobertaForSequenceClassification",
+    "GPT2ForSequenceClassification",
+)
+#: Pretrained bodies that become classifiers with a fresh, seeded head when a task is named.
+BODY_ARCHITECTURES = (
+    "BertModel",
+    "BertForMaskedLM",
+    "BertForPreTraining",
+    "RobertaModel",
+    "RobertaForMaskedLM",
+    "GPT2Model",
+    "GPT2LMHeadModel",
+)
+CAUSAL_LM_ARCHITECTURES = ("GPT2LMHeadModel", "OPTForCausalLM", "LlamaForCausalLM")
+SUPPORTED_ARCHITECTURES = tuple(
+    dict.fromkeys(CLASSIFIER_ARCHITECTURES + BODY_ARCHITECTURES + CAUSAL_LM_ARCHITECTURES)
+)
+TASK_NUM_LABELS = {"mnli": 3, "qqp": 2}
+TASK_LABEL_NAMES = {
+    "mnli": ["entailment", "neutral", "contradiction"],
+    "qqp": ["not_duplicate", "duplicate"],
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are: a local folder or a hub id, and a GGUF file if any."""
+
+    name: str
+    path: str
+    local: bool
+    gguf_file: str | None = None
+
+    def kwargs(self) -> dict:
+        """Keyword arguments for ``from_pretrained``."""
+        out: dict = {}
+        if self.gguf_file:
+            out["gguf_file"] = self.gguf_file
+        if self.local or os.environ.get("HF_HUB_OFFLINE") == "1":
+            out["local_files_only"] = True
+        return out
+
+
+def resolve_source(name_or_path: str | os.PathLike[str]) -> ModelSource:
+    """Find a model's files: an embedded name, a local directory, or else a hub id."""
+    name = str(name_or_path)
+    if name == embedded.MINILM:
+        return ModelSource(name, str(embedded.minilm_path()), local=True)
+    if name == embedded.SMOLLM2:
+        folder, gguf = embedded.smollm2_gguf()
+        return ModelSource(name, str(folder), local=True, gguf_file=gguf)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path} has no config.json; expected a Hugging Face checkpoint directory "
+                "(config.json + model.safetensors + tokenizer files)"
+            )
+        return ModelSource(name, str(path), local=True)
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelLoadError(
+            f"{name} is not a checkpoint directory; give a folder with config.json, a hub name "
+            f"such as bert-base-cased, or one of {list(embedded.EMBEDDED_MODELS)}"
+        )
+    return ModelSource(name, name, local=False)
+
+
+def _hub_error(source: ModelSource, exc: Exception) -> ModelLoadError:
+    return ModelLoadError(
+        f"cannot load {source.name!r}: not a local checkpoint directory and not available from the "
+        f"Hugging Face hub or its cache ({type(exc).__name__}); pass a local directory or go online"
+    )
+
+
+def load_hf_config(source: ModelSource) -> transformers.PretrainedConfig:
+    """The checkpoint's Hugging Face config, with a clear error for unsupported architectures."""
+    try:
+        config = transformers.AutoConfig.from_pretrained(source.path, **source.kwargs())
+    except (OSError, ValueError) as exc:
+        if source.local:
+            raise ModelLoadError(f"cannot read the config of {source.path}: {exc}") from exc
+        raise _hub_error(source, exc) from exc
+    arch = (config.architectures or [_default_architecture(config)])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"architecture {arch} of {source.name} is not supported; supported: "
+            + ", ".join(SUPPORTED_ARCHITECTURES)
+        )
+    return config
+
+
+def _default_architecture(config) -> str:
+    defaults = {
+        "bert": "BertModel",
+        "roberta": "RobertaModel",
+        "gpt2": "GPT2LMHeadModel",
+        "opt": "OPTForCausalLM",
+        "llama": "LlamaForCausalLM",
+    }
+    return defaults.get(config.model_type, config.model_type)
+
+
+def load_tokenizer(source: ModelSource):
+    """The checkpoint's tokenizer; decoders without a pad token pad with their EOS token."""
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.kwargs())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {source.name}: {exc}") from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    level = transformers.logging.get_verbosity()
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(level)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def _expected_num_labels(task: str | None, num_labels: int | None) -> int | None:
+    if task is not None and task not in TASK_NUM_LABELS:
+        raise ModelLoadError(f"unknown task {task!r}; expected one of {sorted(TASK_NUM_LABELS)}")
+    expected = TASK_NUM_LABELS.get(task) if task else None
+    if num_labels is not None and expected is not None and num_labels != expected:
+        raise ModelLoadError(f"task {task} has {expected} labels, not {num_labels}")
+    return num_labels or expected
+
+
+def load_hf_classifier(
+    name_or_path: str | os.PathLike[str],
+    task: str | None = None,
+    num_labels: int | None = None,
+    seed: int = 0,
+):
+    """The Hugging Face sequence classifier for a checkpoint, and its tokenizer.
+
+    A classifier checkpoint keeps its head (whose label count must fit the task); a pretrained
+    body (BertModel, RobertaForMaskedLM, GPT2LMHeadModel, ...) gets a head initialised from
+    ``seed``. Returns ``(model, tokenizer, task)``; ``model`` is in eval mode.
+    """
+    source = resolve_source(name_or_path)
+    if source.name == embedded.MINILM and task is None and num_labels is None:
+        task = embedded.DEFAULT_TASK
+    config = load_hf_config(source)
+    arch = (config.architectures or [_default_architecture(config)])[0]
+    wanted = _expected_num_labels(task, num_labels)
+    if arch in CLASSIFIER_ARCHITECTURES:
+        if wanted is not None and config.num_labels != wanted:
+            raise ModelLoadError(
+                f"{source.name} has a {config.num_labels}-label head but "
+                f"{'task ' + task if task else 'the request'} needs {wanted} labels; "
+                "use a checkpoint fine-tuned for this task"
+            )
+        wanted = config.num_labels
+        if task is None:
+            task = next((t for t, n in TASK_NUM_LABELS.items() if n == wanted), None)
+    elif arch not in BODY_ARCHITECTURES or arch in ("OPTForCausalLM", "LlamaForCausalLM"):
+        raise ModelLoadError(
+            f"{source.name} ({arch}) cannot be a sequence classifier; supported: "
+            + ", ".join(CLASSIFIER_ARCHITECTURES + BODY_ARCHITECTURES)
+        )
+    elif wanted is None:
+        raise ModelLoadError(
+            f"{source.name} is a pretrained {arch} without a task head; name a task "
+            f"({', '.join(TASK_NUM_LABELS)}) so a head can be initialised"
+        )
+    tokenizer = load_tokenizer(source)
+    kwargs = dict(source.kwargs(), num_labels=wanted)
+    if arch not in CLASSIFIER_ARCHITECTURES and task in TASK_LABEL_NAMES:
+        names = TASK_LABEL_NAMES[task]
+        kwargs["id2label"] = dict(enumerate(names))
+        kwargs["label2id"] = {n: i for i, n in enumerate(names)}
+    with torch.random.fork_rng(), _quiet_transformers():
+        torch.manual_seed(seed)
+        try:
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(
+                source.path, **kwargs
+            )
+        except OSError as exc:
+            raise _hub_error(source, exc) from exc
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer, task
+
+
+def load_hf_causal_lm(name_or_path: str | os.PathLike[str]):
+    """The Hugging Face causal LM for a checkpoint (GGUF files are de-quantised), and tokenizer."""
+    source = resolve_source(name_or_path)
+    config = load_hf_config(source)
+    arch = (config.architectures or [_default_architecture(config)])[0]
+    if arch not in CAUSAL_LM_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{source.name} ({arch}) is not a causal LM; supported: "
+            + ", ".join(CAUSAL_LM_ARCHITECTURES)
+        )
+    tokenizer = load_tokenizer(source)
+    with _quiet_transformers():
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                source.path, dtype=torch.float32, **source.kwargs()
+            )
+        except OSError as exc:
+            raise _hub_error(source, exc) from exc
+    return model.eval(), tokenizer
+
+
+def hooked_classifier_from_hf(
+    hf_model, tokenizer, task: str | None = None, device: str = "cpu", dtype=torch.float32
+) -> HookedClassifier:
+    """Convert a Hugging Face BERT/RoBERTa/GPT-2 sequence classifier to a hooked classifier."""
+    config = hf_model.config
+    label_names = [config.id2label[i] for i in range(config.num_labels)]
+    if config.model_type in ("bert", "roberta"):
+        cfg = configs.encoder_config(config, device=device, dtype=dtype)
+        model = HookedEncoderClassifier(
+            cfg,
+            config.num_labels,
+            tokenizer,
+            task,
+            label_names,
+            uses_token_types=config.type_vocab_size > 1,
+        )
+        body = hf_model.roberta if config.model_type == "roberta" else hf_model.bert
+        state = convert.encoder_state_dict(body, cfg) | convert.encoder_head_state_dict(hf_model)
+    elif config.model_type == "gpt2":
+        cfg = configs.decoder_config(config, device=device, dtype=dtype)
+        model = HookedDecoderClassifier(cfg, config.num_labels, tokenizer, task, label_names)
+        state = convert.gpt2_classifier_state_dict(hf_model, cfg)
+    else:
+        raise ModelLoadError(f"no hooked classifier for model type {config.model_type!r}")
+    _load_exact(model, state)
+    model.model_name = str(getattr(config, "_name_or_path", "") or cfg.model_name)
+    return model.eval()
+
+
+def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a converted state dict, requiring every learnt weight to be present."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and not k.endswith(("IGNORE", ".mask"))]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"weight conversion mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    model.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
+
+
+def hooked_causal_lm_from_hf(
+    hf_model, tokenizer, device: str = "cpu", dtype=torch.float32, fold_ln: bool = True
+) -> HookedTransformer:
+    """Convert a Hugging Face GPT-2/OPT/Llama causal LM to a ``HookedTransformer``."""
+    cfg = configs.decoder_config(hf_model.config, device=device, dtype=dtype, fold_ln=fold_ln)
+    state = convert.causal_lm_state_dict(hf_model, cfg)
+    model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
+    model.load_and_process_state_dict(
+        state,
+        fold_ln=fold_ln,
+        center_writing_weights=fold_ln,
+        center_unembed=fold_ln,
+        fold_value_biases=fold_ln,
+    )
+    # Set directly: the tokenizer keeps its own BOS behaviour (TL would re-load it from the hub).
+    model.tokenizer = tokenizer
+    model.model_name = str(getattr(hf_model.config, "_name_or_path", "") or cfg.model_name)
+    return model.eval()
+
+
+def _cache_dir(source: ModelSource, fold_ln: bool, dtype: torch.dtype) -> Path | None:
+    """Where processed TL weights of a local causal LM are cached (None: not cacheable)."""
+    if not source.local:
+        return None
+    root = Path(os.environ.get("MI_CORE_CACHE_DIR", Path.home() / ".cache" / "mi_core"))
+    folder = Path(source.path)
+    files = [folder / source.gguf_file] if source.gguf_file else sorted(folder.iterdir())
+    digest = hashlib.blake2b(digest_size=8)
+    for f in files:
+        if f.is_file():
+            stat = f.stat()
+            digest.update(f"{f.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    digest.update(f"{fold_ln}:{dtype}:{_CACHE_VERSION}".encode())
+    return root / "tl_weights" / f"{folder.name}-{digest.hexdigest()}"
+
+
+_CACHE_VERSION = 1
+_CACHED_WEIGHTS = "tl_weights.safetensors"
+
+
+def _load_causal_lm(
+    source: ModelSource, device: str, dtype: torch.dtype, fold_ln: bool
+) -> HookedTransformer:
+    """A hooked causal LM; processed weights of local checkpoints are cached on first load.
+
+    TL's weight processing (and de-quantising GGUF files) takes tens of seconds for a 135M model;
+    the cache holds the processed weights, the config and the tokenizer as a plain folder.
+    """
+    cache = _cache_dir(source, fold_ln, dtype)
+    if cache is not None and (cache / _CACHED_WEIGHTS).is_file():
+        cached = ModelSource(source.name, str(cache), local=True)
+        hf_config = load_hf_config(cached)
+        cfg = configs.decoder_config(hf_config, device=device, dtype=dtype, fold_ln=fold_ln)
+        model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
+        weights, _ = read_safetensors(cache / _CACHED_WEIGHTS)
+        model.load_state_dict(weights, strict=False)
+        model.tokenizer = load_tokenizer(cached)
+        return model.eval()
+    hf_model, tokenizer = load_hf_causal_lm(source.name)
+    model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln)
+    if cache is not None:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            hf_model.config.save_pretrained(cache)
+            tokenizer.save_pretrained(cache)
+            write_safetensors(cache / _CACHED_WEIGHTS, model.state_dict())
+        except OSError as exc:  # a read-only home must not stop the analysis
+            log.warning("could not cache processed weights in %s: %s", cache, exc)
+    return model
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str],
+    task: str | None = None,
+    num_labels: int | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    fold_ln: bool = True,
+) -> HookedClassifier | HookedTransformer:
+    """Load a checkpoint as a hooked model with the standard TransformerLens hook names.
+
+    Args:
+        name_or_path: a local Hugging Face checkpoint directory, a hub name, ``"minilm"``
+            (all-MiniLM-L6-v2 as a BERT classifier, task ``mnli`` unless named) or ``"smollm2"``
+            (SmolLM2-135M-Instruct as a causal LM).
+        task: ``"mnli"`` or ``"qqp"``: load as a sequence classifier for that task. Classifier
+            checkpoints are classifiers anyway; causal LM checkpoints without a task are LMs.
+        num_labels: the head size, when no task is named.
+        seed: seeds a freshly initialised classification head.
+        fold_ln: causal LMs only: fold norms and centre weights as TL does.
+    """
+    source = resolve_source(name_or_path)
+    config = load_hf_config(source)
+    arch = (config.architectures or [_default_architecture(config)])[0]
+    as_classifier = (
+        task is not None
+        or num_labels is not None
+        or arch in CLASSIFIER_ARCHITECTURES
+        or arch not in CAUSAL_LM_ARCHITECTURES
+    )
+    if as_classifier:
+        hf_model, tokenizer, task = load_hf_classifier(source.name, task, num_labels, seed)
+        model = hooked_classifier_from_hf(hf_model, tokenizer, task, device=device, dtype=dtype)
+    else:
+        model = _load_causal_lm(source, device, dtype, fold_ln)
+    if source.local and source.name not in embedded.EMBEDDED_MODELS:
+        model.model_name = str(Path(source.path).resolve())
+    elif source.name in embedded.EMBEDDED_MODELS:
+        model.model_name = source.name
+    log.info("loaded %s as %s", source.name, type(model).__name__)
+    return model

@@ -1,0 +1,134 @@
+"""Hard-concrete masks: the stochastic, differentiable gates that L0 pruning learns.
+
+One gate per component (attention head or MLP layer). Each gate ``z`` is a hard-concrete random
+variable (Louizos et al., 2018, "Learning Sparse Neural Networks through L0 Regularization"),
+parameterised exactly as in CoFi (Xia et al., 2022) and in the paper's appendix B::
+
+    u ~ Uniform(eps, 1 - eps)
+    s = sigmoid((log u - log(1 - u) + log_alpha) / beta)
+    s_bar = s * (r - l) + l
+    z = min(1, max(0, s_bar))
+
+with ``beta = 2/3``, ``[l, r] = [-0.1, 1.1]`` and ``eps = 1e-6``. The paper prints the second line
+as ``sigmoid(1/beta * u / (1 - u) + log_alpha)``; that is a typo (it is neither the logistic
+noise ``log u - log(1 - u)`` nor divides ``log_alpha`` by the temperature), so the standard
+Louizos/CoFi form above is used. It also calls ``1/beta = 2/3`` the temperature; the standard
+(and CoFi's) value is ``beta = 2/3``.
+
+The stretch to ``[l, r]`` followed by the clamp puts finite probability mass on exactly 0 and
+exactly 1, so samples are genuinely sparse while ``log_alpha`` still receives gradients through
+the fractional samples.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from jaxtyping import Float
+from torch import nn
+
+from mi_core.errors import ConfigError
+
+BETA = 2.0 / 3.0
+LIMIT_LEFT = -0.1
+LIMIT_RIGHT = 1.1
+EPS = 1e-6
+DROPRATE_INIT = 0.01
+
+
+def initial_log_alpha(droprate_init: float = DROPRATE_INIT) -> float:
+    """The log_alpha at which a gate starts: ``log(1 - droprate_init) - log(droprate_init)``.
+
+    This is CoFi's initialisation (CoFi draws around it with std 0.01; here every component starts
+    at exactly this value, so initialisation consumes no randomness). With the default
+    ``droprate_init = 0.01`` it is ``log 99 ~ 4.6``: the eval value of every gate is exactly 1
+    (``sigmoid(4.6) * 1.2 - 0.1 ~ 1.09``, clamped), the probability of a non-zero sample is
+    ``~0.998`` (so the expected L0 is ``~n``), and about 95 % of training samples are exactly 1.
+    """
+    if not 0.0 < droprate_init < 1.0:
+        raise ConfigError(f"droprate_init must lie in (0, 1), got {droprate_init}")
+    return math.log(1.0 - droprate_init) - math.log(droprate_init)
+
+
+def sample_hard_concrete(
+    log_alpha: Float[torch.Tensor, "*components"],
+    beta: float = BETA,
+    generator: torch.Generator | None = None,
+) -> Float[torch.Tensor, "*components"]:
+    """Draw one hard-concrete gate per entry of ``log_alpha``, differentiable wrt ``log_alpha``.
+
+    ``generator`` (on the same device as ``log_alpha``) makes the draw reproducible.
+    """
+    u = torch.rand(
+        log_alpha.shape, generator=generator, device=log_alpha.device, dtype=log_alpha.dtype
+    )
+    u = u * (1.0 - 2.0 * EPS) + EPS
+    s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / beta)
+    return torch.clamp(s * (LIMIT_RIGHT - LIMIT_LEFT) + LIMIT_LEFT, 0.0, 1.0)
+
+
+def deterministic_hard_concrete(
+    log_alpha: Float[torch.Tensor, "*components"],
+) -> Float[torch.Tensor, "*components"]:
+    """The eval-time gate value: ``clamp(sigmoid(log_alpha) * (r - l) + l, 0, 1)`` (Louizos)."""
+    return torch.clamp(torch.sigmoid(log_alpha) * (LIMIT_RIGHT - LIMIT_LEFT) + LIMIT_LEFT, 0.0, 1.0)
+
+
+def hard_concrete_prob_nonzero(
+    log_alpha: Float[torch.Tensor, "*components"], beta: float = BETA
+) -> Float[torch.Tensor, "*components"]:
+    """``P(z != 0) = sigmoid(log_alpha - beta * log(-l / r))`` per gate: the expected L0 norm."""
+    return torch.sigmoid(log_alpha - beta * math.log(-LIMIT_LEFT / LIMIT_RIGHT))
+
+
+class HardConcrete(nn.Module):
+    """A tensor of hard-concrete gates with learnt ``log_alpha``; every gate starts on.
+
+    ``forward()`` samples in training mode and returns the deterministic eval value otherwise,
+    so ``module.train()`` / ``module.eval()`` switch the behaviour like dropout.
+    """
+
+    def __init__(
+        self,
+        shape: int | tuple[int, ...],
+        beta: float = BETA,
+        droprate_init: float = DROPRATE_INIT,
+    ) -> None:
+        super().__init__()
+        if beta <= 0:
+            raise ConfigError(f"hard-concrete beta (temperature) must be positive, got {beta}")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if any(size <= 0 for size in shape):
+            raise ConfigError(f"hard-concrete shape must have positive sizes, got {shape}")
+        self.beta = beta
+        self.droprate_init = droprate_init
+        self.log_alpha = nn.Parameter(torch.full(shape, initial_log_alpha(droprate_init)))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Set every ``log_alpha`` back to its initial value (every gate on)."""
+        self.log_alpha.fill_(initial_log_alpha(self.droprate_init))
+
+    def sample(self, generator: torch.Generator | None = None) -> Float[torch.Tensor, "*shape"]:
+        """One stochastic draw of every gate, in ``[0, 1]``, differentiable wrt ``log_alpha``."""
+        return sample_hard_concrete(self.log_alpha, self.beta, generator)
+
+    def deterministic(self) -> Float[torch.Tensor, "*shape"]:
+        """The eval-time value of every gate."""
+        return deterministic_hard_concrete(self.log_alpha)
+
+    def prob_nonzero(self) -> Float[torch.Tensor, "*shape"]:
+        """``P(z != 0)`` per gate (differentiable; feeds the expected sparsity)."""
+        return hard_concrete_prob_nonzero(self.log_alpha, self.beta)
+
+    def expected_l0(self) -> Float[torch.Tensor, ""]:
+        """The expected number of non-zero gates: the sum of :meth:`prob_nonzero`."""
+        return self.prob_nonzero().sum()
+
+    def forward(self, generator: torch.Generator | None = None) -> Float[torch.Tensor, "*shape"]:
+        """A sample in training mode, the deterministic value in eval mode."""
+        return self.sample(generator) if self.training else self.deterministic()
+
+    def extra_repr(self) -> str:
+        return f"shape={tuple(self.log_alpha.shape)}, beta={self.beta:.4g}"

@@ -1,0 +1,128 @@
+"""The Lagrangian sparsity constraint: keep the expected sparsity of the gates at a target.
+
+Following Wang et al. (2020) and CoFi, the loss gets the term::
+
+    L_s = lambda1 * (t - s) + lambda2 * (t - s) ** 2
+
+where ``t`` is the current expected sparsity and ``s`` the target (the paper's sign; CoFi writes
+``s - t``, which is the same up to ``lambda1 -> -lambda1``). The gates' ``log_alpha`` are trained
+by gradient *descent* on the total loss and the lambdas by gradient *ascent* on the same loss.
+:func:`pruning_optimizer` does both with one AdamW: the lambdas sit in their own parameter group
+with ``maximize=True``. (CoFi uses a negative learning rate instead, which current torch rejects.)
+
+Dynamics: ``dL/dlambda1 = t - s`` and ``dL/dlambda2 = (t - s) ** 2``. So while the model is less
+sparse than the target (``t < s``) ascent *decreases* lambda1 (it turns negative), and then
+``dL/dt = lambda1 + 2 * lambda2 * (t - s) < 0``: descent on ``log_alpha`` raises ``t``. When the
+model overshoots (``t > s``) lambda1 rises again and pushes ``t`` back down. lambda2 only ever
+grows (its gradient is a square), which stiffens the quadratic well around the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import nn
+
+from mi_core.errors import ConfigError
+
+SparsityWeighting = Literal["components", "params"]
+
+
+def expected_sparsity(
+    prob_nonzero: Float[torch.Tensor, "*components"],
+    weights: Float[torch.Tensor, "*components"] | None = None,
+) -> Float[torch.Tensor, ""]:
+    """``1 - sum(w * P(z != 0)) / sum(w)``: the expected fraction of (weighted) components removed.
+
+    ``weights=None`` counts every component once (heads and MLPs equal, the paper's default);
+    pass parameter counts (see :func:`component_weights`) to measure sparsity in parameters.
+    """
+    if weights is None:
+        return 1.0 - prob_nonzero.mean()
+    if weights.shape != prob_nonzero.shape:
+        raise ConfigError(
+            f"sparsity weights have shape {tuple(weights.shape)} but the gates have shape "
+            f"{tuple(prob_nonzero.shape)}; pass one weight per component"
+        )
+    if bool((weights < 0).any()) or float(weights.sum()) <= 0:
+        raise ConfigError("sparsity weights must be non-negative with a positive sum")
+    weights = weights.to(prob_nonzero)
+    return 1.0 - (weights * prob_nonzero).sum() / weights.sum()
+
+
+def component_weights(
+    n_layers: int,
+    n_heads: int,
+    weighting: SparsityWeighting = "components",
+    *,
+    d_model: int | None = None,
+    d_head: int | None = None,
+    d_mlp: int | None = None,
+) -> Float[torch.Tensor, " n_components"]:
+    """One weight per component in the flat order of :func:`~mi_core.pruning.flatten_components`.
+
+    ``"components"``: every head and MLP weighs 1. ``"params"``: a head weighs its Q, K, V and O
+    matrices (``4 * d_model * d_head``), an MLP its two matrices (``2 * d_model * d_mlp``);
+    biases are left out.
+    """
+    n_components = n_layers * n_heads + n_layers
+    if n_layers <= 0 or n_heads <= 0:
+        raise ConfigError(f"need positive n_layers and n_heads, got {n_layers} and {n_heads}")
+    if weighting == "components":
+        return torch.ones(n_components)
+    if weighting != "params":
+        raise ConfigError(f"sparsity weighting must be 'components' or 'params', got {weighting!r}")
+    if not all(isinstance(d, int) and d > 0 for d in (d_model, d_head, d_mlp)):
+        raise ConfigError("'params' weighting needs positive d_model, d_head and d_mlp")
+    head = torch.full((n_layers * n_heads,), float(4 * d_model * d_head))
+    mlp = torch.full((n_layers,), float(2 * d_model * d_mlp))
+    return torch.cat([head, mlp])
+
+
+class LagrangianController(nn.Module):
+    """Holds lambda1 and lambda2 (both start at 0) and computes the sparsity penalty."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lambda_1 = nn.Parameter(torch.zeros(()))
+        self.lambda_2 = nn.Parameter(torch.zeros(()))
+
+    def penalty(
+        self, expected_sparsity: Float[torch.Tensor, ""], target: float
+    ) -> Float[torch.Tensor, ""]:
+        """``lambda1 * (t - s) + lambda2 * (t - s) ** 2``, ``t`` expected, ``s`` target sparsity."""
+        gap = expected_sparsity - target
+        return self.lambda_1 * gap + self.lambda_2 * gap * gap
+
+    def forward(
+        self, expected_sparsity: Float[torch.Tensor, ""], target: float
+    ) -> Float[torch.Tensor, ""]:
+        return self.penalty(expected_sparsity, target)
+
+
+def pruning_optimizer(
+    log_alpha_params: Iterable[nn.Parameter],
+    controller: LagrangianController,
+    lr_log_alpha: float,
+    lr_lambda: float,
+) -> torch.optim.AdamW:
+    """One AdamW that descends on the gates and *ascends* on the lambdas (``maximize=True``).
+
+    Call ``loss.backward(); optimizer.step()`` on ``task_loss + controller.penalty(t, s)`` as
+    usual; no gradient needs flipping by hand. Weight decay is off for both groups.
+    """
+    if lr_log_alpha <= 0 or lr_lambda <= 0:
+        raise ConfigError(
+            f"learning rates must be positive, got lr_log_alpha={lr_log_alpha}, "
+            f"lr_lambda={lr_lambda}"
+        )
+    return torch.optim.AdamW(
+        [
+            {"params": list(log_alpha_params), "lr": lr_log_alpha, "maximize": False},
+            {"params": list(controller.parameters()), "lr": lr_lambda, "maximize": True},
+        ],
+        weight_decay=0.0,
+    )

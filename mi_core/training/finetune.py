@@ -1,0 +1,206 @@
+"""Fine-tune a sequence classifier (AdamW, linear schedule) with checkpoints and resumption.
+
+Training runs on the Hugging Face model (with its dropout), so every checkpoint is a plain
+Hugging Face directory; evaluations use the same batches and scoring as ``mi-core eval``.
+Re-running with the same output directory resumes from the last checkpoint; each step's
+dropout is seeded from (seed, step), so a resumed run equals an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from mi_core.data import load_pairs, pair_batches
+from mi_core.errors import ConfigError, DataError, TrainingError
+from mi_core.evaluation import evaluate, model_inputs
+from mi_core.io import read_json, write_csv, write_json
+from mi_core.models import load_hf_classifier
+from mi_core.training.checkpoints import list_checkpoints, load_training_state, save_checkpoint
+
+log = logging.getLogger(__name__)
+METRICS = "metrics.csv"
+CONFIG = "finetune_config.json"
+
+
+@dataclass
+class FinetuneConfig:
+    """Everything a fine-tuning run depends on (saved as ``finetune_config.json``)."""
+
+    model: str
+    task: str
+    train: str
+    out: str
+    eval: list[str] = field(default_factory=list)
+    steps: int = 1000
+    save_every: int = 500
+    lr: float = 2e-5
+    batch_size: int = 32
+    seed: int = 0
+    max_length: int = 128
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    eval_batch_size: int = 64
+    max_eval_examples: int | None = None
+    max_train_examples: int | None = None
+
+    def validate(self) -> None:
+        """Raise ConfigError for values out of range."""
+        if self.steps < 1 or self.save_every < 1:
+            raise ConfigError(f"--steps ({self.steps}) and --save-every must be at least 1")
+        if self.batch_size < 1 or not (0 < self.lr < 1):
+            raise ConfigError("--batch-size must be >= 1 and --lr in (0, 1)")
+
+
+def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
+    saved = out / CONFIG
+    if not saved.is_file():
+        return
+    before = read_json(saved)
+    keys = ("model", "task", "train", "lr", "batch_size", "seed", "max_length")
+    changed = [k for k in keys if before.get(k) != asdict(cfg)[k]]
+    if changed:
+        raise ConfigError(
+            f"{out} holds a run with other settings ({', '.join(changed)}); "
+            "use a new --out or the same settings to resume"
+        )
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step) % (2**63)
+
+
+def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
+    """Fine-tune ``cfg.model`` on ``cfg.train``; return the metrics table (step, dataset, accuracy).
+
+    Writes ``checkpoint-{step}`` every ``save_every`` steps and at the end, ``metrics.csv`` and
+    ``training_dynamics.html`` (in-domain vs out-of-domain accuracy over steps).
+    """
+    cfg.validate()
+    out = Path(cfg.out)
+    _check_resumable(cfg, out)
+    train = load_pairs(cfg.train, max_examples=cfg.max_train_examples)
+    if train.task != cfg.task:
+        raise DataError(f"{cfg.train} is {train.task} data but --task is {cfg.task}")
+    if len(train) == 0:
+        raise DataError(f"{cfg.train} is empty")
+    evals = [load_pairs(spec, max_examples=cfg.max_eval_examples) for spec in cfg.eval]
+    for ds in evals:
+        if ds.task != cfg.task:
+            raise DataError(f"eval set {ds.name} is for {ds.task} models, not {cfg.task}")
+
+    in_domain = [evals[0].name] if evals else []
+    checkpoints = list_checkpoints(out)
+    source = str(checkpoints[-1][1]) if checkpoints else cfg.model
+    model, tokenizer, _ = load_hf_classifier(source, task=cfg.task, seed=cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / CONFIG, asdict(cfg))
+
+    batches = pair_batches(
+        train,
+        tokenizer,
+        batch_size=cfg.batch_size,
+        max_length=cfg.max_length,
+        shuffle=True,
+        seed=cfg.seed,
+        drop_last=len(train) >= cfg.batch_size,
+    )
+    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+    )
+    scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.steps)
+    start = 0
+    metrics = pd.DataFrame(columns=["step", "dataset", "accuracy"])
+    if checkpoints:
+        start = load_training_state(checkpoints[-1][1], optimizer, scheduler)["step"]
+        if (out / METRICS).is_file():
+            metrics = pd.read_csv(out / METRICS)
+            metrics = metrics[metrics["step"] <= start]
+        log.info("resuming %s from step %d", out, start)
+    elif evals:
+        metrics = _record(metrics, 0, _evaluate_all(model, tokenizer, evals, cfg))
+        _write_metrics(out, metrics, in_domain)
+
+    per_epoch = len(batches)
+    epoch_batches: list[list[int]] = []
+    bar = tqdm(total=cfg.steps, initial=start, desc="fine-tune", disable=not progress)
+    model.train()
+    for step in range(start, cfg.steps):
+        epoch, position = divmod(step, per_epoch)
+        if position == 0 or not epoch_batches:
+            epoch_batches = batches.batch_indices(epoch)
+        batch = batches.tokenized.collate(epoch_batches[position])
+        torch.manual_seed(_step_seed(cfg.seed, step))
+        loss = model(**model_inputs(model, batch), labels=batch["labels"]).loss
+        if not math.isfinite(loss.item()):
+            raise TrainingError(
+                f"loss became {loss.item()} at step {step + 1}; the last good checkpoint is kept "
+                f"in {out} (lower --lr and re-run)"
+            )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        done = step + 1
+        if done % cfg.save_every == 0 or done == cfg.steps:
+            if evals:
+                metrics = _record(metrics, done, _evaluate_all(model, tokenizer, evals, cfg))
+            save_checkpoint(
+                out,
+                done,
+                model,
+                tokenizer,
+                optimizer,
+                scheduler,
+                {"seed": cfg.seed, "loss": loss.item()},
+            )
+            _write_metrics(out, metrics, in_domain)
+            model.train()
+    bar.close()
+    return metrics
+
+
+def _evaluate_all(model, tokenizer, evals, cfg: FinetuneConfig) -> dict[str, float]:
+    model.eval()
+    return {
+        ds.name: evaluate(
+            model, ds, tokenizer, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
+        ).accuracy
+        for ds in evals
+    }
+
+
+def _record(metrics: pd.DataFrame, step: int, accuracies: dict[str, float]) -> pd.DataFrame:
+    rows = pd.DataFrame(
+        [{"step": step, "dataset": name, "accuracy": acc} for name, acc in accuracies.items()]
+    )
+    return rows if metrics.empty else pd.concat([metrics, rows], ignore_index=True)
+
+
+def _write_metrics(out: Path, metrics: pd.DataFrame, in_domain: list[str]) -> None:
+    """metrics.csv, and the figure of in-domain (first --eval set) vs out-of-domain accuracy."""
+    write_csv(out / METRICS, metrics)
+    if metrics.empty:
+        return
+    from mi_core.viz.figures import training_dynamics, write_figure_html
+
+    figure = training_dynamics(metrics, id_datasets=in_domain)
+    write_figure_html(figure, out / "training_dynamics.html")

@@ -1,0 +1,31 @@
+"""Figures (plotly) and attention views (circuitsvis), written as offline HTML."""
+
+from mi_core.viz.attention_html import (
+    attention_view_fragment,
+    attention_view_html,
+    write_attention_html,
+)
+from mi_core.viz.figures import (
+    accuracy_vs_sparsity,
+    attention_class_chart,
+    effective_size_over_training,
+    frequency_heatmap_figure,
+    id_vs_ood_scatter,
+    subcase_bars,
+    training_dynamics,
+    write_figure_html,
+)
+
+__all__ = [
+    "accuracy_vs_sparsity",
+    "attention_class_chart",
+    "attention_view_fragment",
+    "attention_view_html",
+    "effective_size_over_training",
+    "frequency_heatmap_figure",
+    "id_vs_ood_scatter",
+    "subcase_bars",
+    "training_dynamics",
+    "write_attention_html",
+    "write_figure_html",
+]

@@ -1,0 +1,93 @@
+"""Attention patterns as standalone, offline HTML pages (circuitsvis).
+
+circuitsvis' ``RenderedHTML`` carries two renderings: ``cdn_src`` (what ``str(html)`` returns)
+imports the JavaScript from unpkg.com and shows nothing offline; ``local_src`` inlines the
+bundled JavaScript (~1.3 MB). We always use ``local_src``.
+"""
+
+from __future__ import annotations
+
+import html as html_lib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from mi_core.errors import ConfigError
+from mi_core.io import write_text
+
+__all__ = ["attention_view_fragment", "attention_view_html", "write_attention_html"]
+
+_RENDER_CALL = "CircuitsVis.render("
+
+
+def attention_view_fragment(
+    tokens: Sequence[str],
+    pattern: Float[Tensor, "head q k"],
+    head_names: Sequence[str] | None = None,
+    *,
+    mask_upper_tri: bool | None = None,
+) -> str:
+    """The circuitsvis ``attention_heads`` view of one example as an HTML fragment (a ``div``
+    and an inline ``script``), with the JavaScript inlined. ``pattern[h, q, k]`` is head h's
+    attention from token q to token k."""
+    from circuitsvis.attention import attention_heads
+
+    attn = torch.as_tensor(pattern).detach().float().cpu()
+    if attn.ndim == 2:
+        attn = attn[None]
+    n = len(tokens)
+    if attn.ndim != 3 or attn.shape[1:] != (n, n):
+        raise ConfigError(
+            f"pattern must be [head, {n}, {n}] for {n} tokens; got {tuple(attn.shape)}"
+        )
+    names = [f"Head {i}" for i in range(attn.shape[0])] if head_names is None else list(head_names)
+    if len(names) != attn.shape[0]:
+        raise ConfigError(f"{len(names)} head names for {attn.shape[0]} heads")
+    rendered = attention_heads(
+        attention=attn,
+        tokens=[str(t) for t in tokens],
+        attention_head_names=names,
+        mask_upper_tri=mask_upper_tri,
+    )
+    src = rendered.local_src
+    # The props (tokens) are JSON inside a <script>: a token containing "</script>" would end
+    # it early. Escape "</" as "<\/" (the same string in JavaScript) after the bundled code.
+    cut = src.rfind(_RENDER_CALL)
+    end = src.rfind("</script>")
+    if 0 <= cut < end:
+        src = src[:cut] + src[cut:end].replace("</", "<\\/") + src[end:]
+    return src
+
+
+def attention_view_html(
+    tokens: Sequence[str],
+    pattern: Float[Tensor, "head q k"],
+    head_names: Sequence[str] | None = None,
+    *,
+    title: str | None = None,
+    mask_upper_tri: bool | None = None,
+) -> str:
+    """A complete HTML page with the attention view of one example; works offline."""
+    body = attention_view_fragment(tokens, pattern, head_names, mask_upper_tri=mask_upper_tri)
+    heading = f"<h2>{html_lib.escape(title)}</h2>\n" if title else ""
+    page_title = html_lib.escape(title or "Attention patterns")
+    return (
+        '<!DOCTYPE html>\n<html>\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{page_title}</title>\n</head>\n<body>\n{heading}{body}\n</body>\n</html>\n"
+    )
+
+
+def write_attention_html(
+    path: str | os.PathLike[str],
+    tokens: Sequence[str],
+    pattern: Float[Tensor, "head q k"],
+    head_names: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> Path:
+    """Write :func:`attention_view_html` to ``path`` atomically."""
+    return write_text(path, attention_view_html(tokens, pattern, head_names, **kwargs))

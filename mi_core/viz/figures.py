@@ -1,0 +1,340 @@
+"""Plotly figures for the paper's plots. Each function takes tidy data and returns a
+``plotly.graph_objects.Figure``; :func:`write_figure_html` saves one as standalone HTML (plotly.js
+embedded by default, so it opens offline).
+
+=========================================  =================================================
+:func:`id_vs_ood_scatter`                  Figure 2: ID vs OOD accuracy, one dot per subnetwork
+:func:`subcase_bars`                       Figure 3: per-subcase accuracy per subnetwork
+:func:`accuracy_vs_sparsity`               Figure 4: mean +- std over seeds vs sparsity
+:func:`frequency_heatmap_figure`           Figure 5: head-frequency heatmap
+:func:`effective_size_over_training`       Figure 6: accuracy and effective size over steps
+:func:`attention_class_chart`              Figure 9: attention-class masses of chosen heads
+:func:`training_dynamics`                  ID vs OOD accuracy over fine-tuning steps
+=========================================  =================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from mi_core.errors import ConfigError
+from mi_core.io import atomic_path
+
+__all__ = [
+    "id_vs_ood_scatter",
+    "subcase_bars",
+    "accuracy_vs_sparsity",
+    "frequency_heatmap_figure",
+    "effective_size_over_training",
+    "attention_class_chart",
+    "training_dynamics",
+    "write_figure_html",
+]
+
+
+def _need(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"{what}: missing columns {missing}; have {list(frame.columns)}")
+
+
+def _step_col(frame: pd.DataFrame, step_col: str | None) -> str:
+    if step_col:
+        return step_col
+    for name in ("step", "checkpoint"):
+        if name in frame.columns:
+            return name
+    raise ConfigError(f"need a 'step' or 'checkpoint' column; have {list(frame.columns)}")
+
+
+def id_vs_ood_scatter(
+    subnetworks_df: pd.DataFrame,
+    full_model_acc: Mapping[str, float] | None,
+    id_col: str,
+    ood_cols: str | Sequence[str],
+    *,
+    label_col: str | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Figure 2: one marker trace per OOD column (x = ID accuracy, y = OOD accuracy, one dot per
+    row/subnetwork); the full model's ID accuracy as a vertical dashed line and each OOD accuracy
+    as a horizontal dotted line (layout shapes)."""
+    ood_cols = [ood_cols] if isinstance(ood_cols, str) else list(ood_cols)
+    _need(subnetworks_df, [id_col, *ood_cols], "id_vs_ood_scatter")
+    text = subnetworks_df[label_col].astype(str) if label_col else None
+    fig = go.Figure()
+    for col in ood_cols:
+        fig.add_trace(
+            go.Scatter(
+                x=subnetworks_df[id_col],
+                y=subnetworks_df[col],
+                mode="markers",
+                name=col,
+                text=text,
+                hovertemplate=f"{id_col}=%{{x:.3f}}<br>{col}=%{{y:.3f}}<br>%{{text}}<extra></extra>",
+            )
+        )
+    if full_model_acc:
+        if id_col in full_model_acc:
+            fig.add_vline(
+                x=full_model_acc[id_col], line_dash="dash", annotation_text=f"full {id_col}"
+            )
+        for col in ood_cols:
+            if col in full_model_acc:
+                fig.add_hline(y=full_model_acc[col], line_dash="dot", annotation_text=f"full {col}")
+    fig.update_layout(
+        title=title or "In-domain vs out-of-domain accuracy of subnetworks",
+        xaxis_title=f"{id_col} accuracy (in-domain)",
+        yaxis_title="out-of-domain accuracy",
+    )
+    return fig
+
+
+def subcase_bars(
+    df: pd.DataFrame,
+    *,
+    subnetwork_col: str = "subnetwork",
+    subcase_col: str = "subcase",
+    value_col: str = "accuracy",
+    full_model_acc: Mapping[str, float] | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Figure 3: grouped bars, x = subcase, one bar trace per subnetwork (tidy input: one row
+    per subnetwork and subcase), plus a "full model" trace when ``full_model_acc`` (subcase ->
+    accuracy) is given."""
+    _need(df, [subnetwork_col, subcase_col, value_col], "subcase_bars")
+    subcases = list(dict.fromkeys(df[subcase_col]))
+    fig = go.Figure()
+    for name, group in df.groupby(subnetwork_col, sort=False):
+        values = group.set_index(subcase_col)[value_col].reindex(subcases)
+        fig.add_trace(go.Bar(x=subcases, y=values.to_numpy(), name=f"{subnetwork_col} {name}"))
+    if full_model_acc:
+        fig.add_trace(
+            go.Bar(
+                x=subcases,
+                y=[full_model_acc.get(s, np.nan) for s in subcases],
+                name="full model",
+                marker_color="black",
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        title=title or "Accuracy per subcase",
+        xaxis_title=subcase_col,
+        yaxis_title=value_col,
+    )
+    return fig
+
+
+def accuracy_vs_sparsity(
+    df: pd.DataFrame,
+    *,
+    sparsity_col: str = "sparsity",
+    dataset_col: str = "dataset",
+    value_col: str = "accuracy",
+    full_model_acc: Mapping[str, float] | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Figure 4: per dataset, the mean over seeds (rows) at each sparsity with std error bars;
+    the full model's accuracy per dataset as horizontal dotted lines when given."""
+    _need(df, [sparsity_col, dataset_col, value_col], "accuracy_vs_sparsity")
+    fig = go.Figure()
+    for name, group in df.groupby(dataset_col, sort=False):
+        stats = group.groupby(sparsity_col)[value_col].agg(["mean", "std"]).sort_index()
+        fig.add_trace(
+            go.Scatter(
+                x=stats.index.to_numpy(),
+                y=stats["mean"].to_numpy(),
+                error_y={"type": "data", "array": stats["std"].fillna(0).to_numpy()},
+                mode="lines+markers",
+                name=str(name),
+            )
+        )
+    for name, acc in (full_model_acc or {}).items():
+        fig.add_hline(y=acc, line_dash="dot", annotation_text=f"full {name}")
+    fig.update_layout(
+        title=title or "Accuracy vs sparsity (mean ± std over seeds)",
+        xaxis_title="sparsity",
+        yaxis_title=value_col,
+    )
+    return fig
+
+
+def frequency_heatmap_figure(
+    heatmap: Any,
+    *,
+    label_a: str = "sparsity A",
+    label_b: str = "sparsity B",
+    title: str | None = None,
+) -> go.Figure:
+    """Figure 5: ``heatmap[i, j]`` (from :func:`mi_core.analysis.frequency_heatmap`) as a
+    heatmap with the counts written in the cells; y = i (subnetworks at A), x = j (at B)."""
+    z = np.asarray(heatmap.cpu() if hasattr(heatmap, "cpu") else heatmap)
+    if z.ndim != 2:
+        raise ConfigError(f"heatmap must be 2-D; got shape {z.shape}")
+    k_a, k_b = z.shape[0] - 1, z.shape[1] - 1
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(range(k_b + 1)),
+            y=list(range(k_a + 1)),
+            text=z,
+            texttemplate="%{text}",
+            colorscale="Blues",
+            hovertemplate=f"{label_a}: %{{y}}/{k_a}<br>{label_b}: %{{x}}/{k_b}"
+            "<br>heads: %{z}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title or "Number of heads by frequency in two groups of subnetworks",
+        xaxis_title=f"subnetworks at {label_b} keeping the head (of {k_b})",
+        yaxis_title=f"subnetworks at {label_a} keeping the head (of {k_a})",
+    )
+    return fig
+
+
+def effective_size_over_training(
+    accuracy_df: pd.DataFrame,
+    effective_df: pd.DataFrame,
+    *,
+    step_col: str | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Figure 6: top, the full model's accuracy per dataset over steps (``accuracy_df``:
+    step/checkpoint, dataset, accuracy); bottom, effective size per target over steps
+    (``effective_df`` as returned by :func:`mi_core.analysis.effective_size`)."""
+    acc_step = _step_col(accuracy_df, step_col)
+    eff_step = _step_col(effective_df, step_col)
+    _need(accuracy_df, [acc_step, "dataset", "accuracy"], "effective_size_over_training")
+    _need(effective_df, [eff_step, "target", "effective_size"], "effective_size_over_training")
+    fig = make_subplots(
+        rows=2, cols=1, shared_xaxes=True, subplot_titles=("Accuracy", "Effective size")
+    )
+    for name, group in accuracy_df.groupby("dataset", sort=False):
+        group = group.sort_values(acc_step)
+        fig.add_trace(
+            go.Scatter(x=group[acc_step], y=group["accuracy"], mode="lines+markers", name=name),
+            row=1,
+            col=1,
+        )
+    for name, group in effective_df.groupby("target", sort=False):
+        group = group.sort_values(eff_step)
+        fig.add_trace(
+            go.Scatter(
+                x=group[eff_step],
+                y=group["effective_size"],
+                mode="lines+markers",
+                name=f"effective size ({name})",
+                line_dash="dash",
+            ),
+            row=2,
+            col=1,
+        )
+    fig.update_yaxes(title_text="accuracy", row=1, col=1)
+    fig.update_yaxes(title_text="effective size (%)", row=2, col=1)
+    fig.update_xaxes(title_text="training step", row=2, col=1)
+    fig.update_layout(title=title or "Accuracy and effective size over training")
+    return fig
+
+
+def attention_class_chart(
+    df: pd.DataFrame,
+    heads: Sequence[str] | None = None,
+    *,
+    classes: Sequence[str] | None = None,
+    show_uniform: bool = False,
+    title: str | None = None,
+) -> go.Figure:
+    """Figure 9: grouped bars, x = head label, one bar trace per class with the mean attention
+    mass (``df`` from :func:`mi_core.analysis.classify_heads`). ``show_uniform`` adds the uniform
+    baseline of each class as markers."""
+    from mi_core.analysis.attention_patterns import PATTERN_CLASSES
+
+    _need(df, ["label"], "attention_class_chart")
+    if classes is None:
+        classes = [c for c in PATTERN_CLASSES if f"{c}_mass" in df.columns]
+    _need(df, [f"{c}_mass" for c in classes], "attention_class_chart")
+    rows = df.set_index("label")
+    if heads is not None:
+        unknown = [h for h in heads if h not in rows.index]
+        if unknown:
+            raise ConfigError(f"heads {unknown} are not in the attention-pattern table")
+        rows = rows.loc[list(heads)]
+    labels = list(rows.index)
+    fig = go.Figure()
+    for c in classes:
+        fig.add_trace(go.Bar(x=labels, y=rows[f"{c}_mass"].to_numpy(), name=c))
+    if show_uniform:
+        for c in classes:
+            if f"{c}_uniform" in rows.columns:
+                fig.add_trace(
+                    go.Scatter(
+                        x=labels,
+                        y=rows[f"{c}_uniform"].to_numpy(),
+                        mode="markers",
+                        marker_symbol="line-ew-open",
+                        name=f"{c} (uniform)",
+                    )
+                )
+    fig.update_layout(
+        barmode="group",
+        title=title or "Attention mass by token class",
+        xaxis_title="head",
+        yaxis_title="mean attention mass",
+    )
+    return fig
+
+
+def training_dynamics(
+    metrics_df: pd.DataFrame,
+    *,
+    id_datasets: Sequence[str] | None = None,
+    step_col: str | None = None,
+    value_col: str = "accuracy",
+    title: str | None = None,
+) -> go.Figure:
+    """Accuracy per dataset over fine-tuning steps (a metrics.csv with step, dataset,
+    accuracy): one line per dataset; with ``id_datasets``, names get "(ID)"/"(OOD)" and OOD lines
+    are dashed."""
+    step = _step_col(metrics_df, step_col)
+    _need(metrics_df, [step, "dataset", value_col], "training_dynamics")
+    fig = go.Figure()
+    for name, group in metrics_df.groupby("dataset", sort=False):
+        group = group.dropna(subset=[value_col]).sort_values(step)
+        label, dash = str(name), "solid"
+        if id_datasets is not None:
+            in_domain = name in id_datasets
+            label = f"{name} ({'ID' if in_domain else 'OOD'})"
+            dash = "solid" if in_domain else "dash"
+        fig.add_trace(
+            go.Scatter(
+                x=group[step], y=group[value_col], mode="lines+markers", name=label, line_dash=dash
+            )
+        )
+    fig.update_layout(
+        title=title or "In-domain and out-of-domain accuracy during fine-tuning",
+        xaxis_title="training step",
+        yaxis_title=value_col,
+    )
+    return fig
+
+
+def write_figure_html(
+    fig: go.Figure,
+    path: str | os.PathLike[str],
+    include_plotlyjs: bool | str = True,
+    **kwargs: Any,
+) -> Path:
+    """Write ``fig`` as a standalone HTML page, atomically. ``include_plotlyjs=True`` (default)
+    embeds plotly.js (~3.5 MB) so the page works offline; ``"cdn"`` links it instead."""
+    with atomic_path(path) as tmp:
+        fig.write_html(str(tmp), include_plotlyjs=include_plotlyjs, full_html=True, **kwargs)
+    return Path(path)

@@ -1,0 +1,41 @@
+"""Shared fixtures: the offline environment, tiny checkpoints and the real MiniLM."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The real data directory (``MI_CORE_DATA_DIR``, else ``../shared/data``)."""
+    path = Path(os.environ.get("MI_CORE_DATA_DIR", REPO.parent / "shared" / "data"))
+    if not path.is_dir():
+        pytest.fail(f"data directory {path} not found; set MI_CORE_DATA_DIR")
+    os.environ["MI_CORE_DATA_DIR"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """One tiny random Hugging Face checkpoint directory per supported family."""
+    from mi_core.testing import TINY_KINDS, make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {kind: make_tiny_checkpoint(kind, root / kind) for kind in TINY_KINDS}
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The real all-MiniLM-L6-v2 as an MNLI classifier (fresh head, seed 0)."""
+    from mi_core.models import load_model
+
+    return load_model("minilm", task="mnli", seed=0)

@@ -1,0 +1,226 @@
+"""Effective size on a synthetic accuracy grid whose answer is known by construction."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mi_core.analysis.effective_size import effective_size, faithfulness_table
+from mi_core.errors import ConfigError
+
+SPARSITIES = [round(0.1 * i, 1) for i in range(1, 10)]
+SEED_OFFSETS = {0: -0.02, 1: 0.0, 2: 0.02}  # seeds scatter, their mean is the grid value
+
+FULL = {
+    100: {"mnli": 0.80, "hans": 0.50, "paws": 0.50},
+    200: {"mnli": 0.84, "hans": 0.70, "paws": 0.60},
+}
+
+
+def _grid(checkpoint: int, dataset: str, s: float) -> float:
+    if checkpoint == 100:
+        if dataset == "mnli":  # faithful up to 0.8
+            return 0.80 if s <= 0.8 else 0.70
+        if dataset == "paws":
+            return 0.50
+        # hans: OOD mean 0.50 up to 0.3, exactly full - 3 points (0.47) at 0.4, then below
+        return {0.1: 0.5, 0.2: 0.5, 0.3: 0.5, 0.4: 0.44, 0.5: 0.40}.get(s, 0.30)
+    if dataset == "mnli":  # never faithful
+        return 0.70
+    if dataset == "paws":
+        return 0.60
+    # hans: faithful at 0.1, not at 0.2, above the full model at 0.3 (one-sided: faithful)
+    return {0.1: 0.70, 0.2: 0.50, 0.3: 0.75}.get(s, 0.30)
+
+
+def _results() -> pd.DataFrame:
+    rows = [
+        {
+            "checkpoint": ckpt,
+            "sparsity": s,
+            "seed": seed,
+            "dataset": d,
+            "accuracy": _grid(ckpt, d, s) + offset,
+        }
+        for ckpt in FULL
+        for s in SPARSITIES
+        for seed, offset in SEED_OFFSETS.items()
+        for d in ("mnli", "hans", "paws")
+    ]
+    return pd.DataFrame(rows)
+
+
+def _full_frame() -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"checkpoint": c, "dataset": d, "accuracy": a}
+            for c, accs in FULL.items()
+            for d, a in accs.items()
+        ]
+    )
+
+
+EXPECTED = {  # (checkpoint, target) -> (largest faithful sparsity, effective size)
+    (100, "id"): (0.8, 20.0),
+    (100, "ood"): (0.4, 60.0),  # inclusive boundary: 0.47 >= 0.50 - 0.03
+    (100, "mixed"): (0.5, 50.0),  # (0.80 + 0.45) / 2 = 0.625 >= 0.65 - 0.03
+    (200, "id"): (None, 100.0),  # nothing faithful -> 100
+    (200, "ood"): (0.3, 70.0),  # 0.2 unfaithful does not block 0.3 (no monotonicity)
+    (200, "mixed"): (None, 100.0),
+}
+
+
+def _check(out: pd.DataFrame, scale_sparsity: float = 1.0, ckpt: str = "checkpoint") -> None:
+    assert len(out) == 6
+    assert list(out["target"][:3]) == ["id", "ood", "mixed"]
+    for (checkpoint, target), (sparsity, size) in EXPECTED.items():
+        row = out[(out[ckpt] == checkpoint) & (out["target"] == target)].iloc[0]
+        assert row["effective_size"] == pytest.approx(size), (checkpoint, target)
+        if sparsity is None:
+            assert math.isnan(row["faithful_sparsity"])
+        else:
+            assert row["faithful_sparsity"] == pytest.approx(sparsity * scale_sparsity)
+
+
+def test_effective_size_known_grid():
+    out = effective_size(
+        _results(), _full_frame(), id_datasets="mnli", ood_datasets=["hans", "paws"]
+    )
+    _check(out)
+    row = out[(out.checkpoint == 100) & (out.target == "mixed")].iloc[0]
+    assert row["full_accuracy"] == pytest.approx(0.65)
+    assert row["accuracy"] == pytest.approx(0.625)
+
+
+def test_full_accuracy_as_mapping_and_step_column():
+    results = _results().rename(columns={"checkpoint": "step"})
+    nested = effective_size(results, FULL, id_datasets=["mnli"], ood_datasets=["hans", "paws"])
+    _check(nested, ckpt="step")
+    flat = {(c, d): a for c, accs in FULL.items() for d, a in accs.items()}
+    pd.testing.assert_frame_equal(
+        nested, effective_size(results, flat, id_datasets="mnli", ood_datasets=["hans", "paws"])
+    )
+
+
+def test_percent_units():
+    results = _results()
+    results["sparsity"] = (results["sparsity"] * 100).round().astype(int)
+    results["accuracy"] *= 100
+    full = _full_frame().assign(accuracy=lambda f: f["accuracy"] * 100)
+    out = effective_size(results, full, id_datasets="mnli", ood_datasets=["hans", "paws"], margin=3)
+    _check(out, scale_sparsity=100)
+
+
+def test_larger_margin_and_single_ood_set():
+    out = effective_size(
+        _results(), _full_frame(), id_datasets="mnli", ood_datasets="hans", margin=0.25
+    )
+    ood_200 = out[(out.checkpoint == 200) & (out.target == "ood")].iloc[0]
+    assert ood_200["effective_size"] == pytest.approx(70.0)  # 0.5 >= 0.45 -> 0.2, 0.3 faithful
+    assert out[(out.checkpoint == 200) & (out.target == "id")].iloc[0]["effective_size"] == 10
+
+
+def test_faithfulness_table_averages_seeds():
+    table = faithfulness_table(
+        _results(), _full_frame(), id_datasets="mnli", ood_datasets=["hans", "paws"]
+    )
+    assert len(table) == 2 * 3 * len(SPARSITIES)
+    assert (table["n_seeds"] == 3).all()
+    # Per-seed offsets are +-0.02 on every dataset, so every combined accuracy has std 0.02.
+    assert np.allclose(table["accuracy_std"], 0.02)
+    row = table[(table.checkpoint == 100) & (table.target == "ood") & (table.sparsity == 0.4)]
+    assert row["accuracy"].item() == pytest.approx(0.47)
+    assert bool(row["faithful"].item())
+
+
+def test_bad_input_is_reported():
+    with pytest.raises(ConfigError, match="do not occur"):
+        effective_size(_results(), FULL, id_datasets="mnli", ood_datasets="nope")
+    with pytest.raises(ConfigError, match="full-model"):
+        effective_size(_results(), {100: FULL[100]}, id_datasets="mnli", ood_datasets="hans")
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def test_effective_size_over_training_figure():
+    from mi_core.viz import effective_size_over_training
+
+    eff = effective_size(_results(), FULL, id_datasets="mnli", ood_datasets=["hans", "paws"])
+    acc = _full_frame().rename(columns={"checkpoint": "step"})
+    fig = effective_size_over_training(acc, eff.rename(columns={"checkpoint": "step"}))
+    names = [t.name for t in fig.data]
+    assert names == [
+        "mnli",
+        "hans",
+        "paws",
+        "effective size (id)",
+        "effective size (ood)",
+        "effective size (mixed)",
+    ]
+    assert list(fig.data[4].x) == [100, 200] and list(fig.data[4].y) == [60.0, 70.0]
+    assert fig.data[4].yaxis == "y2" and fig.data[0].yaxis == "y"
+    assert fig.layout.yaxis2.title.text == "effective size (%)"
+    assert fig.layout.xaxis2.title.text == "training step"
+
+
+def test_accuracy_vs_sparsity_figure():
+    from mi_core.viz import accuracy_vs_sparsity
+
+    res = _results()
+    fig = accuracy_vs_sparsity(res[res.checkpoint == 100], full_model_acc=FULL[100])
+    assert [t.name for t in fig.data] == ["mnli", "hans", "paws"]
+    hans = fig.data[1]
+    assert list(hans.x) == SPARSITIES
+    assert hans.y[3] == pytest.approx(0.44)  # mean over the 3 seeds
+    assert np.allclose(hans.error_y.array, 0.02)  # std over seeds
+    assert len(fig.layout.shapes) == 3  # one full-model line per dataset
+    assert fig.layout.xaxis.title.text == "sparsity"
+
+
+def test_id_vs_ood_scatter_and_subcase_bars():
+    from mi_core.viz import id_vs_ood_scatter, subcase_bars
+
+    subnets = pd.DataFrame(
+        {"seed": range(4), "mnli": [0.8, 0.81, 0.79, 0.8], "hans": [0.5, 0.6, 0.55, 0.52]}
+    )
+    subnets["hans_e"] = subnets["hans"] + 0.3
+    fig = id_vs_ood_scatter(
+        subnets, {"mnli": 0.82, "hans": 0.6}, "mnli", ["hans", "hans_e"], label_col="seed"
+    )
+    assert [t.name for t in fig.data] == ["hans", "hans_e"]
+    assert all(len(t.x) == 4 and t.mode == "markers" for t in fig.data)
+    assert len(fig.layout.shapes) == 2  # full-model ID line + the one OOD set it names
+    assert fig.layout.xaxis.title.text.startswith("mnli")
+    assert fig.layout.yaxis.title.text == "out-of-domain accuracy"
+
+    tidy = pd.DataFrame(
+        {
+            "subnetwork": [1, 1, 2, 2],
+            "subcase": ["SO-Swap", "Embed-If"] * 2,
+            "accuracy": [0.41, 0.18, 0.2, 0.5],
+        }
+    )
+    bars = subcase_bars(tidy, full_model_acc={"SO-Swap": 0.3, "Embed-If": 0.4})
+    assert [t.name for t in bars.data] == ["subnetwork 1", "subnetwork 2", "full model"]
+    assert list(bars.data[1].x) == ["SO-Swap", "Embed-If"] and list(bars.data[1].y) == [0.2, 0.5]
+    assert bars.layout.barmode == "group" and bars.layout.xaxis.title.text == "subcase"
+
+
+def test_training_dynamics_figure():
+    from mi_core.viz import training_dynamics
+
+    metrics = pd.DataFrame(
+        {
+            "step": [0, 100, 200, 0, 100, 200],
+            "dataset": ["mnli"] * 3 + ["hans"] * 3,
+            "accuracy": [0.5, 0.8, 0.84, 0.5, 0.5, 0.65],
+        }
+    )
+    fig = training_dynamics(metrics, id_datasets=["mnli"])
+    assert [t.name for t in fig.data] == ["mnli (ID)", "hans (OOD)"]
+    assert list(fig.data[1].y) == [0.5, 0.5, 0.65] and fig.data[1].line.dash == "dash"
+    assert fig.layout.xaxis.title.text == "training step"

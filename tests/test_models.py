@@ -1,0 +1,157 @@
+"""Hooked models equal Hugging Face's own models on the same checkpoint (fp32, 1e-4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from mi_core.errors import ModelLoadError
+from mi_core.models import (
+    HookedDecoderClassifier,
+    HookedEncoderClassifier,
+    load_hf_causal_lm,
+    load_hf_classifier,
+    load_model,
+    weights_fingerprint,
+)
+
+PREMISES = [
+    "The doctor near the actor danced.",
+    "A man is playing a guitar on the stage while people watch.",
+    "Cats sleep.",
+]
+HYPOTHESES = ["The actor danced.", "Someone plays music.", "Dogs are awake at night, barking."]
+
+
+def _pair_batch(tokenizer):
+    return tokenizer(PREMISES, HYPOTHESES, padding=True, return_tensors="pt")
+
+
+@pytest.mark.parametrize("kind", ["bert-cls", "roberta-cls", "gpt2-cls"])
+def test_classifier_logits_equal_hugging_face(tiny_checkpoints, kind):
+    path = tiny_checkpoints[kind]
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+    model = load_model(path, task="mnli")
+    expected_cls = HookedDecoderClassifier if kind == "gpt2-cls" else HookedEncoderClassifier
+    assert isinstance(model, expected_cls)
+    batch = _pair_batch(model.tokenizer)
+    assert (batch["attention_mask"] == 0).any(), "the batch must contain padding"
+    with torch.no_grad():
+        ours = model(**batch)
+        # RoBERTa has one token type (HF rejects type id 1) and GPT-2 tokenizers make none (HF
+        # GPT-2 would add word embeddings for them): the hooked models ignore them for both.
+        if kind != "bert-cls":
+            del batch["token_type_ids"]
+        theirs = hf(**batch).logits
+    assert ours.shape == (3, 3)
+    assert theirs.abs().max() > 0.1, "reference logits too small to show a difference"
+    assert (ours - theirs).abs().max().item() < 1e-4
+
+
+def test_roberta_positions_are_offset(tiny_checkpoints):
+    # Shifting the position table by one would change the logits: the offset is exercised.
+    model = load_model(tiny_checkpoints["roberta-cls"], task="mnli")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        tiny_checkpoints["roberta-cls"]
+    )
+    pad = hf.config.pad_token_id
+    assert torch.equal(
+        model.embed.pos_embed.W_pos[0], hf.roberta.embeddings.position_embeddings.weight[pad + 1]
+    )
+
+
+def test_minilm_equals_hugging_face(minilm):
+    hf, tokenizer, task = load_hf_classifier("minilm", task="mnli", seed=0)
+    assert task == "mnli" and minilm.num_labels == 3 and minilm.cfg.n_layers == 6
+    assert minilm.cfg.n_heads == 12 and minilm.cfg.d_model == 384
+    batch = _pair_batch(tokenizer)
+    with torch.no_grad():
+        out = hf(**batch, output_hidden_states=True)
+        logits, cache = minilm.run_with_cache(**batch)
+    assert (logits - out.logits).abs().max().item() < 1e-4
+    final = cache["blocks.5.hook_normalized_resid_post"]
+    mask = batch["attention_mask"].bool()
+    assert (final[mask] - out.hidden_states[-1][mask]).abs().max().item() < 1e-4
+    assert cache["blocks.3.attn.hook_z"].shape == (3, batch["input_ids"].shape[1], 12, 32)
+
+
+def test_minilm_head_is_seeded():
+    a = load_model("minilm", task="qqp", seed=1)
+    b = load_model("minilm", task="qqp", seed=1)
+    c = load_model("minilm", task="qqp", seed=2)
+    assert a.num_labels == 2
+    assert torch.equal(a.head.out.weight, b.head.out.weight)
+    assert not torch.equal(a.head.out.weight, c.head.out.weight)
+    assert weights_fingerprint(a) == weights_fingerprint(b) != weights_fingerprint(c)
+
+
+def test_split_forward_equals_forward(tiny_checkpoints):
+    for kind in ("bert-cls", "gpt2-cls"):
+        model = load_model(tiny_checkpoints[kind], task="mnli")
+        batch = _pair_batch(model.tokenizer)
+        with torch.no_grad():
+            resid = model.embed_input(**batch)
+            mask = batch["attention_mask"]
+            resid = model.run_blocks(model.run_blocks(resid, mask, 0, 1), mask, start=1)
+            assert torch.allclose(model.classify(resid, mask), model(**batch), atol=1e-6)
+
+
+def _hf_logprobs(hf, ids):
+    with torch.no_grad():
+        return hf(ids).logits.log_softmax(-1)
+
+
+@pytest.mark.parametrize("kind", ["gpt2-lm", "llama-lm", "opt-lm"])
+def test_causal_lm_logprobs_equal_hugging_face(tiny_checkpoints, kind):
+    path = tiny_checkpoints[kind]
+    model = load_model(path)
+    hf, _ = load_hf_causal_lm(path)
+    ids = torch.randint(5, 1000, (2, 17), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(ids).log_softmax(-1)
+    assert (ours - _hf_logprobs(hf, ids)).abs().max().item() < 1e-4
+    assert "blocks.0.attn.hook_z" in model.hook_dict and "blocks.2.mlp.hook_post" in model.hook_dict
+
+
+@pytest.mark.slow
+def test_smollm2_logprobs_equal_hugging_face():
+    model = load_model("smollm2")
+    hf, tokenizer = load_hf_causal_lm("smollm2")
+    assert model.cfg.n_layers == 30 and model.cfg.n_key_value_heads == 3
+    ids = tokenizer("def fibonacci(n):\n    return n if n < 2 else", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours = model(ids).log_softmax(-1)
+    assert (ours - _hf_logprobs(hf, ids)).abs().max().item() < 1e-4
+
+
+def test_directory_without_config_is_rejected(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(tmp_path)
+
+
+def test_unsupported_architecture_names_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]})
+    )
+    with pytest.raises(ModelLoadError, match="not supported.*BertForSequenceClassification"):
+        load_model(tmp_path)
+
+
+def test_head_must_match_task(tiny_checkpoints):
+    with pytest.raises(ModelLoadError, match="3-label head but task qqp needs 2"):
+        load_model(tiny_checkpoints["bert-cls"], task="qqp")
+
+
+def test_missing_hub_model_fails_fast(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="not a local checkpoint directory"):
+        load_model("no-such-org/no-such-model-xyz", task="mnli")
+
+
+def test_missing_local_path_is_clear():
+    with pytest.raises(ModelLoadError, match="not a checkpoint directory"):
+        load_model("./does/not/exist")
