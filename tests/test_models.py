@@ -155,3 +155,20 @@ def test_missing_hub_model_fails_fast(monkeypatch):
 def test_missing_local_path_is_clear():
     with pytest.raises(ModelLoadError, match="not a checkpoint directory"):
         load_model("./does/not/exist")
+
+
+def test_fast_paths_match_tl_paths_and_keep_hooks(minilm):
+    # Unhooked attention / LayerNorm use fused kernels; hooking a pattern falls back to TL's code.
+    tokenizer = minilm.tokenizer
+    batch = _pair_batch(tokenizer)
+    seen = []
+    z_hook = ("blocks.1.attn.hook_z", lambda z, hook: seen.append(z.shape) or z * 0.5)
+    pattern_hook = ("blocks.0.attn.hook_pattern", lambda p, hook: p)
+    scale_hook = ("blocks.0.ln1.hook_scale", lambda s, hook: s)
+    with torch.no_grad():
+        fast = minilm.run_with_hooks(**batch, fwd_hooks=[z_hook])
+        slow = minilm.run_with_hooks(**batch, fwd_hooks=[z_hook, pattern_hook, scale_hook])
+        plain = minilm(**batch)
+    assert len(seen) == 2, "hook_z must fire on the fused path too"
+    assert (fast - slow).abs().max().item() < 1e-5
+    assert (fast - plain).abs().max().item() > 1e-4, "the z hook changed nothing"

@@ -17,6 +17,7 @@ from torch import nn
 from transformer_lens import HookedEncoder, HookedTransformer, HookedTransformerConfig
 
 from mi_core.errors import DataError
+from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
 
 Ids = Int[torch.Tensor, "batch pos"]
@@ -93,6 +94,7 @@ class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
         self._init_classifier(num_labels, task, label_names, cfg.model_name)
         self.to(cfg.device)
         self.setup()
+        enable_fast_paths(self)
 
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
         """Token + position + token-type embeddings after the embedding LayerNorm."""
@@ -136,6 +138,7 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         self._init_classifier(num_labels, task, label_names, cfg.model_name)
         self.to(cfg.device)
         self.setup()
+        enable_fast_paths(self)
 
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
         """Token + position embeddings (positions from 0; right padding; token types ignored).

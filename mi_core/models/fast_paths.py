@@ -1,0 +1,105 @@
+"""Fused fast paths for hooked classifiers that keep every hook working.
+
+TransformerLens computes attention and LayerNorm step by step so that every intermediate can be
+hooked. When nobody hooks those intermediates (no hook on ``hook_attn_scores`` / ``hook_pattern``,
+or on ``ln.hook_scale`` / ``ln.hook_normalized``), the same result comes from PyTorch's fused
+kernels: ``scaled_dot_product_attention`` and ``layer_norm``. Each call checks for hooks and
+falls back to TL's own code when any is attached, so ``run_with_cache`` and pattern hooks see
+exactly what they always see; hooks on ``hook_q/k/v``, ``hook_z`` and everything outside these
+modules fire on both paths.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from transformer_lens.components import LayerNorm
+from transformer_lens.components.abstract_attention import AbstractAttention
+from transformer_lens.hook_points import HookPoint
+
+
+def _hooked(*points: HookPoint) -> bool:
+    return any(p._forward_hooks or p._backward_hooks or p._backward_pre_hooks for p in points)
+
+
+def _fast_layer_norm(self: LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    if _hooked(self.hook_scale, self.hook_normalized) or x.dtype not in (
+        torch.float32,
+        torch.float64,
+    ):
+        return LayerNorm.forward(self, x)
+    return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
+
+
+def _fast_attention(
+    self: AbstractAttention,
+    query_input: torch.Tensor,
+    key_input: torch.Tensor,
+    value_input: torch.Tensor,
+    past_kv_cache_entry=None,
+    additive_attention_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if past_kv_cache_entry is not None or _hooked(self.hook_attn_scores, self.hook_pattern):
+        return type(self).forward(
+            self,
+            query_input,
+            key_input,
+            value_input,
+            past_kv_cache_entry,
+            additive_attention_mask,
+            attention_mask,
+            position_bias,
+        )
+    q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
+    causal = (self._attention_dir_override or self.cfg.attention_dir) == "causal"
+    mask = additive_attention_mask
+    if causal and mask is not None:
+        return type(self).forward(
+            self,
+            query_input,
+            key_input,
+            value_input,
+            past_kv_cache_entry,
+            additive_attention_mask,
+            attention_mask,
+            position_bias,
+        )
+    z = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask.to(q.dtype) if mask is not None else None,
+        is_causal=causal,
+        scale=1.0 / self.attn_scale,
+    ).transpose(1, 2)
+    z = self.hook_z(z)
+    w = self.W_O.reshape(self.cfg.n_heads * self.cfg.d_head, self.cfg.d_model)
+    return F.linear(z.reshape(z.shape[0], z.shape[1], -1), w.T, self.b_O)
+
+
+def enable_fast_paths(model: torch.nn.Module) -> None:
+    """Give ``model``'s LayerNorms and attention layers hook-aware fused forwards.
+
+    Only plain configurations get them (learnt or absolute positions, no attention result
+    hooks, no layer-index scaling); anything else keeps TL's forward.
+    """
+    cfg = model.cfg
+    plain_attention = (
+        cfg.positional_embedding_type == "standard"
+        and not cfg.use_attn_result
+        and not cfg.scale_attn_by_inverse_layer_idx
+        and not cfg.use_split_qkv_input
+        and not cfg.use_attn_in
+        and cfg.n_key_value_heads is None
+        and cfg.attn_scores_soft_cap <= 0
+        and not cfg.use_local_attn
+    )
+    for module in model.modules():
+        if type(module) is LayerNorm:
+            module.forward = types.MethodType(_fast_layer_norm, module)
+        elif isinstance(module, AbstractAttention) and plain_attention:
+            module.forward = types.MethodType(_fast_attention, module)
