@@ -35,6 +35,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--max-eval-examples", type=int, default=None)
     p.add_argument("--max-train-examples", type=int, default=None)
+    p.add_argument(
+        "--no-group-by-length",
+        dest="group_by_length",
+        action="store_false",
+        help="draw batches uniformly at random instead of grouping examples of similar length",
+    )
     p.set_defaults(func=run)
 
 
@@ -54,6 +60,7 @@ def run(args: argparse.Namespace) -> None:
         warmup_steps=args.warmup_steps,
         max_eval_examples=args.max_eval_examples,
         max_train_examples=args.max_train_examples,
+        group_by_length=args.group_by_length,
     )
     metrics = finetune(cfg)
     if not metrics.empty:

@@ -4,6 +4,10 @@ Training runs on the Hugging Face model (with its dropout), so every checkpoint 
 Hugging Face directory; evaluations use the same batches and scoring as ``mi-core eval``.
 Re-running with the same output directory resumes from the last checkpoint; each step's
 dropout is seeded from (seed, step), so a resumed run equals an uninterrupted one.
+
+With ``group_by_length`` (the default) batches hold examples of similar length, in a shuffled
+order, as Hugging Face's Trainer does with ``group_by_length``: on a CPU this halves the
+padding computed, and the batches' contents stay the same from epoch to epoch.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class FinetuneConfig:
     eval_batch_size: int = 64
     max_eval_examples: int | None = None
     max_train_examples: int | None = None
+    group_by_length: bool = True
 
     def validate(self) -> None:
         """Raise ConfigError for values out of range."""
@@ -64,7 +69,7 @@ def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
     if not saved.is_file():
         return
     before = read_json(saved)
-    keys = ("model", "task", "train", "lr", "batch_size", "seed", "max_length")
+    keys = ("model", "task", "train", "lr", "batch_size", "seed", "max_length", "group_by_length")
     changed = [k for k in keys if before.get(k) != asdict(cfg)[k]]
     if changed:
         raise ConfigError(
@@ -111,6 +116,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         shuffle=True,
         seed=cfg.seed,
         drop_last=len(train) >= cfg.batch_size,
+        sort_by_length=cfg.group_by_length,
     )
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
