@@ -36,12 +36,17 @@ class HookedClassifier:
     is_encoder: bool
 
     def _init_classifier(
-        self, num_labels: int, task: str | None, label_names: list[str] | None, model_name: str
+        self, head: nn.Module, num_labels: int, task: str | None, label_names: list[str] | None
     ) -> None:
+        """Attach the head and the task's metadata, register hooks, and enable fast paths."""
+        self.head = head
         self.num_labels = num_labels
         self.task = task
         self.label_names = list(label_names or [f"LABEL_{i}" for i in range(num_labels)])
-        self.model_name = model_name
+        self.model_name = self.cfg.model_name
+        self.to(self.cfg.device)
+        self.setup()
+        enable_fast_paths(self)
 
     def forward(
         self,
@@ -90,11 +95,8 @@ class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
         self.uses_token_types = uses_token_types
         # The masked-LM, NSP and pooler modules are not part of a sequence classifier.
         del self.mlm_head, self.unembed, self.nsp_head, self.pooler
-        self.head = PooledClassificationHead(cfg.d_model, num_labels)
-        self._init_classifier(num_labels, task, label_names, cfg.model_name)
-        self.to(cfg.device)
-        self.setup()
-        enable_fast_paths(self)
+        head = PooledClassificationHead(cfg.d_model, num_labels)
+        self._init_classifier(head, num_labels, task, label_names)
 
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
         """Token + position + token-type embeddings after the embedding LayerNorm."""
@@ -134,11 +136,9 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         # Set directly: TL's set_tokenizer would re-load it with add_bos_token=True.
         self.tokenizer = tokenizer
         del self.unembed
-        self.head = LinearClassificationHead(cfg.d_model, num_labels)
-        self._init_classifier(num_labels, task, label_names, cfg.model_name)
-        self.to(cfg.device)
-        self.setup()
-        enable_fast_paths(self)
+        self._init_classifier(
+            LinearClassificationHead(cfg.d_model, num_labels), num_labels, task, label_names
+        )
 
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
         """Token + position embeddings (positions from 0; right padding; token types ignored).

@@ -43,7 +43,14 @@ def _fast_attention(
     attention_mask: torch.Tensor | None = None,
     position_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if past_kv_cache_entry is not None or _hooked(self.hook_attn_scores, self.hook_pattern):
+    causal = (self._attention_dir_override or self.cfg.attention_dir) == "causal"
+    mask = additive_attention_mask
+    needs_tl = (
+        past_kv_cache_entry is not None
+        or (causal and mask is not None)
+        or _hooked(self.hook_attn_scores, self.hook_pattern)
+    )
+    if needs_tl:
         return type(self).forward(
             self,
             query_input,
@@ -55,19 +62,6 @@ def _fast_attention(
             position_bias,
         )
     q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
-    causal = (self._attention_dir_override or self.cfg.attention_dir) == "causal"
-    mask = additive_attention_mask
-    if causal and mask is not None:
-        return type(self).forward(
-            self,
-            query_input,
-            key_input,
-            value_input,
-            past_kv_cache_entry,
-            additive_attention_mask,
-            attention_mask,
-            position_bias,
-        )
     z = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.transpose(1, 2),
