@@ -1,0 +1,196 @@
+"""``mi-core separability``: prune what the cripple data set uses more than the focus data set.
+
+Writes ``trajectory.csv``, ``summary.json``, ``figures.html``, ``masks.safetensors`` and
+``pruned.json`` (and ``random_masks.safetensors`` with ``--random``) into ``--out``; the state
+after every step goes to ``--out/state.safetensors``, so the same command re-run after a crash
+goes on from the last finished step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from mi_core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers) -> None:
+    """Register ``separability``."""
+    from mi_core.separability.scoring import HEAD_AGGREGATIONS, SCORINGS
+    from mi_core.separability.trajectory import MODES
+
+    p = subparsers.add_parser(
+        "separability",
+        help="iterative separability pruning (focus vs cripple data set)",
+        description="Iterative separability pruning: remove the neurons the cripple data set "
+        "uses more than the focus data set, step by step, and measure both.",
+    )
+    p.add_argument("--model", required=True, help="model name (e.g. smollm2) or checkpoint path")
+    p.add_argument("--focus", required=True, help="data set to keep, e.g. text:wikitext")
+    p.add_argument("--cripple", required=True, help="data set to remove, e.g. text:python")
+    p.add_argument("--out", required=True, help="output directory (also the resume state)")
+    p.add_argument("--steps", type=int, default=10, help="pruning steps (default 10)")
+    p.add_argument(
+        "--ff-frac",
+        type=float,
+        default=0.05,
+        help="fraction of the remaining MLP neurons removed per step (default 0.05)",
+    )
+    p.add_argument(
+        "--attn-frac",
+        type=float,
+        default=0.0,
+        help="fraction of the remaining attention units removed per step (default 0)",
+    )
+    p.add_argument(
+        "--scoring",
+        choices=list(SCORINGS),
+        default="abs",
+        help="statistic whose cripple/focus ratio ranks neurons (default abs)",
+    )
+    p.add_argument(
+        "--attn-unit",
+        choices=["neuron", "head"],
+        default="neuron",
+        help="prune attention pre-out neurons or whole heads (default neuron)",
+    )
+    p.add_argument(
+        "--head-aggregation",
+        choices=list(HEAD_AGGREGATIONS),
+        default="mean",
+        help="how neuron scores make a head score with --attn-unit head",
+    )
+    p.add_argument(
+        "--offset",
+        choices=["zero", "mean"],
+        default="zero",
+        help="replace removed activations by zero or by their focus mean",
+    )
+    p.add_argument("--svd", action="store_true", help="rewrite attention W_V/W_O in OV-SVD basis")
+    p.add_argument(
+        "--mode",
+        choices=list(MODES),
+        default="cripple",
+        help="trajectory orientation: cripple (x = cripple set) or focus (x = focus)",
+    )
+    p.add_argument("--random", action="store_true", help="also run the random baseline")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=100_000,
+        help="statistics tokens per data set (default 100000)",
+    )
+    p.add_argument(
+        "--eval-tokens",
+        type=int,
+        default=None,
+        help="held-out tokens per data set for metrics (default: --tokens)",
+    )
+    p.add_argument("--window", type=int, default=128, help="tokens per window (default 128)")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
+    p.add_argument("--eps", type=float, default=1e-6, help="epsilon of the score ratio")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _windows(tokenizer, spec: str, window: int, n_tokens: int, split: str):
+    from mi_core.data import token_windows
+
+    windows = token_windows(tokenizer, spec, window=window, split=split)
+    wanted = max(1, n_tokens // window)
+    if windows.shape[0] < wanted:
+        log.warning(
+            "%s: %s part has %d windows of %d tokens; using all of them (%d asked for)",
+            spec,
+            split,
+            windows.shape[0],
+            window,
+            wanted,
+        )
+    return windows[:wanted]
+
+
+def run(args: argparse.Namespace) -> None:
+    """Load the model and data, run (or resume) the pruning, write the outputs."""
+    from pathlib import Path
+
+    from mi_core.models import load_model
+    from mi_core.separability import SeparabilityConfig, TaskTokens, run_separability
+    from mi_core.separability.prune import check_state
+    from mi_core.separability.report import write_separability_outputs
+
+    if args.tokens < args.window or (
+        args.eval_tokens is not None and args.eval_tokens < args.window
+    ):
+        raise ConfigError(f"--tokens and --eval-tokens must be at least --window ({args.window})")
+    config = SeparabilityConfig(
+        steps=args.steps,
+        ff_frac=args.ff_frac,
+        attn_frac=args.attn_frac,
+        scoring=args.scoring,
+        attn_unit=args.attn_unit,
+        head_aggregation=args.head_aggregation,
+        offset=args.offset,
+        svd=args.svd,
+        mode=args.mode,
+        random_baseline=args.random,
+        seed=args.seed,
+        eps=args.eps,
+        batch_size=args.batch_size,
+    ).validate()
+    eval_tokens = args.eval_tokens or args.tokens
+    identity = {
+        "model": str(args.model),
+        "focus": args.focus,
+        "cripple": args.cripple,
+        "tokens": args.tokens,
+        "eval_tokens": eval_tokens,
+        "window": args.window,
+    }
+    out = Path(args.out)
+    state_path = out / "state.safetensors"
+    done = check_state(state_path, config, identity)  # fails fast on a mismatched state
+    if done >= 0:
+        log.info("resuming %s after step %d of %d", out, done, config.steps)
+    model = load_model(args.model, device=args.device)
+    if not hasattr(model, "unembed") or getattr(model, "tokenizer", None) is None:
+        raise ConfigError(f"{args.model} is not a causal language model with a tokenizer")
+    tasks = {
+        role: TaskTokens(
+            name=spec,
+            stats=_windows(model.tokenizer, spec, args.window, args.tokens, "stats"),
+            heldout=_windows(model.tokenizer, spec, args.window, eval_tokens, "heldout"),
+        )
+        for role, spec in (("focus", args.focus), ("cripple", args.cripple))
+    }
+    identity = {
+        "model": str(args.model),
+        "focus": args.focus,
+        "cripple": args.cripple,
+        "tokens": args.tokens,
+        "eval_tokens": eval_tokens,
+        "window": args.window,
+    }
+    out = Path(args.out)
+    result = run_separability(
+        model,
+        tasks["focus"],
+        tasks["cripple"],
+        config,
+        state_path=out / "state.safetensors",
+        identity=identity,
+        progress=not args.no_progress,
+    )
+    paths = write_separability_outputs(result, out, extra_summary=identity)
+    summary = result.summary()
+    for metric in ("top1", "skip50_top1"):
+        area = summary["areas"][metric]
+        line = f"{metric}: area {area['area']:.3f}, separability {area['separability_pct']:.1f}%"
+        if "random_areas" in summary:
+            line += f" (random: area {summary['random_areas'][metric]['area']:.3f})"
+        print(line)
+    print(f"wrote {', '.join(p.name for p in paths.values())} to {out}")

@@ -1,0 +1,435 @@
+"""Iterative separability pruning: score, remove the top fraction, re-measure, repeat.
+
+Each step collects fresh activation statistics of the model *as pruned so far* on the focus and
+the cripple data sets (their ``stats`` token windows), scores every remaining neuron by the
+cripple/focus ratio of one statistic, removes the top ``ff_frac`` of the remaining MLP neurons
+and the top ``attn_frac`` of the remaining attention pre-out neurons (``attn_unit="neuron"``) or
+heads (``attn_unit="head"``, neuron scores aggregated per head), and evaluates next-token metrics
+on both data sets' ``heldout`` windows. Selection is global across layers; the counts are
+``round(frac * remaining)``, so the model shrinks geometrically. The random baseline removes the
+same number of units per step, chosen by seeded random scores.
+
+Removal is by hooks (:class:`~mi_core.separability.masks.PruneMasks`): zero, or the neuron's mean
+on the focus data set (``offset="mean"``). After every step the state -- masks and trajectory rows
+-- is written to one safetensors file atomically, so a run that stops resumes after its last
+finished step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Int
+from transformer_lens import HookedTransformer
+
+from mi_core.errors import ConfigError, DataError, TrainingError
+from mi_core.io import read_safetensors, write_safetensors
+from mi_core.separability.masks import PruneMasks
+from mi_core.separability.metrics import METRICS, evaluate_next_token, most_frequent_tokens
+from mi_core.separability.scoring import (
+    HEAD_AGGREGATIONS,
+    SCORINGS,
+    head_scores,
+    n_to_prune,
+    neuron_scores,
+    random_scores,
+    select_top,
+)
+from mi_core.separability.stats import ActivationStats, collect_activation_stats
+from mi_core.separability.svd import svd_attention
+from mi_core.separability.trajectory import MODES, trajectory_areas
+
+logger = logging.getLogger(__name__)
+
+STATE_FORMAT = "mi_core.separability.state/1"
+RANDOM = "random"
+
+
+@dataclass
+class TaskTokens:
+    """One data set's token windows: ``stats`` for statistics, ``heldout`` for metrics.
+
+    The two parts must not share tokens (:func:`mi_core.data.token_windows` with
+    ``split="stats"`` and ``split="heldout"`` guarantees it). Masks mark real tokens (``None``:
+    no padding).
+    """
+
+    name: str
+    stats: Int[torch.Tensor, "n pos"]
+    heldout: Int[torch.Tensor, "m pos"]
+    stats_mask: Bool[torch.Tensor, "n pos"] | None = None
+    heldout_mask: Bool[torch.Tensor, "m pos"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stats.numel() == 0 or self.heldout.numel() == 0:
+            raise DataError(
+                f"{self.name}: both the stats and the heldout windows must be non-empty"
+            )
+
+
+@dataclass
+class SeparabilityConfig:
+    """Options of a separability run (see the module docstring)."""
+
+    steps: int = 10
+    ff_frac: float = 0.05
+    attn_frac: float = 0.0
+    scoring: str = "abs"
+    attn_unit: str = "neuron"
+    head_aggregation: str = "mean"
+    offset: str = "zero"
+    svd: bool = False
+    mode: str = "cripple"
+    random_baseline: bool = False
+    seed: int = 0
+    eps: float = 1e-6
+    batch_size: int = 8
+    skip_top: int = 50
+
+    def validate(self) -> SeparabilityConfig:
+        """Raise :class:`ConfigError` on a value out of range; return self."""
+        if self.steps < 1:
+            raise ConfigError(f"steps must be at least 1, got {self.steps}")
+        for name in ("ff_frac", "attn_frac"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {value}")
+        if self.ff_frac == 0 and self.attn_frac == 0:
+            raise ConfigError("nothing to prune: ff_frac and attn_frac are both 0")
+        choices = {
+            "scoring": tuple(SCORINGS),
+            "attn_unit": ("neuron", "head"),
+            "head_aggregation": HEAD_AGGREGATIONS,
+            "offset": ("zero", "mean"),
+            "mode": MODES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}"
+                )
+        if self.batch_size < 1 or self.skip_top < 0 or self.eps < 0:
+            raise ConfigError("batch_size must be >= 1, skip_top >= 0 and eps >= 0")
+        return self
+
+    def to_dict(self) -> dict:
+        """The options as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass
+class SeparabilityResult:
+    """What a run produced: the trajectory rows, the masks, and the first step's scores."""
+
+    config: SeparabilityConfig
+    trajectory: pd.DataFrame
+    masks: PruneMasks
+    random_masks: PruneMasks | None
+    first_scores: dict[str, torch.Tensor] = field(default_factory=dict)
+    focus_name: str = "focus"
+    cripple_name: str = "cripple"
+
+    @property
+    def method(self) -> str:
+        """The name of the selective run in the trajectory's ``method`` column."""
+        return self.config.scoring
+
+    def run_frame(self, method: str | None = None) -> pd.DataFrame:
+        """The trajectory rows of one method (default: the selective run)."""
+        method = method or self.method
+        return self.trajectory[self.trajectory["method"] == method].sort_values("step")
+
+    def summary(self) -> dict:
+        """Areas and separability % per metric, for the run and the random baseline."""
+        out = {
+            "focus": self.focus_name,
+            "cripple": self.cripple_name,
+            "mode": self.config.mode,
+            "steps_done": int(self.run_frame()["step"].max()),
+            "config": self.config.to_dict(),
+            "pruned": {
+                "ff_neurons": self.masks.n_ff_pruned,
+                "attn_neurons": self.masks.n_attn_pruned,
+                "attn_heads": self.masks.n_heads_pruned,
+            },
+            "areas": trajectory_areas(self.run_frame(), self.config.mode),
+        }
+        if self.random_masks is not None:
+            out["random_areas"] = trajectory_areas(self.run_frame(RANDOM), self.config.mode)
+        return out
+
+
+def _evaluate_both(
+    model: HookedTransformer,
+    focus: TaskTokens,
+    cripple: TaskTokens,
+    masks: PruneMasks,
+    skip: dict[str, torch.Tensor],
+    config: SeparabilityConfig,
+    progress: bool,
+) -> dict[str, float]:
+    hooks = masks.hooks(model)
+    row: dict[str, float] = {}
+    for role, task in (("focus", focus), ("cripple", cripple)):
+        result = evaluate_next_token(
+            model,
+            task.heldout,
+            task.heldout_mask,
+            skip_tokens=skip[role],
+            fwd_hooks=hooks,
+            batch_size=config.batch_size,
+            progress=progress,
+            desc=f"evaluate {task.name}",
+        )
+        if not all(map(lambda m: result[m] == result[m], ("loss", "top1"))):
+            raise TrainingError(f"evaluation on {task.name} gave NaN (no predictable tokens?)")
+        for metric in (*METRICS, "n_tokens"):
+            row[f"{role}_{metric}"] = result[metric]
+    return row
+
+
+def _row(method: str, step: int, masks: PruneMasks, thresholds=(float("nan"),) * 2) -> dict:
+    return {
+        "method": method,
+        "step": step,
+        "ff_pruned": masks.n_ff_pruned,
+        "attn_pruned": masks.n_attn_pruned,
+        "heads_pruned": masks.n_heads_pruned,
+        "ff_threshold": thresholds[0],
+        "attn_threshold": thresholds[1],
+    }
+
+
+def _select(
+    scores: dict[str, torch.Tensor],
+    masks: PruneMasks,
+    config: SeparabilityConfig,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, tuple[float, float]]:
+    """Units to remove this step: (MLP selection, pre-out selection, thresholds)."""
+    ff_sel = attn_sel = None
+    ff_thr = attn_thr = float("nan")
+    if config.ff_frac > 0:
+        remaining = masks.ff_keep
+        k = n_to_prune(int(remaining.sum()), config.ff_frac)
+        ff_sel, ff_thr = select_top(scores["mlp"], remaining, k)
+    if config.attn_frac > 0:
+        keep = masks.attn_keep
+        if config.attn_unit == "neuron":
+            k = n_to_prune(int(keep.sum()), config.attn_frac)
+            attn_sel, attn_thr = select_top(scores["attn"], keep, k)
+        else:
+            heads_left = keep.all(dim=-1)
+            k = n_to_prune(int(heads_left.sum()), config.attn_frac)
+            per_head = scores["attn"]
+            if per_head.ndim == 3:
+                per_head = head_scores(per_head, config.head_aggregation)
+            head_sel, attn_thr = select_top(per_head, heads_left, k)
+            attn_sel = head_sel[..., None].expand_as(keep).clone()
+    return ff_sel, attn_sel, (ff_thr, attn_thr)
+
+
+def _sites(config: SeparabilityConfig, step: int) -> tuple[str, ...]:
+    if step == 1:  # both, so that the first scores can be plotted whatever is pruned
+        return ("mlp", "attn")
+    return tuple(
+        site for site, frac in (("mlp", config.ff_frac), ("attn", config.attn_frac)) if frac > 0
+    )
+
+
+def _offsets(stats: ActivationStats | None, config: SeparabilityConfig) -> dict:
+    if config.offset != "mean" or stats is None:
+        return {}
+    return {
+        "ff_offset": None if stats.mlp is None else stats.mlp.mean.float(),
+        "attn_offset": None if stats.attn is None else stats.attn.mean.float(),
+    }
+
+
+def _save_state(
+    path: Path,
+    config: SeparabilityConfig,
+    identity: dict,
+    rows: list[dict],
+    masks: PruneMasks,
+    random_masks: PruneMasks | None,
+    first_scores: dict[str, torch.Tensor],
+) -> None:
+    tensors = masks.tensors("selective.")
+    if random_masks is not None:
+        tensors.update(random_masks.tensors("random."))
+    tensors.update({f"scores.{k}": v.float().cpu() for k, v in first_scores.items()})
+    write_safetensors(
+        path,
+        tensors,
+        metadata={
+            "format": STATE_FORMAT,
+            "config": json.dumps(config.to_dict(), sort_keys=True),
+            "identity": json.dumps(identity, sort_keys=True),
+            "rows": json.dumps(rows),
+        },
+    )
+
+
+def check_state(
+    state_path: str | os.PathLike[str], config: SeparabilityConfig, identity: dict | None = None
+) -> int:
+    """The last finished step saved at ``state_path`` (-1: no state yet).
+
+    Raises :class:`ConfigError` when the state belongs to a run with other options or identity,
+    so that a resuming command can fail before loading any model or data.
+    """
+    path = Path(state_path)
+    if not path.exists():
+        return -1
+    rows = _load_state(path, config, dict(identity or {}))[0]
+    return max(r["step"] for r in rows) if rows else -1
+
+
+def _load_state(path: Path, config: SeparabilityConfig, identity: dict):
+    try:
+        tensors, metadata = read_safetensors(path)
+    except Exception as exc:  # noqa: BLE001 - a damaged file is reported as such
+        raise ConfigError(f"{path} cannot be read as a separability state ({exc})") from None
+    if metadata.get("format") != STATE_FORMAT:
+        raise ConfigError(
+            f"{path} is not a separability state file; remove it or use another --out"
+        )
+    saved = {**json.loads(metadata["config"]), **json.loads(metadata.get("identity", "{}"))}
+    wanted = {**config.to_dict(), **identity}
+    if saved != wanted:
+        changed = sorted(k for k in {*saved, *wanted} if saved.get(k) != wanted.get(k))
+        raise ConfigError(
+            f"{path} belongs to a run with other options ({', '.join(changed)} differ); re-run "
+            "with the same options to resume, or use another output directory"
+        )
+    masks = PruneMasks.from_tensors(tensors, "selective.")
+    random_masks = (
+        PruneMasks.from_tensors(tensors, "random.") if "random.ff_step" in tensors else None
+    )
+    first_scores = {
+        k.removeprefix("scores."): v for k, v in tensors.items() if k.startswith("scores.")
+    }
+    return json.loads(metadata["rows"]), masks, random_masks, first_scores
+
+
+def run_separability(
+    model: HookedTransformer,
+    focus: TaskTokens,
+    cripple: TaskTokens,
+    config: SeparabilityConfig,
+    *,
+    state_path: str | os.PathLike[str] | None = None,
+    identity: dict | None = None,
+    progress: bool = False,
+    on_step: Callable[[dict], None] | None = None,
+) -> SeparabilityResult:
+    """Run iterative separability pruning of ``model`` (see the module docstring).
+
+    With ``config.svd`` the model's attention is first rewritten in its OV-SVD basis
+    (:func:`~mi_core.separability.svd.svd_attention`, in place; outputs unchanged). With
+    ``state_path`` the run saves its state there after every step and, when the file exists
+    (from a run with the same options and the same ``identity``, a JSON-ready dict naming what
+    else must match, e.g. the model and data), resumes after the last finished step.
+    ``on_step`` is called with each new trajectory row.
+    """
+    config.validate()
+    identity = dict(identity or {})
+    if config.svd:
+        svd_attention(model)
+    skip = {
+        role: most_frequent_tokens(task.stats, task.stats_mask, config.skip_top)
+        for role, task in (("focus", focus), ("cripple", cripple))
+    }
+    state_path = Path(state_path) if state_path is not None else None
+    if state_path is not None and state_path.exists():
+        rows, masks, random_masks, first_scores = _load_state(state_path, config, identity)
+        logger.info("resuming %s after step %d", state_path, max(r["step"] for r in rows))
+    else:
+        rows, first_scores = [], {}
+        masks = PruneMasks.empty(model)
+        random_masks = PruneMasks.empty(model) if config.random_baseline else None
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        if on_step is not None:
+            on_step(row)
+
+    if not rows:
+        base = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
+        record({**_row(config.scoring, 0, masks), **base})
+        if random_masks is not None:
+            record({**_row(RANDOM, 0, random_masks), **base})
+        if state_path is not None:
+            _save_state(state_path, config, identity, rows, masks, random_masks, first_scores)
+
+    done = max(r["step"] for r in rows if r["method"] == config.scoring)
+    steps = range(done + 1, config.steps + 1)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, total=config.steps, initial=done, desc="separability steps")
+    for step in steps:
+        hooks = masks.hooks(model)
+        collected = {
+            role: collect_activation_stats(
+                model,
+                task.stats,
+                task.stats_mask,
+                batch_size=config.batch_size,
+                sites=_sites(config, step),
+                fwd_hooks=hooks,
+                progress=progress,
+                desc=f"statistics {task.name}",
+            )
+            for role, task in (("focus", focus), ("cripple", cripple))
+        }
+        scores = neuron_scores(collected["focus"], collected["cripple"], config.scoring, config.eps)
+        if step == 1:
+            first_scores = {k: v.float().cpu() for k, v in scores.items()}
+        ff_sel, attn_sel, thresholds = _select(scores, masks, config)
+        masks.prune(step, ff_sel, attn_sel, **_offsets(collected["focus"], config))
+        metrics = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
+        record({**_row(config.scoring, step, masks, thresholds), **metrics})
+
+        if random_masks is not None:
+            shapes = {"mlp": random_masks.ff_step.shape, "attn": random_masks.attn_step.shape}
+            rand = {
+                site: random_scores(tuple(shape), seed=config.seed * 1_000_003 + 2 * step + i)
+                for i, (site, shape) in enumerate(shapes.items())
+            }
+            focus_stats = None
+            if config.offset == "mean":
+                focus_stats = collect_activation_stats(
+                    model,
+                    focus.stats,
+                    focus.stats_mask,
+                    batch_size=config.batch_size,
+                    sites=_sites(config, step + 1),
+                    fwd_hooks=random_masks.hooks(model),
+                )
+            if config.attn_unit == "head":
+                rand["attn"] = rand["attn"][..., 0]
+            r_ff, r_attn, _ = _select(rand, random_masks, config)
+            random_masks.prune(step, r_ff, r_attn, **_offsets(focus_stats, config))
+            metrics = _evaluate_both(model, focus, cripple, random_masks, skip, config, progress)
+            record({**_row(RANDOM, step, random_masks), **metrics})
+
+        if state_path is not None:
+            _save_state(state_path, config, identity, rows, masks, random_masks, first_scores)
+
+    return SeparabilityResult(
+        config=config,
+        trajectory=pd.DataFrame(rows),
+        masks=masks,
+        random_masks=random_masks,
+        first_scores=first_scores,
+        focus_name=focus.name,
+        cripple_name=cripple.name,
+    )

@@ -1,0 +1,54 @@
+"""Tiny random HookedTransformers for the separability tests (GPT-2-like and Llama-like).
+
+Shared by the tests/test_separability_*.py files; holds no tests itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+VOCAB = 97
+
+
+def tiny_model(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> HookedTransformer:
+    """A 2-layer random model: ``"gpt2"`` (LayerNorm, GELU, learnt positions, biases) or
+    ``"llama"`` (RMSNorm, gated SiLU MLP, rotary, 4 query heads sharing 2 key-value heads)."""
+    common = dict(
+        d_model=32,
+        d_head=8,
+        n_heads=4,
+        n_layers=2,
+        n_ctx=64,
+        d_vocab=VOCAB,
+        d_mlp=48,
+        seed=seed,
+        dtype=dtype,
+    )
+    if kind == "gpt2":
+        cfg = HookedTransformerConfig(act_fn="gelu", normalization_type="LN", **common)
+    elif kind == "llama":
+        cfg = HookedTransformerConfig(
+            act_fn="silu",
+            normalization_type="RMS",
+            gated_mlp=True,
+            positional_embedding_type="rotary",
+            rotary_dim=8,
+            n_key_value_heads=2,
+            **common,
+        )
+    else:
+        raise ValueError(kind)
+    model = HookedTransformer(cfg).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # non-zero biases, so that every bias path is exercised
+        for name, param in model.named_parameters():
+            if name.rsplit(".", 1)[-1].lstrip("_").startswith("b_"):
+                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def random_tokens(n: int, pos: int, seed: int = 0, low: int = 0, high: int = VOCAB) -> torch.Tensor:
+    """Random token windows ``[n, pos]``."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (n, pos), generator=generator)
