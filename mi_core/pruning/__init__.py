@@ -75,3 +75,48 @@ __all__ = [
     "target_sparsity_at",
     "unflatten_components",
 ]
+
+# The pruning run, its objective and sweeps (issue 4).
+from mi_core.pruning.objective import PruningLoss, kl_to_reference, pruning_loss  # noqa: E402
+from mi_core.pruning.reference_logits import (  # noqa: E402
+    compute_reference_logits,
+    load_reference_logits,
+    reference_logits,
+)
+from mi_core.pruning.run import (  # noqa: E402
+    PruneResult,
+    frozen,
+    is_complete,
+    length_grouped_batches,
+    prune_run,
+    pruning_step,
+    step_seed,
+)
+from mi_core.pruning.sweep import (  # noqa: E402
+    SweepRun,
+    collect_subnetworks,
+    plan_sweep,
+    run_dir_for,
+    run_sweep,
+)
+
+__all__ += [
+    "PruneResult",
+    "PruningLoss",
+    "frozen",
+    "pruning_step",
+    "SweepRun",
+    "collect_subnetworks",
+    "compute_reference_logits",
+    "is_complete",
+    "kl_to_reference",
+    "length_grouped_batches",
+    "load_reference_logits",
+    "plan_sweep",
+    "prune_run",
+    "pruning_loss",
+    "reference_logits",
+    "run_dir_for",
+    "run_sweep",
+    "step_seed",
+]

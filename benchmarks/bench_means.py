@@ -1,0 +1,61 @@
+"""Means over a data set vs a plain forward pass over the same examples.
+
+Prints the ratio means time / forward time (target at most 1.1). Both run over the same
+length-sorted batches, in alternating passes (means, forward, means, ...); each side's best pass
+is kept, so background load affects both alike.
+
+    python benchmarks/bench_means.py [--model minilm] [--examples 10000] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from mi_core.data import load_pairs, pair_batches
+from mi_core.interventions import compute_means
+from mi_core.models import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--data", default="mnli:train")
+    parser.add_argument("--examples", type=int, default=10000)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    model = load_model(args.model, task="mnli")
+    data = load_pairs(args.data, max_examples=args.examples)
+    batches = list(
+        pair_batches(data, model.tokenizer, batch_size=args.batch_size, sort_by_length=True)
+    )
+    compute_means(model, batches[:1])  # warm-up
+    with torch.inference_mode():
+        model(**batches[0])
+    means_t, forward_t = [], []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        means = compute_means(model, batches, dataset=data.name)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            for batch in batches:
+                model(**batch)
+        t2 = time.perf_counter()
+        means_t.append(t1 - t0)
+        forward_t.append(t2 - t1)
+    ours, plain = min(means_t), min(forward_t)
+    print(
+        f"model {args.model}, {len(data)} examples ({means.n_tokens} tokens) of {args.data}, "
+        f"batch {args.batch_size}, torch threads {torch.get_num_threads()}"
+    )
+    print(f"means (float64 sums, hooks): {ours:8.2f} s")
+    print(f"plain forward              : {plain:8.2f} s")
+    print(f"ratio means / forward      : {ours / plain:.3f}   (target <= 1.1)")
+
+
+if __name__ == "__main__":
+    main()

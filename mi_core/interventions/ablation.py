@@ -1,0 +1,157 @@
+"""Apply a component mask to a hooked model: ``out = z * x + (1 - z) * fill``.
+
+``x`` is a head's ``blocks.{l}.attn.hook_z`` (per head) or a layer's ``blocks.{l}.hook_mlp_out``,
+``z`` its mask value, and ``fill`` the mean activation (mean ablation, the default) or zero (zero
+ablation). The ablation type only chooses the fill; the arithmetic is the same. Works for hooked
+encoders and decoders alike (the hook names are shared)::
+
+    with ablate(model, ComponentMask.from_removed(model, "L2.H5"), means):
+        logits = model(**batch)
+
+Hooks read ``mask.heads`` and ``mask.mlps`` when they run, so a training loop may assign new
+tensors (e.g. hard-concrete samples that require grad) to the same mask object every step and
+gradients reach them. Layers whose values are all 1 and do not require grad when the hooks are
+made get no hook at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from jaxtyping import Float
+
+from mi_core.errors import InterventionError
+from mi_core.interventions.mask import ComponentMask
+from mi_core.interventions.means import ComponentMeans
+
+Hook = Callable[..., torch.Tensor]
+
+
+class Ablation(str, enum.Enum):
+    """What a removed component's output is replaced by."""
+
+    MEAN = "mean"
+    ZERO = "zero"
+
+    @classmethod
+    def parse(cls, value: str | Ablation) -> Ablation:
+        """``"mean"`` or ``"zero"`` (or an :class:`Ablation`)."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise InterventionError(
+                f"unknown ablation {value!r}; expected one of {[a.value for a in cls]}"
+            ) from None
+
+
+def head_fill_values(
+    means: ComponentMeans | None, ablation: Ablation, layer: int, like: torch.Tensor
+) -> Float[torch.Tensor, "n_heads d_head"] | None:
+    """Fill for the heads of ``layer`` (None for zero ablation), on ``like``'s device and dtype."""
+    if ablation is Ablation.ZERO:
+        return None
+    return means.cast(like.device, like.dtype)[0][layer]
+
+
+def mlp_fill_values(
+    means: ComponentMeans | None, ablation: Ablation, layer: int, like: torch.Tensor
+) -> Float[torch.Tensor, " d_model"] | None:
+    """Fill for the MLP of ``layer`` (None for zero ablation)."""
+    if ablation is Ablation.ZERO:
+        return None
+    return means.cast(like.device, like.dtype)[1][layer]
+
+
+def interpolate(x: torch.Tensor, keep: torch.Tensor, fill: torch.Tensor | None) -> torch.Tensor:
+    """``keep * x + (1 - keep) * fill`` (``fill`` None means zero)."""
+    if fill is None:
+        return x * keep
+    return x * keep + (1 - keep) * fill
+
+
+def mask_hooks(
+    model: Any,
+    mask: ComponentMask,
+    means: ComponentMeans | None = None,
+    ablation: str | Ablation = Ablation.MEAN,
+    *,
+    skip_unmasked: bool = True,
+) -> list[tuple[str, Hook]]:
+    """``(hook name, hook)`` pairs that apply ``mask`` (for ``run_with_hooks`` or ``hooks()``).
+
+    ``means`` (required for mean ablation) are only checked for shape here; use
+    :func:`~mi_core.interventions.means.load_means` with ``model=`` to check they are the model's.
+    """
+    ablation = Ablation.parse(ablation)
+    mask.check_model(model)
+    if ablation is Ablation.MEAN:
+        if means is None:
+            raise InterventionError(
+                "mean ablation needs means: pass means (from mi-core means) or use zero ablation"
+            )
+        means.check_model(model, fingerprint=False)
+    if skip_unmasked:
+        heads_on = _layers_needing_hooks(mask.heads)
+        mlps_on = _layers_needing_hooks(mask.mlps[:, None])
+    else:
+        heads_on = mlps_on = [True] * mask.n_layers
+
+    def head_hook(layer: int) -> Hook:
+        def hook(x: Float[torch.Tensor, "batch pos n_heads d_head"], hook: Any) -> torch.Tensor:
+            keep = mask.heads[layer].to(x.device, x.dtype)[:, None]
+            return interpolate(x, keep, head_fill_values(means, ablation, layer, x))
+
+        return hook
+
+    def mlp_hook(layer: int) -> Hook:
+        def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> torch.Tensor:
+            keep = mask.mlps[layer].to(x.device, x.dtype)
+            return interpolate(x, keep, mlp_fill_values(means, ablation, layer, x))
+
+        return hook
+
+    hooks: list[tuple[str, Hook]] = []
+    for layer in range(mask.n_layers):
+        if heads_on[layer]:
+            hooks.append((f"blocks.{layer}.attn.hook_z", head_hook(layer)))
+        if mlps_on[layer]:
+            hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_hook(layer)))
+    return hooks
+
+
+@contextlib.contextmanager
+def ablate(
+    model: Any,
+    mask: ComponentMask,
+    means: ComponentMeans | None = None,
+    ablation: str | Ablation = Ablation.MEAN,
+    *,
+    skip_unmasked: bool = True,
+) -> Iterator[Any]:
+    """Context manager: inside it, ``model`` runs with ``mask`` applied.
+
+    The mask's hooks go *before* any other hook at their hook points, so caches
+    (``run_with_cache``) and later hooks see the ablated activations whatever the order in which
+    they were added. Leaving the context removes exactly these hooks. Set ``skip_unmasked=False``
+    when you will assign values other than 1 after entering with an all-ones mask.
+    """
+    hooks = mask_hooks(model, mask, means, ablation, skip_unmasked=skip_unmasked)
+    model.context_level += 1
+    level = model.context_level
+    try:
+        for name, hook in hooks:
+            model.add_hook(name, hook, level=level, prepend=True)
+        yield model
+    finally:
+        model.reset_hooks(clear_contexts=False, including_permanent=False, level=level)
+        model.context_level -= 1
+
+
+def _layers_needing_hooks(values: Float[torch.Tensor, "n_layers n"]) -> list[bool]:
+    if values.requires_grad:
+        return [True] * values.shape[0]
+    return (values.detach() != 1).any(dim=1).tolist()

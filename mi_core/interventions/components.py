@@ -1,0 +1,108 @@
+"""Names of the prunable components: attention heads ``L2.H5`` and MLP layers ``L7.MLP``.
+
+Every attention head and every MLP layer is one mask entry (the paper's components). Names are
+zero-based, as in TransformerLens (``L2.H5`` is ``blocks.2.attn.hook_z[:, :, 5]``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from transformer_lens import HookedTransformerConfig
+
+from mi_core.errors import InterventionError
+
+_NAME = re.compile(r"^L(\d+)\.(?:H(\d+)|(MLP))$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, order=True)
+class Component:
+    """One attention head (``head`` set) or one MLP layer (``head`` None)."""
+
+    layer: int
+    head: int | None = None
+
+    @property
+    def is_mlp(self) -> bool:
+        """True for an MLP layer, False for an attention head."""
+        return self.head is None
+
+    def __str__(self) -> str:
+        return f"L{self.layer}.MLP" if self.head is None else f"L{self.layer}.H{self.head}"
+
+    @classmethod
+    def parse(cls, name: str) -> Component:
+        """Parse ``L2.H5`` (head 5 of layer 2) or ``L7.MLP`` (the MLP of layer 7)."""
+        match = _NAME.match(name.strip())
+        if not match:
+            raise InterventionError(
+                f"cannot parse component {name.strip()!r}; expected L<layer>.H<head> "
+                "(e.g. L2.H5) or L<layer>.MLP (e.g. L7.MLP)"
+            )
+        layer, head, _ = match.groups()
+        return cls(int(layer), None if head is None else int(head))
+
+    def check(self, n_layers: int, n_heads: int) -> Component:
+        """Return self if it exists in a model of ``n_layers`` x ``n_heads``, else raise."""
+        if self.layer >= n_layers:
+            raise InterventionError(
+                f"component {self} does not exist: the model has {n_layers} layers "
+                f"(L0-L{n_layers - 1})"
+            )
+        if self.head is not None and self.head >= n_heads:
+            raise InterventionError(
+                f"component {self} does not exist: the model has {n_heads} heads per layer "
+                f"(H0-H{n_heads - 1})"
+            )
+        return self
+
+
+def model_dims(cfg_or_model: Any) -> HookedTransformerConfig:
+    """The TransformerLens config of a hooked model, or the config itself."""
+    cfg = getattr(cfg_or_model, "cfg", cfg_or_model)
+    if not all(hasattr(cfg, name) for name in ("n_layers", "n_heads", "d_head", "d_model")):
+        raise InterventionError(
+            "expected a hooked model or a HookedTransformerConfig, "
+            f"got {type(cfg_or_model).__name__}"
+        )
+    return cfg
+
+
+def parse_components(
+    spec: str | Iterable[str | Component], cfg_or_model: Any | None = None
+) -> list[Component]:
+    """Parse ``"L2.H5,L3.H7,L4.MLP"`` (or an iterable of names) into sorted, unique components.
+
+    With a model or config, every component must exist in it.
+    """
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    components = set()
+    for item in items:
+        if isinstance(item, Component):
+            components.add(item)
+        elif item.strip():
+            components.add(Component.parse(item))
+    if cfg_or_model is not None:
+        cfg = model_dims(cfg_or_model)
+        for component in components:
+            component.check(cfg.n_layers, cfg.n_heads)
+    return sorted(components, key=_order)
+
+
+def all_heads(cfg_or_model: Any) -> list[Component]:
+    """Every attention head of a model, layer by layer."""
+    cfg = model_dims(cfg_or_model)
+    return [Component(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+
+
+def format_components(components: Iterable[Component]) -> str:
+    """``L2.H5,L3.H7,L4.MLP``: the inverse of :func:`parse_components`."""
+    return ",".join(str(c) for c in sorted(components, key=_order))
+
+
+def _order(component: Component) -> tuple[int, int]:
+    # Heads of a layer first, then its MLP, as in the forward pass.
+    return (component.layer, component.head if component.head is not None else 1 << 30)

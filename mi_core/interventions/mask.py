@@ -1,0 +1,273 @@
+"""Component masks: one value in [0, 1] per attention head and per MLP layer.
+
+A mask is plain data (pyvene style): save it, load it, print it, apply it to a fresh model::
+
+    mask = ComponentMask.from_removed(model, "L2.H5,L3.H7")
+    mask.save("mask.json")                      # or .safetensors
+    with ablate(model, ComponentMask.load("mask.json"), means): ...
+
+Entry 1 keeps a component, 0 removes it (replaces its output by the fill, see
+:mod:`mi_core.interventions.ablation`), values in between interpolate. The tensors may require
+grad: a pruning loop sets them to hard-concrete samples and gradients reach them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from safetensors import SafetensorError
+
+from mi_core.errors import InterventionError
+from mi_core.interventions.components import (
+    Component,
+    format_components,
+    model_dims,
+    parse_components,
+)
+from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
+
+MASK_KIND = "mi_core.ComponentMask"
+_FORMAT_VERSION = "1"
+
+
+@dataclass(eq=False)
+class ComponentMask:
+    """Per-head values ``heads[layer, head]`` and per-MLP values ``mlps[layer]`` in [0, 1]."""
+
+    heads: Float[torch.Tensor, "n_layers n_heads"]
+    mlps: Float[torch.Tensor, "n_layers"]
+
+    def __post_init__(self) -> None:
+        self.heads = _as_float(self.heads, "heads")
+        self.mlps = _as_float(self.mlps, "mlps")
+        if self.heads.ndim != 2 or self.mlps.ndim != 1 or self.mlps.shape[0] != self.heads.shape[0]:
+            raise InterventionError(
+                f"mask shapes do not fit: heads {list(self.heads.shape)} and mlps "
+                f"{list(self.mlps.shape)}; expected heads [n_layers, n_heads] and mlps [n_layers]"
+            )
+        for name, values in (("heads", self.heads), ("mlps", self.mlps)):
+            bad = ~((values >= 0) & (values <= 1))
+            if bool(bad.any()):
+                index = tuple(int(i) for i in bad.nonzero()[0])
+                component = Component(index[0], index[1] if name == "heads" else None)
+                raise InterventionError(
+                    f"mask value {float(values[index]):g} for {component} is outside [0, 1]; "
+                    "every mask value must lie in [0, 1]"
+                )
+
+    # ----------------------------------------------------------------------------------- make
+    @classmethod
+    def ones(
+        cls,
+        cfg_or_model: Any,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> ComponentMask:
+        """The mask that keeps every component."""
+        cfg = model_dims(cfg_or_model)
+        return cls(
+            torch.ones(cfg.n_layers, cfg.n_heads, device=device, dtype=dtype),
+            torch.ones(cfg.n_layers, device=device, dtype=dtype),
+        )
+
+    @classmethod
+    def from_removed(
+        cls, cfg_or_model: Any, removed: str | list[str] | list[Component]
+    ) -> ComponentMask:
+        """Keep everything except ``removed`` (``"L2.H5,L4.H0,L7.MLP"`` or a list of names)."""
+        mask = cls.ones(cfg_or_model)
+        for component in parse_components(removed, cfg_or_model):
+            if component.is_mlp:
+                mask.mlps[component.layer] = 0.0
+            else:
+                mask.heads[component.layer, component.head] = 0.0
+        return mask
+
+    # ----------------------------------------------------------------------------------- read
+    @property
+    def n_layers(self) -> int:
+        return int(self.heads.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.heads.shape[1])
+
+    @property
+    def n_components(self) -> int:
+        """Heads plus MLP layers."""
+        return self.heads.numel() + self.mlps.numel()
+
+    def removed(self) -> list[Component]:
+        """Components whose value is exactly 0."""
+        return [c for c, v in self._items() if v == 0.0]
+
+    def partial(self) -> dict[Component, float]:
+        """Components whose value lies strictly between 0 and 1."""
+        return {c: v for c, v in self._items() if 0.0 < v < 1.0}
+
+    def is_binary(self) -> bool:
+        """True when every value is 0 or 1."""
+        return not self.partial()
+
+    def sparsity(self) -> float:
+        """Fraction of components removed, counting a partial value v as 1 - v."""
+        total = float((1 - self.heads.detach()).sum() + (1 - self.mlps.detach()).sum())
+        return total / self.n_components
+
+    def check_model(self, cfg_or_model: Any) -> None:
+        """Raise :class:`InterventionError` unless the mask's shape fits the model."""
+        cfg = model_dims(cfg_or_model)
+        if (self.n_layers, self.n_heads) != (cfg.n_layers, cfg.n_heads):
+            raise InterventionError(
+                f"mask of shape heads [{self.n_layers}, {self.n_heads}] does not fit a model with "
+                f"{cfg.n_layers} layers x {cfg.n_heads} heads"
+            )
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        """The same mask on another device or dtype (differentiable, like ``Tensor.to``)."""
+        return ComponentMask(self.heads.to(device, dtype), self.mlps.to(device, dtype))
+
+    def detach(self) -> ComponentMask:
+        """A copy cut from the autograd graph, on the CPU, in float32."""
+        return ComponentMask(
+            self.heads.detach().float().cpu().clone(), self.mlps.detach().float().cpu().clone()
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ComponentMask):
+            return NotImplemented
+        return bool(
+            self.heads.shape == other.heads.shape
+            and torch.equal(self.heads.detach().cpu(), other.heads.detach().cpu())
+            and torch.equal(self.mlps.detach().cpu(), other.mlps.detach().cpu())
+        )
+
+    def __str__(self) -> str:
+        removed = self.removed()
+        listed = format_components(removed[:12]) + (",..." if len(removed) > 12 else "")
+        text = (
+            f"ComponentMask({self.n_layers} layers x {self.n_heads} heads; "
+            f"{len(removed)}/{self.n_components} removed"
+        )
+        if removed:
+            text += f": {listed}"
+        partial = self.partial()
+        if partial:
+            text += f"; {len(partial)} partial"
+        return text + ")"
+
+    # ----------------------------------------------------------------------------------- save
+    def to_json(self) -> dict[str, Any]:
+        """Readable form: shape, removed components, and any value strictly between 0 and 1."""
+        out: dict[str, Any] = {
+            "kind": MASK_KIND,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_removed": len(self.removed()),
+            "n_components": self.n_components,
+            "removed": [str(c) for c in self.removed()],
+        }
+        partial = self.partial()
+        if partial:
+            out["partial"] = {str(c): v for c, v in partial.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> ComponentMask:
+        """Inverse of :meth:`to_json`."""
+        try:
+            n_layers, n_heads = int(data["n_layers"]), int(data["n_heads"])
+            removed = list(data.get("removed", []))
+            partial = dict(data.get("partial", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InterventionError(
+                f"not a component mask: expected JSON with n_layers, n_heads and removed ({exc})"
+            ) from exc
+        if n_layers < 1 or n_heads < 1:
+            raise InterventionError(f"mask shape {n_layers} x {n_heads} must be positive")
+        dims = _Dims(n_layers, n_heads)
+        mask = cls.from_removed(dims, [str(name) for name in removed])
+        for name, value in partial.items():
+            component = Component.parse(str(name)).check(n_layers, n_heads)
+            if component.is_mlp:
+                mask.mlps[component.layer] = float(value)
+            else:
+                mask.heads[component.layer, component.head] = float(value)
+        return cls(mask.heads, mask.mlps)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``.safetensors`` (exact tensors) or ``.json`` (readable), atomically."""
+        suffix = Path(path).suffix.lower()
+        if suffix == ".json":
+            return write_json(path, self.to_json())
+        if suffix == ".safetensors":
+            detached = self.detach()
+            return write_safetensors(
+                path,
+                {"heads": detached.heads, "mlps": detached.mlps},
+                {"kind": MASK_KIND, "format_version": _FORMAT_VERSION},
+            )
+        raise InterventionError(f"cannot save a mask as {path}: use a .json or .safetensors name")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ComponentMask:
+        """Read a mask written by :meth:`save` (``.safetensors`` or ``.json``)."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in (".json", ".safetensors"):
+            raise InterventionError(
+                f"cannot read a mask from {path}: expected .json or .safetensors"
+            )
+        if not path.is_file():
+            raise InterventionError(f"mask file {path} does not exist")
+        if suffix == ".json":
+            try:
+                data = read_json(path)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise InterventionError(f"mask file {path} is not valid JSON ({exc})") from exc
+            return cls.from_json(data)
+        try:
+            tensors, metadata = read_safetensors(path)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise InterventionError(f"mask file {path} is not a safetensors file ({exc})") from exc
+        if metadata.get("kind", MASK_KIND) != MASK_KIND or not {"heads", "mlps"} <= set(tensors):
+            raise InterventionError(
+                f"{path} is not a component mask (kind {metadata.get('kind')!r}, "
+                f"tensors {sorted(tensors)}); expected tensors heads and mlps"
+            )
+        return cls(tensors["heads"], tensors["mlps"])
+
+    def _items(self) -> list[tuple[Component, float]]:
+        heads = self.heads.detach().cpu().tolist()
+        mlps = self.mlps.detach().cpu().tolist()
+        items: list[tuple[Component, float]] = []
+        for layer in range(self.n_layers):
+            items += [(Component(layer, h), v) for h, v in enumerate(heads[layer])]
+            items.append((Component(layer), mlps[layer]))
+        return items
+
+
+@dataclass(frozen=True)
+class _Dims:
+    """Just the dimensions a mask needs (n_layers, n_heads), for masks read without a model."""
+
+    n_layers: int
+    n_heads: int
+    d_head: int = 0
+    d_model: int = 0
+
+
+def _as_float(values: Any, name: str) -> torch.Tensor:
+    if not isinstance(values, torch.Tensor):
+        try:
+            values = torch.as_tensor(values, dtype=torch.float32)
+        except (TypeError, ValueError) as exc:
+            raise InterventionError(f"mask {name} must be a tensor of numbers ({exc})") from exc
+    if not torch.is_floating_point(values):
+        values = values.to(torch.float32)
+    return values

@@ -1,0 +1,223 @@
+"""Mean activations for mean ablation: every head's ``hook_z`` and every layer's ``hook_mlp_out``.
+
+A mean is taken **per token over every non-padding position** of a dataset, not per position:
+premise/hypothesis pairs have different lengths, so "position 17" means different things in
+different examples, and a per-position mean would be estimated from fewer and fewer examples
+towards the end. Padding positions are excluded. Sums are streamed in float64 with hooks during
+one forward pass per batch; no activation cache is kept.
+
+The file records the model it was made for (name and :func:`weights_fingerprint`), the data set,
+and the number of tokens and examples; applying means to another model is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from safetensors import SafetensorError
+from tqdm.auto import tqdm
+
+from mi_core.errors import DataError, InterventionError
+from mi_core.interventions.components import model_dims
+from mi_core.io import read_safetensors, write_safetensors
+from mi_core.models.fingerprint import weights_fingerprint
+
+MEANS_KIND = "mi_core.ComponentMeans"
+_FORMAT_VERSION = "1"
+#: How the means were averaged; stored in the file so a reader never has to guess.
+AVERAGING = "per-token mean over all non-padding positions"
+
+
+@dataclass(eq=False)
+class ComponentMeans:
+    """Mean ``hook_z`` per head and d_head dim, and mean ``hook_mlp_out`` per layer (float64)."""
+
+    z: Float[torch.Tensor, "n_layers n_heads d_head"]
+    mlp_out: Float[torch.Tensor, "n_layers d_model"]
+    model_name: str
+    fingerprint: str
+    dataset: str = ""
+    n_tokens: int = 0
+    n_examples: int = 0
+    _cast: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.z.ndim != 3 or self.mlp_out.ndim != 2 or self.z.shape[0] != self.mlp_out.shape[0]:
+            raise InterventionError(
+                f"means shapes do not fit: z {list(self.z.shape)} and mlp_out "
+                f"{list(self.mlp_out.shape)}; expected [n_layers, n_heads, d_head] and "
+                "[n_layers, d_model]"
+            )
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.z.shape[0])
+
+    def cast(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> tuple[
+        Float[torch.Tensor, "n_layers n_heads d_head"], Float[torch.Tensor, "n_layers d_model"]
+    ]:
+        """``(z, mlp_out)`` on ``device`` in ``dtype``, converted once and remembered."""
+        key = (str(device), dtype)
+        if key not in self._cast:
+            self._cast[key] = (self.z.to(device, dtype), self.mlp_out.to(device, dtype))
+        return self._cast[key]
+
+    def check_model(self, model: Any, *, fingerprint: bool = True) -> None:
+        """Raise :class:`InterventionError` unless these means were made for ``model``."""
+        cfg = model_dims(model)
+        want = (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_model)
+        have = (*self.z.shape, self.mlp_out.shape[1])
+        if want != tuple(have):
+            raise InterventionError(
+                f"means for {self.model_name!r} have shape layers x heads x d_head x d_model "
+                f"{'x'.join(map(str, have))}, but the model has {'x'.join(map(str, want))}; "
+                "compute means for this model with mi-core means"
+            )
+        if fingerprint:
+            theirs = weights_fingerprint(model)
+            if theirs != self.fingerprint:
+                name = getattr(model, "model_name", None) or getattr(cfg, "model_name", "?")
+                raise InterventionError(
+                    f"means were computed for model {self.model_name!r} (weights "
+                    f"{self.fingerprint}), not for this model {name!r} (weights {theirs}); "
+                    "compute means for this model with mi-core means"
+                )
+
+    def metadata(self) -> dict[str, str]:
+        """The string metadata stored in the safetensors header."""
+        return {
+            "kind": MEANS_KIND,
+            "format_version": _FORMAT_VERSION,
+            "model_name": self.model_name,
+            "fingerprint": self.fingerprint,
+            "dataset": self.dataset,
+            "n_tokens": str(self.n_tokens),
+            "n_examples": str(self.n_examples),
+            "averaging": AVERAGING,
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write a ``.safetensors`` file (float64 tensors ``z``, ``mlp_out`` + metadata)."""
+        if Path(path).suffix.lower() != ".safetensors":
+            raise InterventionError(f"cannot save means as {path}: use a .safetensors name")
+        return write_safetensors(path, {"z": self.z, "mlp_out": self.mlp_out}, self.metadata())
+
+    def __str__(self) -> str:
+        return (
+            f"ComponentMeans({self.model_name!r} weights {self.fingerprint}; "
+            f"{self.n_layers} layers; {self.n_tokens} tokens from {self.n_examples} examples "
+            f"of {self.dataset or '?'})"
+        )
+
+
+def load_means(path: str | os.PathLike[str], model: Any | None = None) -> ComponentMeans:
+    """Read means saved by :meth:`ComponentMeans.save`; with ``model``, check they are its own."""
+    path = Path(path)
+    if not path.is_file():
+        raise InterventionError(f"means file {path} does not exist; make one with mi-core means")
+    try:
+        tensors, metadata = read_safetensors(path)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InterventionError(f"means file {path} is not a safetensors file ({exc})") from exc
+    if metadata.get("kind") != MEANS_KIND or not {"z", "mlp_out"} <= set(tensors):
+        raise InterventionError(
+            f"{path} is not a means file (kind {metadata.get('kind')!r}); "
+            "make one with mi-core means"
+        )
+    means = ComponentMeans(
+        z=tensors["z"],
+        mlp_out=tensors["mlp_out"],
+        model_name=metadata.get("model_name", ""),
+        fingerprint=metadata.get("fingerprint", ""),
+        dataset=metadata.get("dataset", ""),
+        n_tokens=int(metadata.get("n_tokens", 0)),
+        n_examples=int(metadata.get("n_examples", 0)),
+    )
+    if model is not None:
+        means.check_model(model)
+    return means
+
+
+@torch.inference_mode()
+def compute_means(
+    model: Any,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    *,
+    dataset: str = "",
+    progress: bool = False,
+) -> ComponentMeans:
+    """Stream ``batches`` through ``model`` and average ``hook_z`` and ``hook_mlp_out`` per token.
+
+    Each batch holds ``input_ids`` and ``attention_mask`` (1 = real token), and for encoders
+    optionally ``token_type_ids``. Only the transformer blocks run (no task head).
+    """
+    cfg = model_dims(model)
+    device = next(model.parameters()).device
+    n_layers, n_heads, d_head = cfg.n_layers, cfg.n_heads, cfg.d_head
+    sum_z = torch.zeros(n_layers, n_heads * d_head, dtype=torch.float64, device=device)
+    sum_mlp = torch.zeros(n_layers, cfg.d_model, dtype=torch.float64, device=device)
+    keep: dict[str, torch.Tensor] = {}
+
+    def add(total: torch.Tensor, layer: int):
+        def hook(x: torch.Tensor, hook: Any) -> None:
+            rows = x.reshape(x.shape[0] * x.shape[1], -1)[keep["index"]]
+            total[layer] += rows.sum(dim=0, dtype=torch.float64)
+
+        return hook
+
+    hooks = []
+    for layer in range(n_layers):
+        hooks.append((f"blocks.{layer}.attn.hook_z", add(sum_z, layer)))
+        hooks.append((f"blocks.{layer}.hook_mlp_out", add(sum_mlp, layer)))
+
+    n_tokens = n_examples = 0
+    with model.hooks(fwd_hooks=hooks):
+        for batch in tqdm(batches, desc="means", disable=not progress, unit="batch"):
+            ids = batch["input_ids"].to(device)
+            attention_mask = batch.get("attention_mask")
+            attention_mask = (
+                torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
+            )
+            keep["index"] = attention_mask.reshape(-1).nonzero().squeeze(1)
+            types = batch.get("token_type_ids")
+            run_body(model, ids, attention_mask, None if types is None else types.to(device))
+            n_tokens += int(keep["index"].numel())
+            n_examples += int(ids.shape[0])
+    if n_tokens == 0:
+        raise DataError(
+            f"cannot compute means: the data set {dataset or ''} has no tokens (it is empty)"
+        )
+    return ComponentMeans(
+        z=(sum_z / n_tokens).reshape(n_layers, n_heads, d_head).cpu(),
+        mlp_out=(sum_mlp / n_tokens).cpu(),
+        model_name=str(getattr(model, "model_name", None) or cfg.model_name),
+        fingerprint=weights_fingerprint(model),
+        dataset=dataset,
+        n_tokens=n_tokens,
+        n_examples=n_examples,
+    )
+
+
+def run_body(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Run every transformer block of a hooked classifier, encoder or decoder (no output head)."""
+    if hasattr(model, "run_blocks"):
+        resid = model.embed_input(input_ids, attention_mask, token_type_ids)
+        return model.run_blocks(resid, attention_mask)
+    if hasattr(model, "encoder_output"):
+        return model.encoder_output(input_ids, token_type_ids, attention_mask)
+    return model(input_ids, attention_mask=attention_mask, return_type=None)

@@ -1,0 +1,620 @@
+"""One L0 pruning run: learn hard-concrete gates on a frozen classifier, checkpoint, resume, report.
+
+:func:`prune_run` is the library form of ``mi-core prune``; a sweep calls it once per (sparsity,
+seed). A run directory holds::
+
+    config.json               what was asked for (the run's identity; a re-run must match it)
+    reference_logits.safetensors   the full model's logits per training example (unless shared)
+    checkpoint.safetensors    log_alpha, lambdas, AdamW state; JSON metadata: step, noise seed
+    log.csv                   per step: loss, kl, expected and target sparsity, lambdas
+    mask.safetensors, mask.json    the binary subnetwork (mask.json lists removed components)
+    metrics.json              achieved sparsity; subnetwork and full-model accuracy per eval set
+
+Exact resumption: the hard-concrete noise of step ``k`` comes from a generator seeded with
+``(seed, k)`` and the micro-batches of step ``k`` from the data order of ``seed`` and the epoch
+(:func:`length_grouped_batches`: random batches of similar-length examples, padded per batch),
+so nothing about the random state has to be saved besides the step. A run killed at any point
+and started again with the same arguments continues from its last checkpoint and ends with the
+same ``log_alpha`` and mask as an uninterrupted run. A run whose ``metrics.json`` exists is
+complete: running it again only reports the result (and evaluates eval sets it lacks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from mi_core.data import PairDataset, load_pairs
+from mi_core.data.batches import TokenizedPairs, tokenize_pairs
+from mi_core.errors import ConfigError, DataError, TrainingError
+from mi_core.evaluation import evaluate, model_inputs
+from mi_core.interventions import ComponentMask, ComponentMeans, ablate, load_means
+from mi_core.interventions.components import model_dims
+from mi_core.io import read_json, read_safetensors, write_csv, write_json, write_safetensors
+from mi_core.models.fingerprint import weights_fingerprint
+from mi_core.pruning.discretize import binary_mask_from_log_alpha, unflatten_components
+from mi_core.pruning.hard_concrete import HardConcrete
+from mi_core.pruning.lagrangian import (
+    LagrangianController,
+    component_weights,
+    expected_sparsity,
+    pruning_optimizer,
+)
+from mi_core.pruning.objective import pruning_loss
+from mi_core.pruning.profiles import PruneConfig
+from mi_core.pruning.reference_logits import load_reference_logits, reference_logits
+from mi_core.pruning.schedule import target_sparsity_at
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_KIND = "mi_core.PruneCheckpoint"
+LOG_COLUMNS = (
+    "step",
+    "loss",
+    "kl",
+    "penalty",
+    "expected_sparsity",
+    "target_sparsity",
+    "lambda_1",
+    "lambda_2",
+)
+#: Callback after every step: ``callback(step, row)`` with the step's ``log.csv`` row.
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class PruneResult:
+    """What a finished run produced (all of it is also on disk under ``run_dir``)."""
+
+    run_dir: Path
+    mask: ComponentMask
+    """The binary subnetwork (1 = kept)."""
+    log_alpha: torch.Tensor | None
+    """The learnt gate parameters, flat: every head (row-major), then every MLP (None when a
+    finished run's checkpoint was deleted)."""
+    metrics: dict[str, Any]
+    resumed_from: int | None = None
+    """The checkpoint step this call started from (None: from scratch or already complete)."""
+    already_complete: bool = False
+    log: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def achieved_sparsity(self) -> float:
+        return float(self.metrics["achieved_sparsity"])
+
+    @property
+    def accuracy(self) -> dict[str, float]:
+        """The binary subnetwork's accuracy per eval set."""
+        return dict(self.metrics["accuracy"])
+
+    @property
+    def full_accuracy(self) -> dict[str, float]:
+        """The full model's accuracy per eval set."""
+        return dict(self.metrics["full_accuracy"])
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The seed of step ``step``'s hard-concrete noise: a hash of ``(seed, step)`` (63 bits)."""
+    digest = hashlib.sha256(f"mi_core.prune:{seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def is_complete(run_dir: str | os.PathLike[str]) -> bool:
+    """True when ``run_dir`` holds a finished run (its ``metrics.json`` exists)."""
+    return (Path(run_dir) / "metrics.json").is_file()
+
+
+# ------------------------------------------------------------------------------------ inputs
+def _load_model(model: Any, task: str | None) -> tuple[Any, str]:
+    if isinstance(model, (str, os.PathLike)):
+        from mi_core.models import load_model
+
+        return load_model(model, task=task), os.fspath(model)
+    if not hasattr(model, "cfg") or not hasattr(model, "tokenizer"):
+        raise ConfigError("model must be a hooked classifier or a checkpoint path / model name")
+    return model, str(getattr(model, "model_name", "") or "model")
+
+
+def _load_data(data: Any, task: str | None, max_examples: int | None, role: str) -> PairDataset:
+    if isinstance(data, PairDataset):
+        dataset = data.head(max_examples) if max_examples is not None else data
+    else:
+        dataset = load_pairs(os.fspath(data), max_examples=max_examples, task=task)
+    if task is not None and dataset.task != task:
+        raise DataError(
+            f"{role} set {dataset.name} is {dataset.task} data, but the model is a {task} "
+            "classifier; use data of the model's task"
+        )
+    if len(dataset) == 0:
+        raise DataError(f"{role} set {dataset.name} is empty")
+    return dataset
+
+
+def _load_means(means: Any, model: Any, ablation: str) -> ComponentMeans | None:
+    if means is None:
+        if ablation == "mean":
+            raise ConfigError(
+                "mean ablation needs --means (make them with mi-core means) or use --ablation zero"
+            )
+        return None
+    if isinstance(means, ComponentMeans):
+        means.check_model(model)
+        return means
+    return load_means(means, model)
+
+
+def _means_identity(means: ComponentMeans | None) -> dict[str, Any] | None:
+    if means is None:
+        return None
+    return {
+        "model_fingerprint": means.fingerprint,
+        "dataset": means.dataset,
+        "n_tokens": means.n_tokens,
+    }
+
+
+# ------------------------------------------------------------------------------- checkpoints
+def save_checkpoint(
+    path: Path,
+    step: int,
+    seed: int,
+    gates: HardConcrete,
+    controller: LagrangianController,
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    """Write gates, lambdas, AdamW state (tensors), step and groups (JSON), atomically."""
+    state = optimizer.state_dict()
+    tensors = {
+        "log_alpha": gates.log_alpha,
+        "lambda_1": controller.lambda_1,
+        "lambda_2": controller.lambda_2,
+    }
+    for param_id, param_state in state["state"].items():
+        for key, value in param_state.items():
+            tensors[f"optimizer.{param_id}.{key}"] = torch.as_tensor(value)
+    info = {
+        "step": step,
+        "noise": {"seed": seed, "next_step": step},
+        "groups": state["param_groups"],
+    }
+    write_safetensors(path, tensors, {"kind": CHECKPOINT_KIND, "state": json.dumps(info)})
+
+
+def load_checkpoint(
+    path: Path,
+    gates: HardConcrete,
+    controller: LagrangianController,
+    optimizer: torch.optim.Optimizer,
+) -> int:
+    """Restore what :func:`save_checkpoint` wrote; returns the number of steps already done."""
+    tensors, metadata = read_safetensors(path)
+    if metadata.get("kind") != CHECKPOINT_KIND:
+        raise TrainingError(f"{path} is not a pruning checkpoint; delete it to start over")
+    info = json.loads(metadata["state"])
+    if tensors["log_alpha"].shape != gates.log_alpha.shape:
+        raise TrainingError(
+            f"checkpoint {path} has {tensors['log_alpha'].numel()} gates but the model has "
+            f"{gates.log_alpha.numel()}; it belongs to another model"
+        )
+    with torch.no_grad():
+        gates.log_alpha.copy_(tensors["log_alpha"])
+        controller.lambda_1.copy_(tensors["lambda_1"])
+        controller.lambda_2.copy_(tensors["lambda_2"])
+    opt_state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optimizer."):
+            _, param_id, key = name.split(".", 2)
+            opt_state.setdefault(int(param_id), {})[key] = value
+    optimizer.load_state_dict({"state": opt_state, "param_groups": info["groups"]})
+    return int(info["step"])
+
+
+# ---------------------------------------------------------------------------------- training
+@contextlib.contextmanager
+def frozen(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode and ``requires_grad=False`` on every weight inside; both restored afterwards."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    was_training = model.training
+    for p, _ in flags:
+        p.requires_grad_(False)
+    model.eval()
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        model.train(was_training)
+
+
+#: Examples sorted by length together: a random pool this many batches large.
+GROUP_BATCHES = 16
+
+
+def length_grouped_batches(
+    lengths: Sequence[int], batch_size: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """One epoch of training batches: random, but each of examples of similar length.
+
+    The examples are shuffled (from ``seed`` and ``epoch``), cut into pools of
+    ``GROUP_BATCHES * batch_size``, each pool is sorted by length and cut into batches, and the
+    batch order is shuffled again. Padding per batch then costs little (as with Hugging Face's
+    ``group_by_length``) while batch composition still changes every epoch. An incomplete last
+    batch is dropped unless it is the only one.
+    """
+    n = len(lengths)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(n, generator=gen).tolist()
+    pool = GROUP_BATCHES * batch_size
+    batches: list[list[int]] = []
+    for start in range(0, n, pool):
+        chunk = sorted(order[start : start + pool], key=lambda i: -lengths[i])
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    if len(batches) > 1:
+        batches = [b for b in batches if len(b) == batch_size]
+    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+
+
+class _Schedule:
+    """Which examples micro-batch ``k`` holds: a function of the seed and ``k`` only."""
+
+    def __init__(self, tokenized: TokenizedPairs, batch_size: int, seed: int) -> None:
+        self.lengths = tokenized.lengths
+        self.batch_size = batch_size
+        self.seed = seed
+        self._epoch = -1
+        self._order: list[list[int]] = []
+
+    def indices(self, k: int) -> list[int]:
+        if not self._order:
+            self._epoch, self._order = 0, self._batches(0)
+        epoch, position = divmod(k, len(self._order))
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, self._batches(epoch)
+        return self._order[position]
+
+    def _batches(self, epoch: int) -> list[list[int]]:
+        return length_grouped_batches(self.lengths, self.batch_size, self.seed, epoch)
+
+
+def _sparsity_weights(model: Any, weighting: str) -> torch.Tensor | None:
+    if weighting == "components":
+        return None
+    cfg = model_dims(model)
+    return component_weights(
+        cfg.n_layers, cfg.n_heads, "params", d_model=cfg.d_model, d_head=cfg.d_head, d_mlp=cfg.d_mlp
+    )
+
+
+def pruning_step(
+    model: Any,
+    mask: ComponentMask,
+    gates: HardConcrete,
+    controller: LagrangianController,
+    batches: Sequence[Mapping[str, torch.Tensor]],
+    reference: torch.Tensor,
+    target_sparsity: float,
+    noise: torch.Generator | None = None,
+    weights: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """Accumulate the gradient of one step's loss over ``batches`` into the gates and lambdas.
+
+    ``model`` runs inside ``ablate(model, mask, ..., skip_unmasked=False)``: each micro-batch
+    draws fresh gates from ``noise`` and puts them in ``mask``; the KL target of each example is
+    row ``batch["index"]`` of ``reference`` (the cached full-model logits). No optimizer step
+    here. Returns the step's mean loss, KL and penalty, and the sparsities and lambdas used.
+    """
+    device = reference.device
+    n_layers, n_heads = mask.n_layers, mask.n_heads
+    total = kl = penalty = 0.0
+    for batch in batches:
+        z = gates.sample(noise)
+        mask.heads, mask.mlps = unflatten_components(z, n_layers, n_heads)
+        t = expected_sparsity(gates.prob_nonzero(), weights)
+        inputs = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
+        loss = pruning_loss(
+            reference[batch["index"].to(device)], model(**inputs), controller, t, target_sparsity
+        )
+        (loss.total / len(batches)).backward()
+        total += loss.total.item() / len(batches)
+        kl += loss.kl.item() / len(batches)
+        penalty += loss.penalty.item() / len(batches)
+    return {
+        "loss": total,
+        "kl": kl,
+        "penalty": penalty,
+        "expected_sparsity": t.item(),
+        "target_sparsity": target_sparsity,
+        "lambda_1": controller.lambda_1.item(),
+        "lambda_2": controller.lambda_2.item(),
+    }
+
+
+def _train(
+    model: Any,
+    means: ComponentMeans | None,
+    tokenized: TokenizedPairs,
+    targets: torch.Tensor,
+    cfg: PruneConfig,
+    run_dir: Path,
+    progress: bool | None,
+    callback: StepCallback | None,
+) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
+    dims = model_dims(model)
+    n_layers, n_heads = dims.n_layers, dims.n_heads
+    device = next(model.parameters()).device
+    gates = HardConcrete(n_layers * n_heads + n_layers, cfg.beta, cfg.droprate_init).to(device)
+    controller = LagrangianController().to(device)
+    optimizer = pruning_optimizer(gates.parameters(), controller, cfg.lr_log_alpha, cfg.lr_lambda)
+    weights = _sparsity_weights(model, cfg.sparsity_weighting)
+    weights = None if weights is None else weights.to(device)
+    targets = targets.to(device)
+    checkpoint = run_dir / "checkpoint.safetensors"
+    log_path = run_dir / "log.csv"
+
+    start = 0
+    rows: list[dict[str, float]] = []
+    if checkpoint.is_file():
+        start = load_checkpoint(checkpoint, gates, controller, optimizer)
+        if log_path.is_file() and start > 0:
+            rows = pd.read_csv(log_path).query("step < @start").to_dict("records")
+        logger.info("resuming %s from step %d", run_dir, start)
+    resumed_from = start if start > 0 else None
+    last_good = start if checkpoint.is_file() else None
+
+    schedule = _Schedule(tokenized, cfg.batch_size, cfg.seed)
+    accumulation = cfg.grad_accumulation
+    mask = ComponentMask.ones(model, device=device)
+    bar = tqdm(
+        range(start, cfg.steps),
+        initial=start,
+        total=cfg.steps,
+        desc=f"prune s={cfg.target_sparsity:g} seed={cfg.seed}",
+        disable=None if progress is None else not progress,
+        leave=False,
+    )
+    with frozen(model), ablate(model, mask, means, cfg.ablation, skip_unmasked=False):
+        for step in bar:
+            noise = torch.Generator(device=device).manual_seed(step_seed(cfg.seed, step))
+            target = target_sparsity_at(step, cfg.target_sparsity, cfg.warmup_steps)
+            batches = [
+                tokenized.collate(schedule.indices(step * accumulation + micro))
+                for micro in range(accumulation)
+            ]
+            optimizer.zero_grad(set_to_none=True)
+            row = pruning_step(
+                model, mask, gates, controller, batches, targets, target, noise, weights
+            )
+            total = row["loss"]
+            if not math.isfinite(total):
+                where = (
+                    f"the last good checkpoint (step {last_good}) is kept in {checkpoint}"
+                    if last_good is not None
+                    else "no checkpoint had been written yet"
+                )
+                raise TrainingError(
+                    f"pruning loss became {'NaN' if math.isnan(total) else total} at step {step}; "
+                    f"stopped; {where}; lower "
+                    "--lr-log-alpha / --lr-lambda or check the means and data"
+                )
+            row = {"step": step, **row}
+            optimizer.step()
+            rows.append(row)
+            done = step + 1
+            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                save_checkpoint(checkpoint, done, cfg.seed, gates, controller, optimizer)
+                write_csv(log_path, pd.DataFrame(rows, columns=list(LOG_COLUMNS)))
+                last_good = done
+            bar.set_postfix(kl=f"{row['kl']:.4f}", sparsity=f"{row['expected_sparsity']:.3f}")
+            if callback is not None:
+                callback(step, row)
+    bar.close()
+    return (
+        gates.log_alpha.detach().cpu().clone(),
+        pd.DataFrame(rows, columns=list(LOG_COLUMNS)),
+        (resumed_from),
+    )
+
+
+# ------------------------------------------------------------------------------- evaluation
+def _evaluate_sets(
+    model: Any,
+    mask: ComponentMask,
+    means: ComponentMeans | None,
+    cfg: PruneConfig,
+    eval_sets: Sequence[PairDataset],
+    full_accuracy: Mapping[str, float] | None,
+) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    accuracy: dict[str, float] = {}
+    full: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    known = dict(full_accuracy or {})
+    for dataset in eval_sets:
+        sizes[dataset.name] = len(dataset)
+        if dataset.name in known:
+            full[dataset.name] = float(known[dataset.name])
+        else:
+            full[dataset.name] = evaluate(
+                model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
+            ).accuracy
+        with ablate(model, mask, means, cfg.ablation):
+            accuracy[dataset.name] = evaluate(
+                model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
+            ).accuracy
+    return accuracy, full, sizes
+
+
+# -------------------------------------------------------------------------------------- run
+def prune_run(
+    model: Any,
+    train: str | os.PathLike[str] | PairDataset,
+    out: str | os.PathLike[str],
+    config: PruneConfig,
+    *,
+    means: str | os.PathLike[str] | ComponentMeans | None = None,
+    eval_sets: Sequence[str | PairDataset] = (),
+    task: str | None = None,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    reference_logits_path: str | os.PathLike[str] | None = None,
+    full_accuracy: Mapping[str, float] | None = None,
+    progress: bool | None = None,
+    callback: StepCallback | None = None,
+) -> PruneResult:
+    """Prune ``model`` to ``config.target_sparsity`` on ``train``; write the run to ``out``.
+
+    ``model``, ``train``, ``means`` and ``eval_sets`` may be loaded objects or paths / specs (the
+    latter is how a Ray worker calls it). ``reference_logits_path`` points at the full model's
+    logits on ``train`` shared by several runs (default: ``out/reference_logits.safetensors``,
+    computed on first use); ``full_accuracy`` gives full-model accuracies already known per eval
+    set name, which are then not recomputed. ``callback(step, row)`` runs after every step (an
+    exception raised there stops the run like a kill; the next call resumes). Re-running a
+    complete run only reports it.
+    """
+    run_dir = Path(out)
+    model, model_spec = _load_model(model, task)
+    task = getattr(model, "task", None) or task
+    means_obj = _load_means(means, model, config.ablation)
+    train_set = _load_data(train, task, max_train_examples, "training")
+    evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
+    names = [d.name for d in evals]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"eval sets must differ; got {names}")
+
+    identity = {
+        "prune": config.to_dict(),
+        "model_fingerprint": weights_fingerprint(model),
+        "train": {"name": train_set.name, "n_examples": len(train_set)},
+        "means": _means_identity(means_obj),
+    }
+    run_config = {
+        **identity,
+        "model": model_spec,
+        "task": task,
+        "means_path": None if means is None or isinstance(means, ComponentMeans) else str(means),
+        "eval": names,
+        "max_eval_examples": max_eval_examples,
+        "reference_logits": None if reference_logits_path is None else str(reference_logits_path),
+    }
+    config_path = run_dir / "config.json"
+    if config_path.is_file():
+        old = read_json(config_path)
+        differ = sorted(k for k in identity if old.get(k) != identity[k])
+        if differ:
+            raise ConfigError(
+                f"{run_dir} already holds a run with other settings ({', '.join(differ)} differ); "
+                "use another --out or delete it"
+            )
+    else:
+        write_json(config_path, run_config)
+
+    if is_complete(run_dir):
+        return _report_complete(model, means_obj, config, run_dir, evals, full_accuracy)
+
+    started = time.perf_counter()
+    tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
+    ref_path = Path(reference_logits_path or run_dir / "reference_logits.safetensors")
+    if reference_logits_path is not None:
+        if not ref_path.is_file():
+            raise ConfigError(f"reference logits {ref_path} do not exist")
+        targets = load_reference_logits(ref_path, model, tokenized)
+    else:
+        targets = reference_logits(
+            model, tokenized, ref_path, config.eval_batch_size, bool(progress)
+        )
+
+    log_alpha, log, resumed_from = _train(
+        model, means_obj, tokenized, targets, config, run_dir, progress, callback
+    )
+    result = _finish(
+        model,
+        means_obj,
+        config,
+        run_dir,
+        log_alpha,
+        log,
+        evals,
+        full_accuracy,
+        time.perf_counter() - started,
+    )
+    result.resumed_from = resumed_from
+    return result
+
+
+def _finish(
+    model: Any,
+    means: ComponentMeans | None,
+    cfg: PruneConfig,
+    run_dir: Path,
+    log_alpha: torch.Tensor,
+    log: pd.DataFrame,
+    evals: Sequence[PairDataset],
+    full_accuracy: Mapping[str, float] | None,
+    seconds: float,
+) -> PruneResult:
+    dims = model_dims(model)
+    weights = _sparsity_weights(model, cfg.sparsity_weighting)
+    keep, achieved = binary_mask_from_log_alpha(log_alpha, cfg.target_sparsity, weights)
+    heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
+    mask = ComponentMask(heads, mlps)
+    mask.save(run_dir / "mask.safetensors")
+    mask.save(run_dir / "mask.json")
+    device = next(model.parameters()).device
+    accuracy, full, sizes = _evaluate_sets(model, mask.to(device), means, cfg, evals, full_accuracy)
+    last = log.iloc[-1] if len(log) else None
+    metrics = {
+        "target_sparsity": cfg.target_sparsity,
+        "achieved_sparsity": achieved.by_count,
+        "achieved_sparsity_by_weight": achieved.by_weight,
+        "n_components": mask.n_components,
+        "n_removed": len(mask.removed()),
+        "removed": [str(c) for c in mask.removed()],
+        "steps": cfg.steps,
+        "final_expected_sparsity": None if last is None else float(last["expected_sparsity"]),
+        "final_kl": None if last is None else float(last["kl"]),
+        "accuracy": accuracy,
+        "full_accuracy": full,
+        "eval_examples": sizes,
+        "seconds": round(seconds, 2),
+    }
+    write_json(run_dir / "metrics.json", metrics)
+    return PruneResult(run_dir, mask, log_alpha, metrics, log=log)
+
+
+def _report_complete(
+    model: Any,
+    means: ComponentMeans | None,
+    cfg: PruneConfig,
+    run_dir: Path,
+    evals: Sequence[PairDataset],
+    full_accuracy: Mapping[str, float] | None,
+) -> PruneResult:
+    metrics = read_json(run_dir / "metrics.json")
+    mask = ComponentMask.load(run_dir / "mask.safetensors")
+    missing = [d for d in evals if d.name not in metrics.get("accuracy", {})]
+    if missing:
+        device = next(model.parameters()).device
+        accuracy, full, sizes = _evaluate_sets(
+            model, mask.to(device), means, cfg, missing, full_accuracy
+        )
+        metrics["accuracy"].update(accuracy)
+        metrics["full_accuracy"].update(full)
+        metrics["eval_examples"].update(sizes)
+        write_json(run_dir / "metrics.json", metrics)
+    checkpoint = run_dir / "checkpoint.safetensors"
+    log_alpha = read_safetensors(checkpoint)[0]["log_alpha"] if checkpoint.is_file() else None
+    log_path = run_dir / "log.csv"
+    log = pd.read_csv(log_path) if log_path.is_file() else pd.DataFrame(columns=list(LOG_COLUMNS))
+    return PruneResult(run_dir, mask, log_alpha, metrics, already_complete=True, log=log)
