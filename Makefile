@@ -22,13 +22,7 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 demo: install
-	$(BIN)/mi-core finetune --model minilm --task mnli --train mnli:train \
-		--eval mnli:validation_matched hans:so_swap hans:prep hans:embed_if hans:embed_verb \
-		--max-eval-examples 1000 --steps 300 --save-every 150 --out $(DEMO_OUT)/minilm-mnli
-	$(BIN)/mi-core eval --model $(DEMO_OUT)/minilm-mnli/checkpoint-300 \
-		--data mnli:validation_matched --data hans:so_swap --data hans:prep \
-		--data hans:embed_if --data hans:embed_verb --out $(DEMO_OUT)/eval.csv
-	@echo "demo outputs in $(DEMO_OUT)/ (training_dynamics.html, metrics.csv, eval.csv)"
+	$(BIN)/mi-core heuristic-core --config minilm-mnli-quick --out $(DEMO_OUT)/report
 
 test: install
 	$(BIN)/python -m pytest -q -ra --durations=15

@@ -1,0 +1,48 @@
+"""``mi-core heuristic-core``: the whole experiment from one config, resumable, with a report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> None:
+    from mi_core.experiment.config import shipped_configs
+
+    p = subparsers.add_parser(
+        "heuristic-core",
+        help="fine-tune, prune with many seeds, find the shared core, report (resumable)",
+        description="Run the heuristic-core experiment of CONFIG under REPORT: fine-tune (unless "
+        "the config names a checkpoint), compute means, prune at every sparsity and seed, compare "
+        "the subnetworks, classify the core heads' attention, ablate them, optionally measure "
+        "effective size over training, and write REPORT/report.html (self-contained), "
+        "REPORT/report.md and CSV tables. Re-running skips finished stages. Shipped configs: "
+        + ", ".join(shipped_configs()),
+    )
+    p.add_argument("--config", required=True, help="config JSON file or shipped config name")
+    p.add_argument("--out", required=True, metavar="REPORT", help="report directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from mi_core.experiment.config import load_config
+    from mi_core.experiment.pipeline import STAGES, run_experiment
+
+    config = load_config(args.config)
+    position = {name: i + 1 for i, name in enumerate(STAGES)}
+
+    def on_stage(name: str, status: str) -> None:
+        words = {
+            "start": "running ...",
+            "ran": "done",
+            "skipped": "finished before, skipped",
+            "off": "not requested",
+        }
+        print(f"[{position[name]}/{len(STAGES)}] {name}: {words[status]}", file=sys.stderr)
+
+    result = run_experiment(
+        config, args.out, progress=False if args.no_progress else None, on_stage=on_stage
+    )
+    print(f"report: {result.report_html}")
+    print(f"markdown: {result.report_md}")

@@ -1,0 +1,254 @@
+"""Effective size over training (paper Figure 6): prune every fine-tuning checkpoint.
+
+For each ``DIR/checkpoint-{step}``: mean activations on the training set (unless given), a
+pruning sweep at every sparsity and seed (:func:`mi_core.pruning.run_sweep`, so finished runs
+are skipped and the runs can go to Ray), then :func:`mi_core.analysis.effective_size` on the
+accuracies: the largest sparsity whose mean accuracy over seeds stays within ``margin`` of that
+checkpoint's full model on the in-domain set, the out-of-domain sets and their equal mix;
+effective size = 100 - that sparsity in percent. Layout of ``OUT``::
+
+    checkpoint-{step}/means.safetensors     (unless means were given)
+    checkpoint-{step}/sweep/                (a sweep directory)
+    accuracy.csv         step, sparsity, seed, dataset, accuracy (every subnetwork)
+    full_accuracy.csv    step, dataset, accuracy (every checkpoint's full model)
+    faithfulness.csv     step, target, sparsity, accuracy, accuracy_std, n_seeds, full, faithful
+    effective_size.csv   step, target, full_accuracy, faithful_sparsity, accuracy, effective_size
+    effective_size.html  the figure (accuracy and effective size over steps)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mi_core.analysis.effective_size import effective_size, faithfulness_table
+from mi_core.errors import ConfigError
+from mi_core.io import read_json, write_csv
+from mi_core.training.checkpoints import list_checkpoints
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EffectiveSizeResult",
+    "find_checkpoints",
+    "run_effective_size",
+    "select_checkpoints",
+]
+
+
+@dataclass
+class EffectiveSizeResult:
+    """The tables :func:`run_effective_size` wrote (also on disk under ``out``)."""
+
+    out: Path
+    accuracy: pd.DataFrame
+    full_accuracy: pd.DataFrame
+    faithfulness: pd.DataFrame
+    effective_size: pd.DataFrame
+
+
+def find_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """The complete ``checkpoint-{step}`` directories under ``checkpoints_dir``, by step."""
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        raise ConfigError(f"checkpoint directory {root} does not exist")
+    found = list_checkpoints(root)
+    if not found:
+        raise ConfigError(
+            f"no checkpoint-<step> directories in {root}; point --checkpoints at a fine-tuning "
+            "output directory (mi-core finetune --out)"
+        )
+    return found
+
+
+def select_checkpoints(
+    checkpoints: Sequence[tuple[int, Path]],
+    steps: Sequence[int] | None = None,
+    max_checkpoints: int | None = None,
+) -> list[tuple[int, Path]]:
+    """Keep the checkpoints of ``steps`` (all if None), then at most ``max_checkpoints`` of them,
+    evenly spaced and always including the first and the last."""
+    chosen = list(checkpoints)
+    if steps is not None:
+        have = {step for step, _ in chosen}
+        missing = sorted(set(steps) - have)
+        if missing:
+            raise ConfigError(f"no checkpoint for step(s) {missing}; have steps {sorted(have)}")
+        chosen = [c for c in chosen if c[0] in set(steps)]
+    if max_checkpoints is not None and len(chosen) > max_checkpoints:
+        if max_checkpoints == 1:
+            return [chosen[-1]]
+        last = len(chosen) - 1
+        picks = sorted({round(i * last / (max_checkpoints - 1)) for i in range(max_checkpoints)})
+        chosen = [chosen[i] for i in picks]
+    return chosen
+
+
+def _means_for(template: str | None, step: int, n_checkpoints: int) -> str | None:
+    if template is None:
+        return None
+    if "{step}" in template:
+        return template.format(step=step)
+    if n_checkpoints > 1:
+        raise ConfigError(
+            "means are specific to one checkpoint: give --means with {step} in the path "
+            "(e.g. means/checkpoint-{step}.safetensors) or leave it out to compute them"
+        )
+    return template
+
+
+def _compute_checkpoint_means(model: Any, train: str, path: Path, max_examples: int | None) -> Path:
+    from mi_core.data import load_pairs, pair_batches
+    from mi_core.interventions import compute_means
+
+    dataset = load_pairs(train, max_examples=max_examples, task=model.task)
+    means = compute_means(
+        model, pair_batches(dataset, model.tokenizer, batch_size=64), dataset=dataset.name
+    )
+    return means.save(path)
+
+
+def run_effective_size(
+    checkpoints_dir: str | os.PathLike[str],
+    train: str,
+    eval_sets: Sequence[str],
+    out: str | os.PathLike[str],
+    sparsities: Sequence[float],
+    seeds: Sequence[int],
+    *,
+    means: str | None = None,
+    ood_sets: Sequence[str] | None = None,
+    margin: float = 0.03,
+    profile: str = "quick",
+    overrides: Mapping[str, Any] | None = None,
+    task: str | None = None,
+    steps: Sequence[int] | None = None,
+    max_checkpoints: int | None = None,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    num_cpus_per_run: float = 1.0,
+    device: str = "cpu",
+    progress: bool | None = None,
+) -> EffectiveSizeResult:
+    """Prune every checkpoint at every sparsity and seed; write and return the effective sizes.
+
+    ``eval_sets``: in-domain first; ``ood_sets`` (default: the rest of ``eval_sets``) are
+    averaged into the out-of-domain target. ``means``: a means file per checkpoint, as a path
+    with ``{step}`` in it (one file is allowed for a single checkpoint); without it means are
+    computed on ``train`` for every checkpoint. Re-running skips every finished pruning run.
+    With the local executor every checkpoint is loaded once, on ``device``.
+    """
+    from mi_core.models import load_model
+    from mi_core.pruning.sweep import run_sweep
+
+    eval_sets = list(eval_sets)
+    if len(eval_sets) < 2:
+        raise ConfigError("effective size needs an in-domain and at least one out-of-domain set")
+    ood = list(ood_sets) if ood_sets is not None else eval_sets[1:]
+    if not ood or eval_sets[0] in ood or any(d not in eval_sets for d in ood):
+        raise ConfigError(f"the out-of-domain sets {ood} must be eval sets after the first")
+    if not 0 <= margin < 1:
+        raise ConfigError(f"--margin must lie in [0, 1) (accuracy fractions), got {margin}")
+    chosen = select_checkpoints(find_checkpoints(checkpoints_dir), steps, max_checkpoints)
+    out = Path(out)
+    accuracy_rows: list[dict[str, Any]] = []
+    full_rows: list[dict[str, Any]] = []
+    for number, (step, checkpoint) in enumerate(chosen, 1):
+        logger.info("effective size: checkpoint %d/%d (step %d)", number, len(chosen), step)
+        step_dir = out / f"checkpoint-{step}"
+        model: Any = None
+        if executor == "local":
+            model = load_model(checkpoint, task=task, device=device)
+        means_path = _means_for(means, step, len(chosen))
+        if means_path is None:
+            computed = step_dir / "means.safetensors"
+            if not computed.is_file():
+                if model is None:
+                    model = load_model(checkpoint, task=task, device=device)
+                _compute_checkpoint_means(model, train, computed, max_train_examples)
+            means_path = str(computed)
+        sweep_dir = step_dir / "sweep"
+        table = run_sweep(
+            str(checkpoint) if executor == "ray" else model,
+            train,
+            sweep_dir,
+            sparsities,
+            seeds,
+            means=means_path,
+            eval_sets=eval_sets,
+            profile=profile,
+            overrides=overrides,
+            task=task,
+            max_train_examples=max_train_examples,
+            max_eval_examples=max_eval_examples,
+            executor=executor,
+            ray_address=ray_address,
+            num_cpus_per_run=num_cpus_per_run,
+            progress=progress,
+        )
+        full = read_json(sweep_dir / "full_model.json")
+        names = [c[len("acc_") :] for c in table.columns if c.startswith("acc_")]
+        for _, row in table.iterrows():
+            for name in names:
+                accuracy_rows.append(
+                    {
+                        "step": step,
+                        "sparsity": row["sparsity"],
+                        "seed": row["seed"],
+                        "dataset": name,
+                        "accuracy": row[f"acc_{name}"],
+                    }
+                )
+        full_rows += [{"step": step, "dataset": n, "accuracy": full[n]} for n in names if n in full]
+    return summarize_effective_size(
+        out,
+        pd.DataFrame(accuracy_rows, columns=["step", "sparsity", "seed", "dataset", "accuracy"]),
+        pd.DataFrame(full_rows, columns=["step", "dataset", "accuracy"]),
+        id_sets=[_dataset_name(eval_sets[0], accuracy_rows)],
+        ood_sets=[_dataset_name(d, accuracy_rows) for d in ood],
+        margin=margin,
+    )
+
+
+def _dataset_name(spec: str, rows: Sequence[dict[str, Any]]) -> str:
+    """The data set name a spec evaluates under (specs and names agree for registered sets)."""
+    names = {r["dataset"] for r in rows}
+    if spec in names:
+        return spec
+    from mi_core.data import load_pairs
+
+    return load_pairs(spec, max_examples=1).name
+
+
+def summarize_effective_size(
+    out: str | os.PathLike[str],
+    accuracy: pd.DataFrame,
+    full_accuracy: pd.DataFrame,
+    *,
+    id_sets: Sequence[str],
+    ood_sets: Sequence[str],
+    margin: float = 0.03,
+) -> EffectiveSizeResult:
+    """Faithfulness and effective size from the tidy accuracy tables; writes the CSVs and the
+    figure under ``out``."""
+    from mi_core.viz.figures import effective_size_over_training, write_figure_html
+
+    out = Path(out)
+    kwargs = dict(id_datasets=list(id_sets), ood_datasets=list(ood_sets), margin=margin)
+    faithful = faithfulness_table(accuracy, full_accuracy, checkpoint_col="step", **kwargs)
+    sizes = effective_size(accuracy, full_accuracy, checkpoint_col="step", **kwargs)
+    write_csv(out / "accuracy.csv", accuracy)
+    write_csv(out / "full_accuracy.csv", full_accuracy)
+    write_csv(out / "faithfulness.csv", faithful)
+    write_csv(out / "effective_size.csv", sizes)
+    figure = effective_size_over_training(full_accuracy, sizes, step_col="step")
+    write_figure_html(figure, out / "effective_size.html")
+    return EffectiveSizeResult(out, accuracy, full_accuracy, faithful, sizes)
