@@ -306,7 +306,7 @@ def test_paper_profile():
 
 def test_quick_profile_and_steps_override_scales_warmup():
     cfg = make_prune_config("quick", 0.5, 0)
-    assert cfg.grad_accumulation == 1 and cfg.batch_size == 32
+    assert cfg.grad_accumulation == 1 and cfg.batch_size == 16
     assert 0.6 <= cfg.warmup_steps / cfg.steps <= 0.7
     longer = make_prune_config("quick", 0.5, 0, steps=2 * cfg.steps)
     assert longer.warmup_steps == 2 * cfg.warmup_steps

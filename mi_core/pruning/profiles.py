@@ -5,11 +5,12 @@ Two profiles:
 * ``paper`` — the paper's BERT recipe (appendix B): steps from :func:`paper_schedule`, batch 32 x 4
   gradient accumulation (effective 128), lr 0.1 for ``log_alpha`` and 1 for the lambdas, max
   length 128, evaluation and checkpoints every 64 steps.
-* ``quick`` — meant to find a 50 % subnetwork of a 6-layer MiniLM on MNLI, faithful within 3
-  points, in a few minutes on 2 CPU cores: 400 steps of batch 32, no accumulation, target ramped
-  over the first 65 % of the steps, with the paper's learning rates (0.1 and 1). With Adam a gate
-  moves ~0.1 per step, so it travels from its initial ``log 99 ~ 4.6`` to firmly off in ~60
-  steps, well inside the 260-step ramp. Provisional values, to be tuned on the real model.
+* ``quick`` — finds a 50 % subnetwork of a 6-layer MiniLM fine-tuned on MNLI, faithful within 3
+  points, in a few minutes on 2 CPU cores: 120 steps of batch 16, no accumulation, target ramped
+  over the first 65 % of the steps, lr 0.2 for ``log_alpha`` and 1 for the lambdas. Measured:
+  8 of 8 MiniLM subnetworks (30 % and 50 %, 4 seeds) within 3 points of the full model on 300
+  MNLI validation pairs, about 70 s a run on a loaded 2-core machine (800 training pairs). The
+  earlier 400 x 32 schedule at lr 0.1 was also faithful (48.8 vs 50.8 %) but took 8+ minutes.
 
 Every value can be overridden through :func:`make_prune_config`.
 """
@@ -151,11 +152,11 @@ def _profile_values(profile: str, target_sparsity: float) -> dict[str, Any]:
         )
     if profile == "quick":
         return dict(
-            steps=400,
-            warmup_steps=260,
-            batch_size=32,
+            steps=120,
+            warmup_steps=78,
+            batch_size=16,
             grad_accumulation=1,
-            lr_log_alpha=0.1,
+            lr_log_alpha=0.2,
             lr_lambda=1.0,
             max_length=128,
             eval_every=50,
