@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mi_core.cli.common import add_model_args
 from mi_core.errors import ConfigError
 
 
@@ -16,13 +17,7 @@ def add_parser(subparsers) -> None:
         "head, the full model (None), Avg. (others) over every unlisted head, each --joint set "
         "and its superadditivity (joint drop - sum of single drops; positive: superadditive).",
     )
-    p.add_argument("--model", required=True, help="checkpoint dir, hub name, or minilm")
-    p.add_argument(
-        "--task",
-        choices=["mnli", "qqp"],
-        default=None,
-        help="task head to load (default: the checkpoint's own)",
-    )
+    add_model_args(p)
     p.add_argument("--means", default=None, help="means file from mi-core means")
     p.add_argument("--heads", required=True, help="heads to list, e.g. L2.H3,L2.H5, or 'all'")
     p.add_argument(

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 
+from mi_core.cli.common import add_model_args
 from mi_core.errors import ConfigError
 
 
@@ -16,13 +17,7 @@ def add_parser(subparsers) -> None:
         description="Write OUT (columns dataset, n, accuracy) and optionally per-example "
         "predictions; --mask / --ablate evaluate a subnetwork (mean ablation needs --means).",
     )
-    p.add_argument("--model", required=True, help="checkpoint dir, hub name, or minilm")
-    p.add_argument(
-        "--task",
-        choices=["mnli", "qqp"],
-        default=None,
-        help="task head to load (default: the checkpoint's own)",
-    )
+    add_model_args(p)
     p.add_argument(
         "--data",
         action="append",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mi_core.cli.common import add_model_args
 from mi_core.errors import ConfigError, DataError
 
 
@@ -16,13 +17,7 @@ def add_parser(subparsers) -> None:
         "the non-padding tokens of a data set (float64, streamed) and write them, with the "
         "model's name and weight fingerprint, to a .safetensors file.",
     )
-    p.add_argument("--model", required=True, help="checkpoint dir, hub name, or minilm")
-    p.add_argument(
-        "--task",
-        choices=["mnli", "qqp"],
-        default=None,
-        help="task head to load (default: the checkpoint's own)",
-    )
+    add_model_args(p)
     p.add_argument(
         "--data",
         default=None,

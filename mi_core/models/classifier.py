@@ -25,7 +25,10 @@ Resid = Float[torch.Tensor, "batch pos d_model"]
 
 
 class HookedClassifier:
-    """What every hooked classifier offers on top of its TL base class."""
+    """What every hooked classifier offers on top of its TL base class.
+
+    Subclasses define ``embed_input``, ``run_blocks`` and ``classify`` for their body.
+    """
 
     cfg: HookedTransformerConfig
     head: nn.Module
@@ -59,15 +62,6 @@ class HookedClassifier:
         resid = self.embed_input(input_ids, attention_mask, token_type_ids)
         resid = self.run_blocks(resid, attention_mask)
         return self.classify(resid, attention_mask)
-
-    def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
-        raise NotImplementedError  # pragma: no cover - defined by each body
-
-    def run_blocks(self, resid: Resid, attention_mask=None, start: int = 0, stop=None) -> Resid:
-        raise NotImplementedError  # pragma: no cover
-
-    def classify(self, resid: Resid, attention_mask=None) -> Float[torch.Tensor, "batch label"]:
-        raise NotImplementedError  # pragma: no cover
 
     @property
     def component_labels(self) -> list[str]:
