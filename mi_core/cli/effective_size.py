@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from mi_core.cli.prune import _OVERRIDES, config_overrides
-from mi_core.pruning.profiles import ABLATIONS, PROFILES, SPARSITY_WEIGHTINGS
+from mi_core.cli.prune import add_prune_config_options, config_overrides
+from mi_core.pruning.profiles import PROFILES
 
 
 def add_parser(subparsers) -> None:
@@ -47,10 +47,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--checkpoint-steps", default=None, help="only these steps, e.g. 500,1000")
     p.add_argument("--max-checkpoints", type=int, default=None, help="evenly spaced subset")
     p.add_argument("--profile", choices=PROFILES, default="quick", help="pruning profile")
-    p.add_argument("--ablation", choices=ABLATIONS, default=None)
-    p.add_argument("--sparsity-weighting", choices=SPARSITY_WEIGHTINGS, default=None)
-    for name, (kind, text) in _OVERRIDES.items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)
+    add_prune_config_options(p)
     p.add_argument("--max-train-examples", type=int, default=None)
     p.add_argument("--max-eval-examples", type=int, default=None)
     p.add_argument("--executor", choices=["local", "ray"], default="local")

@@ -34,13 +34,18 @@ def add_model_and_data_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--profile", choices=PROFILES, default="paper", help="hyperparameter profile")
+    add_prune_config_options(p)
+    p.add_argument("--max-train-examples", type=int, default=None)
+    p.add_argument("--max-eval-examples", type=int, default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_prune_config_options(p: argparse.ArgumentParser) -> None:
+    """Flags that override single PruneConfig fields (read back by :func:`config_overrides`)."""
     p.add_argument("--ablation", choices=ABLATIONS, default=None, help="fill of removed parts")
     p.add_argument("--sparsity-weighting", choices=SPARSITY_WEIGHTINGS, default=None)
     for name, (kind, text) in _OVERRIDES.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)
-    p.add_argument("--max-train-examples", type=int, default=None)
-    p.add_argument("--max-eval-examples", type=int, default=None)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
