@@ -61,8 +61,19 @@ def means_file(means, tmp_path_factory):
 
 
 def quick(sparsity=0.5, seed=1, **overrides):
-    values = dict(steps=12, batch_size=8, checkpoint_every=4, eval_batch_size=16)
-    return make_prune_config("quick", sparsity, seed, **{**values, **overrides})
+    """CoFi's mechanics (the ``cofi`` profile) on the short schedule these tests were written for:
+    lr 0.2, no accumulation, the target ramped over 65 % of the steps."""
+    values = dict(
+        steps=12,
+        batch_size=8,
+        grad_accumulation=1,
+        lr_log_alpha=0.2,
+        checkpoint_every=4,
+        eval_batch_size=16,
+    )
+    values.update(overrides)
+    values.setdefault("warmup_steps", round(values["steps"] * 78 / 120))
+    return make_prune_config("cofi", sparsity, seed, **values)
 
 
 # ------------------------------------------------------------------------------- objective
@@ -249,7 +260,7 @@ def test_cli_prune_writes_every_file_and_reports(
         "--seed",
         "3",
         "--profile",
-        "quick",
+        "cofi",
         "--steps",
         "6",
         "--batch-size",
@@ -282,7 +293,7 @@ def test_cli_prune_writes_every_file_and_reports(
     ]
     assert {"lambda_1", "lambda_2"} <= set(log.columns) and len(log) == 6
     config = read_json(out / "config.json")
-    assert config["prune"]["steps"] == 6 and config["prune"]["warmup_steps"] == round(6 * 0.65)
+    assert config["prune"]["steps"] == 6 and config["prune"]["warmup_steps"] == round(6 * 90 / 93)
     code, captured = _cli(args, capsys)
     assert code == 0 and "already complete" in captured.out
 
@@ -308,7 +319,7 @@ def test_cli_prune_bad_input_is_one_line(
         "--max-train-examples",
         "16",
         "--profile",
-        "quick",
+        "cofi",
         "--steps",
         "6",
         "--batch-size",

@@ -69,7 +69,13 @@ def test_metrics_equal_a_direct_computation(llama):
 def test_run_prunes_geometrically_and_records_a_trajectory(llama):
     focus, cripple = tasks()
     config = SeparabilityConfig(
-        steps=3, ff_frac=0.1, attn_frac=0.05, scoring="freq", random_baseline=True, batch_size=4
+        steps=3,
+        ff_frac=0.1,
+        attn_frac=0.05,
+        scoring="freq",
+        random_baseline=True,
+        batch_size=4,
+        schedule="remaining",
     )
     seen = []
     result = run_separability(llama, focus, cripple, config, on_step=seen.append)
@@ -121,6 +127,7 @@ def test_head_unit_removes_whole_heads_and_mean_offset_uses_focus_means(llama):
         offset="mean",
         scoring="sqrt",
         random_baseline=True,
+        schedule="remaining",
     )
     result = run_separability(llama, focus, cripple, config)
     removed = result.masks.attn_step > 0
@@ -199,7 +206,7 @@ def test_bad_config_is_rejected(bad):
 
 def test_outputs_and_figures(llama, tmp_path):
     focus, cripple = tasks(seed=8)
-    config = SeparabilityConfig(steps=2, ff_frac=0.2, random_baseline=True)
+    config = SeparabilityConfig(steps=2, ff_frac=0.2, random_baseline=True, scoring="abs")
     result = run_separability(llama, focus, cripple, config)
     paths = write_separability_outputs(result, tmp_path, include_plotlyjs="cdn")
     assert {p.name for p in paths.values()} == set(OUTPUT_FILES.values())

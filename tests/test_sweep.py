@@ -19,7 +19,13 @@ from mi_core.models import load_model
 from mi_core.pruning import sweep as sweep_module
 from mi_core.pruning.sweep import run_dir_for, run_sweep
 
-SMALL = {"steps": 4, "batch_size": 8, "checkpoint_every": 2, "eval_batch_size": 16}
+SMALL = {
+    "steps": 4,
+    "batch_size": 8,
+    "checkpoint_every": 2,
+    "eval_batch_size": 16,
+    "discretize": "exact",
+}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -60,6 +66,7 @@ def test_sweep_runs_every_pair_then_only_what_is_missing(
         "--eval", "mnli:validation_matched", "hans:ln_preposition", "--max-eval-examples", "16",
         "--sparsities", "0.3,0.5", "--seeds", "1-2", "--profile", "quick",
         "--steps", "4", "--batch-size", "8", "--checkpoint-every", "2", "--out", str(out),
+        "--discretize", "exact",
         "--no-progress",
     ]  # fmt: skip
     assert main(args) == 0, capsys.readouterr().err

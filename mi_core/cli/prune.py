@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from mi_core.pruning.discretize import DISCRETIZE_RULES
+from mi_core.pruning.lagrangian import SPARSITY_ESTIMATES
 from mi_core.pruning.profiles import ABLATIONS, PROFILES, SPARSITY_WEIGHTINGS, make_prune_config
+from mi_core.pruning.schedule import LR_SCHEDULES
 
 #: ``--flag`` -> PruneConfig field, for every hyperparameter a flag can override.
 _OVERRIDES: dict[str, tuple[type, str]] = {
@@ -19,7 +23,26 @@ _OVERRIDES: dict[str, tuple[type, str]] = {
     "checkpoint_every": (int, "steps between checkpoints"),
     "eval_batch_size": (int, "batch size for reference logits and evaluation"),
     "beta": (float, "hard-concrete temperature"),
-    "droprate_init": (float, "initial drop probability of every gate"),
+    "log_alpha_init": (float, "mean of the initial log_alpha (paper 10, cofi log 99)"),
+    "log_alpha_init_std": (float, "std of the initial log_alpha (paper 0.01, cofi 0)"),
+    "weight_decay": (float, "AdamW weight decay on log_alpha (paper 0.01)"),
+    "lambda_weight_decay": (float, "AdamW weight decay on the lambdas (paper 0.01)"),
+    "lr_warmup_steps": (int, "steps of learning-rate warm-up (paper 200)"),
+    "max_grad_norm": (float, "clip the gradient norm of gates and lambdas (paper 1; 0 = off)"),
+}
+#: ``--flag`` -> (choices, help) for PruneConfig fields that take one of a few names.
+_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "ablation": (ABLATIONS, "fill of removed parts"),
+    "sparsity_weighting": (SPARSITY_WEIGHTINGS, "count components equally or by parameters"),
+    "sparsity_estimate": (
+        SPARSITY_ESTIMATES,
+        "sparsity in the Lagrangian: of the sampled gates (paper) or the expected L0 (cofi)",
+    ),
+    "lr_schedule": (LR_SCHEDULES, "linear warm-up and decay to 0 (paper) or constant (cofi)"),
+    "discretize": (
+        DISCRETIZE_RULES,
+        "the authors' per-module rounding and threshold grid (paper) or exact top-k (cofi)",
+    ),
 }
 
 
@@ -33,7 +56,13 @@ def add_model_and_data_options(p: argparse.ArgumentParser) -> None:
         "--eval", nargs="+", default=[], metavar="DATA", help="eval sets; the first is in-domain"
     )
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--profile", choices=PROFILES, default="paper", help="hyperparameter profile")
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="paper",
+        help="paper: the authors' recipe; quick: the same on a short schedule; cofi: CoFi's "
+        "mechanics (mi_core's earlier default)",
+    )
     add_prune_config_options(p)
     p.add_argument("--max-train-examples", type=int, default=None)
     p.add_argument("--max-eval-examples", type=int, default=None)
@@ -42,16 +71,25 @@ def add_model_and_data_options(p: argparse.ArgumentParser) -> None:
 
 def add_prune_config_options(p: argparse.ArgumentParser) -> None:
     """Flags that override single PruneConfig fields (read back by :func:`config_overrides`)."""
-    p.add_argument("--ablation", choices=ABLATIONS, default=None, help="fill of removed parts")
-    p.add_argument("--sparsity-weighting", choices=SPARSITY_WEIGHTINGS, default=None)
+    for name, (choices, text) in _CHOICES.items():
+        p.add_argument(f"--{name.replace('_', '-')}", choices=choices, default=None, help=text)
+    p.add_argument(
+        "--dropout",
+        choices=("on", "off"),
+        default=None,
+        help="prune with the checkpoint's dropout (paper: on; cofi: off)",
+    )
     for name, (kind, text) in _OVERRIDES.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The PruneConfig fields set on the command line."""
-    names = [*_OVERRIDES, "ablation", "sparsity_weighting"]
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    names = [*_OVERRIDES, *_CHOICES]
+    values = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    if args.dropout is not None:
+        values["dropout"] = args.dropout == "on"
+    return values
 
 
 def add_parser(subparsers) -> None:
@@ -89,6 +127,12 @@ def run(args: argparse.Namespace) -> None:
         print(f"{args.out} is already complete; its result:")
     m = result.metrics
     print(f"achieved sparsity {m['achieved_sparsity']:.4f} ({m['n_removed']}/{m['n_components']})")
+    if m.get("reached_target") is False:
+        print(
+            f"warning: the sparsity ended at {m['final_sparsity']:.3f}, not near the target "
+            f"{m['target_sparsity']:g}: the gates did not converge (more --steps?)",
+            file=sys.stderr,
+        )
     for name, acc in m["accuracy"].items():
         print(f"{name}: subnetwork {acc:.4f}  full model {m['full_accuracy'][name]:.4f}")
     print(f"mask and metrics in {args.out}")

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 def add_parser(subparsers) -> None:
     """Register ``separability``."""
-    from mi_core.separability.scoring import HEAD_AGGREGATIONS, SCORINGS
+    from mi_core.separability.prune import OFFSETS
+    from mi_core.separability.scoring import HEAD_AGGREGATIONS, SCHEDULES, SCORINGS
     from mi_core.separability.trajectory import MODES
 
     p = subparsers.add_parser(
@@ -31,24 +32,43 @@ def add_parser(subparsers) -> None:
     p.add_argument("--focus", required=True, help="data set to keep, e.g. text:wikitext")
     p.add_argument("--cripple", required=True, help="data set to remove, e.g. text:python")
     p.add_argument("--out", required=True, help="output directory (also the resume state)")
-    p.add_argument("--steps", type=int, default=10, help="pruning steps (default 10)")
+    p.add_argument("--steps", type=int, default=20, help="pruning steps (default 20)")
     p.add_argument(
         "--ff-frac",
         type=float,
         default=0.05,
-        help="fraction of the remaining MLP neurons removed per step (default 0.05)",
+        help="fraction of the MLP neurons removed per step (default 0.05; see --schedule)",
     )
     p.add_argument(
         "--attn-frac",
         type=float,
         default=0.0,
-        help="fraction of the remaining attention units removed per step (default 0)",
+        help="fraction of the attention units removed per step (default 0; see --schedule)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=list(SCHEDULES),
+        default="total",
+        help="total: each step removes the fraction of all units, so 1/frac steps prune "
+        "everything (the report); remaining: the fraction of the units left (default total)",
+    )
+    p.add_argument(
+        "--ff-scoring",
+        choices=list(SCORINGS),
+        default="freq",
+        help="how MLP neurons are scored (default freq, the report's)",
+    )
+    p.add_argument(
+        "--attn-scoring",
+        choices=list(SCORINGS),
+        default="abs",
+        help="how attention pre-out neurons are scored (default abs, the report's)",
     )
     p.add_argument(
         "--scoring",
         choices=list(SCORINGS),
-        default="abs",
-        help="statistic whose cripple/focus ratio ranks neurons (default abs)",
+        default=None,
+        help="shorthand: set --ff-scoring and --attn-scoring both",
     )
     p.add_argument(
         "--attn-unit",
@@ -57,18 +77,41 @@ def add_parser(subparsers) -> None:
         help="prune attention pre-out neurons or whole heads (default neuron)",
     )
     p.add_argument(
+        "--attn-heads-per-step",
+        type=int,
+        default=0,
+        help="with --attn-unit head: remove this many heads per step instead of --attn-frac",
+    )
+    p.add_argument(
         "--head-aggregation",
         choices=list(HEAD_AGGREGATIONS),
         default="mean",
         help="how neuron scores make a head score with --attn-unit head",
     )
     p.add_argument(
-        "--offset",
-        choices=["zero", "mean"],
+        "--ff-offset",
+        choices=list(OFFSETS),
         default="zero",
-        help="replace removed activations by zero or by their focus mean",
+        help="replace removed MLP neurons by zero or their focus mean (default zero)",
+    )
+    p.add_argument(
+        "--attn-offset",
+        choices=list(OFFSETS),
+        default="mean",
+        help="replace removed pre-out neurons by zero or their focus mean (default mean)",
+    )
+    p.add_argument(
+        "--offset",
+        choices=list(OFFSETS),
+        default=None,
+        help="shorthand: set --ff-offset and --attn-offset both",
     )
     p.add_argument("--svd", action="store_true", help="rewrite attention W_V/W_O in OV-SVD basis")
+    p.add_argument(
+        "--svd-combine-biases",
+        action="store_true",
+        help="with --svd: fold the value biases into the output bias first",
+    )
     p.add_argument(
         "--mode",
         choices=list(MODES),
@@ -131,11 +174,18 @@ def run(args: argparse.Namespace) -> None:
         steps=args.steps,
         ff_frac=args.ff_frac,
         attn_frac=args.attn_frac,
+        ff_scoring=args.ff_scoring,
+        attn_scoring=args.attn_scoring,
         scoring=args.scoring,
+        schedule=args.schedule,
         attn_unit=args.attn_unit,
+        attn_heads_per_step=args.attn_heads_per_step,
         head_aggregation=args.head_aggregation,
+        ff_offset=args.ff_offset,
+        attn_offset=args.attn_offset,
         offset=args.offset,
         svd=args.svd,
+        svd_combine_biases=args.svd_combine_biases,
         mode=args.mode,
         random_baseline=args.random,
         seed=args.seed,

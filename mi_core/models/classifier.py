@@ -17,6 +17,7 @@ from torch import nn
 from transformer_lens import HookedEncoder, HookedTransformer, HookedTransformerConfig
 
 from mi_core.errors import DataError
+from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
 
@@ -37,6 +38,8 @@ class HookedClassifier:
     label_names: list[str]
     model_name: str
     is_encoder: bool
+    dropout_rates: DropoutRates
+    """The checkpoint's dropout (TL models run without it; see :mod:`mi_core.models.dropout`)."""
 
     def _init_classifier(
         self, head: nn.Module, num_labels: int, task: str | None, label_names: list[str] | None
@@ -47,6 +50,7 @@ class HookedClassifier:
         self.task = task
         self.label_names = list(label_names or [f"LABEL_{i}" for i in range(num_labels)])
         self.model_name = self.cfg.model_name
+        self.dropout_rates = DropoutRates()
         self.to(self.cfg.device)
         self.setup()
         enable_fast_paths(self)

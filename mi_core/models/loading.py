@@ -26,6 +26,7 @@ from mi_core.models.classifier import (
     HookedDecoderClassifier,
     HookedEncoderClassifier,
 )
+from mi_core.models.dropout import DropoutRates
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,7 @@ def hooked_classifier_from_hf(
     else:
         raise ModelLoadError(f"no hooked classifier for model type {config.model_type!r}")
     _load_exact(model, state)
+    model.dropout_rates = DropoutRates.from_hf_config(config)
     model.model_name = str(getattr(config, "_name_or_path", "") or cfg.model_name)
     return model.eval()
 

@@ -6,10 +6,18 @@ one MLP per layer. :func:`flatten_components` and :func:`unflatten_components` c
 that vector and the ``(heads [n_layers, n_heads], mlps [n_layers])`` pair; they work for
 ``log_alpha``, masks and weights alike.
 
-The paper picks a threshold on the deterministic gate by grid search (stride 0.05) to match the
-target "as closely as possible"; ranking by ``log_alpha`` and removing exactly
-``round(target * n)`` components hits the target exactly and is monotone in the same quantity
-(the deterministic gate is a non-decreasing function of ``log_alpha``).
+Two rules (:data:`DISCRETIZE_RULES`):
+
+* ``"reference"`` -- the authors' rule (``deterministic_z_from_log_alpha`` in their ``l0.py`` and
+  the thresholds of their evaluation scripts): within each module (a layer's heads, a layer's
+  MLP) zero the ``round(expected number of zero gates)`` entries with the smallest soft value
+  ``sigmoid(0.8 * log_alpha / beta)``, then keep the components whose soft value exceeds one
+  global threshold, picked from a grid of stride 0.05 so the sparsity comes as close to the
+  target as the grid allows (:func:`reference_binary_mask`). The achieved sparsity may differ
+  from the target; it is reported.
+* ``"exact"`` -- rank by ``log_alpha`` and remove exactly ``round(target * n)`` components
+  (:func:`binary_mask_from_log_alpha`): hits the target exactly and is monotone in the same
+  quantity (the soft value is a non-decreasing function of ``log_alpha``).
 """
 
 from __future__ import annotations
@@ -20,14 +28,26 @@ import torch
 from jaxtyping import Bool, Float
 
 from mi_core.errors import ConfigError, InterventionError, TrainingError
+from mi_core.pruning.hard_concrete import BETA, hard_concrete_prob_nonzero
+
+#: How learnt gates become a binary mask.
+DISCRETIZE_RULES = ("reference", "exact")
+#: The authors' soft value is ``sigmoid(log_alpha / beta * 0.8)`` (``FACTOR`` in their l0.py).
+REFERENCE_FACTOR = 0.8
+#: The thresholds the reference rule searches: 0, 0.05, ..., 0.95.
+THRESHOLD_GRID: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(20))
 
 
 @dataclass(frozen=True)
 class AchievedSparsity:
-    """The sparsity a binary mask achieves: by component count, and by weight when weights given."""
+    """The sparsity a binary mask achieves: by component count, and by weight when weights given.
+
+    ``threshold`` is the global threshold the reference rule chose (None for the exact rule).
+    """
 
     by_count: float
     by_weight: float | None = None
+    threshold: float | None = None
 
 
 def flatten_components(heads: torch.Tensor, mlps: torch.Tensor) -> torch.Tensor:
@@ -97,3 +117,75 @@ def binary_mask_from_log_alpha(
     keep[order[:n_removed]] = False
     mask = keep.reshape(log_alpha.shape)
     return mask, mask_sparsity(mask, weights)
+
+
+def reference_soft_mask(
+    log_alpha: Float[torch.Tensor, " components"], n_layers: int, n_heads: int
+) -> Float[torch.Tensor, " components"]:
+    """The authors' deterministic gates, flat: per module, the expected zeros set to 0.
+
+    Each module (the ``n_heads`` heads of a layer; the MLP of a layer) gets
+    ``k = round(sum(P(z = 0)))`` zeros, on its ``k`` entries with the smallest soft value
+    ``sigmoid(0.8 * log_alpha / beta)``; the other entries keep their soft value in (0, 1).
+    """
+    flat = log_alpha.detach().reshape(-1).double().cpu()
+    if not bool(torch.isfinite(flat).all()):
+        raise TrainingError("log_alpha contains NaN or infinite values; cannot rank components")
+    soft = torch.sigmoid(flat / BETA * REFERENCE_FACTOR)
+    heads, mlps = unflatten_components(torch.arange(flat.numel()), n_layers, n_heads)
+    groups = [heads[layer] for layer in range(n_layers)] + [
+        mlps[l : l + 1] for l in range(n_layers)
+    ]
+    for index in groups:
+        expected_zeros = float((1.0 - hard_concrete_prob_nonzero(flat[index])).sum())
+        k = int(torch.round(torch.tensor(expected_zeros)).item())
+        if k > 0:
+            order = torch.sort(soft[index], stable=True).indices[:k]
+            soft[index[order]] = 0.0
+    return soft.to(log_alpha.dtype)
+
+
+def reference_binary_mask(
+    log_alpha: Float[torch.Tensor, " components"],
+    n_layers: int,
+    n_heads: int,
+    target_sparsity: float,
+    weights: Float[torch.Tensor, " components"] | None = None,
+    grid: tuple[float, ...] = THRESHOLD_GRID,
+) -> tuple[Bool[torch.Tensor, " components"], AchievedSparsity]:
+    """The authors' discretisation: keep ``soft > threshold`` (see :func:`reference_soft_mask`).
+
+    The threshold is the grid value whose mask's sparsity (by count) lies closest to
+    ``target_sparsity``; on a tie the lower threshold (the denser mask) wins. Returns the mask
+    (True = kept) and the sparsity it achieves, with the threshold chosen.
+    """
+    if not 0.0 <= target_sparsity <= 1.0:
+        raise ConfigError(f"target sparsity must lie in [0, 1], got {target_sparsity}")
+    soft = reference_soft_mask(log_alpha, n_layers, n_heads).cpu()
+    best: tuple[float, float, torch.Tensor] | None = None
+    for threshold in grid:
+        keep = soft > threshold
+        gap = abs(float((~keep).float().mean()) - target_sparsity)
+        if best is None or gap < best[0] - 1e-12:
+            best = (gap, threshold, keep)
+    assert best is not None
+    _, threshold, keep = best
+    keep = keep.to(log_alpha.device)
+    achieved = mask_sparsity(keep, weights)
+    return keep, AchievedSparsity(achieved.by_count, achieved.by_weight, threshold)
+
+
+def discretize(
+    log_alpha: Float[torch.Tensor, " components"],
+    n_layers: int,
+    n_heads: int,
+    target_sparsity: float,
+    rule: str = "reference",
+    weights: Float[torch.Tensor, " components"] | None = None,
+) -> tuple[Bool[torch.Tensor, " components"], AchievedSparsity]:
+    """A binary mask from flat gates by ``rule`` (``"reference"`` or ``"exact"``)."""
+    if rule == "reference":
+        return reference_binary_mask(log_alpha, n_layers, n_heads, target_sparsity, weights)
+    if rule == "exact":
+        return binary_mask_from_log_alpha(log_alpha, target_sparsity, weights)
+    raise ConfigError(f"unknown discretisation {rule!r}; choose one of {DISCRETIZE_RULES}")

@@ -37,11 +37,16 @@ EPS = 1e-6
 DROPRATE_INIT = 0.01
 
 
+#: The authors' initialisation (princeton-nlp/Heuristic-Core): log_alpha ~ N(10, 0.01) per gate.
+PAPER_INIT_MEAN = 10.0
+PAPER_INIT_STD = 0.01
+
+
 def initial_log_alpha(droprate_init: float = DROPRATE_INIT) -> float:
     """The log_alpha at which a gate starts: ``log(1 - droprate_init) - log(droprate_init)``.
 
-    This is CoFi's initialisation (CoFi draws around it with std 0.01; here every component starts
-    at exactly this value, so initialisation consumes no randomness). With the default
+    This is CoFi's initialisation (CoFi draws around it with std 0.01; the ``cofi`` profile starts
+    every component at exactly this value). With the default
     ``droprate_init = 0.01`` it is ``log 99 ~ 4.6``: the eval value of every gate is exactly 1
     (``sigmoid(4.6) * 1.2 - 0.1 ~ 1.09``, clamped), the probability of a non-zero sample is
     ``~0.998`` (so the expected L0 is ``~n``), and about 95 % of training samples are exactly 1.
@@ -85,6 +90,9 @@ def hard_concrete_prob_nonzero(
 class HardConcrete(nn.Module):
     """A tensor of hard-concrete gates with learnt ``log_alpha``; every gate starts on.
 
+    ``log_alpha`` starts at ``init_mean`` (default: CoFi's ``log(1 - d) - log(d)`` from
+    ``droprate_init``) plus Gaussian noise of std ``init_std`` drawn from ``generator`` (the
+    authors draw N(10, 0.01): :data:`PAPER_INIT_MEAN`, :data:`PAPER_INIT_STD`).
     ``forward()`` samples in training mode and returns the deterministic eval value otherwise,
     so ``module.train()`` / ``module.eval()`` switch the behaviour like dropout.
     """
@@ -94,6 +102,10 @@ class HardConcrete(nn.Module):
         shape: int | tuple[int, ...],
         beta: float = BETA,
         droprate_init: float = DROPRATE_INIT,
+        *,
+        init_mean: float | None = None,
+        init_std: float = 0.0,
+        generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
         if beta <= 0:
@@ -101,14 +113,27 @@ class HardConcrete(nn.Module):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if any(size <= 0 for size in shape):
             raise ConfigError(f"hard-concrete shape must have positive sizes, got {shape}")
+        if init_std < 0 or not math.isfinite(init_std):
+            raise ConfigError(f"init_std must be a non-negative number, got {init_std}")
         self.beta = beta
-        self.droprate_init = droprate_init
-        self.log_alpha = nn.Parameter(torch.full(shape, initial_log_alpha(droprate_init)))
+        self.init_mean = initial_log_alpha(droprate_init) if init_mean is None else init_mean
+        if not math.isfinite(self.init_mean):
+            raise ConfigError(f"init_mean must be finite, got {self.init_mean}")
+        self.init_std = init_std
+        self.log_alpha = nn.Parameter(torch.empty(shape))
+        self.reset_parameters(generator)
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Set every ``log_alpha`` back to its initial value (every gate on)."""
-        self.log_alpha.fill_(initial_log_alpha(self.droprate_init))
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Draw every ``log_alpha`` again from N(init_mean, init_std) (every gate on).
+
+        The draw happens on the CPU (``generator`` must be a CPU generator), so a seed gives the
+        same gates on every device.
+        """
+        values = torch.full(self.log_alpha.shape, self.init_mean, dtype=torch.float32)
+        if self.init_std > 0:
+            values += self.init_std * torch.randn(values.shape, generator=generator)
+        self.log_alpha.copy_(values)
 
     def sample(self, generator: torch.Generator | None = None) -> Float[torch.Tensor, "*shape"]:
         """One stochastic draw of every gate, in ``[0, 1]``, differentiable wrt ``log_alpha``."""

@@ -4,8 +4,16 @@ Following Wang et al. (2020) and CoFi, the loss gets the term::
 
     L_s = lambda1 * (t - s) + lambda2 * (t - s) ** 2
 
-where ``t`` is the current expected sparsity and ``s`` the target (the paper's sign; CoFi writes
-``s - t``, which is the same up to ``lambda1 -> -lambda1``). The gates' ``log_alpha`` are trained
+where ``t`` is the current sparsity and ``s`` the target (the paper's sign; the authors' code and
+CoFi write ``s - t``, which is the same up to ``lambda1 -> -lambda1``). ``t`` is measured one of
+two ways (:data:`SPARSITY_ESTIMATES`):
+
+* ``"sampled"`` (the authors' code, princeton-nlp/Heuristic-Core): ``1 - sum(z) / n`` over the
+  gates ``z`` sampled for this forward pass (:func:`sampled_sparsity`); the gradient reaches
+  ``log_alpha`` only through fractional samples.
+* ``"expected"`` (CoFi): the closed-form expected L0, ``1 - sum(P(z != 0)) / n``
+  (:func:`expected_sparsity`). At ``log_alpha = 0`` it counts a gate as 17 % removed, where the
+  sampled estimate counts it 50 % removed on average. The gates' ``log_alpha`` are trained
 by gradient *descent* on the total loss and the lambdas by gradient *ascent* on the same loss.
 :func:`pruning_optimizer` does both with one AdamW: the lambdas sit in their own parameter group
 with ``maximize=True``. (CoFi uses a negative learning rate instead, which current torch rejects.)
@@ -29,6 +37,34 @@ from torch import nn
 from mi_core.errors import ConfigError
 
 SparsityWeighting = Literal["components", "params"]
+#: How the Lagrangian term measures the current sparsity ``t``.
+SPARSITY_ESTIMATES = ("sampled", "expected")
+
+
+def sampled_sparsity(
+    z: Float[torch.Tensor, "*components"],
+    weights: Float[torch.Tensor, "*components"] | None = None,
+) -> Float[torch.Tensor, ""]:
+    """``1 - sum(w * z) / sum(w)``: the fraction of (weighted) components a gate sample removes.
+
+    The authors' Lagrangian measures sparsity this way, on each forward pass's sample
+    (``1 - z_sum / num_alpha_params`` in their ``modeling_pert.py``). Differentiable wrt ``z``.
+    """
+    if weights is None:
+        return 1.0 - z.mean()
+    _check_weights(weights, z)
+    weights = weights.to(z)
+    return 1.0 - (weights * z).sum() / weights.sum()
+
+
+def _check_weights(weights: torch.Tensor, gates: torch.Tensor) -> None:
+    if weights.shape != gates.shape:
+        raise ConfigError(
+            f"sparsity weights have shape {tuple(weights.shape)} but the gates have shape "
+            f"{tuple(gates.shape)}; pass one weight per component"
+        )
+    if bool((weights < 0).any()) or float(weights.sum()) <= 0:
+        raise ConfigError("sparsity weights must be non-negative with a positive sum")
 
 
 def expected_sparsity(
@@ -42,13 +78,7 @@ def expected_sparsity(
     """
     if weights is None:
         return 1.0 - prob_nonzero.mean()
-    if weights.shape != prob_nonzero.shape:
-        raise ConfigError(
-            f"sparsity weights have shape {tuple(weights.shape)} but the gates have shape "
-            f"{tuple(prob_nonzero.shape)}; pass one weight per component"
-        )
-    if bool((weights < 0).any()) or float(weights.sum()) <= 0:
-        raise ConfigError("sparsity weights must be non-negative with a positive sum")
+    _check_weights(weights, prob_nonzero)
     weights = weights.to(prob_nonzero)
     return 1.0 - (weights * prob_nonzero).sum() / weights.sum()
 
@@ -108,21 +138,43 @@ def pruning_optimizer(
     controller: LagrangianController,
     lr_log_alpha: float,
     lr_lambda: float,
+    weight_decay: float = 0.0,
+    lambda_weight_decay: float | None = None,
 ) -> torch.optim.AdamW:
     """One AdamW that descends on the gates and *ascends* on the lambdas (``maximize=True``).
 
     Call ``loss.backward(); optimizer.step()`` on ``task_loss + controller.penalty(t, s)`` as
-    usual; no gradient needs flipping by hand. Weight decay is off for both groups.
+    usual; no gradient needs flipping by hand. ``weight_decay`` (decoupled, AdamW's
+    ``p <- p * (1 - lr * weight_decay)`` before the Adam update) applies to both groups, as in
+    the authors' code, which builds ``torch.optim.AdamW`` with its default 0.01: it is what pulls
+    ``log_alpha`` from its initial 10 down to where sampled gates leave 1 and gradients flow.
+    ``lambda_weight_decay`` (default: ``weight_decay``) sets the lambdas' own.
     """
     if lr_log_alpha <= 0 or lr_lambda <= 0:
         raise ConfigError(
             f"learning rates must be positive, got lr_log_alpha={lr_log_alpha}, "
             f"lr_lambda={lr_lambda}"
         )
+    lambda_weight_decay = weight_decay if lambda_weight_decay is None else lambda_weight_decay
+    for name, value in (
+        ("weight_decay", weight_decay),
+        ("lambda_weight_decay", lambda_weight_decay),
+    ):
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{name} must lie in [0, 1), got {value}")
     return torch.optim.AdamW(
         [
-            {"params": list(log_alpha_params), "lr": lr_log_alpha, "maximize": False},
-            {"params": list(controller.parameters()), "lr": lr_lambda, "maximize": True},
+            {
+                "params": list(log_alpha_params),
+                "lr": lr_log_alpha,
+                "maximize": False,
+                "weight_decay": weight_decay,
+            },
+            {
+                "params": list(controller.parameters()),
+                "lr": lr_lambda,
+                "maximize": True,
+                "weight_decay": lambda_weight_decay,
+            },
         ],
-        weight_decay=0.0,
     )

@@ -44,19 +44,21 @@ from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, ablate, load_means
 from mi_core.interventions.components import model_dims
 from mi_core.io import read_json, read_safetensors, write_csv, write_json, write_safetensors
+from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import weights_fingerprint
-from mi_core.pruning.discretize import binary_mask_from_log_alpha, unflatten_components
+from mi_core.pruning.discretize import discretize, unflatten_components
 from mi_core.pruning.hard_concrete import HardConcrete
 from mi_core.pruning.lagrangian import (
     LagrangianController,
     component_weights,
     expected_sparsity,
     pruning_optimizer,
+    sampled_sparsity,
 )
 from mi_core.pruning.objective import pruning_loss
 from mi_core.pruning.profiles import PruneConfig
 from mi_core.pruning.reference_logits import load_reference_logits, reference_logits
-from mi_core.pruning.schedule import target_sparsity_at
+from mi_core.pruning.schedule import lr_factor, target_sparsity_at
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +70,15 @@ LOG_COLUMNS = (
     "penalty",
     "expected_sparsity",
     "target_sparsity",
+    "sampled_sparsity",
     "lambda_1",
     "lambda_2",
+    "lr_factor",
+    "grad_norm",
 )
+#: A run "reached" its target when the sparsity it optimised (sampled or expected, averaged over
+#: the last tenth of its steps) lies this close to it.
+TARGET_TOLERANCE = 0.05
 #: Callback after every step: ``callback(step, row)`` with the step's ``log.csv`` row.
 StepCallback = Callable[[int, dict[str, float]], None]
 
@@ -106,10 +114,28 @@ class PruneResult:
         return dict(self.metrics["full_accuracy"])
 
 
-def step_seed(seed: int, step: int) -> int:
-    """The seed of step ``step``'s hard-concrete noise: a hash of ``(seed, step)`` (63 bits)."""
-    digest = hashlib.sha256(f"mi_core.prune:{seed}:{step}".encode()).digest()
+def step_seed(seed: int, step: int, stream: str = "noise") -> int:
+    """The seed of one random stream of a run: a hash of ``(seed, step, stream)`` (63 bits).
+
+    Streams: ``"noise"`` (step ``step``'s hard-concrete noise), ``"dropout"`` (its dropout) and
+    ``"init"`` (the initial ``log_alpha``, with ``step`` 0).
+    """
+    tag = (
+        f"mi_core.prune:{seed}:{step}"
+        if stream == "noise"
+        else f"mi_core.prune:{stream}:{seed}:{step}"
+    )
+    digest = hashlib.sha256(tag.encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def final_sparsity(log: pd.DataFrame, estimate: str) -> float | None:
+    """The sparsity a run ended at: its ``estimate`` (``"sampled"`` or ``"expected"``) averaged
+    over the last tenth of the steps (sampled sparsity is noisy step to step)."""
+    if not len(log):
+        return None
+    tail = log[f"{estimate}_sparsity"].iloc[-max(1, len(log) // 10) :]
+    return float(tail.mean())
 
 
 def is_complete(run_dir: str | os.PathLike[str]) -> bool:
@@ -308,21 +334,26 @@ def pruning_step(
     target_sparsity: float,
     noise: torch.Generator | None = None,
     weights: torch.Tensor | None = None,
+    sparsity_estimate: str = "expected",
 ) -> dict[str, float]:
     """Accumulate the gradient of one step's loss over ``batches`` into the gates and lambdas.
 
     ``model`` runs inside ``ablate(model, mask, ..., skip_unmasked=False)``: each micro-batch
     draws fresh gates from ``noise`` and puts them in ``mask``; the KL target of each example is
-    row ``batch["index"]`` of ``reference`` (the cached full-model logits). No optimizer step
-    here. Returns the step's mean loss, KL and penalty, and the sparsities and lambdas used.
+    row ``batch["index"]`` of ``reference`` (the cached full-model logits). The Lagrangian term
+    measures the sparsity of that micro-batch's sample (``sparsity_estimate="sampled"``, the
+    authors) or the expected L0 (``"expected"``, CoFi). No optimizer step here. Returns the
+    step's mean loss, KL, penalty and sampled sparsity, the expected sparsity and the lambdas.
     """
     device = reference.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
-    total = kl = penalty = 0.0
+    total = kl = penalty = sampled = 0.0
     for batch in batches:
         z = gates.sample(noise)
         mask.heads, mask.mlps = unflatten_components(z, n_layers, n_heads)
-        t = expected_sparsity(gates.prob_nonzero(), weights)
+        t_sampled = sampled_sparsity(z, weights)
+        t_expected = expected_sparsity(gates.prob_nonzero(), weights)
+        t = t_sampled if sparsity_estimate == "sampled" else t_expected
         inputs = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
         loss = pruning_loss(
             reference[batch["index"].to(device)], model(**inputs), controller, t, target_sparsity
@@ -331,11 +362,13 @@ def pruning_step(
         total += loss.total.item() / len(batches)
         kl += loss.kl.item() / len(batches)
         penalty += loss.penalty.item() / len(batches)
+        sampled += t_sampled.item() / len(batches)
     return {
         "loss": total,
         "kl": kl,
         "penalty": penalty,
-        "expected_sparsity": t.item(),
+        "expected_sparsity": t_expected.item(),
+        "sampled_sparsity": sampled,
         "target_sparsity": target_sparsity,
         "lambda_1": controller.lambda_1.item(),
         "lambda_2": controller.lambda_2.item(),
@@ -355,9 +388,25 @@ def _train(
     dims = model_dims(model)
     n_layers, n_heads = dims.n_layers, dims.n_heads
     device = next(model.parameters()).device
-    gates = HardConcrete(n_layers * n_heads + n_layers, cfg.beta, cfg.droprate_init).to(device)
+    gates = HardConcrete(
+        n_layers * n_heads + n_layers,
+        cfg.beta,
+        init_mean=cfg.log_alpha_init,
+        init_std=cfg.log_alpha_init_std,
+        generator=torch.Generator().manual_seed(step_seed(cfg.seed, 0, "init")),
+    ).to(device)
     controller = LagrangianController().to(device)
-    optimizer = pruning_optimizer(gates.parameters(), controller, cfg.lr_log_alpha, cfg.lr_lambda)
+    optimizer = pruning_optimizer(
+        gates.parameters(),
+        controller,
+        cfg.lr_log_alpha,
+        cfg.lr_lambda,
+        cfg.weight_decay,
+        cfg.lambda_weight_decay,
+    )
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    trained = [gates.log_alpha, *controller.parameters()]
+    rng_devices = [device] if device.type == "cuda" else []
     weights = _sparsity_weights(model, cfg.sparsity_weighting)
     weights = None if weights is None else weights.to(device)
     targets = targets.to(device)
@@ -385,18 +434,41 @@ def _train(
         disable=None if progress is None else not progress,
         leave=False,
     )
-    with frozen(model), ablate(model, mask, means, cfg.ablation, skip_unmasked=False):
+    with (
+        frozen(model),
+        ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
+        train_dropout(model, cfg.dropout),
+    ):
         for step in bar:
             noise = torch.Generator(device=device).manual_seed(step_seed(cfg.seed, step))
             target = target_sparsity_at(step, cfg.target_sparsity, cfg.warmup_steps)
+            factor = lr_factor(step, cfg.lr_warmup_steps, cfg.steps, cfg.lr_schedule)
+            for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
+                group["lr"] = base * factor
             batches = [
                 tokenized.collate(schedule.indices(step * accumulation + micro))
                 for micro in range(accumulation)
             ]
             optimizer.zero_grad(set_to_none=True)
-            row = pruning_step(
-                model, mask, gates, controller, batches, targets, target, noise, weights
+            with torch.random.fork_rng(devices=rng_devices, enabled=cfg.dropout):
+                if cfg.dropout:
+                    torch.manual_seed(step_seed(cfg.seed, step, "dropout"))
+                row = pruning_step(
+                    model,
+                    mask,
+                    gates,
+                    controller,
+                    batches,
+                    targets,
+                    target,
+                    noise,
+                    weights,
+                    cfg.sparsity_estimate,
+                )
+            norm = torch.nn.utils.clip_grad_norm_(
+                trained, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
             )
+            row.update(lr_factor=factor, grad_norm=float(norm))
             total = row["loss"]
             if not math.isfinite(total):
                 where = (
@@ -566,7 +638,9 @@ def _finish(
 ) -> PruneResult:
     dims = model_dims(model)
     weights = _sparsity_weights(model, cfg.sparsity_weighting)
-    keep, achieved = binary_mask_from_log_alpha(log_alpha, cfg.target_sparsity, weights)
+    keep, achieved = discretize(
+        log_alpha, dims.n_layers, dims.n_heads, cfg.target_sparsity, cfg.discretize, weights
+    )
     heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
     mask = ComponentMask(heads, mlps)
     mask.save(run_dir / "mask.safetensors")
@@ -574,15 +648,34 @@ def _finish(
     device = next(model.parameters()).device
     accuracy, full, sizes = _evaluate_sets(model, mask.to(device), means, cfg, evals, full_accuracy)
     last = log.iloc[-1] if len(log) else None
+    final = final_sparsity(log, cfg.sparsity_estimate)
+    reached = final is not None and abs(final - cfg.target_sparsity) <= TARGET_TOLERANCE
+    if not reached:
+        logger.warning(
+            "%s: the %s sparsity ended at %s, not within %g of the target %g: the gates did not "
+            "converge (too few steps?); the discrete mask still removes %d of %d components",
+            run_dir,
+            cfg.sparsity_estimate,
+            "n/a" if final is None else f"{final:.3f}",
+            TARGET_TOLERANCE,
+            cfg.target_sparsity,
+            len(mask.removed()),
+            mask.n_components,
+        )
     metrics = {
         "target_sparsity": cfg.target_sparsity,
         "achieved_sparsity": achieved.by_count,
         "achieved_sparsity_by_weight": achieved.by_weight,
+        "discretize": cfg.discretize,
+        "threshold": achieved.threshold,
         "n_components": mask.n_components,
         "n_removed": len(mask.removed()),
         "removed": [str(c) for c in mask.removed()],
         "steps": cfg.steps,
+        "final_sparsity": final,
         "final_expected_sparsity": None if last is None else float(last["expected_sparsity"]),
+        "final_sampled_sparsity": None if last is None else float(last["sampled_sparsity"]),
+        "reached_target": reached,
         "final_kl": None if last is None else float(last["kl"]),
         "accuracy": accuracy,
         "full_accuracy": full,

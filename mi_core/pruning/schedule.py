@@ -1,4 +1,4 @@
-"""Target-sparsity schedule: ramp the target linearly during warm-up, then hold it."""
+"""Schedules: the target sparsity (ramped during warm-up, then held) and the learning rate."""
 
 from __future__ import annotations
 
@@ -33,3 +33,31 @@ def paper_schedule(sparsity: float) -> tuple[int, int]:
     pct = sparsity * 100.0
     warmup = round(6500 + 50 * pct)
     return warmup, warmup + round(6 * pct)
+
+
+#: Learning-rate schedules of a pruning run (:func:`lr_factor`).
+LR_SCHEDULES = ("linear", "constant")
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "linear") -> float:
+    """The factor the base learning rates are multiplied by at (0-based) optimizer step ``step``.
+
+    ``"linear"`` is Hugging Face's ``get_linear_schedule_with_warmup``, which the authors' pruning
+    script uses for both parameter groups: ``step / warmup_steps`` during warm-up (so step 0 has
+    learning rate 0), then a linear decay to 0 at ``total_steps``. ``"constant"`` is 1 (CoFi).
+    A pure function of the step, so a resumed run needs no scheduler state.
+    """
+    if schedule == "constant":
+        return 1.0
+    if schedule != "linear":
+        raise ConfigError(
+            f"unknown learning-rate schedule {schedule!r}; choose one of {LR_SCHEDULES}"
+        )
+    if step < 0 or warmup_steps < 0 or total_steps <= 0:
+        raise ConfigError(
+            f"need step >= 0, warmup_steps >= 0 and total_steps > 0, got {step}, "
+            f"{warmup_steps}, {total_steps}"
+        )
+    if step < warmup_steps:
+        return step / warmup_steps
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))

@@ -1,18 +1,21 @@
 """Iterative separability pruning: score, remove the top fraction, re-measure, repeat.
 
 Each step collects fresh activation statistics of the model *as pruned so far* on the focus and
-the cripple data sets (their ``stats`` token windows), scores every remaining neuron by the
-cripple/focus ratio of one statistic, removes the top ``ff_frac`` of the remaining MLP neurons
-and the top ``attn_frac`` of the remaining attention pre-out neurons (``attn_unit="neuron"``) or
-heads (``attn_unit="head"``, neuron scores aggregated per head), and evaluates next-token metrics
-on both data sets' ``heldout`` windows. Selection is global across layers; the counts are
-``round(frac * remaining)``, so the model shrinks geometrically. The random baseline removes the
-same number of units per step, chosen by seeded random scores.
+the cripple data sets (their ``stats`` token windows), scores every remaining neuron by how much
+more the cripple data set uses it (MLP neurons by ``ff_scoring``, attention pre-out neurons by
+``attn_scoring``; the report's runs use ``freq`` and ``abs``), removes the top-scoring MLP
+neurons and attention pre-out neurons (``attn_unit="neuron"``) or heads (``attn_unit="head"``,
+neuron scores aggregated per head, or a fixed ``attn_heads_per_step``), and evaluates
+next-token metrics on both data sets' ``heldout`` windows. Selection is global across layers.
+How many units a step removes follows ``schedule``: ``"total"`` (the report) removes a
+``frac`` share of *all* units each step, so ``1 / frac`` steps prune everything; ``"remaining"``
+removes a share of those left, so the model shrinks geometrically. The random baseline removes
+the same number of units per step, chosen by seeded random scores.
 
 Removal is by hooks (:class:`~mi_core.separability.masks.PruneMasks`): zero, or the neuron's mean
-on the focus data set (``offset="mean"``). After every step the state -- masks and trajectory rows
--- is written to one safetensors file atomically, so a run that stops resumes after its last
-finished step.
+on the focus data set (``ff_offset`` / ``attn_offset`` ``"mean"``; the report offsets attention
+pre-out neurons only). After every step the state -- masks and trajectory rows -- is written to
+one safetensors file atomically, so a run that stops resumes after its last finished step.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from mi_core.separability.masks import PruneMasks
 from mi_core.separability.metrics import METRICS, evaluate_next_token, most_frequent_tokens
 from mi_core.separability.scoring import (
     HEAD_AGGREGATIONS,
+    SCHEDULES,
     SCORINGS,
     head_scores,
-    n_to_prune,
+    n_to_prune_at,
     neuron_scores,
     random_scores,
     select_top,
@@ -74,24 +78,64 @@ class TaskTokens:
             )
 
 
+OFFSETS = ("zero", "mean")
+
+
 @dataclass
 class SeparabilityConfig:
-    """Options of a separability run (see the module docstring)."""
+    """Options of a separability run (see the module docstring); defaults are the report's."""
 
-    steps: int = 10
+    steps: int = 20
     ff_frac: float = 0.05
     attn_frac: float = 0.0
-    scoring: str = "abs"
+    ff_scoring: str = "freq"
+    """How MLP neurons are scored (the report: positive-activation frequency)."""
+    attn_scoring: str = "abs"
+    """How attention pre-out neurons (or heads) are scored (the report: mean ``|x|``)."""
+    scoring: str | None = None
+    """Shorthand: sets both ``ff_scoring`` and ``attn_scoring``."""
+    schedule: str = "total"
+    """``"total"``: each step removes ``frac`` of all units (the report); ``"remaining"``: of
+    the units left."""
     attn_unit: str = "neuron"
+    attn_heads_per_step: int = 0
+    """With ``attn_unit="head"``: remove this many heads per step instead of ``attn_frac`` (the
+    report's OPT-1.3b runs remove 7 heads a step); 0 uses ``attn_frac``."""
     head_aggregation: str = "mean"
-    offset: str = "zero"
+    ff_offset: str = "zero"
+    """What replaces a removed MLP neuron: zero, or its focus-data mean."""
+    attn_offset: str = "mean"
+    """What replaces a removed attention pre-out neuron (the report: its focus-data mean)."""
+    offset: str | None = None
+    """Shorthand: sets both ``ff_offset`` and ``attn_offset``."""
     svd: bool = False
+    svd_combine_biases: bool = False
+    """With ``svd``: fold the value biases into the output bias first."""
     mode: str = "cripple"
     random_baseline: bool = False
     seed: int = 0
     eps: float = 1e-6
     batch_size: int = 8
     skip_top: int = 50
+
+    def __post_init__(self) -> None:
+        if self.scoring is not None:
+            self.ff_scoring = self.attn_scoring = self.scoring
+        if self.offset is not None:
+            self.ff_offset = self.attn_offset = self.offset
+
+    @property
+    def prunes_attention(self) -> bool:
+        """Whether attention units are pruned at all."""
+        return self.attn_frac > 0 or self.attn_heads_per_step > 0
+
+    @property
+    def method(self) -> str:
+        """The selective run's name in the trajectory: the scoring(s) it uses."""
+        used = [self.ff_scoring] if self.ff_frac > 0 or not self.prunes_attention else []
+        if self.prunes_attention and self.attn_scoring not in used:
+            used.append(self.attn_scoring)
+        return "+".join(used)
 
     def validate(self) -> SeparabilityConfig:
         """Raise :class:`ConfigError` on a value out of range; return self."""
@@ -101,20 +145,33 @@ class SeparabilityConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {value}")
-        if self.ff_frac == 0 and self.attn_frac == 0:
+        if self.attn_heads_per_step < 0:
+            raise ConfigError(f"attn_heads_per_step must be >= 0, got {self.attn_heads_per_step}")
+        if self.attn_heads_per_step and self.attn_unit != "head":
+            raise ConfigError("attn_heads_per_step needs attn_unit='head' (--attn-unit head)")
+        if self.ff_frac == 0 and not self.prunes_attention:
             raise ConfigError("nothing to prune: ff_frac and attn_frac are both 0")
         choices = {
-            "scoring": tuple(SCORINGS),
+            "ff_scoring": tuple(SCORINGS),
+            "attn_scoring": tuple(SCORINGS),
+            "schedule": SCHEDULES,
             "attn_unit": ("neuron", "head"),
             "head_aggregation": HEAD_AGGREGATIONS,
-            "offset": ("zero", "mean"),
+            "ff_offset": OFFSETS,
+            "attn_offset": OFFSETS,
             "mode": MODES,
         }
+        if self.scoring is not None:
+            choices["scoring"] = tuple(SCORINGS)
+        if self.offset is not None:
+            choices["offset"] = OFFSETS
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(
                     f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}"
                 )
+        if self.svd_combine_biases and not self.svd:
+            raise ConfigError("svd_combine_biases needs svd (--svd)")
         if self.batch_size < 1 or self.skip_top < 0 or self.eps < 0:
             raise ConfigError("batch_size must be >= 1, skip_top >= 0 and eps >= 0")
         return self
@@ -139,7 +196,7 @@ class SeparabilityResult:
     @property
     def method(self) -> str:
         """The name of the selective run in the trajectory's ``method`` column."""
-        return self.config.scoring
+        return self.config.method
 
     def run_frame(self, method: str | None = None) -> pd.DataFrame:
         """The trajectory rows of one method (default: the selective run)."""
@@ -211,22 +268,28 @@ def _select(
     scores: dict[str, torch.Tensor],
     masks: PruneMasks,
     config: SeparabilityConfig,
+    step: int,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, tuple[float, float]]:
-    """Units to remove this step: (MLP selection, pre-out selection, thresholds)."""
+    """Units to remove at ``step``: (MLP selection, pre-out selection, thresholds)."""
     ff_sel = attn_sel = None
     ff_thr = attn_thr = float("nan")
+
+    def count(keep: torch.Tensor, frac: float) -> int:
+        return n_to_prune_at(step, keep.numel(), int(keep.sum()), frac, config.schedule)
+
     if config.ff_frac > 0:
         remaining = masks.ff_keep
-        k = n_to_prune(int(remaining.sum()), config.ff_frac)
-        ff_sel, ff_thr = select_top(scores["mlp"], remaining, k)
-    if config.attn_frac > 0:
+        ff_sel, ff_thr = select_top(scores["mlp"], remaining, count(remaining, config.ff_frac))
+    if config.prunes_attention:
         keep = masks.attn_keep
         if config.attn_unit == "neuron":
-            k = n_to_prune(int(keep.sum()), config.attn_frac)
-            attn_sel, attn_thr = select_top(scores["attn"], keep, k)
+            attn_sel, attn_thr = select_top(scores["attn"], keep, count(keep, config.attn_frac))
         else:
             heads_left = keep.all(dim=-1)
-            k = n_to_prune(int(heads_left.sum()), config.attn_frac)
+            if config.attn_heads_per_step:
+                k = min(config.attn_heads_per_step, int(heads_left.sum()))
+            else:
+                k = count(heads_left, config.attn_frac)
             per_head = scores["attn"]
             if per_head.ndim == 3:
                 per_head = head_scores(per_head, config.head_aggregation)
@@ -239,17 +302,19 @@ def _sites(config: SeparabilityConfig, step: int) -> tuple[str, ...]:
     if step == 1:  # both, so that the first scores can be plotted whatever is pruned
         return ("mlp", "attn")
     return tuple(
-        site for site, frac in (("mlp", config.ff_frac), ("attn", config.attn_frac)) if frac > 0
+        site for site, on in (("mlp", config.ff_frac > 0), ("attn", config.prunes_attention)) if on
     )
 
 
 def _offsets(stats: ActivationStats | None, config: SeparabilityConfig) -> dict:
-    if config.offset != "mean" or stats is None:
+    if stats is None:
         return {}
-    return {
-        "ff_offset": None if stats.mlp is None else stats.mlp.mean.float(),
-        "attn_offset": None if stats.attn is None else stats.attn.mean.float(),
-    }
+    out = {}
+    if config.ff_offset == "mean" and stats.mlp is not None:
+        out["ff_offset"] = stats.mlp.mean.float()
+    if config.attn_offset == "mean" and stats.attn is not None:
+        out["attn_offset"] = stats.attn.mean.float()
+    return out
 
 
 def _save_state(
@@ -342,7 +407,7 @@ def run_separability(
     config.validate()
     identity = dict(identity or {})
     if config.svd:
-        svd_attention(model)
+        svd_attention(model, combine_biases=config.svd_combine_biases)
     skip = {
         role: most_frequent_tokens(task.stats, task.stats_mask, config.skip_top)
         for role, task in (("focus", focus), ("cripple", cripple))
@@ -363,13 +428,13 @@ def run_separability(
 
     if not rows:
         base = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
-        record({**_row(config.scoring, 0, masks), **base})
+        record({**_row(config.method, 0, masks), **base})
         if random_masks is not None:
             record({**_row(RANDOM, 0, random_masks), **base})
         if state_path is not None:
             _save_state(state_path, config, identity, rows, masks, random_masks, first_scores)
 
-    done = max(r["step"] for r in rows if r["method"] == config.scoring)
+    done = max(r["step"] for r in rows if r["method"] == config.method)
     steps = range(done + 1, config.steps + 1)
     if progress:
         from tqdm.auto import tqdm
@@ -390,13 +455,19 @@ def run_separability(
             )
             for role, task in (("focus", focus), ("cripple", cripple))
         }
-        scores = neuron_scores(collected["focus"], collected["cripple"], config.scoring, config.eps)
+        scores = neuron_scores(
+            collected["focus"],
+            collected["cripple"],
+            config.ff_scoring,
+            config.eps,
+            attn_scoring=config.attn_scoring,
+        )
         if step == 1:
             first_scores = {k: v.float().cpu() for k, v in scores.items()}
-        ff_sel, attn_sel, thresholds = _select(scores, masks, config)
+        ff_sel, attn_sel, thresholds = _select(scores, masks, config, step)
         masks.prune(step, ff_sel, attn_sel, **_offsets(collected["focus"], config))
         metrics = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
-        record({**_row(config.scoring, step, masks, thresholds), **metrics})
+        record({**_row(config.method, step, masks, thresholds), **metrics})
 
         if random_masks is not None:
             shapes = {"mlp": random_masks.ff_step.shape, "attn": random_masks.attn_step.shape}
@@ -405,7 +476,7 @@ def run_separability(
                 for i, (site, shape) in enumerate(shapes.items())
             }
             focus_stats = None
-            if config.offset == "mean":
+            if "mean" in (config.ff_offset, config.attn_offset):
                 focus_stats = collect_activation_stats(
                     model,
                     focus.stats,
@@ -416,7 +487,7 @@ def run_separability(
                 )
             if config.attn_unit == "head":
                 rand["attn"] = rand["attn"][..., 0]
-            r_ff, r_attn, _ = _select(rand, random_masks, config)
+            r_ff, r_attn, _ = _select(rand, random_masks, config, step)
             random_masks.prune(step, r_ff, r_attn, **_offsets(focus_stats, config))
             metrics = _evaluate_both(model, focus, cripple, random_masks, skip, config, progress)
             record({**_row(RANDOM, step, random_masks), **metrics})

@@ -31,11 +31,12 @@ def figures_html(result: SeparabilityResult, include_plotlyjs: bool | str = True
         )
     ]
     labels = {"mlp": "MLP neurons (mlp.hook_post)", "attn": "attention pre-out neurons (hook_z)"}
+    scoring = {"mlp": result.config.ff_scoring, "attn": result.config.attn_scoring}
     for site, scores in result.first_scores.items():
         figures.append(
             score_distribution_figure(
                 scores,
-                title=f"log10 {result.config.scoring} ratio ({result.cripple_name} / "
+                title=f"log10 {scoring.get(site, site)} score ({result.cripple_name} vs "
                 f"{result.focus_name}), {labels.get(site, site)}, step 1",
             )
         )

@@ -3,6 +3,8 @@
 For a statistic ``s`` (one of :data:`mi_core.separability.stats.STATISTICS`) a neuron's score is
 ``(s_cripple + eps) / (s_focus + eps)``; the neurons with the highest scores are the ones the
 cripple data set relies on most relative to the focus data set, so they are pruned first.
+``mean`` is that ratio of the signed means; ``mean_diff`` is the reference code's ``mean``
+scoring, the difference ``|mean_cripple - mean_focus|`` (no ratio, no eps).
 Scores of a whole attention head aggregate its pre-out neurons' scores by their mean or by their
 median (:func:`head_scores` -- each named for what it computes; the reference code swapped them).
 """
@@ -25,7 +27,10 @@ SCORINGS: dict[str, str] = {
     "std": "std",
     "rms": "rms",
     "mean": "mean",
+    "mean_diff": "mean",
 }
+#: Scorings that compare the two data sets by a difference instead of a ratio.
+DIFFERENCE_SCORINGS = ("mean_diff",)
 
 #: Head aggregations of pre-out neuron scores.
 HEAD_AGGREGATIONS: tuple[str, ...] = ("mean", "median")
@@ -58,15 +63,28 @@ def neuron_scores(
     cripple: ActivationStats,
     scoring: str,
     eps: float = 1e-6,
+    attn_scoring: str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Scores of every collected neuron: ``{"mlp": [L, d_mlp], "attn": [L, H, d_head]}``."""
-    statistic = statistic_for(scoring)
-    assert statistic in STATISTICS
+    """Scores of every collected neuron: ``{"mlp": [L, d_mlp], "attn": [L, H, d_head]}``.
+
+    ``scoring`` scores the MLP neurons, and the attention pre-out neurons too unless
+    ``attn_scoring`` names another (the report scores MLP neurons by ``freq`` and attention
+    neurons by ``abs`` in the same run).
+    """
+    by_site = {"mlp": scoring, "attn": attn_scoring or scoring}
     out = {}
     for site in ("mlp", "attn"):
         f, c = getattr(focus, site), getattr(cripple, site)
-        if f is not None and c is not None:
-            out[site] = score_ratio(f.statistic(statistic), c.statistic(statistic), eps)
+        if f is None or c is None:
+            continue
+        name = by_site[site]
+        statistic = statistic_for(name)
+        assert statistic in STATISTICS
+        f_stat, c_stat = f.statistic(statistic), c.statistic(statistic)
+        if name in DIFFERENCE_SCORINGS:
+            out[site] = (c_stat - f_stat).abs()
+        else:
+            out[site] = score_ratio(f_stat, c_stat, eps)
     return out
 
 
@@ -97,11 +115,34 @@ def random_scores(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.rand(shape, generator=generator, dtype=torch.float64)
 
 
+#: How a step's fraction is counted: of all units (the report) or of the remaining ones.
+SCHEDULES = ("total", "remaining")
+
+
 def n_to_prune(n_remaining: int, frac: float) -> int:
     """How many of ``n_remaining`` units a step with fraction ``frac`` removes (half rounds up)."""
     if not 0.0 <= frac <= 1.0:
         raise ConfigError(f"pruning fractions must be in [0, 1], got {frac}")
     return min(n_remaining, math.floor(frac * n_remaining + 0.5))
+
+
+def n_to_prune_at(step: int, n_total: int, n_remaining: int, frac: float, schedule: str) -> int:
+    """How many units step ``step`` (from 1) removes under ``schedule``.
+
+    ``"total"`` (the report: "20 steps of 5 %" prune the whole model): the count removed after
+    ``step`` steps is ``round(step * frac * n_total)``, so every step removes a ``frac`` share of
+    *all* units and ``1 / frac`` steps remove exactly all of them (the reference code takes
+    ``int(frac * n_total)`` each step, which can fall a few units short). ``"remaining"``:
+    ``round(frac * n_remaining)`` (geometric: 20 steps of 5 % remove 64 %).
+    """
+    if schedule == "remaining":
+        return n_to_prune(n_remaining, frac)
+    if schedule != "total":
+        raise ConfigError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+    if not 0.0 <= frac <= 1.0:
+        raise ConfigError(f"pruning fractions must be in [0, 1], got {frac}")
+    goal = min(n_total, math.floor(step * frac * n_total + 0.5))
+    return max(0, min(n_remaining, goal - (n_total - n_remaining)))
 
 
 def select_top(

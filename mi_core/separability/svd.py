@@ -11,6 +11,11 @@ Grouped-query attention shares ``W_V`` and ``b_V`` among the heads of a key-valu
 shared ``R`` is used per group: the SVD of ``W_V @ [W_O(h1) | W_O(h2) | ...]``, the group's
 concatenated OV circuits. For a model without GQA each group is one head and this is exactly the
 per-head SVD. Computed in float64 through QR factors (no ``d_model x d_model`` products).
+
+``combine_biases=True`` (the reference code's ``svd_combine_biases`` option, which its runs left
+unwired) first folds every head's value bias into the output bias, ``b_O += sum_h b_V(h) W_O(h)``,
+and sets ``b_V = 0``: exact, because each row of an attention pattern sums to 1. The pre-out
+activations then carry no bias, which changes their statistics (and what a mean offset restores).
 """
 
 from __future__ import annotations
@@ -45,15 +50,36 @@ def _ov_basis(w_v: torch.Tensor, w_o_cat: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 @torch.no_grad()
-def svd_attention(model: HookedTransformer) -> HookedTransformer:
-    """Rewrite every head's ``W_V``, ``b_V``, ``W_O`` in its OV-circuit SVD basis, in place.
+def combine_value_biases(model: HookedTransformer) -> HookedTransformer:
+    """Fold every head's ``b_V`` into ``b_O`` (``b_O += sum_h b_V(h) W_O(h)``; ``b_V = 0``).
 
-    The model's outputs are unchanged (to float rounding). Works with grouped-query attention
-    (one shared basis per key-value group, see the module docstring).
+    Exact for softmax attention, whose pattern rows sum to 1. In place; returns ``model``.
     """
     cfg = model.cfg
     grouped = is_grouped_query(model)
     group = cfg.n_heads // cfg.n_key_value_heads if grouped else 1
+    for block in model.blocks:
+        attn = block.attn
+        bias = attn._b_V if grouped else attn.b_V  # [groups or heads, d_head]
+        per_head = bias.double().repeat_interleave(group, dim=0)  # [n_heads, d_head]
+        attn.b_O += torch.einsum("hd,hdm->m", per_head, attn.W_O.double()).to(attn.b_O.dtype)
+        bias.zero_()
+    return model
+
+
+@torch.no_grad()
+def svd_attention(model: HookedTransformer, combine_biases: bool = False) -> HookedTransformer:
+    """Rewrite every head's ``W_V``, ``b_V``, ``W_O`` in its OV-circuit SVD basis, in place.
+
+    The model's outputs are unchanged (to float rounding). Works with grouped-query attention
+    (one shared basis per key-value group, see the module docstring). ``combine_biases`` first
+    folds the value biases into the output bias (:func:`combine_value_biases`).
+    """
+    cfg = model.cfg
+    grouped = is_grouped_query(model)
+    group = cfg.n_heads // cfg.n_key_value_heads if grouped else 1
+    if combine_biases:
+        combine_value_biases(model)
     for block in model.blocks:
         attn = block.attn
         w_v = (attn._W_V if grouped else attn.W_V).double()  # [groups, d_model, d_head]

@@ -1,0 +1,307 @@
+"""The authors' pruning recipe (princeton-nlp/Heuristic-Core) against CoFi's, option by option.
+
+Each option of :class:`~mi_core.pruning.PruneConfig` that separates the ``paper`` profile from
+``cofi`` has a test here that fails under the other setting.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers
+
+from mi_core.data import load_pairs, pair_batches
+from mi_core.errors import ConfigError
+from mi_core.interventions import compute_means
+from mi_core.models import load_model
+from mi_core.models.dropout import DropoutRates, dropout_hooks, train_dropout
+from mi_core.pruning import (
+    HardConcrete,
+    LagrangianController,
+    make_prune_config,
+    prune_run,
+    pruning_optimizer,
+)
+from mi_core.pruning.discretize import (
+    THRESHOLD_GRID,
+    discretize,
+    reference_binary_mask,
+    reference_soft_mask,
+)
+from mi_core.pruning.hard_concrete import BETA, hard_concrete_prob_nonzero
+from mi_core.pruning.lagrangian import expected_sparsity, sampled_sparsity
+from mi_core.pruning.profiles import COFI_MECHANICS, PAPER_MECHANICS
+from mi_core.pruning.schedule import lr_factor
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --------------------------------------------------------------------------- the profiles
+def test_paper_profile_is_the_authors_recipe_and_cofi_is_the_earlier_one():
+    paper = make_prune_config("paper", 0.5, 1)
+    assert (paper.steps, paper.warmup_steps, paper.effective_batch_size) == (9300, 9000, 128)
+    assert paper.sparsity_estimate == "sampled"
+    assert (paper.log_alpha_init, paper.log_alpha_init_std) == (10.0, 0.01)
+    assert (paper.weight_decay, paper.lr_warmup_steps, paper.lr_schedule) == (0.01, 200, "linear")
+    assert (paper.max_grad_norm, paper.dropout, paper.discretize) == (1.0, True, "reference")
+    cofi = make_prune_config("cofi", 0.5, 1)
+    assert (cofi.steps, cofi.warmup_steps, cofi.lr_log_alpha) == (9300, 9000, 0.1)
+    assert cofi.sparsity_estimate == "expected" and cofi.log_alpha_init == pytest.approx(
+        math.log(99.0)
+    )
+    assert (cofi.log_alpha_init_std, cofi.weight_decay, cofi.lr_schedule) == (0.0, 0.0, "constant")
+    assert (cofi.max_grad_norm, cofi.dropout, cofi.discretize) == (0.0, False, "exact")
+    # the two profiles differ in exactly the mechanics, each switchable alone
+    assert set(PAPER_MECHANICS) == set(COFI_MECHANICS)
+    for name, value in COFI_MECHANICS.items():
+        one = make_prune_config("paper", 0.5, 1, **{name: value})
+        assert getattr(one, name) == value and one.sparsity_estimate == (
+            value if name == "sparsity_estimate" else "sampled"
+        )
+
+
+def test_quick_profile_is_the_paper_recipe_on_a_short_schedule():
+    quick = make_prune_config("quick", 0.5, 1)
+    paper = make_prune_config("paper", 0.5, 1)
+    for name in PAPER_MECHANICS:
+        if name not in ("weight_decay", "lr_warmup_steps"):
+            assert getattr(quick, name) == getattr(paper, name), name
+    assert quick.steps < 1000 and quick.grad_accumulation == 1
+    # the weight decay's total pull on log_alpha over the run equals the paper's
+    assert quick.weight_decay * quick.steps == pytest.approx(paper.weight_decay * paper.steps, 0.01)
+    assert quick.warmup_steps / quick.steps == pytest.approx(9000 / 9300, abs=0.01)
+    # a steps override keeps both warm-ups' share of the run
+    short = make_prune_config("paper", 0.5, 1, steps=930)
+    assert (short.warmup_steps, short.lr_warmup_steps) == (900, 20)
+    with pytest.raises(ConfigError, match="lr_warmup_steps"):
+        make_prune_config("paper", 0.5, 1, steps=100, lr_warmup_steps=101)
+    for bad in (
+        {"sparsity_estimate": "median"},
+        {"discretize": "round"},
+        {"lr_schedule": "cosine"},
+        {"dropout": 1},
+        {"weight_decay": -0.1},
+        {"max_grad_norm": -1.0},
+    ):
+        with pytest.raises(ConfigError):
+            make_prune_config("paper", 0.5, 1, **bad)
+
+
+# ------------------------------------------------------------------- sparsity in the penalty
+def test_sampled_sparsity_counts_the_sample_not_the_expectation():
+    z = torch.tensor([1.0, 0.0, 0.5, 1.0])
+    assert sampled_sparsity(z).item() == pytest.approx(1 - 2.5 / 4)
+    weights = torch.tensor([1.0, 3.0, 0.0, 1.0])
+    assert sampled_sparsity(z, weights).item() == pytest.approx(1 - 2.0 / 5)
+    # at log_alpha = 0 the expected L0 counts a gate 17 % removed; a sample, 50 % on average
+    log_alpha = torch.zeros(200_000)
+    gates = HardConcrete(log_alpha.shape, init_mean=0.0)
+    sample = gates.sample(torch.Generator().manual_seed(0))
+    assert sampled_sparsity(sample).item() == pytest.approx(0.5, abs=0.005)
+    assert expected_sparsity(gates.prob_nonzero()).item() == pytest.approx(0.168, abs=0.001)
+    # and its gradient reaches log_alpha through the fractional samples only
+    sampled_sparsity(sample).backward()
+    grad = gates.log_alpha.grad
+    fractional = (sample > 0) & (sample < 1)
+    assert (grad[fractional] < 0).all() and (grad[~fractional] == 0).all()
+
+
+# ------------------------------------------------------------------------- initialisation
+def test_log_alpha_is_drawn_from_the_seed_around_ten():
+    def gates(seed):
+        return HardConcrete(
+            10_000, init_mean=10.0, init_std=0.01, generator=torch.Generator().manual_seed(seed)
+        ).log_alpha.detach()
+
+    a, b, c = gates(1), gates(1), gates(2)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.mean().item() == pytest.approx(10.0, abs=0.001)
+    assert a.std().item() == pytest.approx(0.01, rel=0.05)
+    assert torch.equal(HardConcrete(5).log_alpha.detach(), torch.full((5,), math.log(99.0)))
+
+
+# --------------------------------------------------------------- optimiser and lr schedule
+def test_lr_schedule_warms_up_then_decays_linearly_to_zero():
+    assert [lr_factor(s, 4, 12) for s in (0, 1, 4, 8, 12)] == [0.0, 0.25, 1.0, 0.5, 0.0]
+    assert lr_factor(5, 0, 10) == 0.5
+    assert all(lr_factor(s, 4, 12, "constant") == 1.0 for s in range(13))
+    with pytest.raises(ConfigError):
+        lr_factor(1, 2, 10, "cosine")
+
+
+@pytest.mark.parametrize("weight_decay", [0.01, 0.0])
+def test_weight_decay_pulls_log_alpha_down_by_hand_computation(weight_decay):
+    """With no gradient (every sample exactly 1 at log_alpha 10), only decay moves log_alpha:
+    after k steps it is ``10 * prod_i (1 - lr_i * wd)`` with the scheduled ``lr_i``."""
+    gates = HardConcrete(6, init_mean=10.0)
+    controller = LagrangianController()
+    with torch.no_grad():
+        controller.lambda_1.fill_(2.0)
+    optimizer = pruning_optimizer(gates.parameters(), controller, 0.1, 1.0, weight_decay)
+    bases = [g["lr"] for g in optimizer.param_groups]
+    expected_alpha, expected_lambda = 10.0, 2.0
+    for step in range(7):
+        factor = lr_factor(step, 3, 20)
+        for group, base in zip(optimizer.param_groups, bases, strict=True):
+            group["lr"] = base * factor
+        for p in (gates.log_alpha, *controller.parameters()):
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        expected_alpha *= 1 - 0.1 * factor * weight_decay
+        expected_lambda *= 1 - 1.0 * factor * weight_decay
+    assert torch.allclose(gates.log_alpha.detach(), torch.full((6,), expected_alpha), atol=1e-6)
+    assert controller.lambda_1.item() == pytest.approx(expected_lambda, abs=1e-6)
+    if weight_decay:
+        assert expected_alpha < 10.0 - 1e-3 and expected_lambda < 2.0 - 1e-2
+    else:
+        assert expected_alpha == 10.0
+
+
+# -------------------------------------------------------------------------- discretisation
+def test_reference_discretisation_by_hand():
+    """2 layers x 2 heads: per-module rounding of the expected zeros, then the threshold grid."""
+    log_alpha = torch.tensor([3.0, -4.0, 0.5, 0.2, -3.0, 4.0])  # L0.H0 L0.H1 L1.H0 L1.H1 MLPs
+    p_zero = 1 - hard_concrete_prob_nonzero(log_alpha)
+    soft = torch.sigmoid(log_alpha / BETA * 0.8)
+    # layer 0's heads expect round(p0 + p1) zeros, layer 1's round(p2 + p3), each MLP round(p)
+    assert round(float(p_zero[0] + p_zero[1])) == 1
+    assert round(float(p_zero[2] + p_zero[3])) == 0
+    assert [round(float(p)) for p in p_zero[4:]] == [1, 0]
+    expected_soft = soft.clone()
+    expected_soft[[1, 4]] = 0.0
+    assert torch.allclose(reference_soft_mask(log_alpha, 2, 2), expected_soft)
+    # target 0.5 (3 of 6): soft values ~[0.97, 0, 0.65, 0.56, 0, 0.99] -> threshold 0.6 removes 3
+    keep, achieved = reference_binary_mask(log_alpha, 2, 2, 0.5)
+    assert keep.tolist() == [True, False, True, False, False, True]
+    assert achieved.by_count == pytest.approx(0.5)
+    assert achieved.threshold in THRESHOLD_GRID and 0.56 < achieved.threshold < 0.65
+    # the exact rule removes the lowest log_alpha instead: L0.H1, L1.MLP... here L1.H1
+    exact, exact_achieved = discretize(log_alpha, 2, 2, 0.5, "exact")
+    assert exact.tolist() == [True, False, True, False, False, True]
+    assert exact_achieved.threshold is None
+    # where the rules disagree: the reference rule cannot reach 1/6 (only 0 or 2/6 at thr 0)
+    keep, achieved = reference_binary_mask(log_alpha, 2, 2, 1 / 6)
+    exact, _ = discretize(log_alpha, 2, 2, 1 / 6, "exact")
+    assert (~exact).sum() == 1 and (~keep).sum() == 2 and achieved.threshold == 0.0
+
+
+# ------------------------------------------------------------------------------- dropout
+@pytest.mark.parametrize("kind", ["bert-cls", "roberta-cls", "gpt2-cls"])
+def test_dropout_hooks_equal_hugging_face_train_mode(tiny_checkpoints, kind):
+    path = tiny_checkpoints[kind]
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, attn_implementation="eager"
+    )
+    model = load_model(path, task="mnli")
+    assert model.dropout_rates == DropoutRates.from_hf_config(hf.config)
+    assert model.dropout_rates.any
+    batch = dict(
+        model.tokenizer(
+            ["a man is here today", "the cat sat on the mat and then it left"],
+            ["someone is here", "a cat"],
+            return_tensors="pt",
+            padding=True,
+        )
+    )
+    if kind != "bert-cls":
+        batch.pop("token_type_ids", None)
+    hf.train()
+    torch.manual_seed(5)
+    expected = hf(**batch).logits
+    with torch.no_grad(), train_dropout(model):
+        torch.manual_seed(5)
+        got = model(**batch)
+    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+    with torch.no_grad():
+        hf.eval()
+        assert not torch.allclose(got, hf(**batch).logits, atol=1e-3)
+        assert torch.allclose(model(**batch), hf(**batch).logits, atol=1e-4)  # hooks removed
+    with train_dropout(model, enabled=False):
+        assert not model.hook_dict["blocks.0.hook_resid_pre"]._forward_hooks
+    assert len(dropout_hooks(model, DropoutRates())) == 0
+
+
+# ------------------------------------------------------------------------ in a pruning run
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    return load_model(tiny_checkpoints["bert-cls"], task="mnli")
+
+
+@pytest.fixture(scope="module")
+def train(data_dir):
+    return load_pairs("mnli:train", max_examples=48)
+
+
+@pytest.fixture(scope="module")
+def means(tiny, train):
+    return compute_means(tiny, pair_batches(train, tiny.tokenizer, batch_size=16))
+
+
+def _run(tiny, train, means, tmp_path, name, **overrides):
+    values = dict(steps=16, batch_size=8, checkpoint_every=8, eval_batch_size=16)
+    cfg = make_prune_config("paper", 0.5, 3, **{**values, **overrides})
+    return prune_run(tiny, train, tmp_path / name, cfg, means=means, progress=False)
+
+
+def test_paper_recipe_run_logs_every_mechanism_and_differs_from_cofi(tiny, train, means, tmp_path):
+    paper = _run(tiny, train, means, tmp_path, "paper", lr_warmup_steps=4)
+    log = paper.log
+    # learning rate: warm-up from 0 over 4 steps, then linear decay towards 0
+    assert log["lr_factor"].tolist()[:6] == [0.0, 0.25, 0.5, 0.75, 1.0, 11 / 12]
+    # log_alpha starts around 10: samples are all 1 and nothing is pruned in so few steps
+    assert (log["sampled_sparsity"] == 0).all()
+    assert paper.metrics["reached_target"] is False
+    assert paper.metrics["discretize"] == "reference"
+    assert paper.metrics["threshold"] in THRESHOLD_GRID
+    # with no gradient through clamped samples, only weight decay moved log_alpha
+    assert (paper.log_alpha < 10.1).all() and (paper.log_alpha > 9.8).all()
+    # dropout changes the KL of the very same gates; switching it off removes the noise
+    no_dropout = _run(tiny, train, means, tmp_path, "nodrop", lr_warmup_steps=4, dropout=False)
+    assert (log["kl"] > 0).all()
+    assert (no_dropout.log["kl"] < 1e-6).all()  # gates at 1 and no dropout: the full model
+
+
+def test_sampled_and_expected_estimates_drive_different_runs(tiny, train, means, tmp_path):
+    common = dict(
+        steps=24,
+        warmup_steps=12,
+        lr_log_alpha=0.3,
+        log_alpha_init=1.0,
+        log_alpha_init_std=0.0,
+        weight_decay=0.0,
+        dropout=False,
+    )
+    sampled = _run(tiny, train, means, tmp_path, "s", **common)
+    expected = _run(tiny, train, means, tmp_path, "e", sparsity_estimate="expected", **common)
+    # at log_alpha 1 the expected estimate already reads ~7 % sparse, the sampled ~30 %
+    assert expected.log["expected_sparsity"].iloc[0] < 0.1
+    assert sampled.log["sampled_sparsity"].iloc[0] > 0.15
+    assert not torch.allclose(sampled.log_alpha, expected.log_alpha)
+
+
+def test_gradient_clipping_is_applied(tiny, train, means, tmp_path):
+    common = dict(
+        steps=8,
+        warmup_steps=4,
+        lr_log_alpha=0.3,
+        log_alpha_init=1.0,
+        log_alpha_init_std=0.0,
+        weight_decay=0.0,
+        dropout=False,
+        lr_schedule="constant",
+    )
+    free = _run(tiny, train, means, tmp_path, "free", max_grad_norm=0.0, **common)
+    clipped = _run(tiny, train, means, tmp_path, "clip", max_grad_norm=1e-12, **common)
+    # Adam is invariant to a constant gradient scale, so clip so hard that Adam's eps dominates
+    assert (free.log["grad_norm"] > 1e-6).all()
+    moved_free = (free.log_alpha - 1.0).abs().max()
+    moved_clipped = (clipped.log_alpha - 1.0).abs().max()
+    assert moved_clipped < 0.1 * moved_free
