@@ -13,10 +13,14 @@ Three ways to take the same pruning step on MiniLM with MNLI batches of 32 (same
   for the KL target, and every example is padded to 128 tokens.
 
 Prints the median milliseconds per step and two ratios: ours / plain (target <= 1.2) and
-reference / ours (target >= 2)::
+reference / ours (target >= 2). ``--dropout`` times the authors' recipe, which prunes in train
+mode: our step runs with the checkpoint's dropout (:func:`mi_core.models.dropout.train_dropout`,
+which sends attention through TransformerLens's step-by-step path), the sampled-gate sparsity and
+gradient clipping, and the Hugging Face models run in train mode::
 
     python benchmarks/bench_pruning_step.py              # 8 distinct batches x 2 rounds
     python benchmarks/bench_pruning_step.py --threads 1 --rounds 5
+    python benchmarks/bench_pruning_step.py --dropout    # the paper recipe's step
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def main() -> None:
     from mi_core.evaluation import model_inputs
     from mi_core.interventions import ComponentMask, ablate, compute_means
     from mi_core.models import load_hf_classifier, load_model
+    from mi_core.models.dropout import train_dropout
     from mi_core.pruning import (
         HardConcrete,
         LagrangianController,
@@ -59,6 +64,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8, help="distinct batches of 32")
     parser.add_argument("--rounds", type=int, default=2, help="passes over the batches")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--dropout", action="store_true", help="the paper recipe: train mode")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,9 +90,14 @@ def main() -> None:
     mask = ComponentMask.ones(ours)
     noise = torch.Generator().manual_seed(0)
 
+    estimate = "sampled" if args.dropout else "expected"
+    trained = [gates.log_alpha, *controller.parameters()]
+
     def ours_step(batch):
         optimizer.zero_grad(set_to_none=True)
-        pruning_step(ours, mask, gates, controller, [batch], reference, 0.3, noise)
+        pruning_step(ours, mask, gates, controller, [batch], reference, 0.3, noise, None, estimate)
+        if args.dropout:
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
 
     def reference_step(batch):
@@ -99,6 +110,8 @@ def main() -> None:
         loss = kl_to_reference(target, ours(**model_inputs(ours, padded)))
         t = 1 - gates.prob_nonzero().mean()
         (loss + controller.penalty(t, 0.3)).backward()
+        if args.dropout:
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
 
     head_mult = torch.ones(n_layers, n_heads, requires_grad=True)
@@ -124,11 +137,16 @@ def main() -> None:
 
     for p in hf.parameters():
         p.requires_grad_(False)
-    hf.eval()
+    hf.train(args.dropout)
     full_copy.eval()
     times: dict[str, list[float]] = {"ours": [], "plain": [], "reference": []}
     steps = {"ours": ours_step, "plain": plain_step, "reference": reference_step}
-    with frozen(ours), frozen(full_copy), ablate(ours, mask, means, skip_unmasked=False):
+    with (
+        frozen(ours),
+        frozen(full_copy),
+        ablate(ours, mask, means, skip_unmasked=False),
+        train_dropout(ours, args.dropout),
+    ):
         for step in steps.values():  # warm-up
             step(batches[0])
         for _ in range(args.rounds):
@@ -141,9 +159,10 @@ def main() -> None:
         handle.remove()
 
     ms = {name: 1000 * statistics.median(values) for name, values in times.items()}
+    recipe = "paper recipe (dropout on, train mode)" if args.dropout else "no dropout"
     print(
         f"MiniLM, MNLI batches of 32 (widths {min(widths)}-{max(widths)} tokens, "
-        f"{torch.get_num_threads()} threads), median of {len(times['ours'])} steps each:"
+        f"{torch.get_num_threads()} threads, {recipe}), median of {len(times['ours'])} steps each:"
     )
     print(f"  ours      (cached KL target, per-batch padding, heads+MLPs) {ms['ours']:8.1f} ms")
     print(f"  plain HF  (pre-hook head multiplier, cached KL target)      {ms['plain']:8.1f} ms")

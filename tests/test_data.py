@@ -313,6 +313,25 @@ def test_tiny_dir_paws(tiny_dir):
     assert ds.label_names == ["not_paraphrase", "paraphrase"]
     adv = load_pairs("paws_qqp:adv", data_dir=tiny_dir)
     assert adv.meta["id"] == [1, 2] and adv.name == "paws_qqp:adv"
+    assert ds.meta["split"] == ["dev_and_test"] * 3
+
+
+def test_paws_uses_train_and_dev_and_test_when_both_are_there(tiny_dir, tmp_path, caplog):
+    import shutil
+
+    root = tmp_path / "paws-copy"
+    shutil.copytree(tiny_dir, root)
+    with caplog.at_level("WARNING"):
+        alone = load_pairs("paws_qqp", data_dir=root)
+    assert len(alone) == 3 and "train + dev_and_test" in caplog.text
+    (root / "paws_qqp" / "train.tsv").write_text(
+        "id\tsentence1\tsentence2\tlabel\n10\tX y ?\tY x ?\t0\n11\tP q ?\tP q !\t1\n",
+        encoding="utf-8",
+    )
+    both = load_pairs("paws_qqp", data_dir=root)
+    assert len(both) == 5 and both.meta["id"] == [10, 11, 1, 2, 3]
+    assert both.meta["split"] == ["train", "train", "dev_and_test", "dev_and_test", "dev_and_test"]
+    assert load_pairs("paws_qqp:adv", data_dir=root).meta["id"] == [10, 1, 2]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from mi_core.analysis.effective_size import effective_size, faithfulness_table
+from mi_core.analysis.effective_size import effective_size as any_method
+from mi_core.analysis.effective_size import faithfulness_table
 from mi_core.errors import ConfigError
+
+#: These tests pin the paper's text; the authors' script is tested at the end of the file.
+effective_size = partial(any_method, method="paper")
 
 SPARSITIES = [round(0.1 * i, 1) for i in range(1, 10)]
 SEED_OFFSETS = {0: -0.02, 1: 0.0, 2: 0.02}  # seeds scatter, their mean is the grid value
@@ -224,3 +229,45 @@ def test_training_dynamics_figure():
     assert [t.name for t in fig.data] == ["mnli (ID)", "hans (OOD)"]
     assert list(fig.data[1].y) == [0.5, 0.5, 0.65] and fig.data[1].line.dash == "dash"
     assert fig.layout.xaxis.title.text == "training step"
+
+
+# --- the authors' script ---------------------------------------------------------------------
+
+
+def test_authors_method_is_per_seed_strict_then_mean():
+    """Two seeds, in-domain = matched + mismatched (averaged), one OOD set.
+
+    full: id (0.80 + 0.84) / 2 = 0.82, ood 0.50; mixed = mean of all three = 0.7133.
+    seed 0 id: faithful (> 0.79) up to 0.4; seed 1 id: only 0.1 (0.2 is exactly 0.79: strict).
+    """
+    full = {1: {"m": 0.80, "mm": 0.84, "ood": 0.50}}
+    id_acc = {0: [0.82, 0.81, 0.80, 0.795, 0.70], 1: [0.80, 0.79, 0.75, 0.70, 0.60]}
+    ood_acc = {0: [0.50, 0.40, 0.30, 0.20, 0.10], 1: [0.60, 0.55, 0.48, 0.47, 0.10]}
+    rows = []
+    for seed in (0, 1):
+        for i, s in enumerate([0.1, 0.2, 0.3, 0.4, 0.5]):
+            # matched and mismatched straddle the id value, so their mean is it
+            rows += [
+                (1, s, seed, "m", id_acc[seed][i] - 0.02),
+                (1, s, seed, "mm", id_acc[seed][i] + 0.02),
+                (1, s, seed, "ood", ood_acc[seed][i]),
+            ]
+    results = pd.DataFrame(rows, columns=["checkpoint", "sparsity", "seed", "dataset", "accuracy"])
+    out = any_method(results, full, id_datasets=["m", "mm"], ood_datasets=["ood"], method="authors")
+    sizes = out.set_index("target")
+    assert sizes.loc["id", "effective_size"] == pytest.approx((60 + 90) / 2)
+    assert sizes.loc["id", "effective_size_std"] == pytest.approx(np.std([60, 90], ddof=1))
+    # ood: seed 0 faithful (> 0.47) only at 0.1; seed 1 up to 0.3 (0.48), not 0.4 (0.47: strict)
+    assert sizes.loc["ood", "effective_size"] == pytest.approx((90 + 70) / 2)
+    # mixed is the plain mean of m, mm and ood: full 0.7133; seed 0 at 0.1: (0.82*2+0.5)/3
+    assert sizes.loc["mixed", "full_accuracy"] == pytest.approx((0.80 + 0.84 + 0.50) / 3)
+    assert set(out["method"]) == {"authors"} and (out["n_seeds"] == 2).all()
+    # the paper's text averages the seeds first and compares with >=: another answer
+    paper = effective_size(results, full, id_datasets=["m", "mm"], ood_datasets=["ood"])
+    assert paper.set_index("target").loc["id", "effective_size"] == 80.0  # mean 0.80 at 0.2
+    with pytest.raises(ConfigError, match="method"):
+        any_method(results, full, id_datasets="m", ood_datasets="ood", method="median")
+    # nothing faithful for any seed: 100
+    bad = results.assign(accuracy=0.0)
+    worst = any_method(bad, full, id_datasets=["m", "mm"], ood_datasets=["ood"])
+    assert (worst["effective_size"] == 100.0).all()

@@ -45,7 +45,9 @@ def test_summary_on_a_synthetic_grid_has_the_known_answer(tmp_path):
         [(100, ID, 0.80), (100, OOD, 0.60), (200, ID, 0.85), (200, OOD, 0.65)],
         columns=["step", "dataset", "accuracy"],
     )
-    result = summarize_effective_size(tmp_path, accuracy, full, id_sets=[ID], ood_sets=[OOD])
+    result = summarize_effective_size(
+        tmp_path, accuracy, full, id_sets=[ID], ood_sets=[OOD], method="paper"
+    )
     sizes = result.effective_size.set_index(["step", "target"])["effective_size"]
     assert sizes[(100, "id")] == pytest.approx(50.0)  # 0.77 >= 0.80 - 0.03 at 0.5
     assert sizes[(100, "ood")] == pytest.approx(80.0)  # 0.59 >= 0.57 at 0.2, 0.40 not at 0.3
@@ -114,7 +116,11 @@ def _args(checkpoints, out, *extra):
 @pytest.mark.slow
 def test_cli_prunes_every_checkpoint_and_resumes(checkpoints, data_dir, tmp_path, capsys):
     out = tmp_path / "es"
-    args = _args(checkpoints, out, "--sparsities", "0.2,0.4", "--seeds", "2", "--margin", "0.05")
+    args = _args(
+        checkpoints,
+        out,
+        *("--sparsities", "0.2,0.4", "--seeds", "2", "--margin", "0.05", "--method", "paper"),
+    )
     assert main(args) == 0
     assert "effective_size.csv" in capsys.readouterr().out
     sizes = pd.read_csv(out / "effective_size.csv")
@@ -133,7 +139,9 @@ def test_cli_prunes_every_checkpoint_and_resumes(checkpoints, data_dir, tmp_path
     assert len(accuracy) == 2 * 2 * 2 * 2  # checkpoints x sparsities x seeds x data sets
     assert set(accuracy.seed) == {0, 1} and set(accuracy.dataset) == {ID, OOD}
     full = pd.read_csv(out / "full_accuracy.csv")
-    again = effective_size(accuracy, full, id_datasets=[ID], ood_datasets=[OOD], margin=0.05)
+    again = effective_size(
+        accuracy, full, id_datasets=[ID], ood_datasets=[OOD], margin=0.05, method="paper"
+    )
     pd.testing.assert_frame_equal(again, sizes, check_dtype=False)
     assert (out / "checkpoint-2" / "means.safetensors").is_file()
     assert (out / "effective_size.html").is_file()

@@ -272,6 +272,7 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
             "mean_heads_kept",
             "n_core",
             "expected_random_intersection",
+            "expected_random_intersection_paper",
             "core_heads",
         ],
         "analysis/spearman.csv": [

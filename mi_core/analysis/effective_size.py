@@ -25,6 +25,16 @@ faithful subnetwork"):
 - the effective sparsity is the **largest faithful sparsity**, with no monotonicity requirement
   (a lower sparsity that happens to fall outside the margin does not disqualify a higher one);
 - if no sparsity is faithful, the effective size is 100 (only the full model is faithful).
+
+That is the paper's text (:data:`METHODS` ``"paper"``). The authors' script
+(``mnli-effective-size.py`` in princeton-nlp/Heuristic-Core) computes it differently, and
+``method="authors"`` (the default) follows it:
+
+- *per seed*: each seed's accuracies are combined over datasets (``mixed`` is the plain mean over
+  *all* the datasets, in-domain and out-of-domain alike, as the script averages its six cases);
+- faithful is strict: ``accuracy > full accuracy - margin``;
+- each seed gets its own largest faithful sparsity (0 when none: effective size 100), and the
+  effective size is the mean of the seeds' effective sizes (``effective_size_std`` their spread).
 """
 
 from __future__ import annotations
@@ -37,9 +47,11 @@ import pandas as pd
 
 from mi_core.errors import ConfigError
 
-__all__ = ["TARGETS", "faithfulness_table", "effective_size"]
+__all__ = ["METHODS", "TARGETS", "faithfulness_table", "effective_size"]
 
 TARGETS: tuple[str, ...] = ("id", "ood", "mixed")
+#: ``"authors"``: their script (per seed, strict, then mean); ``"paper"``: the paper's text.
+METHODS: tuple[str, ...] = ("authors", "paper")
 _TOL = 1e-12
 
 
@@ -79,9 +91,16 @@ def _full_frame(full_accuracy: Any, ckpt: str) -> pd.DataFrame:
     raise ConfigError("full-model accuracy must be a DataFrame or a mapping")
 
 
-def _combine(per_dataset: pd.DataFrame, keys: list[str], id_sets: list[str], ood_sets: list[str]):
-    """Per key group: id = mean over id_sets, ood = mean over ood_sets, mixed = their mean.
-    Groups that lack one of the datasets get NaN for the affected targets."""
+def _combine(
+    per_dataset: pd.DataFrame,
+    keys: list[str],
+    id_sets: list[str],
+    ood_sets: list[str],
+    mixed_over_all: bool = False,
+):
+    """Per key group: id = mean over id_sets, ood = mean over ood_sets, mixed = their mean (or
+    the mean over every dataset with ``mixed_over_all``). Groups that lack one of the datasets
+    get NaN for the affected targets."""
     wide = per_dataset.pivot_table(index=keys, columns="dataset", values="accuracy")
     for name in id_sets + ood_sets:
         if name not in wide.columns:
@@ -89,7 +108,10 @@ def _combine(per_dataset: pd.DataFrame, keys: list[str], id_sets: list[str], ood
     out = pd.DataFrame(index=wide.index)
     out["id"] = wide[id_sets].mean(axis=1, skipna=False)
     out["ood"] = wide[ood_sets].mean(axis=1, skipna=False)
-    out["mixed"] = (out["id"] + out["ood"]) / 2
+    if mixed_over_all:
+        out["mixed"] = wide[id_sets + ood_sets].mean(axis=1, skipna=False)
+    else:
+        out["mixed"] = (out["id"] + out["ood"]) / 2
     return out
 
 
@@ -155,14 +177,28 @@ def effective_size(
     margin: float = 0.03,
     checkpoint_col: str | None = None,
     sparsity_unit: str = "auto",
+    method: str = "authors",
 ) -> pd.DataFrame:
     """One row per (checkpoint, target): ``full_accuracy``, ``faithful_sparsity`` (the largest
-    faithful sparsity, NaN if none), ``accuracy`` at it, and ``effective_size`` in percent
-    (``100 - sparsity %``; 100 when nothing is faithful).
+    faithful sparsity, NaN if none; with ``method="authors"`` the mean over seeds of each seed's),
+    ``accuracy`` at it (``"paper"`` only), ``effective_size`` in percent (``100 - sparsity %``;
+    100 when nothing is faithful), ``effective_size_std`` over seeds (``"authors"`` only) and
+    ``method``. See the module docstring for both methods.
 
     ``sparsity_unit``: ``"fraction"`` (0.5), ``"percent"`` (50) or ``"auto"`` (percent when any
     sparsity exceeds 1).
     """
+    if method not in METHODS:
+        raise ConfigError(f"effective-size method must be one of {METHODS}, got {method!r}")
+    if sparsity_unit == "auto":
+        sparsity_unit = "percent" if float(results["sparsity"].max()) > 1 else "fraction"
+    if sparsity_unit not in ("fraction", "percent"):
+        raise ConfigError(f"sparsity_unit must be fraction, percent or auto; got {sparsity_unit}")
+    scale = 1.0 if sparsity_unit == "percent" else 100.0
+    if method == "authors":
+        return _effective_size_per_seed(
+            results, full_accuracy, id_datasets, ood_datasets, margin, checkpoint_col, scale
+        )
     table = faithfulness_table(
         results,
         full_accuracy,
@@ -172,12 +208,6 @@ def effective_size(
         checkpoint_col=checkpoint_col,
     )
     ckpt = table.columns[0]
-    if sparsity_unit == "auto":
-        sparsity_unit = "percent" if float(results["sparsity"].max()) > 1 else "fraction"
-    if sparsity_unit not in ("fraction", "percent"):
-        raise ConfigError(f"sparsity_unit must be fraction, percent or auto; got {sparsity_unit}")
-    scale = 1.0 if sparsity_unit == "percent" else 100.0
-
     rows = []
     for (checkpoint, target), group in table.groupby([ckpt, "target"], sort=False):
         faithful = group[group["faithful"]]
@@ -192,8 +222,62 @@ def effective_size(
                 effective_size=100.0 - scale * float(best["sparsity"]),
             )
         rows.append(row)
-    out = pd.DataFrame(rows)
+    return _order(pd.DataFrame(rows).assign(method="paper"), ckpt)
+
+
+def _order(out: pd.DataFrame, ckpt: str) -> pd.DataFrame:
     out["target"] = pd.Categorical(out["target"], categories=list(TARGETS), ordered=True)
     out = out.sort_values([ckpt, "target"], ignore_index=True)
     out["target"] = out["target"].astype(str)
     return out
+
+
+def _effective_size_per_seed(
+    results: pd.DataFrame,
+    full_accuracy: Any,
+    id_datasets: str | Sequence[str],
+    ood_datasets: str | Sequence[str],
+    margin: float,
+    checkpoint_col: str | None,
+    scale: float,
+) -> pd.DataFrame:
+    """The authors' script: per seed, strict faithfulness, largest faithful sparsity, then mean."""
+    id_sets = [id_datasets] if isinstance(id_datasets, str) else list(id_datasets)
+    ood_sets = [ood_datasets] if isinstance(ood_datasets, str) else list(ood_datasets)
+    if not id_sets or not ood_sets:
+        raise ConfigError("name at least one in-domain and one out-of-domain dataset")
+    ckpt = _checkpoint_col(results, checkpoint_col)
+    missing = {"sparsity", "seed", "dataset", "accuracy"} - set(results.columns)
+    if missing:
+        raise ConfigError(f"results table lacks columns {sorted(missing)}")
+    unknown = set(id_sets + ood_sets) - set(results["dataset"])
+    if unknown:
+        raise ConfigError(f"datasets {sorted(unknown)} do not occur in the results table")
+    per_seed = _combine(results, [ckpt, "seed", "sparsity"], id_sets, ood_sets, True)
+    full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets, True)
+    rows = []
+    for checkpoint, by_checkpoint in per_seed.groupby(level=0, sort=True):
+        if checkpoint not in full.index:
+            raise ConfigError(f"no full-model accuracy for checkpoint {checkpoint!r}")
+        for target in TARGETS:
+            full_acc = float(full.loc[checkpoint, target])
+            sparsities = []
+            for _, by_seed in by_checkpoint[target].groupby(level=1):
+                accs = by_seed.droplevel([0, 1])
+                faithful = accs[accs > full_acc - margin + _TOL]
+                sparsities.append(float(faithful.index.max()) if len(faithful) else 0.0)
+            sizes = [100.0 - scale * s for s in sparsities]
+            rows.append(
+                {
+                    ckpt: checkpoint,
+                    "target": target,
+                    "full_accuracy": full_acc,
+                    "faithful_sparsity": float(np.mean(sparsities)),
+                    "accuracy": np.nan,
+                    "effective_size": float(np.mean(sizes)),
+                    "effective_size_std": float(np.std(sizes, ddof=1)) if len(sizes) > 1 else 0.0,
+                    "n_seeds": len(sizes),
+                    "method": "authors",
+                }
+            )
+    return _order(pd.DataFrame(rows), ckpt)

@@ -32,6 +32,13 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--margin", type=float, default=0.03, help="faithfulness margin (accuracy)")
     p.add_argument(
+        "--method",
+        choices=["authors", "paper"],
+        default="authors",
+        help="authors: their script (each seed's largest faithful sparsity, strict, then the "
+        "mean); paper: the paper's text (accuracy averaged over seeds first)",
+    )
+    p.add_argument(
         "--means",
         default=None,
         help="means file per checkpoint, with {step} in the path (default: computed on --train)",
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace) -> None:
         means=args.means,
         ood_sets=args.ood,
         margin=args.margin,
+        method=args.method,
         profile=args.profile,
         overrides=config_overrides(args),
         task=args.task,

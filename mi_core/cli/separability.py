@@ -132,6 +132,17 @@ def add_parser(subparsers) -> None:
         help="held-out tokens per data set for metrics (default: --tokens)",
     )
     p.add_argument("--window", type=int, default=128, help="tokens per window (default 128)")
+    p.add_argument(
+        "--eval-protocol",
+        choices=["windows", "texts"],
+        default="windows",
+        help="windows: metrics on fixed held-out windows of --window tokens (default); texts: "
+        "the report's protocol, each held-out text up to --text-tokens tokens after a start "
+        "token, --eval-tokens predictions in all, the loss averaged per text",
+    )
+    p.add_argument(
+        "--text-tokens", type=int, default=1000, help="tokens per text with --eval-protocol texts"
+    )
     p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
     p.add_argument("--eps", type=float, default=1e-6, help="epsilon of the score ratio")
@@ -157,12 +168,25 @@ def _windows(tokenizer, spec: str, window: int, n_tokens: int, split: str):
     return windows[:wanted]
 
 
+def _task(tokenizer, spec: str, args: argparse.Namespace, eval_tokens: int):
+    """One data set's statistics windows and held-out part (windows or whole texts)."""
+    from mi_core.data import token_texts
+    from mi_core.separability import TaskTokens
+
+    stats = _windows(tokenizer, spec, args.window, args.tokens, "stats")
+    if args.eval_protocol == "texts":
+        heldout, mask = token_texts(tokenizer, spec, args.text_tokens, eval_tokens, "heldout")
+        return TaskTokens(name=spec, stats=stats, heldout=heldout, heldout_mask=mask)
+    heldout = _windows(tokenizer, spec, args.window, eval_tokens, "heldout")
+    return TaskTokens(name=spec, stats=stats, heldout=heldout)
+
+
 def run(args: argparse.Namespace) -> None:
     """Load the model and data, run (or resume) the pruning, write the outputs."""
     from pathlib import Path
 
     from mi_core.models import load_model
-    from mi_core.separability import SeparabilityConfig, TaskTokens, run_separability
+    from mi_core.separability import SeparabilityConfig, run_separability
     from mi_core.separability.prune import check_state
     from mi_core.separability.report import write_separability_outputs
 
@@ -186,6 +210,7 @@ def run(args: argparse.Namespace) -> None:
         offset=args.offset,
         svd=args.svd,
         svd_combine_biases=args.svd_combine_biases,
+        eval_protocol=args.eval_protocol,
         mode=args.mode,
         random_baseline=args.random,
         seed=args.seed,
@@ -201,6 +226,8 @@ def run(args: argparse.Namespace) -> None:
         "eval_tokens": eval_tokens,
         "window": args.window,
     }
+    if args.eval_protocol == "texts":
+        identity["text_tokens"] = args.text_tokens
     out = Path(args.out)
     state_path = out / "state.safetensors"
     done = check_state(state_path, config, identity)  # fails fast on a mismatched state
@@ -210,20 +237,8 @@ def run(args: argparse.Namespace) -> None:
     if not hasattr(model, "unembed") or getattr(model, "tokenizer", None) is None:
         raise ConfigError(f"{args.model} is not a causal language model with a tokenizer")
     tasks = {
-        role: TaskTokens(
-            name=spec,
-            stats=_windows(model.tokenizer, spec, args.window, args.tokens, "stats"),
-            heldout=_windows(model.tokenizer, spec, args.window, eval_tokens, "heldout"),
-        )
+        role: _task(model.tokenizer, spec, args, eval_tokens)
         for role, spec in (("focus", args.focus), ("cripple", args.cripple))
-    }
-    identity = {
-        "model": str(args.model),
-        "focus": args.focus,
-        "cripple": args.cripple,
-        "tokens": args.tokens,
-        "eval_tokens": eval_tokens,
-        "window": args.window,
     }
     out = Path(args.out)
     result = run_separability(

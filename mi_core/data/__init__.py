@@ -29,7 +29,7 @@ from mi_core.data.pairs import (
     load_pairs,
     model_num_labels,
 )
-from mi_core.data.text import TEXT_SPECS, load_text, token_stream, token_windows
+from mi_core.data.text import TEXT_SPECS, load_text, token_stream, token_texts, token_windows
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -54,6 +54,7 @@ __all__ = [
     "pair_batches",
     "resolve_data_dir",
     "token_stream",
+    "token_texts",
     "token_windows",
     "tokenize_pairs",
 ]

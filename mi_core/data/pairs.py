@@ -13,7 +13,9 @@ Specs (see :func:`available_specs`):
   3-way MNLI model with ``prediction_map=[0, 1, 1]`` (neutral and contradiction collapse into
   non-entailment).
 * ``qqp:{train,validation}`` - QQP, 1 = duplicate.
-* ``paws_qqp`` - PAWS-QQP dev_and_test (677 rows), ``paws_qqp:adv`` - its 486 label-0 rows.
+* ``paws_qqp`` - PAWS-QQP: train + dev_and_test (12,663 rows, the set the paper evaluates on)
+  when ``paws_qqp/train.tsv`` lies beside ``dev_and_test.tsv``, else dev_and_test alone (677
+  rows, with a warning); ``paws_qqp:adv`` - its label-0 (non-paraphrase) rows.
   Both 2-way (1 = paraphrase), scored by a QQP model with the identity prediction map.
 * a path to a local ``.jsonl``/``.json``/``.csv``/``.tsv`` file with the columns
   ``premise, hypothesis, label`` (MNLI-like), ``question1, question2, label`` (QQP-like) or
@@ -31,6 +33,7 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -43,6 +46,8 @@ import torch
 
 from mi_core.data._sources import hub_load, local_file, missing_error, resolve_data_dir
 from mi_core.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 MNLI_LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
 HANS_LABELS: tuple[str, ...] = ("entailment", "non-entailment")
@@ -100,6 +105,9 @@ HANS_PAPER_SUBCASES: dict[str, str] = {
 
 HANS_FILE = "hans/heuristics_evaluation_set.txt"
 PAWS_FILE = "paws_qqp/dev_and_test.tsv"
+#: The official release's training split; the paper evaluates on train + dev_and_test.
+PAWS_TRAIN_FILE = "paws_qqp/train.tsv"
+_warned_paws: set[str] = set()
 
 _GLUE_SPLITS: dict[str, tuple[str, ...]] = {
     "mnli": ("train", "validation_matched", "validation_mismatched", "heldout"),
@@ -161,8 +169,8 @@ def _build_registry() -> dict[str, str]:
         reg[f"hans:{sub}"] = f"HANS subcase {sub}"
     for short, sub in HANS_PAPER_SUBCASES.items():
         reg[f"hans:{_short(short)}"] = f"HANS {short} = {sub}"
-    reg["paws_qqp"] = "PAWS-QQP dev_and_test (677 rows)"
-    reg["paws_qqp:adv"] = "PAWS-QQP dev_and_test, label-0 (non-paraphrase) rows"
+    reg["paws_qqp"] = "PAWS-QQP train + dev_and_test (12,663 rows; dev_and_test alone if no train)"
+    reg["paws_qqp:adv"] = "PAWS-QQP, label-0 (non-paraphrase) rows"
     return reg
 
 
@@ -739,6 +747,30 @@ def _load_paws(sel: str | None, root: Path | None) -> PairDataset:
         )
     full = load_file(path, task="qqp", name="paws_qqp")
     full.label_names = list(PAWS_LABELS)
+    full.meta["split"] = ["dev_and_test"] * len(full)
+    train_path = local_file(name, PAWS_TRAIN_FILE, root)
+    if train_path is not None:
+        train = load_file(train_path, task="qqp", name="paws_qqp")
+        train.meta["split"] = ["train"] * len(train)
+        full = PairDataset(
+            name="paws_qqp",
+            task=full.task,
+            text_a=train.text_a + full.text_a,
+            text_b=train.text_b + full.text_b,
+            labels=train.labels + full.labels,
+            num_labels=full.num_labels,
+            label_names=list(PAWS_LABELS),
+            prediction_map=list(full.prediction_map),
+            meta={k: train.meta.get(k, [None] * len(train)) + v for k, v in full.meta.items()},
+        )
+    elif str(path) not in _warned_paws:
+        _warned_paws.add(str(path))
+        logger.warning(
+            "PAWS-QQP: only %s found, so %d rows are used; the paper evaluates on train + "
+            "dev_and_test (12,663 rows): place the official train.tsv beside it",
+            path,
+            len(full),
+        )
     if sel is None:
         return full
     return full.subset([i for i, y in enumerate(full.labels) if y == 0], name=name)

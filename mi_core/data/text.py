@@ -224,3 +224,60 @@ def token_windows(
             raise DataError("prepend_bos=True but the tokenizer has no bos/eos/sep token")
         windows = torch.cat([torch.full((n_avail, 1), int(bos), dtype=torch.long), windows], 1)
     return windows.contiguous()
+
+
+def token_texts(
+    tokenizer,
+    spec: str,
+    max_text_tokens: int = 1000,
+    max_tokens: int = 100_000,
+    split: str = "heldout",
+    heldout_fraction: float = 0.1,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole documents, one per row, as the separability report evaluates them.
+
+    Each row is a start token (bos, else the separator) followed by the first
+    ``max_text_tokens - 1`` tokens of one document, right-padded; documents are taken in order
+    until the next-token predictions they hold reach ``max_tokens``. ``split="heldout"`` takes
+    only documents that start in the held-out part of the token stream (so they share no token
+    with the ``"stats"`` windows of :func:`token_windows`); ``"stats"`` the documents before.
+    Returns ``(tokens [n, L], mask [n, L])`` with ``mask`` True on real tokens.
+    """
+    if max_text_tokens < 2 or max_tokens < 1:
+        raise DataError(
+            f"need max_text_tokens >= 2 and max_tokens >= 1, not {max_text_tokens}, {max_tokens}"
+        )
+    if split not in ("stats", "heldout"):
+        raise DataError(f"unknown split {split!r}; expected 'stats' or 'heldout'")
+    docs = _encode_docs(tokenizer, load_text(spec, data_dir=data_dir))
+    sep = _separator_id(tokenizer)
+    start = getattr(tokenizer, "bos_token_id", None)
+    start = sep if start is None else int(start)
+    if start is None:
+        raise DataError("the tokenizer has no bos/eos/sep token to start each text with")
+    lengths = [len(ids) + (sep is not None) for ids in docs]
+    total = sum(lengths)
+    boundary = len(split_stream(torch.zeros(total), "stats", heldout_fraction))
+    rows: list[list[int]] = []
+    predictions = 0
+    offset = 0
+    for ids, length in zip(docs, lengths, strict=True):
+        begins, offset = offset, offset + length
+        if not ids or (split == "heldout") != (begins >= boundary):
+            continue
+        row = [start, *ids[: max_text_tokens - 1]]
+        rows.append(row)
+        predictions += len(row) - 1
+        if predictions >= max_tokens:
+            break
+    if not rows:
+        raise DataError(f"{spec}: no document starts in the {split} part of the token stream")
+    width = max(len(r) for r in rows)
+    pad = sep if sep is not None else start
+    tokens = torch.full((len(rows), width), int(pad), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = True
+    return tokens, mask

@@ -219,6 +219,8 @@ class EffectiveSizeSettings:
     sparsities: list[float] = field(default_factory=lambda: parse_sparsities("0.05:0.7:0.05"))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     margin: float = 0.03
+    method: str = "authors"
+    """``"authors"``: their script (per seed, strict, then mean); ``"paper"``: the paper's text."""
     profile: str | None = None
     """Defaults to ``pruning.profile``."""
     overrides: dict[str, Any] | None = None
@@ -235,6 +237,10 @@ class EffectiveSizeSettings:
     def check(self) -> None:
         if not 0 <= self.margin < 1:
             raise ConfigError(f"effective_size.margin must lie in [0, 1), got {self.margin}")
+        if self.method not in ("authors", "paper"):
+            raise ConfigError(
+                f"effective_size.method must be authors or paper, got {self.method!r}"
+            )
         if self.profile is not None and self.profile not in PROFILES:
             raise ConfigError(f"effective_size.profile must be one of {PROFILES}")
         _positive_or_none("effective_size.max_checkpoints", self.max_checkpoints)

@@ -125,6 +125,7 @@ def run_effective_size(
     means: str | None = None,
     ood_sets: Sequence[str] | None = None,
     margin: float = 0.03,
+    method: str = "authors",
     profile: str = "quick",
     overrides: Mapping[str, Any] | None = None,
     task: str | None = None,
@@ -141,10 +142,13 @@ def run_effective_size(
     """Prune every checkpoint at every sparsity and seed; write and return the effective sizes.
 
     ``eval_sets``: in-domain first; ``ood_sets`` (default: the rest of ``eval_sets``) are
-    averaged into the out-of-domain target. ``means``: a means file per checkpoint, as a path
-    with ``{step}`` in it (one file is allowed for a single checkpoint); without it means are
-    computed on ``train`` for every checkpoint. Re-running skips every finished pruning run.
-    With the local executor every checkpoint is loaded once, on ``device``.
+    averaged into the out-of-domain target, every other eval set into the in-domain one (the
+    authors average ``validation_matched`` and ``validation_mismatched``). ``method``: the
+    authors' script or the paper's text (:mod:`mi_core.analysis.effective_size`). ``means``: a
+    means file per checkpoint, as a path with ``{step}`` in it (one file is allowed for a single
+    checkpoint); without it means are computed on ``train`` for every checkpoint. Re-running
+    skips every finished pruning run. With the local executor every checkpoint is loaded once,
+    on ``device``.
     """
     from mi_core.models import load_model
     from mi_core.pruning.sweep import run_sweep
@@ -212,9 +216,10 @@ def run_effective_size(
         out,
         pd.DataFrame(accuracy_rows, columns=["step", "sparsity", "seed", "dataset", "accuracy"]),
         pd.DataFrame(full_rows, columns=["step", "dataset", "accuracy"]),
-        id_sets=[_dataset_name(eval_sets[0], accuracy_rows)],
+        id_sets=[_dataset_name(d, accuracy_rows) for d in eval_sets if d not in ood],
         ood_sets=[_dataset_name(d, accuracy_rows) for d in ood],
         margin=margin,
+        method=method,
     )
 
 
@@ -236,15 +241,16 @@ def summarize_effective_size(
     id_sets: Sequence[str],
     ood_sets: Sequence[str],
     margin: float = 0.03,
+    method: str = "authors",
 ) -> EffectiveSizeResult:
-    """Faithfulness and effective size from the tidy accuracy tables; writes the CSVs and the
-    figure under ``out``."""
+    """Faithfulness and effective size (by ``method``) from the tidy accuracy tables; writes the
+    CSVs and the figure under ``out``."""
     from mi_core.viz.figures import effective_size_over_training, write_figure_html
 
     out = Path(out)
     kwargs = dict(id_datasets=list(id_sets), ood_datasets=list(ood_sets), margin=margin)
     faithful = faithfulness_table(accuracy, full_accuracy, checkpoint_col="step", **kwargs)
-    sizes = effective_size(accuracy, full_accuracy, checkpoint_col="step", **kwargs)
+    sizes = effective_size(accuracy, full_accuracy, checkpoint_col="step", method=method, **kwargs)
     write_csv(out / "accuracy.csv", accuracy)
     write_csv(out / "full_accuracy.csv", full_accuracy)
     write_csv(out / "faithfulness.csv", faithful)

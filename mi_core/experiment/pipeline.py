@@ -452,6 +452,7 @@ class HeuristicCoreExperiment:
             es.seeds,
             ood_sets=c.ood_sets,
             margin=es.margin,
+            method=es.method,
             profile=es.profile or c.pruning.profile,
             overrides=c.pruning.overrides if es.overrides is None else es.overrides,
             task=c.task,

@@ -382,14 +382,17 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
             core.text(
                 f"**{int(r['n_core'])} heads are kept by all {int(r['n_subnetworks'])} "
                 f"subnetworks** (the heuristic core): {heads}. Independent random subnetworks "
-                f"of the same sizes would share "
-                f"{_format(float(r['expected_random_intersection']), 3)} heads on average."
+                f"keeping as many heads would share "
+                f"{_format(float(r['expected_random_intersection']), 3)} heads on average "
+                f"(the paper's count, m/n = 1 - target sparsity: "
+                f"{_format(float(r.get('expected_random_intersection_paper', float('nan'))), 3)})."
             )
         core.table(
             summary,
             "Per sparsity and over all subnetworks: heads kept on average, the heads kept by "
             "every subnetwork (core) and the expected intersection of as many random "
-            "subnetworks, n (m/n)^k (analysis/core_summary.csv).",
+            "subnetworks, n (m/n)^k, with m the heads kept on average and, as the paper "
+            "computes it, m = n (1 - target sparsity) (analysis/core_summary.csv).",
         )
     spearman = _csv(analysis / "spearman.csv")
     if spearman is not None and not spearman.empty:

@@ -55,12 +55,15 @@ def evaluate_next_token(
 
     A prediction counts when both its input and its target position are real tokens. The
     ``skip50_*`` entries score only targets not in ``skip_tokens`` (``nan`` without
-    ``skip_tokens``). Also returns ``n_tokens`` and ``n_skip_tokens``, the predictions counted.
-    ``fwd_hooks`` (e.g. pruning masks) are active during the forward passes.
+    ``skip_tokens``). Also returns ``n_tokens`` and ``n_skip_tokens``, the predictions counted,
+    and ``text_loss``: the mean over rows of each row's mean loss (the report's loss, each text
+    weighing the same, when every row is one text). ``fwd_hooks`` (e.g. pruning masks) are
+    active during the forward passes.
     """
     device = model.cfg.device
     skip = None if skip_tokens is None else skip_tokens.to(device)
     totals = torch.zeros(8, dtype=torch.float64, device=device)
+    text_loss_sum, n_texts = 0.0, 0
     batches = iter_batches(tokens, token_mask, batch_size)
     if progress:
         from tqdm.auto import tqdm
@@ -78,10 +81,17 @@ def evaluate_next_token(
         if mask is not None:
             mask = mask.to(device=device, dtype=torch.bool)
             valid = mask[:, :-1] & mask[:, 1:]
+        row_of = torch.arange(valid.shape[0], device=device)[:, None].expand_as(valid)[valid]
         logits, targets = logits[valid], targets[valid]
         log_norm = torch.logsumexp(logits, dim=-1)
         target_logit = logits.gather(-1, targets[:, None]).squeeze(-1)
         loss = log_norm - target_logit
+        per_row = torch.zeros(valid.shape[0], dtype=torch.float64, device=device)
+        per_row.index_add_(0, row_of, loss.double())
+        counts = valid.sum(dim=1)
+        has = counts > 0
+        text_loss_sum += float((per_row[has] / counts[has]).sum())
+        n_texts += int(has.sum())
         # rank = number of tokens scored strictly higher than the target
         rank = (logits > target_logit[:, None]).sum(dim=-1)
         kept = (
@@ -114,4 +124,5 @@ def evaluate_next_token(
         "skip50_top10": div(skip_top10, n_skip) if has_skip else float("nan"),
         "n_tokens": int(n),
         "n_skip_tokens": int(n_skip) if has_skip else 0,
+        "text_loss": div(text_loss_sum, n_texts),
     }

@@ -79,6 +79,7 @@ class TaskTokens:
 
 
 OFFSETS = ("zero", "mean")
+EVAL_PROTOCOLS = ("windows", "texts")
 
 
 @dataclass
@@ -112,6 +113,10 @@ class SeparabilityConfig:
     svd_combine_biases: bool = False
     """With ``svd``: fold the value biases into the output bias first."""
     mode: str = "cripple"
+    eval_protocol: str = "windows"
+    """``"windows"``: metrics on fixed held-out token windows, loss averaged per token;
+    ``"texts"``: the report's protocol, whole texts (see :func:`mi_core.data.token_texts`) with
+    the loss averaged per text first. The data are built to match by the caller."""
     random_baseline: bool = False
     seed: int = 0
     eps: float = 1e-6
@@ -160,6 +165,7 @@ class SeparabilityConfig:
             "ff_offset": OFFSETS,
             "attn_offset": OFFSETS,
             "mode": MODES,
+            "eval_protocol": EVAL_PROTOCOLS,
         }
         if self.scoring is not None:
             choices["scoring"] = tuple(SCORINGS)
@@ -245,6 +251,8 @@ def _evaluate_both(
             progress=progress,
             desc=f"evaluate {task.name}",
         )
+        if config.eval_protocol == "texts":
+            result["loss"] = result["text_loss"]
         if not all(map(lambda m: result[m] == result[m], ("loss", "top1"))):
             raise TrainingError(f"evaluation on {task.name} gave NaN (no predictable tokens?)")
         for metric in (*METRICS, "n_tokens"):
