@@ -180,3 +180,34 @@ def test_real_corpora():
     assert stats.shape[1] == held.shape[1] == 128
     assert 7 < stats.shape[0] / held.shape[0] < 11  # about 90% / 10%
     assert stats.max() < tok.vocab_size and held.min() >= 0
+
+
+def test_texts_for_the_reports_evaluation_protocol(unique_dir):
+    from mi_core.data import token_texts
+
+    root, words = unique_dir
+    tok = _word_tokenizer(words)
+    eos = tok.eos_token_id
+    # 10 documents of 100 words (101 stream tokens each); with heldout_fraction 0.3 the boundary
+    # is token 707, so the held-out texts are the documents starting at 707, 808 and 909
+    tokens, mask = token_texts(
+        tok, "text:python", max_text_tokens=50, heldout_fraction=0.3, data_dir=root
+    )
+    assert tokens.shape == (3, 50) and mask.all()
+    stream = token_stream(tok, "text:python", data_dir=root)
+    assert (tokens[:, 0] == eos).all()
+    assert torch.equal(tokens[0, 1:], stream[708 : 708 + 49])
+    assert torch.equal(tokens[2, 1:], stream[910 : 910 + 49])
+    stats = token_windows(tok, "text:python", window=16, heldout_fraction=0.3, data_dir=root)
+    assert not (set(tokens.flatten().tolist()) & set(stats.flatten().tolist())) - {eos}
+    # stop once the predictions reach max_tokens; short documents are padded and masked
+    one, _ = token_texts(tok, "text:python", 50, max_tokens=40, heldout_fraction=0.3, data_dir=root)
+    assert one.shape[0] == 1
+    whole, whole_mask = token_texts(tok, "text:python", 1000, heldout_fraction=0.3, data_dir=root)
+    assert whole.shape == (3, 101) and whole_mask.sum() == 3 * 101
+    before, _ = token_texts(
+        tok, "text:python", 50, split="stats", heldout_fraction=0.3, data_dir=root
+    )
+    assert before.shape[0] == 7  # documents starting before token 707 (0, 101, ..., 606)
+    with pytest.raises(DataError):
+        token_texts(tok, "text:python", 50, split="test", data_dir=root)

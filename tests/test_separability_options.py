@@ -178,3 +178,20 @@ def test_svd_with_combined_biases_keeps_outputs_and_zeroes_value_biases(kind):
     assert evaluate_next_token(model, tokens, skip_tokens=None)["loss"] == pytest.approx(
         base["loss"], rel=1e-4
     )
+
+
+def test_text_loss_weighs_every_text_the_same(llama):
+    tokens = random_tokens(2, 12, seed=11)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    mask[0, 4:] = False  # a short text: 3 predictions, the other 11
+    result = evaluate_next_token(llama, tokens, mask, skip_tokens=None)
+    with torch.no_grad():
+        logits = llama(tokens, attention_mask=mask.long())[:, :-1].double()
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), reduction="none"
+    ).reshape(2, -1)
+    valid = mask[:, :-1] & mask[:, 1:]
+    per_text = [float(loss[i][valid[i]].mean()) for i in range(2)]
+    assert result["text_loss"] == pytest.approx(sum(per_text) / 2, rel=1e-5)
+    assert result["loss"] == pytest.approx(float(loss[valid].mean()), rel=1e-5)
+    assert result["text_loss"] != pytest.approx(result["loss"], rel=1e-3)

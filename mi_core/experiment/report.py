@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from mi_core.data import HANS_PAPER_SUBCASES
-from mi_core.io import read_json, write_text
+from mi_core.io import read_json, write_csv, write_text
 
 __all__ = ["ReportSection", "build_report", "display_name", "markdown_table", "write_report"]
 
@@ -525,6 +525,21 @@ def _effective_size_section(root: Path) -> ReportSection | None:
     return section
 
 
+def _findings_section(root: Path) -> ReportSection | None:
+    from mi_core.experiment.findings import heuristic_core_findings
+
+    findings = heuristic_core_findings(root)
+    if findings.empty:
+        return None
+    section = ReportSection("Findings: what this run reproduces")
+    section.text(
+        "Each claim of the paper against this run, judged by a fixed rule (see "
+        "`mi_core/experiment/findings.py`); a claim the run cannot test says why."
+    )
+    section.table(findings, "The paper's numbers are BERT-base on MNLI unless stated.")
+    return section
+
+
 def _files_section(root: Path) -> ReportSection:
     section = ReportSection("Files")
     lines = []
@@ -553,6 +568,7 @@ def build_report(root: str | os.PathLike[str]) -> tuple[str, list[ReportSection]
     title = f"Heuristic core: {config.get('name', root.name) if config else root.name}"
     sections = [_overview(root, config)]
     for part in (
+        _findings_section(root),
         _finetune_section(root),
         *_subnetwork_sections(root),
         _attention_section(root),
@@ -567,8 +583,13 @@ def build_report(root: str | os.PathLike[str]) -> tuple[str, list[ReportSection]
 
 def write_report(root: str | os.PathLike[str]) -> tuple[Path, Path]:
     """Write ``report.html`` (self-contained, offline) and ``report.md`` under ``root``."""
+    from mi_core.experiment.findings import heuristic_core_findings
+
     root = Path(root)
     title, sections = build_report(root)
+    findings = heuristic_core_findings(root)
+    if not findings.empty:
+        write_csv(root / "findings.csv", findings)
     html_path = write_text(root / "report.html", _render_html(title, sections))
     md_path = write_text(root / "report.md", _render_markdown(title, sections))
     return html_path, md_path
