@@ -50,7 +50,10 @@ def test_shipped_configs_follow_the_paper_and_the_demo_budget():
     quick = load_config("minilm-mnli-quick")
     assert quick.model == "minilm" and quick.pruning.profile == "quick"
     assert quick.data.eval == ["mnli:validation_matched", *PAPER_SUBCASES]
-    assert len(quick.pruning.seeds) >= 4 and len(quick.pruning.sparsities) == 2
+    # two seeds per sparsity: a core needs at least two subnetworks; the quick profile's 600
+    # steps of the authors' recipe leave room for four runs in the 30-minute demo budget
+    assert len(quick.pruning.seeds) >= 2 and len(quick.pruning.sparsities) == 2
+    assert not quick.pruning.overrides  # the quick profile as measured, not a variant of it
     assert quick.finetune is not None and quick.data.max_eval_examples is not None
     bert = load_config("bert-mnli-paper")
     assert bert.model == "bert-base-cased" and bert.pruning.profile == "paper"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 from test_separability_helpers import random_tokens, tiny_model
@@ -195,3 +196,76 @@ def test_text_loss_weighs_every_text_the_same(llama):
     assert result["text_loss"] == pytest.approx(sum(per_text) / 2, rel=1e-5)
     assert result["loss"] == pytest.approx(float(loss[valid].mean()), rel=1e-5)
     assert result["text_loss"] != pytest.approx(result["loss"], rel=1e-3)
+
+
+def test_shipped_report_config_runs_on_a_tiny_opt(tiny_checkpoints, tmp_path, capsys):
+    """The report's OPT settings, with the model and data swapped for tiny local ones by flags."""
+    import json
+
+    from mi_core.cli import main
+    from mi_core.cli.separability import shipped_separability_configs
+
+    assert shipped_separability_configs() == ["opt-1.3b-pile-code", "smollm2-wikitext-python"]
+    rng = torch.Generator().manual_seed(0)
+    words = [f"w{i}" for i in range(60)]
+
+    def corpus(path, low, high):
+        rows = []
+        for _ in range(40):
+            ids = torch.randint(low, high, (40,), generator=rng).tolist()
+            rows.append(json.dumps({"text": " ".join(words[i] for i in ids)}))
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        return str(path)
+
+    out = tmp_path / "run"
+    args = [
+        "separability", "--config", "opt-1.3b-pile-code",
+        "--model", str(tiny_checkpoints["opt-lm"]),
+        "--focus", corpus(tmp_path / "pile.jsonl", 0, 30),
+        "--cripple", corpus(tmp_path / "code.jsonl", 30, 60),
+        "--steps", "2", "--tokens", "512", "--eval-tokens", "200", "--text-tokens", "64",
+        "--window", "32", "--device", "cpu", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    config = summary["config"]
+    # the report's settings came from the shipped file ...
+    assert (config["ff_scoring"], config["attn_scoring"]) == ("freq", "abs")
+    assert (config["schedule"], config["eval_protocol"], config["attn_offset"]) == (
+        "total",
+        "texts",
+        "mean",
+    )
+    assert (config["ff_frac"], config["attn_frac"], config["random_baseline"]) == (0.05, 0.02, True)
+    # ... and the flags overrode the rest
+    assert config["steps"] == 2 and summary["text_tokens"] == 64
+    frame = pd.read_csv(out / "trajectory.csv")
+    ours = frame[frame["method"] == "freq+abs"].sort_values("step")
+    n_ff = 3 * 64  # tiny OPT: 3 layers x d_mlp 64
+    assert ours["ff_pruned"].tolist() == [0, round(0.05 * n_ff), round(0.1 * n_ff)]
+    assert set(frame["method"]) == {"freq+abs", "random"}
+    # a config that does not exist, or with an unknown key, is one clear line
+    capsys.readouterr()
+    assert main(["separability", "--config", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "shipped: opt-1.3b-pile-code" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"ff_fraction": 0.1}))
+    assert main(["separability", "--config", str(bad), "--out", str(tmp_path / "y")]) == 2
+    assert "unknown keys ['ff_fraction']" in capsys.readouterr().err
+
+
+def test_shipped_smollm2_config_is_valid():
+    import json
+    from importlib import resources
+
+    from mi_core.cli import build_parser
+    from mi_core.cli.separability import apply_config
+
+    args = build_parser().parse_args(["separability", "--config", "smollm2-wikitext-python"])
+    args.argv = ["separability", "--config", "smollm2-wikitext-python"]
+    apply_config(args)
+    assert (args.model, args.focus, args.cripple) == ("smollm2", "text:wikitext", "text:python")
+    path = resources.files("mi_core") / "configs" / "separability" / "smollm2-wikitext-python.json"
+    keys = set(json.loads(path.read_text())) - {"description", "model", "focus", "cripple"}
+    keys -= {"tokens", "random"}
+    SeparabilityConfig(**{k: getattr(args, k) for k in keys}).validate()

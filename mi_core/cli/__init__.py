@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mi-core``: run one subcommand, report bad input as one line."""
     try:
         parser = build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = parser.parse_args(argv)
+        args.argv = argv
         logging.basicConfig(
             level=logging.INFO if args.verbose else logging.WARNING,
             format="%(levelname)s %(name)s: %(message)s",

@@ -28,10 +28,18 @@ def add_parser(subparsers) -> None:
         description="Iterative separability pruning: remove the neurons the cripple data set "
         "uses more than the focus data set, step by step, and measure both.",
     )
-    p.add_argument("--model", required=True, help="model name (e.g. smollm2) or checkpoint path")
-    p.add_argument("--focus", required=True, help="data set to keep, e.g. text:wikitext")
-    p.add_argument("--cripple", required=True, help="data set to remove, e.g. text:python")
-    p.add_argument("--out", required=True, help="output directory (also the resume state)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a JSON file, or a shipped config name (mi_core/configs/separability: "
+        "opt-1.3b-pile-code carries the report's settings, smollm2-wikitext-python the local "
+        "ones), whose keys (the options below, with _ for -) set the defaults; flags given on "
+        "the command line override it",
+    )
+    p.add_argument("--model", default=None, help="model name (e.g. smollm2) or checkpoint path")
+    p.add_argument("--focus", default=None, help="data set to keep, e.g. text:wikitext")
+    p.add_argument("--cripple", default=None, help="data set to remove, e.g. text:python")
+    p.add_argument("--out", default=None, help="output directory (also the resume state)")
     p.add_argument("--steps", type=int, default=20, help="pruning steps (default 20)")
     p.add_argument(
         "--ff-frac",
@@ -148,7 +156,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--eps", type=float, default=1e-6, help="epsilon of the score ratio")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, parser=p)
 
 
 def _windows(tokenizer, spec: str, window: int, n_tokens: int, split: str):
@@ -181,6 +189,55 @@ def _task(tokenizer, spec: str, args: argparse.Namespace, eval_tokens: int):
     return TaskTokens(name=spec, stats=stats, heldout=heldout)
 
 
+SHIPPED = "configs/separability"
+
+
+def shipped_separability_configs() -> list[str]:
+    """Names of the separability configs shipped with mi_core."""
+    from importlib import resources
+
+    root = resources.files("mi_core") / SHIPPED
+    return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def apply_config(args: argparse.Namespace) -> argparse.Namespace:
+    """Set the options ``--config`` names, except those given as flags on the command line."""
+    import json
+    from importlib import resources
+    from pathlib import Path
+
+    if args.config is None:
+        return args
+    path = Path(args.config).expanduser()
+    if not path.is_file():
+        name = args.config.removesuffix(".json")
+        if name not in shipped_separability_configs():
+            raise ConfigError(
+                f"no config file or shipped separability config named {args.config!r}; "
+                f"shipped: {', '.join(shipped_separability_configs())}"
+            )
+        path = Path(str(resources.files("mi_core") / SHIPPED / f"{name}.json"))
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read separability config {path}: {exc}") from None
+    actions = {a.dest: a for a in args.parser._actions if a.option_strings}
+    given = {
+        a.dest
+        for a in actions.values()
+        for token in getattr(args, "argv", [])
+        if token.split("=", 1)[0] in a.option_strings
+    }
+    values.pop("description", None)
+    unknown = sorted(set(values) - set(actions) - {"config"})
+    if unknown:
+        raise ConfigError(f"{path.name}: unknown keys {unknown}; use the option names with _")
+    for key, value in values.items():
+        if key not in given:
+            setattr(args, key, value)
+    return args
+
+
 def run(args: argparse.Namespace) -> None:
     """Load the model and data, run (or resume) the pruning, write the outputs."""
     from pathlib import Path
@@ -190,6 +247,10 @@ def run(args: argparse.Namespace) -> None:
     from mi_core.separability.prune import check_state
     from mi_core.separability.report import write_separability_outputs
 
+    apply_config(args)
+    missing = [f"--{k}" for k in ("model", "focus", "cripple", "out") if not getattr(args, k)]
+    if missing:
+        raise ConfigError(f"separability needs {', '.join(missing)} (as flags or in --config)")
     if args.tokens < args.window or (
         args.eval_tokens is not None and args.eval_tokens < args.window
     ):
