@@ -294,6 +294,10 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
             "faithful_sparsity",
             "accuracy",
             "effective_size",
+            # the authors' method (the default): per-seed effective sizes, then their mean
+            "effective_size_std",
+            "n_seeds",
+            "method",
         ],
     }
     for name, expected in columns.items():

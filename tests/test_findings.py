@@ -96,6 +96,12 @@ def test_claims_that_fail_or_cannot_be_measured(tmp_path):
     runs.loc[1, "acc_mnli"] = 0.785
     runs.to_csv(root / "analysis" / "subnetworks.csv", index=False)
     assert _verdicts(root)[0]["Subnetworks agree in-domain"] == NOT_REPRODUCED
+    # a constant frequency map leaves rho undefined (an empty cell in spearman.csv)
+    pd.DataFrame(
+        {"sparsity_a": [0.5], "sparsity_b": [0.7], "spearman_rho": [None], "p_value": [None]}
+    ).to_csv(root / "analysis" / "spearman.csv", index=False)
+    verdicts = _verdicts(root)[0]
+    assert verdicts["Head frequencies agree between sparsities"] == NOT_MEASURABLE
 
 
 def test_effective_size_finding(tmp_path):

@@ -39,8 +39,11 @@ def test_score_ratio_is_cripple_over_focus():
 
 
 def test_every_scoring_maps_to_a_statistic():
-    assert set(SCORINGS) == set(STATISTICS)
+    # one ratio scoring per statistic, plus the reference's difference of means
+    assert set(SCORINGS) == set(STATISTICS) | {"mean_diff"}
+    assert set(SCORINGS.values()) == set(STATISTICS)
     assert statistic_for("freq") == "freq" and statistic_for("abs") == "abs"
+    assert statistic_for("mean_diff") == "mean"
     with pytest.raises(ConfigError):
         statistic_for("variance")
 

@@ -40,7 +40,12 @@ def test_ff_pruning_by_abs_cripples_code_more_than_text_and_than_random(smollm2,
 
     focus, cripple = code_vs_text
     config = SeparabilityConfig(
-        steps=2, ff_frac=0.05, scoring="abs", random_baseline=True, batch_size=8
+        steps=2,
+        ff_frac=0.05,
+        scoring="abs",
+        random_baseline=True,
+        batch_size=8,
+        schedule="remaining",
     )
     result = run_separability(smollm2, focus, cripple, config)
     ours, rand = result.run_frame(), result.run_frame("random")

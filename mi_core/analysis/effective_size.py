@@ -182,8 +182,8 @@ def effective_size(
     """One row per (checkpoint, target): ``full_accuracy``, ``faithful_sparsity`` (the largest
     faithful sparsity, NaN if none; with ``method="authors"`` the mean over seeds of each seed's),
     ``accuracy`` at it (``"paper"`` only), ``effective_size`` in percent (``100 - sparsity %``;
-    100 when nothing is faithful), ``effective_size_std`` over seeds (``"authors"`` only) and
-    ``method``. See the module docstring for both methods.
+    100 when nothing is faithful); ``"authors"`` adds ``effective_size_std`` over seeds,
+    ``n_seeds`` and ``method``. See the module docstring for both methods.
 
     ``sparsity_unit``: ``"fraction"`` (0.5), ``"percent"`` (50) or ``"auto"`` (percent when any
     sparsity exceeds 1).
@@ -222,7 +222,7 @@ def effective_size(
                 effective_size=100.0 - scale * float(best["sparsity"]),
             )
         rows.append(row)
-    return _order(pd.DataFrame(rows).assign(method="paper"), ckpt)
+    return _order(pd.DataFrame(rows), ckpt)
 
 
 def _order(out: pd.DataFrame, ckpt: str) -> pd.DataFrame:

@@ -50,6 +50,11 @@ def _csv(path: Path) -> pd.DataFrame | None:
     return pd.read_csv(path, keep_default_na=False) if path.is_file() else None
 
 
+def _num(value: Any) -> float:
+    """A float from a CSV cell (empty or unparsable: NaN)."""
+    return float(pd.to_numeric(value, errors="coerce"))
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.1f} %"
 
@@ -115,7 +120,7 @@ def _core_findings(analysis: Path) -> list[dict[str, str]]:
         all_row = summary[summary["group"].astype(str) == "all"].iloc[0]
         n_core = int(all_row["n_core"])
         paper_key = "expected_random_intersection_paper"
-        expected = float(all_row.get(paper_key, all_row["expected_random_intersection"]))
+        expected = _num(all_row.get(paper_key, all_row["expected_random_intersection"]))
         tail = float(poisson.sf(n_core - 1, expected)) if n_core > 0 else 1.0
         rows.append(
             _row(
@@ -129,13 +134,19 @@ def _core_findings(analysis: Path) -> list[dict[str, str]]:
     spearman = _csv(analysis / "spearman.csv")
     if spearman is not None and len(spearman):
         first = spearman.iloc[0]
-        rho, p = float(first["spearman_rho"]), float(first["p_value"])
+        rho, p = _num(first["spearman_rho"]), _num(first["p_value"])
+        pair = f"{_num(first['sparsity_a']):g} vs {_num(first['sparsity_b']):g}"
+        if math.isnan(rho):
+            text, verdict = f"{pair}: a frequency map is constant, rho undefined", NOT_MEASURABLE
+        else:
+            text = f"rho {rho:.2f} (p = {p:.2g}), {pair}"
+            verdict = REPRODUCED if rho > 0 and p < 0.05 else NOT_REPRODUCED
         rows.append(
             _row(
                 "Head frequencies agree between sparsities",
                 "Spearman rho 0.82 (MNLI 50 % vs 70 %; QQP 0.74)",
-                f"rho {rho:.2f} (p = {p:.2g}), {first['sparsity_a']:g} vs {first['sparsity_b']:g}",
-                REPRODUCED if rho > 0 and p < 0.05 else NOT_REPRODUCED,
+                text,
+                verdict,
             )
         )
     return rows

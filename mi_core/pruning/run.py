@@ -334,7 +334,7 @@ def pruning_step(
     target_sparsity: float,
     noise: torch.Generator | None = None,
     weights: torch.Tensor | None = None,
-    sparsity_estimate: str = "expected",
+    sparsity_estimate: str = "sampled",
 ) -> dict[str, float]:
     """Accumulate the gradient of one step's loss over ``batches`` into the gates and lambdas.
 
