@@ -145,9 +145,7 @@ def test_comparison_matches_hand_computed_answers(sweep, tmp_path):
     )
     assert summary.loc["all", "n_core"] == 2
     # the paper's figure takes m / n = 1 - target sparsity
-    assert summary.loc["0.3", "expected_random_intersection_paper"] == pytest.approx(
-        n * 0.7**3
-    )
+    assert summary.loc["0.3", "expected_random_intersection_paper"] == pytest.approx(n * 0.7**3)
     assert summary.loc["all", "expected_random_intersection_paper"] == pytest.approx(
         n * 0.7**3 * 0.4**3
     )
