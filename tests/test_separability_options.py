@@ -269,3 +269,36 @@ def test_shipped_smollm2_config_is_valid():
     keys = set(json.loads(path.read_text())) - {"description", "model", "focus", "cripple"}
     keys -= {"tokens", "random"}
     SeparabilityConfig(**{k: getattr(args, k) for k in keys}).validate()
+
+
+def test_statistics_on_correctly_predicted_tokens_only(llama):
+    from mi_core.separability.stats import correct_positions
+
+    tokens = random_tokens(3, 10, seed=12)
+    with torch.no_grad():
+        logits = llama(tokens)
+    # by hand: position i counts when token i+1 ranks below k among position i's logits
+    for k in (1, 10):
+        expected = torch.zeros_like(tokens, dtype=torch.bool)
+        for b in range(3):
+            for i in range(9):
+                rank = int((logits[b, i] > logits[b, i, tokens[b, i + 1]]).sum())
+                expected[b, i] = rank < k
+        assert torch.equal(correct_positions(logits, tokens, k), expected)
+    chosen = correct_positions(logits, tokens, 10)
+    assert chosen.any() and not chosen.all() and not chosen[:, -1].any()
+    only = collect_activation_stats(llama, tokens, correct_top_k=10, sites=("mlp",))
+    assert only.mlp.count[0] == int(chosen.sum())
+    # the same numbers as collecting over exactly those positions by hand
+    post = []
+    llama.run_with_hooks(
+        tokens,
+        fwd_hooks=[("blocks.1.mlp.hook_post", lambda x, hook: post.append(x.detach()))],
+    )
+    picked = post[0][chosen]
+    torch.testing.assert_close(only.mlp.mean[1], picked.double().mean(0), rtol=1e-6, atol=1e-8)
+    every = collect_activation_stats(llama, tokens, sites=("mlp",))
+    assert every.mlp.count[0] == tokens.numel()
+    assert SeparabilityConfig(stats_correct_top_k=10).validate().stats_correct_top_k == 10
+    with pytest.raises(ConfigError):
+        SeparabilityConfig(stats_correct_top_k=-1).validate()

@@ -128,6 +128,12 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--random", action="store_true", help="also run the random baseline")
     p.add_argument(
+        "--correct-top-k",
+        type=int,
+        default=0,
+        help="collect statistics only where the next token is in the model's top k (0: all)",
+    )
+    p.add_argument(
         "--tokens",
         type=int,
         default=100_000,
@@ -272,6 +278,7 @@ def run(args: argparse.Namespace) -> None:
         svd=args.svd,
         svd_combine_biases=args.svd_combine_biases,
         eval_protocol=args.eval_protocol,
+        stats_correct_top_k=args.correct_top_k,
         mode=args.mode,
         random_baseline=args.random,
         seed=args.seed,

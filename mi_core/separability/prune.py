@@ -117,6 +117,9 @@ class SeparabilityConfig:
     """``"windows"``: metrics on fixed held-out token windows, loss averaged per token;
     ``"texts"``: the report's protocol, whole texts (see :func:`mi_core.data.token_texts`) with
     the loss averaged per text first. The data are built to match by the caller."""
+    stats_correct_top_k: int = 0
+    """Statistics only on positions whose next token is in the model's top-k (0: every token;
+    the reference code's ``check_accuracy`` option, off in the report's runs, used k = 10)."""
     random_baseline: bool = False
     seed: int = 0
     eps: float = 1e-6
@@ -178,6 +181,8 @@ class SeparabilityConfig:
                 )
         if self.svd_combine_biases and not self.svd:
             raise ConfigError("svd_combine_biases needs svd (--svd)")
+        if self.stats_correct_top_k < 0:
+            raise ConfigError(f"stats_correct_top_k must be >= 0, got {self.stats_correct_top_k}")
         if self.batch_size < 1 or self.skip_top < 0 or self.eps < 0:
             raise ConfigError("batch_size must be >= 1, skip_top >= 0 and eps >= 0")
         return self
@@ -460,6 +465,7 @@ def run_separability(
                 fwd_hooks=hooks,
                 progress=progress,
                 desc=f"statistics {task.name}",
+                correct_top_k=config.stats_correct_top_k,
             )
             for role, task in (("focus", focus), ("cripple", cripple))
         }
@@ -492,6 +498,7 @@ def run_separability(
                     batch_size=config.batch_size,
                     sites=_sites(config, step + 1),
                     fwd_hooks=random_masks.hooks(model),
+                    correct_top_k=config.stats_correct_top_k,
                 )
             if config.attn_unit == "head":
                 rand["attn"] = rand["attn"][..., 0]

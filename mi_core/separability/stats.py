@@ -305,6 +305,28 @@ def _stats_hook(
     return hook
 
 
+def correct_positions(
+    logits: Float[torch.Tensor, "batch pos vocab"],
+    tokens: Int[torch.Tensor, "batch pos"],
+    top_k: int,
+    token_mask: Bool[torch.Tensor, "batch pos"] | None = None,
+) -> Bool[torch.Tensor, "batch pos"]:
+    """Positions whose next token is among the model's ``top_k`` predictions there.
+
+    The last position of a row (and a position whose next token is padding) has no next token
+    and is never correct. Ranks count the tokens scored strictly higher than the target.
+    """
+    target = tokens[:, 1:]
+    scores = logits[:, :-1]
+    target_score = scores.gather(-1, target[..., None])
+    rank = (scores > target_score).sum(dim=-1)
+    correct = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
+    correct[:, :-1] = rank < top_k
+    if token_mask is not None:
+        correct[:, :-1] &= token_mask[:, :-1].bool() & token_mask[:, 1:].bool()
+    return correct
+
+
 @torch.no_grad()
 def collect_activation_stats(
     model: HookedTransformer,
@@ -316,6 +338,7 @@ def collect_activation_stats(
     fwd_hooks: list[tuple[str, Callable]] | None = None,
     progress: bool = False,
     desc: str = "statistics",
+    correct_top_k: int = 0,
 ) -> ActivationStats:
     """Collect :class:`ActivationStats` of ``model`` over token windows.
 
@@ -330,7 +353,13 @@ def collect_activation_stats(
             the pruning masks of :meth:`mi_core.separability.masks.PruneMasks.hooks`, so that the
             statistics describe the pruned model.
         progress: show a tqdm bar over batches.
+        correct_top_k: when positive, count only the positions whose next token is among the
+            model's top-k predictions there (:func:`correct_positions`; an option of the
+            reference code, which used k = 10). Each batch then runs twice: once to the logits
+            (with ``fwd_hooks``), once for the statistics.
     """
+    if correct_top_k < 0:
+        raise ConfigError(f"correct_top_k must be >= 0, got {correct_top_k}")
     unknown = set(sites) - set(SITES)
     if unknown or not sites:
         raise ConfigError(f"sites must be a non-empty subset of {list(SITES)}, got {list(sites)}")
@@ -368,6 +397,11 @@ def collect_activation_stats(
             current_mask[0] = mask.reshape(-1)
         else:
             current_mask[0] = None
+        if correct_top_k:
+            logits = model.run_with_hooks(
+                batch, fwd_hooks=list(fwd_hooks or []), attention_mask=attention_mask
+            )
+            current_mask[0] = correct_positions(logits, batch, correct_top_k, mask).reshape(-1)
         model.run_with_hooks(
             batch,
             fwd_hooks=hooks,
