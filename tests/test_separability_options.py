@@ -302,3 +302,19 @@ def test_statistics_on_correctly_predicted_tokens_only(llama):
     assert SeparabilityConfig(stats_correct_top_k=10).validate().stats_correct_top_k == 10
     with pytest.raises(ConfigError):
         SeparabilityConfig(stats_correct_top_k=-1).validate()
+
+
+def test_summary_judges_the_reports_finding():
+    from mi_core.separability.prune import separability_findings
+
+    def summary(ours, rand=None):
+        out = {"areas": {"top1": {"separability_pct": ours}}}
+        if rand is not None:
+            out["random_areas"] = {"top1": {"separability_pct": rand}}
+        return out
+
+    assert separability_findings(summary(70.0, 10.0))[0]["verdict"] == "reproduced"
+    assert separability_findings(summary(60.0, 10.0))[0]["verdict"] == "not reproduced"
+    assert separability_findings(summary(70.0, 80.0))[0]["verdict"] == "not reproduced"
+    assert separability_findings(summary(float("nan")))[0]["verdict"] == "not measurable here"
+    assert "random pruning: 10.0 %" in separability_findings(summary(70.0, 10.0))[0]["this run"]

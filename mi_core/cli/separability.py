@@ -326,4 +326,9 @@ def run(args: argparse.Namespace) -> None:
         if "random_areas" in summary:
             line += f" (random: area {summary['random_areas'][metric]['area']:.3f})"
         print(line)
+    for finding in summary["findings"]:
+        print(
+            f"{finding['finding']}: {finding['verdict']} ({finding['this run']}; the report: "
+            f"{finding['paper']})"
+        )
     print(f"wrote {', '.join(p.name for p in paths.values())} to {out}")
