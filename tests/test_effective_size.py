@@ -271,3 +271,25 @@ def test_authors_method_is_per_seed_strict_then_mean():
     bad = results.assign(accuracy=0.0)
     worst = any_method(bad, full, id_datasets=["m", "mm"], ood_datasets=["ood"])
     assert (worst["effective_size"] == 100.0).all()
+
+
+def test_pre_generalisation_checkpoint():
+    from mi_core.analysis.generalisation import pre_generalisation_checkpoint
+
+    ood = [0.01, 0.02, 0.035, 0.30, 0.60]  # rises above 0.01 + 0.03 at step 300
+    metrics = pd.DataFrame(
+        [(s, "hans:a", a) for s, a in zip([0, 100, 200, 300, 400], ood, strict=True)]
+        + [(s, "hans:b", a) for s, a in zip([0, 100, 200, 300, 400], ood, strict=True)]
+        + [(s, "mnli", 0.8) for s in (0, 100, 200, 300, 400)],
+        columns=["step", "dataset", "accuracy"],
+    )
+    found = pre_generalisation_checkpoint(metrics, ["hans:a", "hans:b"], [100, 200, 300, 400])
+    assert found["rise_step"] == 300 and found["checkpoint_step"] == 200
+    assert found["ood_at_checkpoint"] == pytest.approx(0.035)
+    # only every other checkpoint saved: the last one before the rise
+    assert pre_generalisation_checkpoint(metrics, ["hans:a"], [100, 400])["checkpoint_step"] == 100
+    flat = metrics.assign(accuracy=0.01)
+    never = pre_generalisation_checkpoint(flat, ["hans:a"], [100, 200])
+    assert never["rise_step"] is None and never["checkpoint_step"] is None
+    with pytest.raises(ConfigError):
+        pre_generalisation_checkpoint(metrics, ["qqp"], [100])

@@ -166,7 +166,15 @@ def test_stage_keys_follow_the_settings_they_depend_on(tmp_path):
     changed = ExperimentConfig.from_dict(minimal(attention={"n_views": 5}))
     other = HeuristicCoreExperiment(changed, tmp_path)
     same = [s for s in STAGES if keys.stage_key(s) == other.stage_key(s)]
-    assert same == ["finetune", "means", "sweep", "analysis", "ablation", "effective_size"]
+    assert same == [
+        "finetune",
+        "means",
+        "sweep",
+        "analysis",
+        "ablation",
+        "effective_size",
+        "core_before",
+    ]
     ray = ExperimentConfig.from_dict(
         minimal(pruning={"sparsities": [0.3, 0.5], "seeds": "1-4", "executor": "ray"})
     )
@@ -211,6 +219,7 @@ def tiny_config(model_path) -> dict:
         },
         "attention": {"max_examples": 8, "n_views": 2},
         "effective_size": {"enabled": True, "sparsities": [0.3], "seeds": 1},
+        "core_before": {"enabled": True},
     }
 
 

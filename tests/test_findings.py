@@ -72,6 +72,7 @@ def test_every_claim_reproduced_on_a_run_built_to_show_it(tmp_path):
         "Ablating a core head hurts out-of-domain more than in-domain": REPRODUCED,
         "Joint ablation of core heads is superadditive": REPRODUCED,
         "Effective size rises with generalisation": NOT_MEASURABLE,  # stage not run
+        "The core is there before the model generalises": NOT_MEASURABLE,  # stage not run
     }
     row = table.set_index("finding").loc["Subnetworks spread out-of-domain", "this run"]
     assert "range 40.0 points" in row and "in-domain range 2.0 points" in row
@@ -118,7 +119,8 @@ def test_effective_size_finding(tmp_path):
     )
     verdicts, table = _verdicts(root)
     assert verdicts["Effective size rises with generalisation"] == REPRODUCED
-    assert "30 % -> 90 %" in table.iloc[-1]["this run"]
+    row = table.set_index("finding").loc["Effective size rises with generalisation"]
+    assert "30 % -> 90 %" in row["this run"]
 
 
 def test_empty_run_has_no_findings(tmp_path):
@@ -131,3 +133,25 @@ def test_no_core_means_no_attention_claim(tmp_path, chosen):
     table = pd.read_csv(root / "attention" / "attention_classes.csv").assign(chosen_as=chosen)
     table.to_csv(root / "attention" / "attention_classes.csv", index=False)
     assert _verdicts(root)[0]["Core heads compute shallow features"] == NOT_MEASURABLE
+
+
+def test_core_before_finding(tmp_path):
+    import json
+
+    root = _write(tmp_path / "run")
+    (root / "core_before").mkdir()
+    info = {
+        "rise_step": 300, "checkpoint_step": 200, "ood_start": 0.01, "ood_at_rise": 0.3,
+        "final_core": ["L0.H0", "L1.H1"], "final_core_present": ["L0.H0", "L1.H1"],
+        "core": ["L0.H0", "L1.H1", "L2.H2"], "n_subnetworks": 4,
+    }  # fmt: skip
+    path = root / "core_before" / "summary.json"
+    path.write_text(json.dumps(info))
+    name = "The core is there before the model generalises"
+    assert _verdicts(root)[0][name] == REPRODUCED
+    path.write_text(json.dumps({**info, "final_core_present": ["L0.H0"]}))
+    assert _verdicts(root)[0][name] == NOT_REPRODUCED
+    path.write_text(json.dumps({**info, "rise_step": None, "checkpoint_step": None}))
+    verdicts, table = _verdicts(root)
+    assert verdicts[name] == NOT_MEASURABLE
+    assert "never generalises" in table.set_index("finding").loc[name, "this run"]

@@ -45,6 +45,7 @@ from mi_core.pruning.profiles import PROFILES, make_prune_config, parse_seeds, p
 __all__ = [
     "AblationSettings",
     "AttentionSettings",
+    "CoreBeforeSettings",
     "DataSettings",
     "EffectiveSizeSettings",
     "ExperimentConfig",
@@ -247,6 +248,20 @@ class EffectiveSizeSettings:
 
 
 @dataclass
+class CoreBeforeSettings:
+    """The core before generalisation (section 4): prune the checkpoint just before the
+    out-of-domain accuracy starts to rise, with the sweep's sparsities, seeds and profile."""
+
+    enabled: bool = False
+    margin: float = 0.03
+    """The rise: out-of-domain accuracy above its first evaluation by more than this."""
+
+    def check(self) -> None:
+        if not 0 <= self.margin < 1:
+            raise ConfigError(f"core_before.margin must lie in [0, 1), got {self.margin}")
+
+
+@dataclass
 class ExperimentConfig:
     """The whole heuristic-core experiment (see the module docstring)."""
 
@@ -267,6 +282,7 @@ class ExperimentConfig:
     attention: AttentionSettings = field(default_factory=AttentionSettings)
     ablation: AblationSettings = field(default_factory=AblationSettings)
     effective_size: EffectiveSizeSettings = field(default_factory=EffectiveSizeSettings)
+    core_before: CoreBeforeSettings = field(default_factory=CoreBeforeSettings)
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -302,6 +318,11 @@ class ExperimentConfig:
                 section.check()
         self.ablation.check()
         self.effective_size.check()
+        self.core_before.check()
+        if self.core_before.enabled and self.finetune is None:
+            raise ConfigError(
+                "core_before needs the fine-tuning stage (its metrics and checkpoints)"
+            )
 
     @property
     def ood_sets(self) -> list[str]:
@@ -331,6 +352,7 @@ _SECTION_TYPES = {
     "attention": AttentionSettings,
     "ablation": AblationSettings,
     "effective_size": EffectiveSizeSettings,
+    "core_before": CoreBeforeSettings,
 }
 
 

@@ -103,7 +103,8 @@ def _means_for(template: str | None, step: int, n_checkpoints: int) -> str | Non
     return template
 
 
-def _compute_checkpoint_means(model: Any, train: str, path: Path, max_examples: int | None) -> Path:
+def compute_checkpoint_means(model: Any, train: str, path: Path, max_examples: int | None) -> Path:
+    """Mean activations of ``model`` on ``train`` (at most ``max_examples`` pairs), saved."""
     from mi_core.data import load_pairs, pair_batches
     from mi_core.interventions import compute_means
 
@@ -177,7 +178,7 @@ def run_effective_size(
             if not computed.is_file():
                 if model is None:
                     model = load_model(checkpoint, task=task, device=device)
-                _compute_checkpoint_means(model, train, computed, max_train_examples)
+                compute_checkpoint_means(model, train, computed, max_train_examples)
             means_path = str(computed)
         sweep_dir = step_dir / "sweep"
         table = run_sweep(

@@ -23,6 +23,8 @@ joint ablation superadditive   some joint ablation's out-of-domain drop exceeds 
                                its heads' single drops (superadditivity > 0)
 effective size rises           out-of-domain effective size correlates positively with the
                                full model's out-of-domain accuracy over checkpoints
+core before generalisation     every head of the final core is in every subnetwork of the
+                               checkpoint before out-of-domain accuracy starts to rise
 =============================  ==========================================================
 
 A claim that the run cannot test says so and why: e.g. an out-of-domain drop cannot be measured
@@ -253,6 +255,37 @@ def _effective_size_finding(root: Path) -> dict[str, str]:
     return _row(name, paper, text, REPRODUCED if rho > 0 else NOT_REPRODUCED)
 
 
+def _core_before_finding(root: Path) -> dict[str, str]:
+    import json
+
+    name = "The core is there before the model generalises"
+    paper = "the 9 core heads are in all subnetworks of the checkpoint before generalisation"
+    path = root / "core_before" / "summary.json"
+    if not path.is_file():
+        return _row(name, paper, "the core_before stage was not run", NOT_MEASURABLE)
+    info = json.loads(path.read_text(encoding="utf-8"))
+    if info.get("rise_step") is None:
+        return _row(
+            name,
+            paper,
+            f"out-of-domain accuracy never rises (from {_pct(info['ood_start'])}): the model "
+            "never generalises",
+            NOT_MEASURABLE,
+        )
+    if info.get("checkpoint_step") is None:
+        return _row(name, paper, "no checkpoint saved before the rise", NOT_MEASURABLE)
+    final, present = info["final_core"], info["final_core_present"]
+    if not final:
+        return _row(name, paper, "the final model has no core", NOT_MEASURABLE)
+    return _row(
+        name,
+        paper,
+        f"{len(present)} of the {len(final)} final core heads in all subnetworks of checkpoint "
+        f"{info['checkpoint_step']} (rise at step {info['rise_step']})",
+        REPRODUCED if len(present) == len(final) else NOT_REPRODUCED,
+    )
+
+
 def heuristic_core_findings(root: str | Path) -> pd.DataFrame:
     """The findings table of a run under ``root`` (columns :data:`COLUMNS`; empty without a
     finished analysis)."""
@@ -267,4 +300,5 @@ def heuristic_core_findings(root: str | Path) -> pd.DataFrame:
         rows.append(attention)
     rows += _ablation_findings(root, context)
     rows.append(_effective_size_finding(root))
+    rows.append(_core_before_finding(root))
     return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -10,6 +10,8 @@ Stages, in order (each keeps its outputs under ``REPORT/``)::
     attention       REPORT/attention/           attention classes of the core, example views
     ablation        REPORT/ablation/            single and joint ablations of the core
     effective_size  REPORT/effective_size/      effective size over training (if enabled)
+    core_before     REPORT/core_before/         the core of the checkpoint before the model
+                                                generalises (if enabled)
     report          REPORT/report.html, report.md
 
 A stage that finishes writes ``REPORT/stages/<stage>.json`` last (atomically) with a key: a hash
@@ -53,6 +55,7 @@ STAGES: tuple[str, ...] = (
     "attention",
     "ablation",
     "effective_size",
+    "core_before",
     "report",
 )
 CONFIG_FILE = "experiment.json"
@@ -90,6 +93,13 @@ class ExperimentResult:
 def _key(*parts: Any) -> str:
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _data_name(spec: str, task: str) -> str:
+    """The name a data spec evaluates under (as in the fine-tuning metrics)."""
+    from mi_core.data import load_pairs
+
+    return load_pairs(spec, max_examples=1, task=task).name
 
 
 def _device(name: str) -> str:
@@ -157,6 +167,8 @@ class HeuristicCoreExperiment:
             parts = (self.stage_key("analysis"), self.stage_key("means"), asdict(c.ablation))
         elif stage == "effective_size":
             parts = (self.stage_key("finetune"), pruning, asdict(c.effective_size))
+        elif stage == "core_before":
+            parts = (self.stage_key("analysis"), pruning, asdict(c.core_before))
         elif stage == "report":
             parts = tuple(self.stage_key(s) for s in STAGES[:-1])
         else:  # pragma: no cover - STAGES is closed
@@ -286,6 +298,8 @@ class HeuristicCoreExperiment:
             return self.config.means.path is None
         if stage == "effective_size":
             return self.config.effective_size.enabled
+        if stage == "core_before":
+            return self.config.core_before.enabled
         return True
 
     # --------------------------------------------------------------------------- stages
@@ -466,6 +480,62 @@ class HeuristicCoreExperiment:
             device=self.device,
             progress=self.progress,
         )
+
+    def _run_core_before(self) -> None:
+        """Prune the last checkpoint before the out-of-domain accuracy rises; compare cores."""
+        import pandas as pd
+        import torch
+
+        from mi_core.analysis.generalisation import pre_generalisation_checkpoint
+        from mi_core.analysis.subnetworks import core_heads
+        from mi_core.experiment.comparison import load_sweep
+        from mi_core.experiment.effective_size_run import compute_checkpoint_means
+        from mi_core.models import load_model
+        from mi_core.pruning.sweep import run_sweep
+        from mi_core.training.checkpoints import list_checkpoints
+
+        c, p = self.config, self.config.pruning
+        out = self.path("core_before")
+        metrics = pd.read_csv(self.path("finetune", "metrics.csv"))
+        names = {spec: _data_name(spec, c.task) for spec in c.ood_sets}
+        saved = dict(list_checkpoints(self.path("finetune")))
+        found = pre_generalisation_checkpoint(
+            metrics, list(names.values()), sorted(saved), c.core_before.margin
+        )
+        summary: dict[str, Any] = {**found, "ood_sets": list(names.values())}
+        final = pd.read_csv(self.path("analysis", "core_summary.csv"), keep_default_na=False)
+        final_core = str(final.loc[final["group"].astype(str) == "all", "core_heads"].iloc[0])
+        summary["final_core"] = final_core.split() if final_core else []
+        step = found["checkpoint_step"]
+        if step is not None:
+            model = load_model(saved[step], task=c.task, device=self.device)
+            means = out / "means.safetensors"
+            if not means.is_file():
+                compute_checkpoint_means(model, c.data.train, means, self.train_cap)
+            run_sweep(
+                model,
+                c.data.train,
+                out / "sweep",
+                p.sparsities,
+                p.seeds,
+                means=str(means),
+                eval_sets=list(c.data.eval),
+                profile=p.profile,
+                overrides=p.overrides,
+                task=c.task,
+                max_train_examples=self.train_cap,
+                max_eval_examples=self.eval_cap,
+                progress=self.progress,
+            )
+            results = load_sweep(out / "sweep", sparsities=p.sparsities, seeds=p.seeds)
+            masks = torch.cat(list(results.masks_by_sparsity().values()))
+            core = core_heads(masks)
+            summary.update(
+                core=core,
+                n_subnetworks=int(masks.shape[0]),
+                final_core_present=[h for h in summary["final_core"] if h in core],
+            )
+        write_json(out / "summary.json", summary)
 
     def _run_report(self) -> None:
         from mi_core.experiment.report import write_report

@@ -525,6 +525,37 @@ def _effective_size_section(root: Path) -> ReportSection | None:
     return section
 
 
+def _core_before_section(root: Path) -> ReportSection | None:
+    path = root / "core_before" / "summary.json"
+    if not path.is_file():
+        return None
+    info = read_json(path)
+    section = ReportSection("The core before generalisation (section 4)")
+    if info.get("rise_step") is None:
+        section.text(
+            f"The full model's out-of-domain accuracy never rose more than the margin above its "
+            f"first evaluation ({_format(info.get('ood_start'), 3)}): it never left the "
+            "heuristic regime, so there is no checkpoint before generalisation to prune."
+        )
+    elif info.get("checkpoint_step") is None:
+        section.text(
+            f"Out-of-domain accuracy rose at step {info['rise_step']}, before the first saved "
+            "checkpoint: save checkpoints more often to look before it."
+        )
+    else:
+        present = info.get("final_core_present", [])
+        section.text(
+            f"Out-of-domain accuracy starts to rise at step {info['rise_step']} "
+            f"({_format(info['ood_start'], 3)} -> {_format(info['ood_at_rise'], 3)}); checkpoint "
+            f"{info['checkpoint_step']} is the last before it. Its {info['n_subnetworks']} "
+            f"subnetworks share {len(info['core'])} heads: {' '.join(info['core']) or 'none'}. "
+            f"Of the final model's core ({' '.join(info['final_core']) or 'none'}), "
+            f"{len(present)} are already there: {' '.join(present) or 'none'} "
+            "(core_before/summary.json)."
+        )
+    return section
+
+
 def _findings_section(root: Path) -> ReportSection | None:
     from mi_core.experiment.findings import heuristic_core_findings
 
@@ -574,6 +605,7 @@ def build_report(root: str | os.PathLike[str]) -> tuple[str, list[ReportSection]
         _attention_section(root),
         _ablation_section(root),
         _effective_size_section(root),
+        _core_before_section(root),
     ):
         if part is not None:
             sections.append(part)
