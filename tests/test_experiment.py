@@ -173,6 +173,7 @@ def test_stage_keys_follow_the_settings_they_depend_on(tmp_path):
         "analysis",
         "ablation",
         "effective_size",
+        "grid",
         "core_before",
     ]
     ray = ExperimentConfig.from_dict(
@@ -220,6 +221,7 @@ def tiny_config(model_path) -> dict:
         "attention": {"max_examples": 8, "n_views": 2},
         "effective_size": {"enabled": True, "sparsities": [0.3], "seeds": 1},
         "core_before": {"enabled": True},
+        "grid": {"enabled": True, "sparsities": [0.2, 0.4], "seeds": [1]},
     }
 
 
@@ -239,6 +241,17 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
     assert page.count("var CircuitsVis=") == 1 and page.count("CircuitsVis.render(") == 2
     markdown = (out / "report.md").read_text()
     assert "## Ablating the core" in markdown and "## Effective size over training" in markdown
+    # Figure 4 from the grid stage; the core before generalisation; the findings table
+    assert len(pd.read_csv(out / "grid" / "subnetworks.csv")) == 2
+    assert "Subnetworks of grid/ (2 sparsities x 1 seeds)" in markdown
+    assert "## The core before generalisation" in markdown
+    assert (out / "core_before" / "summary.json").is_file()
+    findings = pd.read_csv(out / "findings.csv")
+    assert len(findings) >= 8 and set(findings["verdict"]) <= {
+        "reproduced",
+        "not reproduced",
+        "not measurable here",
+    }
 
     columns = {
         "analysis/subnetworks.csv": [

@@ -46,6 +46,7 @@ __all__ = [
     "AblationSettings",
     "AttentionSettings",
     "CoreBeforeSettings",
+    "GridSettings",
     "DataSettings",
     "EffectiveSizeSettings",
     "ExperimentConfig",
@@ -248,6 +249,20 @@ class EffectiveSizeSettings:
 
 
 @dataclass
+class GridSettings:
+    """Figure 4: prune the fine-tuned model over a grid of sparsities x seeds (beyond the
+    sweep's few sparsities), with the sweep's profile and overrides."""
+
+    enabled: bool = False
+    sparsities: list[float] = field(default_factory=lambda: parse_sparsities("0.1:0.7:0.1"))
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+
+    def check(self) -> None:
+        if not self.sparsities or not self.seeds:
+            raise ConfigError("grid needs at least one sparsity and one seed")
+
+
+@dataclass
 class CoreBeforeSettings:
     """The core before generalisation (section 4): prune the checkpoint just before the
     out-of-domain accuracy starts to rise, with the sweep's sparsities, seeds and profile."""
@@ -283,6 +298,7 @@ class ExperimentConfig:
     ablation: AblationSettings = field(default_factory=AblationSettings)
     effective_size: EffectiveSizeSettings = field(default_factory=EffectiveSizeSettings)
     core_before: CoreBeforeSettings = field(default_factory=CoreBeforeSettings)
+    grid: GridSettings = field(default_factory=GridSettings)
 
     def check(self) -> None:
         if self.task not in TASKS:
@@ -319,6 +335,7 @@ class ExperimentConfig:
         self.ablation.check()
         self.effective_size.check()
         self.core_before.check()
+        self.grid.check()
         if self.core_before.enabled and self.finetune is None:
             raise ConfigError(
                 "core_before needs the fine-tuning stage (its metrics and checkpoints)"
@@ -353,6 +370,7 @@ _SECTION_TYPES = {
     "ablation": AblationSettings,
     "effective_size": EffectiveSizeSettings,
     "core_before": CoreBeforeSettings,
+    "grid": GridSettings,
 }
 
 

@@ -10,6 +10,7 @@ Stages, in order (each keeps its outputs under ``REPORT/``)::
     attention       REPORT/attention/           attention classes of the core, example views
     ablation        REPORT/ablation/            single and joint ablations of the core
     effective_size  REPORT/effective_size/      effective size over training (if enabled)
+    grid            REPORT/grid/                Figure 4: a sparsity x seed grid (if enabled)
     core_before     REPORT/core_before/         the core of the checkpoint before the model
                                                 generalises (if enabled)
     report          REPORT/report.html, report.md
@@ -55,6 +56,7 @@ STAGES: tuple[str, ...] = (
     "attention",
     "ablation",
     "effective_size",
+    "grid",
     "core_before",
     "report",
 )
@@ -167,6 +169,8 @@ class HeuristicCoreExperiment:
             parts = (self.stage_key("analysis"), self.stage_key("means"), asdict(c.ablation))
         elif stage == "effective_size":
             parts = (self.stage_key("finetune"), pruning, asdict(c.effective_size))
+        elif stage == "grid":
+            parts = (self.stage_key("means"), pruning, asdict(c.grid))
         elif stage == "core_before":
             parts = (self.stage_key("analysis"), pruning, asdict(c.core_before))
         elif stage == "report":
@@ -300,6 +304,8 @@ class HeuristicCoreExperiment:
             return self.config.effective_size.enabled
         if stage == "core_before":
             return self.config.core_before.enabled
+        if stage == "grid":
+            return self.config.grid.enabled
         return True
 
     # --------------------------------------------------------------------------- stages
@@ -478,6 +484,31 @@ class HeuristicCoreExperiment:
             ray_address=c.pruning.ray_address,
             num_cpus_per_run=c.pruning.num_cpus_per_run,
             device=self.device,
+            progress=self.progress,
+        )
+
+    def _run_grid(self) -> None:
+        """Figure 4: the fine-tuned model pruned at every sparsity x seed of the grid."""
+        from mi_core.pruning.sweep import run_sweep
+
+        p, g = self.config.pruning, self.config.grid
+        ray = p.executor == "ray"
+        run_sweep(
+            self.model_path if ray else self.model,
+            self.config.data.train,
+            self.path("grid"),
+            g.sparsities,
+            g.seeds,
+            means=str(self.means_path),
+            eval_sets=list(self.config.data.eval),
+            profile=p.profile,
+            overrides=p.overrides,
+            task=self.config.task,
+            max_train_examples=self.train_cap,
+            max_eval_examples=self.eval_cap,
+            executor=p.executor,
+            ray_address=p.ray_address,
+            num_cpus_per_run=p.num_cpus_per_run,
             progress=self.progress,
         )
 

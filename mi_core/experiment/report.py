@@ -355,9 +355,11 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
                 ),
                 "Different subnetworks of one sparsity generalize to different subcases.",
             )
-    long = runs.melt(
+    grid = _csv(root / "grid" / "subnetworks.csv")
+    source, where = (runs, "the sweep") if grid is None or grid.empty else (grid, "grid/")
+    long = source.melt(
         id_vars=["sparsity", "seed"],
-        value_vars=[f"acc_{n}" for n in names],
+        value_vars=[f"acc_{n}" for n in names if f"acc_{n}" in source],
         var_name="dataset",
         value_name="accuracy",
     )
@@ -368,7 +370,8 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
             full_model_acc={pretty[n]: a for n, a in full.items()},
             title="Figure 4: accuracy vs sparsity (mean ± std over seeds)",
         ),
-        "Dotted lines: the full model.",
+        f"Subnetworks of {where} ({source['sparsity'].nunique()} sparsities x "
+        f"{source['seed'].nunique()} seeds). Dotted lines: the full model.",
     )
     sections.append(gen)
 
