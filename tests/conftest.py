@@ -39,3 +39,14 @@ def minilm():
     from mi_core.models import load_model
 
     return load_model("minilm", task="mnli", seed=0)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

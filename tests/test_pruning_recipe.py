@@ -12,16 +12,13 @@ import pytest
 import torch
 import transformers
 
-from mi_core.data import load_pairs, pair_batches
 from mi_core.errors import ConfigError
-from mi_core.interventions import compute_means
 from mi_core.models import load_model
 from mi_core.models.dropout import DropoutRates, dropout_hooks, train_dropout
 from mi_core.pruning import (
     HardConcrete,
     LagrangianController,
     make_prune_config,
-    prune_run,
     pruning_optimizer,
 )
 from mi_core.pruning.discretize import (
@@ -35,13 +32,7 @@ from mi_core.pruning.lagrangian import expected_sparsity, sampled_sparsity
 from mi_core.pruning.profiles import COFI_MECHANICS, PAPER_MECHANICS
 from mi_core.pruning.schedule import lr_factor
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------- the profiles
@@ -233,81 +224,3 @@ def test_dropout_hooks_equal_hugging_face_train_mode(tiny_checkpoints, kind):
     with train_dropout(model, enabled=False):
         assert not model.hook_dict["blocks.0.hook_resid_pre"]._forward_hooks
     assert len(dropout_hooks(model, DropoutRates())) == 0
-
-
-# ------------------------------------------------------------------------ in a pruning run
-@pytest.fixture(scope="module")
-def tiny(tiny_checkpoints):
-    return load_model(tiny_checkpoints["bert-cls"], task="mnli")
-
-
-@pytest.fixture(scope="module")
-def train(data_dir):
-    return load_pairs("mnli:train", max_examples=48)
-
-
-@pytest.fixture(scope="module")
-def means(tiny, train):
-    return compute_means(tiny, pair_batches(train, tiny.tokenizer, batch_size=16))
-
-
-def _run(tiny, train, means, tmp_path, name, **overrides):
-    values = dict(steps=16, batch_size=8, checkpoint_every=8, eval_batch_size=16)
-    cfg = make_prune_config("paper", 0.5, 3, **{**values, **overrides})
-    return prune_run(tiny, train, tmp_path / name, cfg, means=means, progress=False)
-
-
-def test_paper_recipe_run_logs_every_mechanism_and_differs_from_cofi(tiny, train, means, tmp_path):
-    paper = _run(tiny, train, means, tmp_path, "paper", lr_warmup_steps=4)
-    log = paper.log
-    # learning rate: warm-up from 0 over 4 steps, then linear decay towards 0
-    assert log["lr_factor"].tolist()[:6] == [0.0, 0.25, 0.5, 0.75, 1.0, 11 / 12]
-    # log_alpha starts around 10: samples are all 1 and nothing is pruned in so few steps
-    assert (log["sampled_sparsity"] == 0).all()
-    assert paper.metrics["reached_target"] is False
-    assert paper.metrics["discretize"] == "reference"
-    assert paper.metrics["threshold"] in THRESHOLD_GRID
-    # with no gradient through clamped samples, only weight decay moved log_alpha
-    assert (paper.log_alpha < 10.1).all() and (paper.log_alpha > 9.8).all()
-    # dropout changes the KL of the very same gates; switching it off removes the noise
-    no_dropout = _run(tiny, train, means, tmp_path, "nodrop", lr_warmup_steps=4, dropout=False)
-    assert (log["kl"] > 0).all()
-    assert (no_dropout.log["kl"] < 1e-6).all()  # gates at 1 and no dropout: the full model
-
-
-def test_sampled_and_expected_estimates_drive_different_runs(tiny, train, means, tmp_path):
-    common = dict(
-        steps=24,
-        warmup_steps=12,
-        lr_log_alpha=0.3,
-        log_alpha_init=1.0,
-        log_alpha_init_std=0.0,
-        weight_decay=0.0,
-        dropout=False,
-    )
-    sampled = _run(tiny, train, means, tmp_path, "s", **common)
-    expected = _run(tiny, train, means, tmp_path, "e", sparsity_estimate="expected", **common)
-    # at log_alpha 1 the expected estimate already reads ~7 % sparse, the sampled ~30 %
-    assert expected.log["expected_sparsity"].iloc[0] < 0.1
-    assert sampled.log["sampled_sparsity"].iloc[0] > 0.15
-    assert not torch.allclose(sampled.log_alpha, expected.log_alpha)
-
-
-def test_gradient_clipping_is_applied(tiny, train, means, tmp_path):
-    common = dict(
-        steps=8,
-        warmup_steps=4,
-        lr_log_alpha=0.3,
-        log_alpha_init=1.0,
-        log_alpha_init_std=0.0,
-        weight_decay=0.0,
-        dropout=False,
-        lr_schedule="constant",
-    )
-    free = _run(tiny, train, means, tmp_path, "free", max_grad_norm=0.0, **common)
-    clipped = _run(tiny, train, means, tmp_path, "clip", max_grad_norm=1e-12, **common)
-    # Adam is invariant to a constant gradient scale, so clip so hard that Adam's eps dominates
-    assert (free.log["grad_norm"] > 1e-6).all()
-    moved_free = (free.log_alpha - 1.0).abs().max()
-    moved_clipped = (clipped.log_alpha - 1.0).abs().max()
-    assert moved_clipped < 0.1 * moved_free

@@ -28,6 +28,7 @@ from mi_core.pruning import (
     unflatten_components,
 )
 from mi_core.pruning import run as run_module
+from mi_core.pruning.discretize import THRESHOLD_GRID
 from mi_core.testing import make_tiny_checkpoint
 
 
@@ -371,3 +372,66 @@ def test_cli_prune_bad_input_is_one_line(
 
     monkeypatch.setattr(run_module, "pruning_loss", nan_loss)
     _one_line_error(capsys, [*ok, "--out", str(tmp_path / "f")], "NaN")
+
+
+# ----------------------------------------------------- the authors' recipe in a pruning run
+def _run(tiny, train, means, tmp_path, name, **overrides):
+    values = dict(steps=16, batch_size=8, checkpoint_every=8, eval_batch_size=16)
+    cfg = make_prune_config("paper", 0.5, 3, **{**values, **overrides})
+    return prune_run(tiny, train, tmp_path / name, cfg, means=means, progress=False)
+
+
+def test_paper_recipe_run_logs_every_mechanism_and_differs_from_cofi(tiny, train, means, tmp_path):
+    paper = _run(tiny, train, means, tmp_path, "paper", lr_warmup_steps=4)
+    log = paper.log
+    # learning rate: warm-up from 0 over 4 steps, then linear decay towards 0
+    assert log["lr_factor"].tolist()[:6] == [0.0, 0.25, 0.5, 0.75, 1.0, 11 / 12]
+    # log_alpha starts around 10: samples are all 1 and nothing is pruned in so few steps
+    assert (log["sampled_sparsity"] == 0).all()
+    assert paper.metrics["reached_target"] is False
+    assert paper.metrics["discretize"] == "reference"
+    assert paper.metrics["threshold"] in THRESHOLD_GRID
+    # with no gradient through clamped samples, only weight decay moved log_alpha
+    assert (paper.log_alpha < 10.1).all() and (paper.log_alpha > 9.8).all()
+    # dropout changes the KL of the very same gates; switching it off removes the noise
+    no_dropout = _run(tiny, train, means, tmp_path, "nodrop", lr_warmup_steps=4, dropout=False)
+    assert (log["kl"] > 0).all()
+    assert (no_dropout.log["kl"] < 1e-6).all()  # gates at 1 and no dropout: the full model
+
+
+def test_sampled_and_expected_estimates_drive_different_runs(tiny, train, means, tmp_path):
+    common = dict(
+        steps=24,
+        warmup_steps=12,
+        lr_log_alpha=0.3,
+        log_alpha_init=1.0,
+        log_alpha_init_std=0.0,
+        weight_decay=0.0,
+        dropout=False,
+    )
+    sampled = _run(tiny, train, means, tmp_path, "s", **common)
+    expected = _run(tiny, train, means, tmp_path, "e", sparsity_estimate="expected", **common)
+    # at log_alpha 1 the expected estimate already reads ~7 % sparse, the sampled ~30 %
+    assert expected.log["expected_sparsity"].iloc[0] < 0.1
+    assert sampled.log["sampled_sparsity"].iloc[0] > 0.15
+    assert not torch.allclose(sampled.log_alpha, expected.log_alpha)
+
+
+def test_gradient_clipping_is_applied(tiny, train, means, tmp_path):
+    common = dict(
+        steps=8,
+        warmup_steps=4,
+        lr_log_alpha=0.3,
+        log_alpha_init=1.0,
+        log_alpha_init_std=0.0,
+        weight_decay=0.0,
+        dropout=False,
+        lr_schedule="constant",
+    )
+    free = _run(tiny, train, means, tmp_path, "free", max_grad_norm=0.0, **common)
+    clipped = _run(tiny, train, means, tmp_path, "clip", max_grad_norm=1e-12, **common)
+    # Adam is invariant to a constant gradient scale, so clip so hard that Adam's eps dominates
+    assert (free.log["grad_norm"] > 1e-6).all()
+    moved_free = (free.log_alpha - 1.0).abs().max()
+    moved_clipped = (clipped.log_alpha - 1.0).abs().max()
+    assert moved_clipped < 0.1 * moved_free

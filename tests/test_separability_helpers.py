@@ -52,3 +52,16 @@ def random_tokens(n: int, pos: int, seed: int = 0, low: int = 0, high: int = VOC
     """Random token windows ``[n, pos]``."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(low, high, (n, pos), generator=generator)
+
+
+def tasks(seed: int = 0):
+    """Two 'data sets' drawing tokens from different halves of the vocabulary."""
+    from mi_core.separability import TaskTokens
+
+    focus = TaskTokens(
+        "low", random_tokens(6, 16, seed, 0, 50), random_tokens(4, 16, seed + 1, 0, 50)
+    )
+    cripple = TaskTokens(
+        "high", random_tokens(6, 16, seed + 2, 45, 97), random_tokens(4, 16, seed + 3, 45, 97)
+    )
+    return focus, cripple

@@ -9,28 +9,17 @@ import math
 import pandas as pd
 import pytest
 import torch
-from test_separability_helpers import random_tokens, tiny_model
+from test_separability_helpers import random_tokens, tasks, tiny_model
 
 from mi_core.errors import ConfigError
 from mi_core.separability import (
     SeparabilityConfig,
-    TaskTokens,
     collect_activation_stats,
     evaluate_next_token,
     run_separability,
 )
 from mi_core.separability.scoring import n_to_prune_at
 from mi_core.separability.svd import svd_attention
-
-
-def tasks(seed: int = 0) -> tuple[TaskTokens, TaskTokens]:
-    focus = TaskTokens(
-        "low", random_tokens(6, 16, seed, 0, 50), random_tokens(4, 16, seed + 1, 0, 50)
-    )
-    cripple = TaskTokens(
-        "high", random_tokens(6, 16, seed + 2, 45, 97), random_tokens(4, 16, seed + 3, 45, 97)
-    )
-    return focus, cripple
 
 
 @pytest.fixture(scope="module")

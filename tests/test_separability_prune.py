@@ -7,14 +7,13 @@ import json
 import pandas as pd
 import pytest
 import torch
-from test_separability_helpers import random_tokens, tiny_model
+from test_separability_helpers import random_tokens, tasks, tiny_model
 
 from mi_core.cli import main
 from mi_core.errors import ConfigError
 from mi_core.separability import (
     PruneMasks,
     SeparabilityConfig,
-    TaskTokens,
     collect_activation_stats,
     evaluate_next_token,
     run_separability,
@@ -22,17 +21,6 @@ from mi_core.separability import (
     trajectory_figure,
 )
 from mi_core.separability.report import OUTPUT_FILES, write_separability_outputs
-
-
-def tasks(seed: int = 0) -> tuple[TaskTokens, TaskTokens]:
-    """Two 'data sets' drawing tokens from different halves of the vocabulary."""
-    focus = TaskTokens(
-        "low", random_tokens(6, 16, seed, 0, 50), random_tokens(4, 16, seed + 1, 0, 50)
-    )
-    cripple = TaskTokens(
-        "high", random_tokens(6, 16, seed + 2, 45, 97), random_tokens(4, 16, seed + 3, 45, 97)
-    )
-    return focus, cripple
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,27 @@ def _combine(
     return out
 
 
+def _check_results(
+    results: pd.DataFrame,
+    id_datasets: str | Sequence[str],
+    ood_datasets: str | Sequence[str],
+    checkpoint_col: str | None,
+) -> tuple[list[str], list[str], str]:
+    """The in-domain and out-of-domain set lists and the checkpoint column, checked."""
+    id_sets = [id_datasets] if isinstance(id_datasets, str) else list(id_datasets)
+    ood_sets = [ood_datasets] if isinstance(ood_datasets, str) else list(ood_datasets)
+    if not id_sets or not ood_sets:
+        raise ConfigError("name at least one in-domain and one out-of-domain dataset")
+    ckpt = _checkpoint_col(results, checkpoint_col)
+    missing = {"sparsity", "seed", "dataset", "accuracy"} - set(results.columns)
+    if missing:
+        raise ConfigError(f"results table lacks columns {sorted(missing)}")
+    unknown = set(id_sets + ood_sets) - set(results["dataset"])
+    if unknown:
+        raise ConfigError(f"datasets {sorted(unknown)} do not occur in the results table")
+    return id_sets, ood_sets, ckpt
+
+
 def faithfulness_table(
     results: pd.DataFrame,
     full_accuracy: Any,
@@ -127,17 +148,7 @@ def faithfulness_table(
     """One row per (checkpoint, target, sparsity): ``accuracy`` (mean over seeds, combined over
     the target's datasets), ``accuracy_std`` (std over seeds of the per-seed combined accuracy),
     ``n_seeds``, ``full_accuracy`` and ``faithful``. See the module docstring for the rules."""
-    id_sets = [id_datasets] if isinstance(id_datasets, str) else list(id_datasets)
-    ood_sets = [ood_datasets] if isinstance(ood_datasets, str) else list(ood_datasets)
-    if not id_sets or not ood_sets:
-        raise ConfigError("name at least one in-domain and one out-of-domain dataset")
-    ckpt = _checkpoint_col(results, checkpoint_col)
-    missing = {"sparsity", "seed", "dataset", "accuracy"} - set(results.columns)
-    if missing:
-        raise ConfigError(f"results table lacks columns {sorted(missing)}")
-    unknown = set(id_sets + ood_sets) - set(results["dataset"])
-    if unknown:
-        raise ConfigError(f"datasets {sorted(unknown)} do not occur in the results table")
+    id_sets, ood_sets, ckpt = _check_results(results, id_datasets, ood_datasets, checkpoint_col)
 
     # Mean over seeds per dataset first (robust to a seed missing one dataset), then combine.
     seed_mean = results.groupby([ckpt, "sparsity", "dataset"], as_index=False)["accuracy"].mean()
@@ -242,17 +253,7 @@ def _effective_size_per_seed(
     scale: float,
 ) -> pd.DataFrame:
     """The authors' script: per seed, strict faithfulness, largest faithful sparsity, then mean."""
-    id_sets = [id_datasets] if isinstance(id_datasets, str) else list(id_datasets)
-    ood_sets = [ood_datasets] if isinstance(ood_datasets, str) else list(ood_datasets)
-    if not id_sets or not ood_sets:
-        raise ConfigError("name at least one in-domain and one out-of-domain dataset")
-    ckpt = _checkpoint_col(results, checkpoint_col)
-    missing = {"sparsity", "seed", "dataset", "accuracy"} - set(results.columns)
-    if missing:
-        raise ConfigError(f"results table lacks columns {sorted(missing)}")
-    unknown = set(id_sets + ood_sets) - set(results["dataset"])
-    if unknown:
-        raise ConfigError(f"datasets {sorted(unknown)} do not occur in the results table")
+    id_sets, ood_sets, ckpt = _check_results(results, id_datasets, ood_datasets, checkpoint_col)
     per_seed = _combine(results, [ckpt, "seed", "sparsity"], id_sets, ood_sets, True)
     full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets, True)
     rows = []

@@ -353,15 +353,20 @@ class HeuristicCoreExperiment:
         self._means = None
 
     def _run_sweep(self) -> None:
+        p = self.config.pruning
+        self._prune_grid(self.path("sweep"), p.sparsities, p.seeds)
+
+    def _prune_grid(self, out: Path, sparsities: list[float], seeds: list[int]) -> None:
+        """Prune the fine-tuned model at every sparsity x seed with the config's pruning."""
         from mi_core.pruning.sweep import run_sweep
 
         p, ray = self.config.pruning, self.config.pruning.executor == "ray"
         run_sweep(
             self.model_path if ray else self.model,
             self.config.data.train,
-            self.path("sweep"),
-            p.sparsities,
-            p.seeds,
+            out,
+            sparsities,
+            seeds,
             means=str(self.means_path),
             eval_sets=list(self.config.data.eval),
             profile=p.profile,
@@ -489,28 +494,8 @@ class HeuristicCoreExperiment:
 
     def _run_grid(self) -> None:
         """Figure 4: the fine-tuned model pruned at every sparsity x seed of the grid."""
-        from mi_core.pruning.sweep import run_sweep
-
-        p, g = self.config.pruning, self.config.grid
-        ray = p.executor == "ray"
-        run_sweep(
-            self.model_path if ray else self.model,
-            self.config.data.train,
-            self.path("grid"),
-            g.sparsities,
-            g.seeds,
-            means=str(self.means_path),
-            eval_sets=list(self.config.data.eval),
-            profile=p.profile,
-            overrides=p.overrides,
-            task=self.config.task,
-            max_train_examples=self.train_cap,
-            max_eval_examples=self.eval_cap,
-            executor=p.executor,
-            ray_address=p.ray_address,
-            num_cpus_per_run=p.num_cpus_per_run,
-            progress=self.progress,
-        )
+        g = self.config.grid
+        self._prune_grid(self.path("grid"), g.sparsities, g.seeds)
 
     def _run_core_before(self) -> None:
         """Prune the last checkpoint before the out-of-domain accuracy rises; compare cores."""
