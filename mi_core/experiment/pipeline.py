@@ -356,18 +356,28 @@ class HeuristicCoreExperiment:
         p = self.config.pruning
         self._prune_grid(self.path("sweep"), p.sparsities, p.seeds)
 
-    def _prune_grid(self, out: Path, sparsities: list[float], seeds: list[int]) -> None:
-        """Prune the fine-tuned model at every sparsity x seed with the config's pruning."""
+    def _prune_grid(
+        self,
+        out: Path,
+        sparsities: list[float],
+        seeds: list[int],
+        model: Any = None,
+        means: Path | None = None,
+    ) -> None:
+        """Prune at every sparsity x seed with the config's pruning: the fine-tuned model and
+        its means, or ``model`` (a loaded model, or a checkpoint path for Ray) and ``means``."""
         from mi_core.pruning.sweep import run_sweep
 
         p, ray = self.config.pruning, self.config.pruning.executor == "ray"
+        if model is None:
+            model = self.model_path if ray else self.model
         run_sweep(
-            self.model_path if ray else self.model,
+            model,
             self.config.data.train,
             out,
             sparsities,
             seeds,
-            means=str(self.means_path),
+            means=str(means or self.means_path),
             eval_sets=list(self.config.data.eval),
             profile=p.profile,
             overrides=p.overrides,
@@ -507,7 +517,6 @@ class HeuristicCoreExperiment:
         from mi_core.experiment.comparison import load_sweep
         from mi_core.experiment.effective_size_run import compute_checkpoint_means
         from mi_core.models import load_model
-        from mi_core.pruning.sweep import run_sweep
         from mi_core.training.checkpoints import list_checkpoints
 
         c, p = self.config, self.config.pruning
@@ -528,20 +537,9 @@ class HeuristicCoreExperiment:
             means = out / "means.safetensors"
             if not means.is_file():
                 compute_checkpoint_means(model, c.data.train, means, self.train_cap)
-            run_sweep(
-                model,
-                c.data.train,
-                out / "sweep",
-                p.sparsities,
-                p.seeds,
-                means=str(means),
-                eval_sets=list(c.data.eval),
-                profile=p.profile,
-                overrides=p.overrides,
-                task=c.task,
-                max_train_examples=self.train_cap,
-                max_eval_examples=self.eval_cap,
-                progress=self.progress,
+            ray = p.executor == "ray"
+            self._prune_grid(
+                out / "sweep", p.sparsities, p.seeds, str(saved[step]) if ray else model, means
             )
             results = load_sweep(out / "sweep", sparsities=p.sparsities, seeds=p.seeds)
             masks = torch.cat(list(results.masks_by_sparsity().values()))
