@@ -399,16 +399,14 @@ def test_paper_recipe_run_logs_every_mechanism_and_differs_from_cofi(tiny, train
     assert (no_dropout.log["kl"] < 1e-6).all()  # gates at 1 and no dropout: the full model
 
 
+#: Gates that start at log_alpha 1, where gradients flow at once, with no decay or dropout noise.
+MOVING_GATES = dict(
+    lr_log_alpha=0.3, log_alpha_init=1.0, log_alpha_init_std=0.0, weight_decay=0.0, dropout=False
+)
+
+
 def test_sampled_and_expected_estimates_drive_different_runs(tiny, train, means, tmp_path):
-    common = dict(
-        steps=24,
-        warmup_steps=12,
-        lr_log_alpha=0.3,
-        log_alpha_init=1.0,
-        log_alpha_init_std=0.0,
-        weight_decay=0.0,
-        dropout=False,
-    )
+    common = dict(steps=24, warmup_steps=12, **MOVING_GATES)
     sampled = _run(tiny, train, means, tmp_path, "s", **common)
     expected = _run(tiny, train, means, tmp_path, "e", sparsity_estimate="expected", **common)
     # at log_alpha 1 the expected estimate already reads ~7 % sparse, the sampled ~30 %
@@ -418,16 +416,7 @@ def test_sampled_and_expected_estimates_drive_different_runs(tiny, train, means,
 
 
 def test_gradient_clipping_is_applied(tiny, train, means, tmp_path):
-    common = dict(
-        steps=8,
-        warmup_steps=4,
-        lr_log_alpha=0.3,
-        log_alpha_init=1.0,
-        log_alpha_init_std=0.0,
-        weight_decay=0.0,
-        dropout=False,
-        lr_schedule="constant",
-    )
+    common = dict(steps=8, warmup_steps=4, lr_schedule="constant", **MOVING_GATES)
     free = _run(tiny, train, means, tmp_path, "free", max_grad_norm=0.0, **common)
     clipped = _run(tiny, train, means, tmp_path, "clip", max_grad_norm=1e-12, **common)
     # Adam is invariant to a constant gradient scale, so clip so hard that Adam's eps dominates
