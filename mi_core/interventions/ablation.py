@@ -27,6 +27,7 @@ from jaxtyping import Float
 from mi_core.errors import InterventionError
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
+from mi_core.models.hook_context import prepended_hooks
 
 Hook = Callable[..., torch.Tensor]
 
@@ -139,16 +140,10 @@ def ablate(
     they were added. Leaving the context removes exactly these hooks. Set ``skip_unmasked=False``
     when you will assign values other than 1 after entering with an all-ones mask.
     """
-    hooks = mask_hooks(model, mask, means, ablation, skip_unmasked=skip_unmasked)
-    model.context_level += 1
-    level = model.context_level
-    try:
-        for name, hook in hooks:
-            model.add_hook(name, hook, level=level, prepend=True)
+    with prepended_hooks(
+        model, mask_hooks(model, mask, means, ablation, skip_unmasked=skip_unmasked)
+    ):
         yield model
-    finally:
-        model.reset_hooks(clear_contexts=False, including_permanent=False, level=level)
-        model.context_level -= 1
 
 
 def _layers_needing_hooks(values: Float[torch.Tensor, "n_layers n"]) -> list[bool]:

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mi_core.models.hook_context import prepended_hooks
+
 Hook = Callable[..., torch.Tensor]
 
 
@@ -106,15 +108,5 @@ def train_dropout(
     with :func:`~mi_core.interventions.ablate`), so an MLP's output is dropped out first and then
     masked, as in the authors' code. ``enabled=False`` does nothing.
     """
-    if not enabled:
+    with prepended_hooks(model, dropout_hooks(model, rates) if enabled else []):
         yield model
-        return
-    model.context_level += 1
-    level = model.context_level
-    try:
-        for name, hook in dropout_hooks(model, rates):
-            model.add_hook(name, hook, level=level, prepend=True)
-        yield model
-    finally:
-        model.reset_hooks(clear_contexts=False, including_permanent=False, level=level)
-        model.context_level -= 1
