@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,25 +213,26 @@ def run_effective_size(
                     }
                 )
         full_rows += [{"step": step, "dataset": n, "accuracy": full[n]} for n in names if n in full]
+    seen = {r["dataset"] for r in accuracy_rows}
     return summarize_effective_size(
         out,
         pd.DataFrame(accuracy_rows, columns=["step", "sparsity", "seed", "dataset", "accuracy"]),
         pd.DataFrame(full_rows, columns=["step", "dataset", "accuracy"]),
-        id_sets=[_dataset_name(d, accuracy_rows) for d in eval_sets if d not in ood],
-        ood_sets=[_dataset_name(d, accuracy_rows) for d in ood],
+        id_sets=[dataset_name(d, seen) for d in eval_sets if d not in ood],
+        ood_sets=[dataset_name(d, seen) for d in ood],
         margin=margin,
         method=method,
     )
 
 
-def _dataset_name(spec: str, rows: Sequence[dict[str, Any]]) -> str:
-    """The data set name a spec evaluates under (specs and names agree for registered sets)."""
-    names = {r["dataset"] for r in rows}
-    if spec in names:
+def dataset_name(spec: str, known: Collection[str] = (), task: str | None = None) -> str:
+    """The data set name a spec evaluates under: ``spec`` itself when it is among the ``known``
+    names (specs and names agree for registered sets), else the name its loader gives it."""
+    if spec in known:
         return spec
     from mi_core.data import load_pairs
 
-    return load_pairs(spec, max_examples=1).name
+    return load_pairs(spec, max_examples=1, task=task).name
 
 
 def summarize_effective_size(

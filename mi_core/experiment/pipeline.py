@@ -97,13 +97,6 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _data_name(spec: str, task: str) -> str:
-    """The name a data spec evaluates under (as in the fine-tuning metrics)."""
-    from mi_core.data import load_pairs
-
-    return load_pairs(spec, max_examples=1, task=task).name
-
-
 def _device(name: str) -> str:
     if name == "auto":
         import torch
@@ -515,14 +508,14 @@ class HeuristicCoreExperiment:
         from mi_core.analysis.generalisation import pre_generalisation_checkpoint
         from mi_core.analysis.subnetworks import core_heads
         from mi_core.experiment.comparison import load_sweep
-        from mi_core.experiment.effective_size_run import compute_checkpoint_means
+        from mi_core.experiment.effective_size_run import compute_checkpoint_means, dataset_name
         from mi_core.models import load_model
         from mi_core.training.checkpoints import list_checkpoints
 
         c, p = self.config, self.config.pruning
         out = self.path("core_before")
         metrics = pd.read_csv(self.path("finetune", "metrics.csv"))
-        names = {spec: _data_name(spec, c.task) for spec in c.ood_sets}
+        names = {spec: dataset_name(spec, task=c.task) for spec in c.ood_sets}
         saved = dict(list_checkpoints(self.path("finetune")))
         found = pre_generalisation_checkpoint(
             metrics, list(names.values()), sorted(saved), c.core_before.margin
