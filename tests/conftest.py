@@ -50,3 +50,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """A tiny random Llama-family HookedTransformer (grouped-query attention)."""
+    from test_separability_helpers import tiny_model
+
+    return tiny_model("llama")

@@ -22,11 +22,6 @@ from mi_core.separability.scoring import n_to_prune_at
 from mi_core.separability.svd import svd_attention
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_model("llama")
-
-
 def test_defaults_are_the_reports():
     config = SeparabilityConfig().validate()
     assert (config.schedule, config.ff_scoring, config.attn_scoring) == ("total", "freq", "abs")

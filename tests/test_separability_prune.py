@@ -23,11 +23,6 @@ from mi_core.separability import (
 from mi_core.separability.report import OUTPUT_FILES, write_separability_outputs
 
 
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_model("llama")
-
-
 def test_metrics_equal_a_direct_computation(llama):
     tokens = random_tokens(3, 10, seed=4)
     mask = torch.ones_like(tokens, dtype=torch.bool)
