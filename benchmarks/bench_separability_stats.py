@@ -65,7 +65,7 @@ def _time(fn, repeats: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    from mi_core.separability import collect_activation_stats
+    from mi_core.statistics.activations import collect_activation_stats
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="model name or checkpoint path")

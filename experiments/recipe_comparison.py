@@ -30,9 +30,9 @@ import plotly.graph_objects as go
 import torch
 
 from mi_core.analysis.subnetworks import core_heads, frequency_spearman, head_frequency
-from mi_core.experiment.report import markdown_table
 from mi_core.interventions import ComponentMask
 from mi_core.io import write_csv, write_text
+from mi_core.methods.heuristic_core.report import markdown_table
 from mi_core.pruning import make_prune_config, parse_seeds, run_sweep
 from mi_core.pruning.sweep import run_dir_for
 from mi_core.viz.figures import write_figure_html

@@ -11,13 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The real data directory (``MI_CORE_DATA_DIR``, else ``../shared/data``)."""
-    path = Path(os.environ.get("MI_CORE_DATA_DIR", REPO.parent / "shared" / "data"))
+    from helpers import REAL_DATA_DIR as path
+
     if not path.is_dir():
         pytest.fail(f"data directory {path} not found; set MI_CORE_DATA_DIR")
     os.environ["MI_CORE_DATA_DIR"] = str(path)
@@ -55,6 +54,6 @@ def one_thread():
 @pytest.fixture(scope="module")
 def llama():
     """A tiny random Llama-family HookedTransformer (grouped-query attention)."""
-    from test_separability_helpers import tiny_model
+    from helpers import tiny_model
 
     return tiny_model("llama")

@@ -5,7 +5,9 @@
 - :mod:`mi_core.analysis.attention_patterns`: per-head attention mass on overlap / previous /
   next / separator / first / self tokens, and a pattern class per head (paper Figure 9);
 - :mod:`mi_core.analysis.effective_size`: the largest faithful sparsity per checkpoint and
-  evaluation target (paper Figure 6).
+  evaluation target (paper Figure 6);
+- :mod:`mi_core.analysis.trajectory`: a separability trajectory's relative performance and its
+  separability area (the separability report).
 """
 
 from mi_core.analysis.attention_patterns import (
@@ -35,8 +37,17 @@ from mi_core.analysis.subnetworks import (
     parse_head_label,
     subnetwork_table,
 )
+from mi_core.analysis.trajectory import (
+    MODES,
+    relative_performance,
+    separability_area,
+    separability_percent,
+    trajectory_areas,
+    trajectory_axes,
+)
 
 __all__ = [
+    "MODES",
     "PATTERN_CLASSES",
     "TARGETS",
     "AttentionPatternScores",
@@ -59,7 +70,12 @@ __all__ = [
     "masks_from_labels",
     "parse_head_label",
     "pattern_masses",
+    "relative_performance",
     "score_attention_patterns",
     "segment_ids_from_sep",
+    "separability_area",
+    "separability_percent",
     "subnetwork_table",
+    "trajectory_areas",
+    "trajectory_axes",
 ]

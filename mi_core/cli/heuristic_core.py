@@ -7,7 +7,7 @@ import sys
 
 
 def add_parser(subparsers) -> None:
-    from mi_core.experiment.config import shipped_configs
+    from mi_core.methods.heuristic_core.config import shipped_configs
 
     p = subparsers.add_parser(
         "heuristic-core",
@@ -26,8 +26,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from mi_core.experiment.config import load_config
-    from mi_core.experiment.pipeline import STAGES, run_experiment
+    from mi_core.methods.heuristic_core.config import load_config
+    from mi_core.methods.heuristic_core.pipeline import STAGES, run_experiment
 
     config = load_config(args.config)
     position = {name: i + 1 for i, name in enumerate(STAGES)}

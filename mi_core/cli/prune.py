@@ -6,89 +6,23 @@ import argparse
 import sys
 from typing import Any
 
-from mi_core.pruning.discretize import DISCRETIZE_RULES
-from mi_core.pruning.lagrangian import SPARSITY_ESTIMATES
-from mi_core.pruning.profiles import ABLATIONS, PROFILES, SPARSITY_WEIGHTINGS, make_prune_config
-from mi_core.pruning.schedule import LR_SCHEDULES
+from mi_core.cli.flags import add_config_flags, given_values
+from mi_core.pruning.jobs import PruneRunConfig
+from mi_core.pruning.profiles import PruneConfig
 
-#: ``--flag`` -> PruneConfig field, for every hyperparameter a flag can override.
-_OVERRIDES: dict[str, tuple[type, str]] = {
-    "steps": (int, "total steps (the warm-up scales with it unless --warmup-steps is given)"),
-    "warmup_steps": (int, "steps over which the target sparsity ramps up from 0"),
-    "lr_log_alpha": (float, "learning rate of the gates' log_alpha"),
-    "lr_lambda": (float, "learning rate (ascent) of the Lagrangian lambdas"),
-    "batch_size": (int, "examples per micro-batch"),
-    "grad_accumulation": (int, "micro-batches per step"),
-    "max_length": (int, "token limit per example (batches pad to their longest example)"),
-    "checkpoint_every": (int, "steps between checkpoints"),
-    "eval_batch_size": (int, "batch size for reference logits and evaluation"),
-    "beta": (float, "hard-concrete temperature"),
-    "log_alpha_init": (float, "mean of the initial log_alpha (paper 10, cofi log 99)"),
-    "log_alpha_init_std": (float, "std of the initial log_alpha (paper 0.01, cofi 0)"),
-    "weight_decay": (float, "AdamW weight decay on log_alpha (paper 0.01)"),
-    "lambda_weight_decay": (float, "AdamW weight decay on the lambdas (paper 0.01)"),
-    "lr_warmup_steps": (int, "steps of learning-rate warm-up (paper 200)"),
-    "max_grad_norm": (float, "clip the gradient norm of gates and lambdas (paper 1; 0 = off)"),
-}
-#: ``--flag`` -> (choices, help) for PruneConfig fields that take one of a few names.
-_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
-    "ablation": (ABLATIONS, "fill of removed parts"),
-    "sparsity_weighting": (SPARSITY_WEIGHTINGS, "count components equally or by parameters"),
-    "sparsity_estimate": (
-        SPARSITY_ESTIMATES,
-        "sparsity in the Lagrangian: of the sampled gates (paper) or the expected L0 (cofi)",
-    ),
-    "lr_schedule": (LR_SCHEDULES, "linear warm-up and decay to 0 (paper) or constant (cofi)"),
-    "discretize": (
-        DISCRETIZE_RULES,
-        "the authors' per-module rounding and threshold grid (paper) or exact top-k (cofi)",
-    ),
-}
+#: Where the recipe flags (PruneConfig fields) land in the parsed arguments.
+RECIPE = "recipe."
 
 
-def add_model_and_data_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``prune`` and ``sweep``: model, means, data and every hyperparameter."""
-    p.add_argument("--model", required=True, help="fine-tuned checkpoint dir, hub name, or minilm")
-    p.add_argument("--task", choices=["mnli", "qqp"], default=None, help="model task if ambiguous")
-    p.add_argument("--means", default=None, help="means .safetensors from mi-core means")
-    p.add_argument("--train", required=True, help="training data spec, e.g. mnli:train")
-    p.add_argument(
-        "--eval", nargs="+", default=[], metavar="DATA", help="eval sets; the first is in-domain"
-    )
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument(
-        "--profile",
-        choices=PROFILES,
-        default="paper",
-        help="paper: the authors' recipe; quick: the same on a short schedule; cofi: CoFi's "
-        "mechanics (mi_core's earlier default)",
-    )
-    add_prune_config_options(p)
-    p.add_argument("--max-train-examples", type=int, default=None)
-    p.add_argument("--max-eval-examples", type=int, default=None)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+def add_recipe_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per PruneConfig field that overrides the profile (``--steps``, ``--dropout``)."""
+    add_config_flags(p, PruneConfig, dest_prefix=RECIPE, overrides="the --profile's value")
 
 
-def add_prune_config_options(p: argparse.ArgumentParser) -> None:
-    """Flags that override single PruneConfig fields (read back by :func:`config_overrides`)."""
-    for name, (choices, text) in _CHOICES.items():
-        p.add_argument(f"--{name.replace('_', '-')}", choices=choices, default=None, help=text)
-    p.add_argument(
-        "--dropout",
-        choices=("on", "off"),
-        default=None,
-        help="prune with the checkpoint's dropout (paper: on; cofi: off)",
-    )
-    for name, (kind, text) in _OVERRIDES.items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)
-
-
-def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The PruneConfig fields set on the command line."""
-    names = [*_OVERRIDES, *_CHOICES]
-    values = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
-    if args.dropout is not None:
-        values["dropout"] = args.dropout == "on"
+def job_values(args: argparse.Namespace, job: type) -> dict[str, Any]:
+    """A pruning job's fields from the flags given, with the recipe flags as ``overrides``."""
+    values = given_values(args, job)
+    values["overrides"] = given_values(args, PruneConfig, dest_prefix=RECIPE)
     return values
 
 
@@ -101,30 +35,24 @@ def add_parser(subparsers) -> None:
         "OUT/log.csv, OUT/mask.safetensors, OUT/mask.json and OUT/metrics.json. Re-running the "
         "same command resumes from the last checkpoint; a finished run only reports.",
     )
-    add_model_and_data_options(p)
-    p.add_argument("--sparsity", type=float, required=True, help="target sparsity in (0, 1)")
-    p.add_argument("--seed", type=int, default=42)
+    add_config_flags(p, PruneRunConfig)
+    add_recipe_flags(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> None:
-    from mi_core.pruning.run import prune_run
+def config_from_args(args: argparse.Namespace) -> PruneRunConfig:
+    """The job's config: the dataclass defaults, then the flags given."""
+    return PruneRunConfig.from_dict(job_values(args, PruneRunConfig), source="command line")
 
-    config = make_prune_config(args.profile, args.sparsity, args.seed, **config_overrides(args))
-    result = prune_run(
-        args.model,
-        args.train,
-        args.out,
-        config,
-        means=args.means,
-        eval_sets=args.eval,
-        task=args.task,
-        max_train_examples=args.max_train_examples,
-        max_eval_examples=args.max_eval_examples,
-        progress=False if args.no_progress else None,
-    )
+
+def run(args: argparse.Namespace) -> None:
+    from mi_core.pruning.jobs import run_prune_job
+
+    config = config_from_args(args)
+    result = run_prune_job(config, progress=False if args.no_progress else None)
     if result.already_complete:
-        print(f"{args.out} is already complete; its result:")
+        print(f"{config.out} is already complete; its result:")
     m = result.metrics
     print(f"achieved sparsity {m['achieved_sparsity']:.4f} ({m['n_removed']}/{m['n_components']})")
     if m.get("reached_target") is False:
@@ -135,4 +63,4 @@ def run(args: argparse.Namespace) -> None:
         )
     for name, acc in m["accuracy"].items():
         print(f"{name}: subnetwork {acc:.4f}  full model {m['full_accuracy'][name]:.4f}")
-    print(f"mask and metrics in {args.out}")
+    print(f"mask and metrics in {config.out}")

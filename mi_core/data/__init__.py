@@ -20,7 +20,6 @@ from mi_core.data.pairs import (
     HANS_PAPER_SUBCASES,
     HANS_SUBCASES,
     MNLI_LABELS,
-    MODEL_NUM_LABELS,
     PAIR_SPECS,
     PAWS_LABELS,
     QQP_LABELS,
@@ -29,7 +28,14 @@ from mi_core.data.pairs import (
     load_pairs,
     model_num_labels,
 )
-from mi_core.data.text import TEXT_SPECS, load_text, token_stream, token_texts, token_windows
+from mi_core.data.text import (
+    TEXT_SPECS,
+    iter_batches,
+    load_text,
+    token_stream,
+    token_texts,
+    token_windows,
+)
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -38,7 +44,6 @@ __all__ = [
     "HANS_PAPER_SUBCASES",
     "HANS_SUBCASES",
     "MNLI_LABELS",
-    "MODEL_NUM_LABELS",
     "PAIR_SPECS",
     "PAWS_LABELS",
     "QQP_LABELS",
@@ -54,6 +59,7 @@ __all__ = [
     "pair_batches",
     "resolve_data_dir",
     "token_stream",
+    "iter_batches",
     "token_texts",
     "token_windows",
     "tokenize_pairs",

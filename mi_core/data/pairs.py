@@ -46,6 +46,7 @@ import torch
 
 from mi_core.data._sources import hub_load, local_file, missing_error, resolve_data_dir
 from mi_core.errors import DataError
+from mi_core.tasks import TASK_NUM_LABELS
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,6 @@ QQP_LABELS: tuple[str, ...] = ("not_duplicate", "duplicate")
 PAWS_LABELS: tuple[str, ...] = ("not_paraphrase", "paraphrase")
 
 #: Number of output classes of a model fine-tuned on each task.
-MODEL_NUM_LABELS: dict[str, int] = {"mnli": 3, "qqp": 2}
 
 HANS_HEURISTICS: tuple[str, ...] = ("lexical_overlap", "subsequence", "constituent")
 
@@ -143,10 +143,10 @@ _SCHEMES: dict[str, tuple[str, tuple[str, ...], list[int]]] = {
 def model_num_labels(task: str) -> int:
     """Output classes of a model fine-tuned on ``task`` (``mnli``: 3, ``qqp``: 2)."""
     try:
-        return MODEL_NUM_LABELS[task]
+        return TASK_NUM_LABELS[task]
     except KeyError:
         raise DataError(
-            f"unknown model task {task!r}; expected one of {', '.join(MODEL_NUM_LABELS)}"
+            f"unknown model task {task!r}; expected one of {', '.join(TASK_NUM_LABELS)}"
         ) from None
 
 
@@ -226,13 +226,13 @@ class PairDataset:
         for key, values in self.meta.items():
             if len(values) != n:
                 raise DataError(f"{self.name}: meta[{key!r}] has {len(values)} entries, not {n}")
-        if self.task not in MODEL_NUM_LABELS:
+        if self.task not in TASK_NUM_LABELS:
             raise DataError(f"{self.name}: unknown model task {self.task!r}")
         if len(self.label_names) != self.num_labels:
             raise DataError(
                 f"{self.name}: {len(self.label_names)} label names, not {self.num_labels}"
             )
-        if len(self.prediction_map) != MODEL_NUM_LABELS[self.task] or any(
+        if len(self.prediction_map) != TASK_NUM_LABELS[self.task] or any(
             not 0 <= m < self.num_labels for m in self.prediction_map
         ):
             raise DataError(f"{self.name}: bad prediction_map {self.prediction_map}")
@@ -496,7 +496,7 @@ def _choose_scheme(
                 f"{name}: cannot tell the task from sentence1/sentence2 columns with labels "
                 f"{sorted(ints)}; pass task='mnli' or task='qqp'"
             )
-    elif task not in MODEL_NUM_LABELS:
+    elif task not in TASK_NUM_LABELS:
         raise DataError(f"{name}: unknown task {task!r}; expected 'mnli' or 'qqp'")
     if task == "mnli":
         if pair_names:
@@ -645,7 +645,7 @@ def load_pairs(
     ``task`` forces the model task (needed only for ambiguous local files).
     """
     _check_max(max_examples)
-    if task is not None and task not in MODEL_NUM_LABELS:
+    if task is not None and task not in TASK_NUM_LABELS:
         raise DataError(f"unknown task {task!r}; expected 'mnli' or 'qqp'")
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)

@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from jaxtyping import Bool, Int
 
 from mi_core.data._sources import hub_load, local_file, missing_error, resolve_data_dir
-from mi_core.errors import DataError
+from mi_core.errors import ConfigError, DataError
 
 TEXT_SPECS: dict[str, str] = {
     "text:wikitext": "WikiText-2 raw test set, one document per article",
@@ -281,3 +283,23 @@ def token_texts(
         tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = True
     return tokens, mask
+
+
+def iter_batches(
+    tokens: Int[torch.Tensor, "n pos"],
+    token_mask: Bool[torch.Tensor, "n pos"] | None,
+    batch_size: int,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Yield ``(tokens, mask)`` batches of at most ``batch_size`` rows."""
+    if tokens.ndim != 2:
+        raise DataError(f"expected token windows of shape [n, pos], got {tuple(tokens.shape)}")
+    if token_mask is not None and token_mask.shape != tokens.shape:
+        raise DataError(
+            f"token mask shape {tuple(token_mask.shape)} does not match tokens "
+            f"{tuple(tokens.shape)}"
+        )
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+    for start in range(0, tokens.shape[0], batch_size):
+        stop = start + batch_size
+        yield tokens[start:stop], None if token_mask is None else token_mask[start:stop]

@@ -1,10 +1,21 @@
-"""Interventions: component masks and mean/zero ablation as hooks, means, ablation tables.
+"""Interventions: component and neuron masks, mean/zero ablation as hooks, means, ablation tables.
+
+One abstraction (:mod:`~mi_core.interventions.base`): every intervention is plain data with
+``hooks(model)`` and ``save(path)``; :func:`apply` puts any number of them on a model::
+
+    subnetwork = Subnetwork.load("subnetwork.safetensors")  # a mask with its means
+    with apply(model, subnetwork, PruneMasks.load("masks.safetensors")):
+        logits = model(**batch)
 
 Three lines from a saved mask to an ablated model::
 
     mask = ComponentMask.load("mask.json")  # or ComponentMask.from_removed(model, "L2.H5")
     means = load_means("means.safetensors", model)  # checks the means are this model's
     with ablate(model, mask, means): logits = model(**batch)
+
+Neuron masks (MLP neurons, attention pre-out neurons, whole heads; the separability report's
+unit) are :class:`~mi_core.interventions.neurons.PruneMasks`; :mod:`~mi_core.interventions.svd`
+rewrites attention in its OV-SVD basis so that its neurons are those directions.
 
 See :mod:`~mi_core.interventions.mask`, :mod:`~mi_core.interventions.means`,
 :mod:`~mi_core.interventions.ablation` and :mod:`~mi_core.interventions.ablation_table`.
@@ -19,6 +30,7 @@ from mi_core.interventions.ablation_table import (
     naive_ablation_logits,
     parse_head_set,
 )
+from mi_core.interventions.base import Intervention, apply, intervention_hooks, load_intervention
 from mi_core.interventions.components import (
     Component,
     all_heads,
@@ -32,25 +44,37 @@ from mi_core.interventions.means import (
     compute_means,
     load_means,
 )
+from mi_core.interventions.neurons import PruneMasks, is_grouped_query, zero_pruned_weights
+from mi_core.interventions.subnetwork import Subnetwork
+from mi_core.interventions.svd import svd_attention
 
 __all__ = [
     "AVERAGING",
     "Ablation",
     "AblationLogits",
     "AblationTable",
+    "PruneMasks",
+    "Subnetwork",
     "Component",
     "ComponentMask",
     "ComponentMeans",
+    "Intervention",
     "ablate",
     "ablation_logits",
     "ablation_table",
+    "apply",
     "all_heads",
     "compute_means",
     "format_components",
     "interpolate",
+    "intervention_hooks",
+    "is_grouped_query",
+    "load_intervention",
     "load_means",
     "mask_hooks",
     "naive_ablation_logits",
     "parse_head_set",
     "parse_components",
+    "svd_attention",
+    "zero_pruned_weights",
 ]

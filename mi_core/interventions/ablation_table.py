@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -28,7 +29,8 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from mi_core.errors import InterventionError
+from mi_core.config import Config, option
+from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.ablation import Ablation, ablate, head_fill_values, interpolate
 from mi_core.interventions.components import (
     Component,
@@ -38,6 +40,7 @@ from mi_core.interventions.components import (
 )
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
+from mi_core.tasks import TASKS
 
 Batch = Mapping[str, torch.Tensor]
 Logits = Float[torch.Tensor, "n label"]
@@ -459,4 +462,79 @@ def ablation_table(
             table.singles[c][ds.name] = ds.score(values)
         for s, values in logits.joints.items():
             table.joints[s][ds.name] = ds.score(values)
+    return table
+
+
+@dataclass(kw_only=True)
+class AblationTableConfig(Config):
+    """The ablation-table job (``mi-core ablate``; the paper's Tables 3, 4 and 8)."""
+
+    model: str
+    """Checkpoint dir, hub name, or minilm."""
+    task: str | None = option(None, choices=TASKS)
+    """Task head to load (default: the checkpoint's own)."""
+    means: str | None = None
+    """Means file from mi-core means (needed for mean ablation)."""
+    heads: str
+    """Heads to list, e.g. L2.H3,L2.H5, or all."""
+    joint: list[str] = option(default_factory=list, metavar="SET")
+    """Sets of heads ablated together, e.g. L2.H5+L3.H7+L4.H0."""
+    data: list[str] = option(metavar="DATA")
+    """Data specs, e.g. mnli:validation_matched hans:so_swap."""
+    out: str
+    """Table CSV (.md and .html are written beside it)."""
+    ablation: str = option("mean", choices=("mean", "zero"))
+    """What replaces an ablated head: its mean activation or zero."""
+    batch_size: int = 64
+    """Examples per forward pass."""
+    max_length: int = 128
+    """Token limit per example."""
+    max_examples: int | None = None
+    """Use only the first examples of each data set."""
+
+    def validate(self) -> None:
+        super().validate()
+        if Path(self.out).suffix.lower() != ".csv":
+            raise ConfigError(f"--out {self.out}: the table is written as .csv (with .md, .html)")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1, not {self.batch_size}")
+        if self.ablation == "mean" and not self.means:
+            raise ConfigError(
+                "mean ablation needs --means FILE (from mi-core means), or --ablation zero"
+            )
+
+
+def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) -> AblationTable:
+    """Load the model and data of ``config``, build the table, write its CSV, Markdown and
+    HTML (beside ``config.out``)."""
+    from mi_core.data import load_pairs
+    from mi_core.interventions.components import parse_components
+    from mi_core.interventions.means import load_means
+    from mi_core.io import write_csv, write_text
+    from mi_core.models import load_model
+
+    datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
+    model = load_model(config.model, task=config.task or datasets[0].task)
+    for ds in datasets:
+        if ds.task != model.task:
+            raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")
+    every = config.heads.strip().lower() == "all"
+    heads = None if every else parse_components(config.heads, model)
+    joints = [parse_head_set(text, model) for text in config.joint]
+    means = load_means(config.means, model) if config.means else None
+    table = ablation_table(
+        model,
+        datasets,
+        heads,
+        joints,
+        means,
+        config.ablation,
+        batch_size=config.batch_size,
+        max_length=config.max_length,
+        progress=progress,
+    )
+    out = Path(config.out)
+    write_csv(out, table.frame())
+    write_text(out.with_suffix(".md"), table.markdown())
+    write_text(out.with_suffix(".html"), table.html())
     return table

@@ -88,6 +88,52 @@ class ComponentMask:
                 mask.heads[component.layer, component.head] = 0.0
         return mask
 
+    @classmethod
+    def from_kept(cls, cfg_or_model: Any, kept: str | list[str] | list[Component]) -> ComponentMask:
+        """Remove everything except ``kept`` (``"L2.H5,L7.MLP"`` or a list of names)."""
+        return cls.from_removed(cfg_or_model, kept).complement()
+
+    # --------------------------------------------------------------------------- combine
+    def _binary_pair(self, other: ComponentMask, op: str) -> tuple[torch.Tensor, ...]:
+        if not isinstance(other, ComponentMask):
+            raise InterventionError(f"cannot take the {op} of a mask and {type(other).__name__}")
+        if self.heads.shape != other.heads.shape:
+            raise InterventionError(
+                f"cannot take the {op} of masks of shapes {list(self.heads.shape)} and "
+                f"{list(other.heads.shape)}"
+            )
+        if not (self.is_binary() and other.is_binary()):
+            raise InterventionError(f"the {op} of masks is defined for binary masks only")
+        a, b = self.detach(), other.detach()
+        return a.heads.bool(), a.mlps.bool(), b.heads.bool(), b.mlps.bool()
+
+    def union(self, other: ComponentMask) -> ComponentMask:
+        """Keep what either mask keeps."""
+        ah, am, bh, bm = self._binary_pair(other, "union")
+        return ComponentMask((ah | bh).float(), (am | bm).float())
+
+    def intersection(self, other: ComponentMask) -> ComponentMask:
+        """Keep what both masks keep (the heuristic core of two subnetworks)."""
+        ah, am, bh, bm = self._binary_pair(other, "intersection")
+        return ComponentMask((ah & bh).float(), (am & bm).float())
+
+    def difference(self, other: ComponentMask) -> ComponentMask:
+        """Keep what this mask keeps and ``other`` does not."""
+        ah, am, bh, bm = self._binary_pair(other, "difference")
+        return ComponentMask((ah & ~bh).float(), (am & ~bm).float())
+
+    def complement(self) -> ComponentMask:
+        """Keep what this mask removes (binary masks only)."""
+        if not self.is_binary():
+            raise InterventionError("the complement of a mask is defined for binary masks only")
+        d = self.detach()
+        return ComponentMask(1.0 - d.heads, 1.0 - d.mlps)
+
+    __or__ = union
+    __and__ = intersection
+    __sub__ = difference
+    __invert__ = complement
+
     # ----------------------------------------------------------------------------------- read
     @property
     def n_layers(self) -> int:

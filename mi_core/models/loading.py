@@ -18,15 +18,18 @@ import torch
 import transformers
 from transformer_lens import HookedTransformer
 
+import mi_core.models.configs as configs
+import mi_core.models.convert as convert
+import mi_core.models.embedded as embedded
 from mi_core.errors import ModelLoadError
 from mi_core.io import read_safetensors, write_safetensors
-from mi_core.models import configs, convert, embedded
 from mi_core.models.classifier import (
     HookedClassifier,
     HookedDecoderClassifier,
     HookedEncoderClassifier,
 )
 from mi_core.models.dropout import DropoutRates
+from mi_core.tasks import TASK_NUM_LABELS
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,6 @@ CAUSAL_LM_ARCHITECTURES = ("GPT2LMHeadModel", "OPTForCausalLM", "LlamaForCausalL
 SUPPORTED_ARCHITECTURES = tuple(
     dict.fromkeys(CLASSIFIER_ARCHITECTURES + BODY_ARCHITECTURES + CAUSAL_LM_ARCHITECTURES)
 )
-TASK_NUM_LABELS = {"mnli": 3, "qqp": 2}
 TASK_LABEL_NAMES = {
     "mnli": ["entailment", "neutral", "contradiction"],
     "qqp": ["not_duplicate", "duplicate"],

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from mi_core.config import Config, option
 from mi_core.errors import ConfigError
 from mi_core.pruning.discretize import DISCRETIZE_RULES
 from mi_core.pruning.hard_concrete import (
@@ -45,33 +46,48 @@ ABLATIONS = ("mean", "zero")
 
 
 @dataclass(frozen=True)
-class PruneConfig:
-    """Every hyperparameter of one L0 pruning run; validated on construction."""
+class PruneConfig(Config):
+    """Every hyperparameter of one L0 pruning run; validated on construction.
 
-    profile: str
-    target_sparsity: float
-    seed: int
+    :func:`make_prune_config` builds one from a profile; every field but ``profile``,
+    ``target_sparsity`` and ``seed`` is also an ``mi-core prune`` / ``sweep`` /
+    ``effective-size`` flag that overrides the profile's value.
+    """
+
+    profile: str = option(choices=PROFILES, cli=False)
+    """The profile the other values came from (paper, quick or cofi)."""
+    target_sparsity: float = option(cli=False)
+    """Fraction of the components (or parameters) to remove, in (0, 1)."""
+    seed: int = option(cli=False)
+    """Seed of the gates' initialisation, noise and data order."""
     steps: int
-    """Total optimisation steps (optimizer updates, not micro-batches)."""
+    """Total steps (optimizer updates, not micro-batches); the warm-ups scale with it unless
+    given."""
     warmup_steps: int
-    """Steps over which the target sparsity ramps linearly from 0 to ``target_sparsity``."""
+    """Steps over which the target sparsity ramps linearly from 0 to target_sparsity."""
     batch_size: int
-    """Examples per micro-batch; the effective batch is ``batch_size * grad_accumulation``."""
+    """Examples per micro-batch; the effective batch is batch_size * grad_accumulation."""
     grad_accumulation: int
+    """Micro-batches per step."""
     lr_log_alpha: float
+    """Learning rate of the gates' log_alpha."""
     lr_lambda: float
+    """Learning rate (ascent) of the Lagrangian lambdas."""
     max_length: int
-    """Token limit per example (batches are padded to their longest example, not to this)."""
+    """Token limit per example (batches pad to their longest example, not to this)."""
     eval_every: int
+    """Steps between evaluations in the log."""
     checkpoint_every: int
+    """Steps between checkpoints."""
     eval_batch_size: int
-    sparsity_weighting: str = "components"
+    """Batch size of the reference logits and the evaluations."""
+    sparsity_weighting: str = option("components", choices=SPARSITY_WEIGHTINGS)
     """``"components"``: heads and MLPs count once each (the paper); ``"params"``: by size."""
-    ablation: str = "mean"
+    ablation: str = option("mean", choices=ABLATIONS)
     """What a removed component is replaced by: its mean activation or zero."""
     beta: float = BETA
     """Hard-concrete temperature."""
-    sparsity_estimate: str = "sampled"
+    sparsity_estimate: str = option("sampled", choices=SPARSITY_ESTIMATES)
     """Sparsity in the Lagrangian term: ``"sampled"`` gates of the step (the authors) or the
     closed-form ``"expected"`` L0 (CoFi)."""
     log_alpha_init: float = PAPER_INIT_MEAN
@@ -84,18 +100,18 @@ class PruneConfig:
     """AdamW's weight decay on the Lagrangian lambdas (the authors: 0.01, the same optimizer)."""
     lr_warmup_steps: int = 200
     """Steps of linear learning-rate warm-up (then linear decay to 0 with ``lr_schedule``)."""
-    lr_schedule: str = "linear"
+    lr_schedule: str = option("linear", choices=LR_SCHEDULES)
     """``"linear"``: warm-up then linear decay to 0 (the authors); ``"constant"`` (CoFi)."""
     max_grad_norm: float = 1.0
     """Clip the gradient norm of gates and lambdas together at this value; 0 turns it off."""
-    dropout: bool = True
+    dropout: bool = option(True, bool_flag="on-off")
     """Run the pruned model with the checkpoint's dropout (the authors prune in train mode); the
     cached full-model logits are always computed without dropout."""
-    discretize: str = "reference"
+    discretize: str = option("reference", choices=DISCRETIZE_RULES)
     """``"reference"``: the authors' per-module rounding and threshold grid; ``"exact"``: remove
     exactly ``round(target * n)`` components by ``log_alpha``."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
@@ -144,46 +160,11 @@ class PruneConfig:
         for name in ("weight_decay", "lambda_weight_decay"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must lie in [0, 1), got {getattr(self, name)}")
-        choices = {
-            "sparsity_estimate": SPARSITY_ESTIMATES,
-            "lr_schedule": LR_SCHEDULES,
-            "discretize": DISCRETIZE_RULES,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.sparsity_weighting not in SPARSITY_WEIGHTINGS:
-            raise ConfigError(
-                f"sparsity_weighting must be one of {SPARSITY_WEIGHTINGS}, "
-                f"got {self.sparsity_weighting!r}"
-            )
-        if self.ablation not in ABLATIONS:
-            raise ConfigError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
+        super().validate()  # the choices of every field
 
     @property
     def effective_batch_size(self) -> int:
         return self.batch_size * self.grad_accumulation
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PruneConfig:
-        """Rebuild (and re-validate) a config from :meth:`to_dict`'s output."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown pruning config keys {unknown}; valid keys: {sorted(names)}")
-        required = {
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        }
-        missing = sorted(required - set(data))
-        if missing:
-            raise ConfigError(f"pruning config is missing keys {missing}")
-        return cls(**data)
 
 
 #: The authors' mechanics (their code) that distinguish ``paper`` and ``quick`` from ``cofi``.
@@ -380,3 +361,38 @@ def parse_sparsities(spec: str) -> list[float]:
     if duplicates:
         raise ConfigError(f"sparsity list {spec!r} repeats {duplicates}")
     return values
+
+
+def parse_seed_spec(value: Any, where: str = "seeds") -> list[int]:
+    """Seeds as a list of ints, a string like ``"1-12"`` / ``"1,2,5"``; a bare count ``N`` (an
+    int in JSON, or ``"N"`` without a range/comma on the command line) means seeds ``0..N-1``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where} must be a count, a list of ints or a string like '1-12'")
+    if isinstance(value, int):
+        if value < 1:
+            raise ConfigError(f"{where}: a seed count must be at least 1, got {value}")
+        return list(range(value))
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            return parse_seed_spec(int(text), where)
+        return parse_seeds(text)
+    if isinstance(value, list) and value:
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
+            raise ConfigError(f"{where} must list non-negative integers, got {value}")
+        if len(set(value)) != len(value):
+            raise ConfigError(f"{where} repeats a seed: {value}")
+        return list(value)
+    raise ConfigError(f"{where} must be a count, a list of ints or a string like '1-12'")
+
+
+def parse_sparsity_spec(value: Any, where: str = "sparsities") -> list[float]:
+    if isinstance(value, str):
+        return parse_sparsities(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, list) and value:
+        if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in value):
+            raise ConfigError(f"{where} must be numbers in (0, 1), got {value}")
+        return parse_sparsities(",".join(repr(float(s)) for s in value))
+    raise ConfigError(f"{where} must be a list like [0.3, 0.5] or a range like '0.05:0.7:0.05'")

@@ -59,7 +59,7 @@ def plan_sweep(
     out: str | os.PathLike[str],
     sparsities: Sequence[float],
     seeds: Sequence[int],
-    profile: str = "quick",
+    profile: str = "paper",
     overrides: Mapping[str, Any] | None = None,
 ) -> list[SweepRun]:
     """Every (sparsity, seed) run of a sweep with its validated config, sparsity-major."""
@@ -206,7 +206,7 @@ def run_sweep(
     *,
     means: str | os.PathLike[str] | None = None,
     eval_sets: Sequence[str | PairDataset] = (),
-    profile: str = "quick",
+    profile: str = "paper",
     overrides: Mapping[str, Any] | None = None,
     task: str | None = None,
     max_train_examples: int | None = None,

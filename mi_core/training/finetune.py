@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -22,11 +22,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
+from mi_core.config import Config, option
 from mi_core.data import load_pairs, pair_batches
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.io import read_json, write_csv, write_json
 from mi_core.models import load_hf_classifier
+from mi_core.tasks import TASKS
 from mi_core.training.checkpoints import list_checkpoints, load_training_state, save_checkpoint
 
 log = logging.getLogger(__name__)
@@ -35,33 +37,66 @@ CONFIG = "finetune_config.json"
 
 
 @dataclass
-class FinetuneConfig:
-    """Everything a fine-tuning run depends on (saved as ``finetune_config.json``)."""
+class FinetuneSettings(Config):
+    """How to fine-tune (AdamW, linear schedule; the paper's: lr 2e-5, batch 32).
 
-    model: str
-    task: str
-    train: str
-    out: str
-    eval: list[str] = field(default_factory=list)
-    steps: int = 1000
+    The heuristic-core experiment's ``finetune`` section; :class:`FinetuneConfig` adds the
+    model, the data and the output directory.
+    """
+
+    steps: int
+    """Optimizer steps."""
     save_every: int = 500
+    """Steps between checkpoints (the last step is always saved)."""
     lr: float = 2e-5
+    """Peak learning rate."""
     batch_size: int = 32
+    """Examples per step."""
     seed: int = 0
+    """Seed of the classifier head, the data order and dropout."""
     max_length: int = 128
+    """Token limit per example."""
     warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     eval_batch_size: int = 64
+    """Batch size of the evaluations."""
     max_eval_examples: int | None = None
+    """Cap on every evaluation set (the first rows are kept)."""
     max_train_examples: int | None = None
+    """Cap on the training examples."""
     group_by_length: bool = True
+    """Batches of examples of similar length (as Hugging Face's Trainer with group_by_length);
+    off: batches drawn uniformly at random."""
 
     def validate(self) -> None:
-        """Raise ConfigError for values out of range."""
+        super().validate()
         if self.steps < 1 or self.save_every < 1:
-            raise ConfigError(f"--steps ({self.steps}) and --save-every must be at least 1")
-        if self.batch_size < 1 or not (0 < self.lr < 1):
-            raise ConfigError("--batch-size must be >= 1 and --lr in (0, 1)")
+            raise ConfigError(f"steps ({self.steps}) and save_every must be at least 1")
+        if self.batch_size < 1 or self.eval_batch_size < 1 or not (0 < self.lr < 1):
+            raise ConfigError("batch_size and eval_batch_size must be >= 1 and lr in (0, 1)")
+        for name in ("max_eval_examples", "max_train_examples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be at least 1 (or null), got {value}")
+
+
+@dataclass(kw_only=True)
+class FinetuneConfig(FinetuneSettings):
+    """A fine-tuning job: the settings, the model, the data and where to write (saved as
+    ``finetune_config.json``)."""
+
+    model: str
+    """Checkpoint dir, hub name, or minilm."""
+    task: str = option(choices=TASKS)
+    """The pair task of the classifier head."""
+    train: str
+    """Training data spec, e.g. mnli:train."""
+    out: str
+    """Output directory: checkpoints, metrics.csv, training_dynamics.html."""
+    eval: list[str] = option(default_factory=list, metavar="DATA")
+    """Evaluation sets; the first is in-domain."""
 
 
 def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
@@ -88,7 +123,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     Writes ``checkpoint-{step}`` every ``save_every`` steps and at the end, ``metrics.csv`` and
     ``training_dynamics.html`` (in-domain vs out-of-domain accuracy over steps).
     """
-    cfg.validate()
     out = Path(cfg.out)
     _check_resumable(cfg, out)
     train = load_pairs(cfg.train, max_examples=cfg.max_train_examples)

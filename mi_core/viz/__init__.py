@@ -15,6 +15,7 @@ from mi_core.viz.figures import (
     training_dynamics,
     write_figure_html,
 )
+from mi_core.viz.separability import score_distribution_figure, trajectory_figure
 
 __all__ = [
     "accuracy_vs_sparsity",
@@ -24,8 +25,10 @@ __all__ = [
     "effective_size_over_training",
     "frequency_heatmap_figure",
     "id_vs_ood_scatter",
+    "score_distribution_figure",
     "subcase_bars",
     "training_dynamics",
+    "trajectory_figure",
     "write_attention_html",
     "write_figure_html",
 ]

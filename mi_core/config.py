@@ -1,0 +1,258 @@
+"""One shape for every job's configuration: a dataclass whose fields and field docs are the source.
+
+Each job (fine-tuning, means, a pruning run, a sweep, effective size, an ablation table, the
+heuristic-core experiment, a separability run) has one config dataclass that mixes in
+:class:`Config`. Its fields carry the names, types and defaults, the string literal under a field
+is its documentation, and :func:`option` adds what a command line needs beyond that (a flag name
+kept for old scripts, the allowed values, a parser for spec strings like ``"1-12"``). From that
+one source:
+
+- ``Config.validate`` is the single validation hook, run on construction (``__post_init__``);
+- ``to_dict`` / ``from_dict`` round-trip through JSON, with one-line :class:`ConfigError` messages
+  that name the bad key (unknown keys, missing keys, wrong types, values not among the choices);
+- :mod:`mi_core.cli.flags` generates the ``mi-core`` flags, so a new option is one field.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import operator
+import os
+import re
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mi_core.errors import ConfigError
+
+__all__ = ["Config", "build", "field_docs", "option"]
+
+C = TypeVar("C", bound="Config")
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+    flag: str | None = None,
+    choices: Sequence[Any] | None = None,
+    parse: Callable[[Any, str], Any] | None = None,
+    metavar: str | None = None,
+    cli: bool = True,
+    bool_flag: str | None = None,
+) -> Any:
+    """A config field with command-line details (its help is the docstring under the field).
+
+    ``flag``: the flag's name when it is not ``--field-name`` (kept for scripts that use it);
+    ``choices``: the allowed values (checked in :func:`build` and by the flag); ``parse``: turns a
+    spec (``"1-12"``, ``"0.05:0.7:0.05"``) into the value, called as ``parse(value, where)``;
+    ``cli=False``: no flag; ``bool_flag``: ``"on-off"`` for ``--x on|off`` instead of
+    ``--x`` / ``--no-x``.
+    """
+    metadata = {
+        "flag": flag,
+        "choices": tuple(choices) if choices is not None else None,
+        "parse": parse,
+        "metavar": metavar,
+        "cli": cli,
+        "bool_flag": bool_flag,
+    }
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def _plain(doc: str) -> str:
+    """A docstring as one plain line: ``x`` and :func:`~a.b.x` become x."""
+    text = re.sub(r":[a-z]+:`~?([^`]*)`", lambda m: m.group(1).rsplit(".", 1)[-1], doc)
+    return " ".join(text.replace("``", "").split())
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` (and of its bases), one line each."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass) or klass is object:
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # pragma: no cover - classes built at run time
+            continue
+        body = ast.parse(source).body[0]
+        statements = getattr(body, "body", [])
+        for node, after in zip(statements, statements[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[node.target.id] = _plain(after.value.value)
+    return docs
+
+
+class Config:
+    """Mixin for a job's config dataclass: validated on construction, JSON round-trip."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` (one line, naming the field) for a bad value."""
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise ConfigError(f"{f.name} must be one of {list(choices)}, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict that :meth:`from_dict` reads back into an equal config."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[C], data: Any, source: str = "config") -> C:
+        """Validate ``data`` (parsed JSON) into a config; :class:`ConfigError` names a bad key."""
+        return build(cls, data, "", source)
+
+    def to_json(self, path: str | os.PathLike[str]) -> Path:
+        """Write the config as JSON (atomically)."""
+        from mi_core.io import write_json
+
+        return write_json(path, self.to_dict())
+
+    @classmethod
+    def from_json(cls: type[C], path: str | os.PathLike[str]) -> C:
+        """Read a config written by :meth:`to_json` (or by hand)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+            ) from None
+        return cls.from_dict(data, source=path.name)
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+# ------------------------------------------------------------------------------ building
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    """``(inner type, allows None)`` of an annotation."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return inner[0], type(None) in args
+        return functools.reduce(operator.or_, inner), type(None) in args
+    return tp, False
+
+
+def check_value(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (str, int, float, bool, list, dict, Any, a
+    or an Optional of one); return it (ints widened to float where a float is
+    expected)."""
+    inner, nullable = unwrap_optional(tp)
+    if value is None and nullable:
+        return None
+    tp = inner
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is list or tp is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {_json(value)}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [check_value(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be an object, got {_json(value)}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {_json(value)}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {_json(value)}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {_json(value)}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {_json(value)}")
+        return value
+    if origin in (typing.Union, types.UnionType):  # e.g. str | list[str]: the first that fits
+        for option_type in typing.get_args(tp):
+            try:
+                return check_value(value, option_type, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where} has the wrong type: {_json(value)}")
+    raise ConfigError(f"{where}: cannot check a value of type {tp}")  # pragma: no cover
+
+
+def build(cls: type[C], data: Any, prefix: str = "", source: str = "config") -> C:
+    """Build dataclass ``cls`` from ``data``, checking keys and types (nested sections by their
+    annotation); ``prefix`` names the section in messages, ``source`` the file."""
+    label = f"{source}: " if source else ""
+    where = prefix.rstrip(".") or "the top level"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{label}{where} must be a JSON object, got {_json(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{label}unknown key(s) {unknown} in {where}; valid keys: {sorted(fields)}"
+        )
+    missing = [
+        name
+        for name, f in fields.items()
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and name not in data
+    ]
+    if missing:
+        raise ConfigError(f"{label}missing required key(s) {missing} in {where}")
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{label}{prefix}{name}"
+        parse = fields[name].metadata.get("parse")
+        section, nullable = unwrap_optional(hints[name])
+        if dataclasses.is_dataclass(section):  # a nested section; null means its defaults
+            if value is None and nullable:
+                values[name] = None
+            else:
+                values[name] = build(
+                    section, {} if value is None else value, f"{prefix}{name}.", source
+                )
+        elif parse is not None and value is not None:
+            values[name] = parse(value, key)
+        else:
+            values[name] = check_value(value, hints[name], key)
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        if prefix and not str(exc).startswith(prefix):
+            raise ConfigError(f"{label}{prefix}{exc}") from None
+        raise

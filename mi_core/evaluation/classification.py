@@ -1,0 +1,217 @@
+"""Accuracy of a sequence classifier on pair data sets, with per-example predictions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+
+from mi_core.config import Config, option
+from mi_core.data import PairDataset, pair_batches
+from mi_core.errors import ConfigError
+from mi_core.tasks import TASKS
+
+BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class EvalResult:
+    """One data set's evaluation: accuracy, and per example the label, prediction and logits."""
+
+    dataset: str
+    accuracy: float
+    labels: Int[torch.Tensor, " n"]
+    predictions: Int[torch.Tensor, " n"]
+    logits: Float[torch.Tensor, "n label"]
+
+    @property
+    def n(self) -> int:
+        return int(self.labels.shape[0])
+
+    def prediction_rows(self) -> list[dict]:
+        """One JSON-ready dict per example: dataset, index, label, prediction, logits."""
+        return [
+            {
+                "dataset": self.dataset,
+                "index": i,
+                "label": int(label),
+                "prediction": int(pred),
+                "logits": [round(float(x), 6) for x in logits],
+            }
+            for i, (label, pred, logits) in enumerate(
+                zip(self.labels, self.predictions, self.logits, strict=True)
+            )
+        ]
+
+
+def model_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict:
+    """The keys of ``batch`` that ``model`` takes; Hugging Face models get only what they use.
+
+    HF GPT-2 would embed token type ids as words and RoBERTa has a single type, so only BERT gets
+    them; hooked classifiers ignore what their family does not use.
+    """
+    inputs = {k: batch[k] for k in BATCH_KEYS if k in batch}
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "model_type", None) != "bert":
+        inputs.pop("token_type_ids", None)
+    return inputs
+
+
+def _logits(output) -> torch.Tensor:
+    return output.logits if hasattr(output, "logits") else output
+
+
+@torch.no_grad()
+def predict_logits(
+    model: torch.nn.Module,
+    batches: Iterable[dict[str, torch.Tensor]],
+    n: int,
+    progress: str | None = None,
+    forward: Callable | None = None,
+) -> Float[torch.Tensor, "n label"]:
+    """Class logits for every example, put back in data set order by each batch's ``index``."""
+    out: torch.Tensor | None = None
+    forward = forward or (lambda batch: _logits(model(**model_inputs(model, batch))))
+    for batch in tqdm(batches, desc=progress, disable=progress is None, leave=False):
+        logits = forward(batch).float().cpu()
+        if out is None:
+            out = torch.empty(n, logits.shape[-1])
+        out[batch["index"]] = logits
+    if out is None:
+        raise ValueError("no batches to evaluate")
+    return out
+
+
+def evaluate(
+    model: torch.nn.Module,
+    dataset: PairDataset,
+    tokenizer=None,
+    batch_size: int = 64,
+    max_length: int = 128,
+    progress: bool = False,
+) -> EvalResult:
+    """Accuracy of ``model`` on ``dataset`` (model classes mapped to the data set's labels).
+
+    ``tokenizer`` defaults to ``model.tokenizer``. Examples are batched by length, which wastes
+    little compute on padding.
+    """
+    from mi_core.errors import DataError
+
+    if len(dataset) == 0:
+        raise DataError(f"{dataset.name} is empty; nothing to evaluate")
+    was_training = model.training
+    model.eval()
+    batches = pair_batches(
+        dataset,
+        tokenizer or model.tokenizer,
+        batch_size=batch_size,
+        max_length=max_length,
+        sort_by_length=True,
+    )
+    try:
+        logits = predict_logits(model, batches, len(dataset), dataset.name if progress else None)
+    finally:
+        model.train(was_training)
+    predictions = dataset.predictions_to_labels(logits.argmax(-1))
+    labels = dataset.label_tensor()
+    accuracy = float((predictions == labels).float().mean())
+    return EvalResult(dataset.name, accuracy, labels, predictions, logits)
+
+
+def results_frame(results: Iterable[EvalResult]) -> pd.DataFrame:
+    """The ``dataset, n, accuracy`` table of several evaluations."""
+    return pd.DataFrame(
+        [{"dataset": r.dataset, "n": r.n, "accuracy": r.accuracy} for r in results],
+        columns=["dataset", "n", "accuracy"],
+    )
+
+
+__all__ = ["EvalResult", "evaluate", "model_inputs", "predict_logits", "results_frame"]
+
+
+@dataclass(kw_only=True)
+class EvalConfig(Config):
+    """The evaluation job (``mi-core eval``): accuracy on data sets, optionally of a
+    subnetwork (components ablated by a mask file or by name)."""
+
+    model: str
+    """Checkpoint dir, hub name, or minilm."""
+    task: str | None = option(None, choices=TASKS)
+    """Task head to load (default: the checkpoint's own)."""
+    data: list[str] = option(metavar="DATA")
+    """Data specs, e.g. mnli:validation_matched hans:so_swap."""
+    out: str
+    """Results CSV (columns dataset, n, accuracy)."""
+    predictions: str | None = None
+    """Per-example predictions (JSONL)."""
+    batch_size: int = 64
+    """Examples per forward pass."""
+    max_length: int = 128
+    """Token limit per example."""
+    max_examples: int | None = None
+    """Use only the first examples of each data set."""
+    means: str | None = None
+    """Means file from mi-core means (for mean ablation)."""
+    mask: str | None = None
+    """Mask file (.safetensors or .json) of the subnetwork to evaluate."""
+    ablate: str | None = None
+    """Components to remove, e.g. L2.H5,L4.MLP."""
+    ablation: str = option("mean", choices=("mean", "zero"))
+    """What replaces a removed component: its mean activation or zero."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1, not {self.batch_size}")
+        if self.mask and self.ablate:
+            raise ConfigError("give either --mask or --ablate, not both")
+
+
+def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
+    """Evaluate the model (or its subnetwork) of ``config``; write the table and predictions."""
+    import contextlib
+    import json
+
+    from mi_core.data import load_pairs
+    from mi_core.interventions import ComponentMask, ablate, load_means
+    from mi_core.io import atomic_path, write_csv
+    from mi_core.models import load_model
+
+    datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
+    model = load_model(config.model, task=config.task or datasets[0].task)
+    for ds in datasets:
+        if ds.task != model.task:
+            raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")
+    mask = None
+    if config.mask:
+        mask = ComponentMask.load(config.mask)
+    elif config.ablate:
+        mask = ComponentMask.from_removed(model, config.ablate)
+    means = load_means(config.means, model) if config.means else None
+    if mask is not None and config.ablation == "mean" and means is None:
+        raise ConfigError(
+            "mean ablation needs --means FILE (from mi-core means), or --ablation zero"
+        )
+    context = ablate(model, mask, means, config.ablation) if mask else contextlib.nullcontext()
+    with context:
+        results = [
+            evaluate(
+                model,
+                ds,
+                batch_size=config.batch_size,
+                max_length=config.max_length,
+                progress=progress,
+            )
+            for ds in datasets
+        ]
+    write_csv(config.out, results_frame(results))
+    if config.predictions:
+        with atomic_path(config.predictions) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+            for result in results:
+                for row in result.prediction_rows():
+                    handle.write(json.dumps(row) + "\n")
+    return results

@@ -1,0 +1,343 @@
+"""Which neurons are pruned, and two equivalent ways of removing them from a model.
+
+A :class:`PruneMasks` records, for every MLP neuron ``[n_layers, d_mlp]`` and every attention
+pre-out neuron ``[n_layers, n_heads, d_head]``, the pruning step that removed it (0: kept) and
+the value that replaces its activation (0 for ``offset="zero"``; its mean activation on the
+*focus* data set, measured on the model as it was when the neuron was removed, for
+``offset="mean"`` -- the reference code uses the focus mean, the data set whose performance is
+to be kept).
+
+Removal either
+
+- by hooks (:meth:`PruneMasks.hooks`): ``x -> keep * x + (1 - keep) * offset`` on
+  ``mlp.hook_post`` and ``attn.hook_z``; the model's weights are untouched; or
+- by editing the weights (:func:`zero_pruned_weights`), for export: an MLP neuron loses its
+  ``W_in`` column, ``b_in`` entry and ``W_out`` row; a pre-out neuron loses its ``W_V`` column,
+  ``b_V`` entry and ``W_O`` row. A mean offset is folded into ``b_out`` / ``b_O`` as
+  ``offset * W_out[neuron]`` / ``offset * W_O[head, neuron]``. With grouped-query attention the
+  value weights are shared by the heads of a key-value group, so a pre-out neuron is removed by
+  its ``W_O`` row alone (the same outputs), and the shared ``W_V`` column and ``b_V`` entry are
+  zeroed only once every head of the group has lost that neuron.
+
+Both give the same logits (up to float rounding); the tests check it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from jaxtyping import Bool, Float, Int
+from transformer_lens import HookedTransformer
+
+from mi_core.errors import InterventionError
+from mi_core.io import read_safetensors, write_safetensors
+
+#: The format tag written into the metadata of saved masks.
+FORMAT = "mi_core.interventions.neurons/1"
+
+
+@dataclass(eq=False)
+class PruneMasks:
+    """Pruned MLP and attention pre-out neurons, the step each was pruned at, and offsets."""
+
+    ff_step: Int[torch.Tensor, "n_layers d_mlp"]
+    attn_step: Int[torch.Tensor, "n_layers n_heads d_head"]
+    ff_offset: Float[torch.Tensor, "n_layers d_mlp"]
+    attn_offset: Float[torch.Tensor, "n_layers n_heads d_head"]
+
+    @classmethod
+    def empty(cls, model: HookedTransformer) -> PruneMasks:
+        """Masks that keep every neuron of ``model``."""
+        cfg = model.cfg
+        return cls(
+            ff_step=torch.zeros(cfg.n_layers, cfg.d_mlp, dtype=torch.long),
+            attn_step=torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head, dtype=torch.long),
+            ff_offset=torch.zeros(cfg.n_layers, cfg.d_mlp),
+            attn_offset=torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head),
+        )
+
+    def clone(self) -> PruneMasks:
+        """An independent copy."""
+        return PruneMasks(
+            self.ff_step.clone(),
+            self.attn_step.clone(),
+            self.ff_offset.clone(),
+            self.attn_offset.clone(),
+        )
+
+    @property
+    def ff_keep(self) -> Bool[torch.Tensor, "n_layers d_mlp"]:
+        """``True`` for MLP neurons still in the model."""
+        return self.ff_step == 0
+
+    @property
+    def attn_keep(self) -> Bool[torch.Tensor, "n_layers n_heads d_head"]:
+        """``True`` for attention pre-out neurons still in the model."""
+        return self.attn_step == 0
+
+    @property
+    def n_ff_pruned(self) -> int:
+        """Number of MLP neurons removed."""
+        return int((self.ff_step > 0).sum())
+
+    @property
+    def n_attn_pruned(self) -> int:
+        """Number of attention pre-out neurons removed."""
+        return int((self.attn_step > 0).sum())
+
+    @property
+    def n_heads_pruned(self) -> int:
+        """Number of attention heads with every pre-out neuron removed."""
+        return int((self.attn_step > 0).all(dim=-1).sum())
+
+    @property
+    def n_steps(self) -> int:
+        """The last pruning step recorded."""
+        return int(max(self.ff_step.max(), self.attn_step.max()))
+
+    def prune(
+        self,
+        step: int,
+        ff: Bool[torch.Tensor, "n_layers d_mlp"] | None = None,
+        attn: Bool[torch.Tensor, "n_layers n_heads d_head"] | None = None,
+        ff_offset: Float[torch.Tensor, "n_layers d_mlp"] | None = None,
+        attn_offset: Float[torch.Tensor, "n_layers n_heads d_head"] | None = None,
+    ) -> None:
+        """Mark the neurons selected by ``ff`` / ``attn`` as removed at ``step`` (in place).
+
+        Neurons already removed keep their step and offset. ``*_offset`` give the replacement
+        value of every neuron (only the newly removed entries are used); ``None`` means zero.
+        """
+        if step < 1:
+            raise InterventionError(f"pruning steps are numbered from 1, got {step}")
+        for selected, steps, offsets, new_offsets in (
+            (ff, self.ff_step, self.ff_offset, ff_offset),
+            (attn, self.attn_step, self.attn_offset, attn_offset),
+        ):
+            if selected is None:
+                continue
+            if selected.shape != steps.shape:
+                raise InterventionError(
+                    f"selection of shape {tuple(selected.shape)} does not fit masks of shape "
+                    f"{tuple(steps.shape)}"
+                )
+            new = selected.cpu().bool() & (steps == 0)
+            steps[new] = step
+            if new_offsets is not None:
+                offsets[new] = new_offsets.detach().cpu().to(offsets.dtype)[new]
+
+    # --------------------------------------------------------------------------- combine
+    def _merged(self, other: PruneMasks, removed_if_both: bool) -> PruneMasks:
+        """Neurons removed where both (``removed_if_both``) or either mask removes them; each
+        at the earlier of its removal steps, with that removal's offset."""
+        if not isinstance(other, PruneMasks):
+            raise InterventionError(f"cannot combine neuron masks with {type(other).__name__}")
+        if (self.ff_step.shape, self.attn_step.shape) != (
+            other.ff_step.shape,
+            other.attn_step.shape,
+        ):
+            raise InterventionError("cannot combine neuron masks of different models (shapes)")
+        parts = []
+        for a_step, b_step, a_off, b_off in (
+            (self.ff_step, other.ff_step, self.ff_offset, other.ff_offset),
+            (self.attn_step, other.attn_step, self.attn_offset, other.attn_offset),
+        ):
+            a_on, b_on = a_step > 0, b_step > 0
+            removed = (a_on & b_on) if removed_if_both else (a_on | b_on)
+            from_a = a_on & (~b_on | (a_step <= b_step))
+            step = torch.where(from_a, a_step, b_step)
+            offset = torch.where(from_a, a_off, b_off)
+            parts += [
+                torch.where(removed, step, torch.zeros_like(step)),
+                torch.where(removed, offset, torch.zeros_like(offset)),
+            ]
+        ff_step, ff_offset, attn_step, attn_offset = parts
+        return PruneMasks(ff_step, attn_step, ff_offset, attn_offset)
+
+    def union(self, other: PruneMasks) -> PruneMasks:
+        """Keep what either keeps: a neuron stays removed only where both masks remove it."""
+        return self._merged(other, removed_if_both=True)
+
+    def intersection(self, other: PruneMasks) -> PruneMasks:
+        """Keep what both keep: a neuron is removed where either mask removes it."""
+        return self._merged(other, removed_if_both=False)
+
+    __or__ = union
+    __and__ = intersection
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PruneMasks):
+            return NotImplemented
+        return all(
+            torch.equal(a, b)
+            for a, b in zip(self.tensors().values(), other.tensors().values(), strict=True)
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"PruneMasks({self.n_ff_pruned} MLP neurons and {self.n_attn_pruned} attention "
+            f"pre-out neurons removed over {self.n_steps} steps; {self.n_heads_pruned} whole heads)"
+        )
+
+    def _check_fits(self, model: HookedTransformer) -> None:
+        cfg = model.cfg
+        expected = ((cfg.n_layers, cfg.d_mlp), (cfg.n_layers, cfg.n_heads, cfg.d_head))
+        got = (tuple(self.ff_step.shape), tuple(self.attn_step.shape))
+        if got != expected:
+            raise InterventionError(
+                f"masks of shapes {got} do not fit this model (expected {expected}); they were "
+                "made for another model"
+            )
+
+    def hooks(self, model: HookedTransformer) -> list[tuple[str, Callable]]:
+        """Forward hooks that remove the pruned neurons (for ``model.run_with_hooks``).
+
+        Layers with nothing pruned get no hook.
+        """
+        self._check_fits(model)
+        device, dtype = model.cfg.device, model.cfg.dtype
+        hooks: list[tuple[str, Callable]] = []
+        for layer in range(model.cfg.n_layers):
+            for name, steps, offsets in (
+                (f"blocks.{layer}.mlp.hook_post", self.ff_step[layer], self.ff_offset[layer]),
+                (f"blocks.{layer}.attn.hook_z", self.attn_step[layer], self.attn_offset[layer]),
+            ):
+                removed = steps > 0
+                if not removed.any():
+                    continue
+                keep = (~removed).to(device=device, dtype=dtype)
+                shift = torch.where(removed, offsets, torch.zeros_like(offsets)).to(
+                    device=device, dtype=dtype
+                )
+                hooks.append((name, _masking_hook(keep, shift if shift.any() else None)))
+        return hooks
+
+    def save(self, path: str | os.PathLike[str], metadata: dict[str, str] | None = None) -> Path:
+        """Write the masks as safetensors (atomically)."""
+        meta = {"format": FORMAT, **(metadata or {})}
+        return write_safetensors(
+            path,
+            {
+                "ff_step": self.ff_step,
+                "attn_step": self.attn_step,
+                "ff_offset": self.ff_offset,
+                "attn_offset": self.attn_offset,
+            },
+            metadata=meta,
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> PruneMasks:
+        """Read masks written by :meth:`save`."""
+        try:
+            tensors, metadata = read_safetensors(path)
+        except FileNotFoundError as exc:
+            raise InterventionError(f"no masks file at {path}") from exc
+        if metadata.get("format") != FORMAT:
+            raise InterventionError(f"{path} is not a separability masks file ({FORMAT})")
+        return cls.from_tensors(tensors)
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "") -> PruneMasks:
+        """Masks from the tensors of :meth:`tensors` (optionally with a key prefix)."""
+        return cls(
+            ff_step=tensors[prefix + "ff_step"].long(),
+            attn_step=tensors[prefix + "attn_step"].long(),
+            ff_offset=tensors[prefix + "ff_offset"].float(),
+            attn_offset=tensors[prefix + "attn_offset"].float(),
+        )
+
+    def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """The masks as a flat tensor dict."""
+        return {
+            prefix + "ff_step": self.ff_step,
+            prefix + "attn_step": self.attn_step,
+            prefix + "ff_offset": self.ff_offset,
+            prefix + "attn_offset": self.attn_offset,
+        }
+
+    def listing(self) -> dict:
+        """A JSON-ready listing: per step and layer, the indices of the neurons removed.
+
+        ``attn`` entries are ``[head, d_head]`` pairs; ``heads`` lists heads with every pre-out
+        neuron removed.
+        """
+        steps = []
+        for step in range(1, self.n_steps + 1):
+            ff, attn = {}, {}
+            for layer in range(self.ff_step.shape[0]):
+                ff_idx = torch.nonzero(self.ff_step[layer] == step).flatten().tolist()
+                attn_idx = torch.nonzero(self.attn_step[layer] == step).tolist()
+                if ff_idx:
+                    ff[str(layer)] = ff_idx
+                if attn_idx:
+                    attn[str(layer)] = attn_idx
+            steps.append({"step": step, "ff": ff, "attn": attn})
+        heads = torch.nonzero((self.attn_step > 0).all(dim=-1)).tolist()
+        return {
+            "n_ff_pruned": self.n_ff_pruned,
+            "n_attn_pruned": self.n_attn_pruned,
+            "heads_fully_pruned": heads,
+            "steps": steps,
+        }
+
+    def save_listing(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`listing` as JSON (atomically), compact enough for large models."""
+        from mi_core.io import write_text
+
+        return write_text(path, json.dumps(self.listing()) + "\n")
+
+
+def _masking_hook(keep: torch.Tensor, shift: torch.Tensor | None) -> Callable:
+    def hook(activation: torch.Tensor, hook: object) -> torch.Tensor:
+        out = activation * keep
+        return out if shift is None else out + shift
+
+    return hook
+
+
+def is_grouped_query(model: HookedTransformer) -> bool:
+    """Whether the model's attention shares value weights across heads (GQA)."""
+    n_kv = getattr(model.cfg, "n_key_value_heads", None)
+    return n_kv is not None and n_kv != model.cfg.n_heads
+
+
+@torch.no_grad()
+def zero_pruned_weights(model: HookedTransformer, masks: PruneMasks) -> HookedTransformer:
+    """Remove the pruned neurons from ``model``'s weights, in place (see the module docstring).
+
+    Gives the same outputs as running ``model`` with :meth:`PruneMasks.hooks`, for zero and for
+    mean offsets (a mean offset is folded into the output bias).
+    """
+    masks._check_fits(model)
+    grouped = is_grouped_query(model)
+    for layer, block in enumerate(model.blocks):
+        ff_removed = (masks.ff_step[layer] > 0).to(model.cfg.device)
+        if ff_removed.any():
+            mlp = block.mlp
+            offset = masks.ff_offset[layer].to(mlp.W_out.device, torch.float64) * ff_removed
+            mlp.b_out += (offset @ mlp.W_out.double()).to(mlp.b_out.dtype)
+            mlp.W_in[:, ff_removed] = 0
+            mlp.b_in[ff_removed] = 0
+            mlp.W_out[ff_removed, :] = 0
+
+        attn_removed = (masks.attn_step[layer] > 0).to(model.cfg.device)
+        if attn_removed.any():
+            attn = block.attn
+            offset = masks.attn_offset[layer].to(attn.W_O.device, torch.float64) * attn_removed
+            attn.b_O += torch.einsum("hd,hdm->m", offset, attn.W_O.double()).to(attn.b_O.dtype)
+            attn.W_O[attn_removed] = 0
+            if grouped:
+                group = model.cfg.n_heads // model.cfg.n_key_value_heads
+                shared = attn_removed.reshape(-1, group, model.cfg.d_head).all(dim=1)
+                attn._W_V.transpose(1, 2)[shared] = 0
+                attn._b_V[shared] = 0
+            else:
+                attn.W_V.transpose(1, 2)[attn_removed] = 0
+                attn.b_V[attn_removed] = 0
+    return model

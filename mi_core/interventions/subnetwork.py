@@ -1,0 +1,166 @@
+"""A subnetwork as an intervention: a component mask with the fill of what it removes.
+
+:class:`Subnetwork` pairs a :class:`~mi_core.interventions.mask.ComponentMask` (heads and
+MLPs kept or removed) with its fill: zero, or the mean activations of a means file. The means
+travel with it: :meth:`Subnetwork.save` writes the mask, the means' tensors and their identity
+(the model name and weight fingerprint they were computed for, the data set, the token count)
+into one safetensors file, so a saved subnetwork re-applies bit-identically to a fresh model
+from that file alone::
+
+    sub = Subnetwork(mask, "mean", means)
+    sub.save("subnetwork.safetensors")
+    with apply(model, Subnetwork.load("subnetwork.safetensors")):
+        logits = model(**batch)
+
+Subnetworks of one model combine on their *kept* components: ``a | b`` keeps what either keeps,
+``a & b`` what both keep, ``a - b`` what ``a`` keeps and ``b`` does not (binary masks only;
+the fills must agree).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mi_core.errors import InterventionError
+from mi_core.interventions.ablation import Ablation, mask_hooks
+from mi_core.interventions.mask import ComponentMask
+from mi_core.interventions.means import AVERAGING, ComponentMeans
+from mi_core.io import read_safetensors, write_safetensors
+
+__all__ = ["SUBNETWORK_KIND", "Subnetwork"]
+
+SUBNETWORK_KIND = "mi_core.Subnetwork"
+_FORMAT_VERSION = "1"
+
+
+@dataclass(eq=False)
+class Subnetwork:
+    """Heads and MLPs kept (``mask``) and what replaces the removed ones (``ablation``,
+    ``means``)."""
+
+    mask: ComponentMask
+    ablation: Ablation | str = Ablation.MEAN
+    means: ComponentMeans | None = None
+
+    def __post_init__(self) -> None:
+        self.ablation = Ablation.parse(self.ablation)
+        if self.ablation is Ablation.MEAN and self.means is None:
+            raise InterventionError(
+                "a mean-ablated subnetwork needs its means (from mi-core means), or ablation='zero'"
+            )
+        if self.ablation is Ablation.ZERO:
+            self.means = None
+        elif self.means is not None and self.means.n_layers != self.mask.n_layers:
+            raise InterventionError(
+                f"the means have {self.means.n_layers} layers but the mask {self.mask.n_layers}"
+            )
+
+    # ------------------------------------------------------------------------ intervention
+    def hooks(self, model: Any) -> list[tuple[str, Any]]:
+        """Hooks that replace every removed head's ``hook_z`` and MLP's ``hook_mlp_out``."""
+        self.mask.check_model(model)
+        if self.means is not None:
+            self.means.check_model(model)
+        return mask_hooks(model, self.mask, self.means, self.ablation)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write mask, fill and means (with their identity) as one ``.safetensors`` file."""
+        if Path(path).suffix.lower() != ".safetensors":
+            raise InterventionError(f"cannot save a subnetwork as {path}: use .safetensors")
+        mask = self.mask.detach()
+        tensors = {"heads": mask.heads.contiguous(), "mlps": mask.mlps.contiguous()}
+        metadata = {
+            "kind": SUBNETWORK_KIND,
+            "format_version": _FORMAT_VERSION,
+            "ablation": self.ablation.value,
+        }
+        if self.means is not None:
+            tensors |= {"means.z": self.means.z, "means.mlp_out": self.means.mlp_out}
+            metadata |= {
+                f"means.{key}": value
+                for key, value in self.means.metadata().items()
+                if key not in ("kind", "format_version")
+            }
+        return write_safetensors(path, tensors, metadata)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Subnetwork:
+        """Read a subnetwork written by :meth:`save`."""
+        try:
+            tensors, metadata = read_safetensors(path)
+        except FileNotFoundError:
+            raise InterventionError(f"no subnetwork file at {path}") from None
+        if metadata.get("kind") != SUBNETWORK_KIND:
+            raise InterventionError(
+                f"{path} is not a subnetwork (kind {metadata.get('kind')!r}); a mask alone is "
+                "read with ComponentMask.load"
+            )
+        if metadata.get("format_version") != _FORMAT_VERSION:
+            raise InterventionError(
+                f"{path}: subnetwork format {metadata.get('format_version')!r} is not "
+                f"{_FORMAT_VERSION!r}; upgrade mi_core"
+            )
+        means = None
+        if "means.z" in tensors:
+            means = ComponentMeans(
+                z=tensors["means.z"],
+                mlp_out=tensors["means.mlp_out"],
+                model_name=metadata.get("means.model_name", ""),
+                fingerprint=metadata.get("means.fingerprint", ""),
+                dataset=metadata.get("means.dataset", ""),
+                n_tokens=int(metadata.get("means.n_tokens", 0)),
+                n_examples=int(metadata.get("means.n_examples", 0)),
+            )
+        return cls(ComponentMask(tensors["heads"], tensors["mlps"]), metadata["ablation"], means)
+
+    # ------------------------------------------------------------------------- comparing
+    def same_fill(self, other: Subnetwork) -> bool:
+        """Whether the two replace removed components by the same values."""
+        if self.ablation is not other.ablation:
+            return False
+        if self.means is None or other.means is None:
+            return self.means is other.means
+        return (
+            self.means.fingerprint == other.means.fingerprint
+            and torch.equal(self.means.z, other.means.z)
+            and torch.equal(self.means.mlp_out, other.means.mlp_out)
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Subnetwork):
+            return NotImplemented
+        return self.mask == other.mask and self.same_fill(other)
+
+    def __str__(self) -> str:
+        fill = (
+            "zero"
+            if self.means is None
+            else f"mean over {self.means.dataset or '?'} ({AVERAGING}; weights "
+            f"{self.means.fingerprint})"
+        )
+        return f"Subnetwork({self.mask}; removed parts filled with {fill})"
+
+    # ------------------------------------------------------------------------- combining
+    def _combine(self, other: Subnetwork, op: str) -> Subnetwork:
+        if not isinstance(other, Subnetwork):
+            return NotImplemented
+        if not self.same_fill(other):
+            raise InterventionError(
+                f"cannot combine subnetworks with different fills ({self.ablation.value} vs "
+                f"{other.ablation.value}, or other means)"
+            )
+        return Subnetwork(getattr(self.mask, op)(other.mask), self.ablation, self.means)
+
+    def __or__(self, other: Subnetwork) -> Subnetwork:
+        return self._combine(other, "union")
+
+    def __and__(self, other: Subnetwork) -> Subnetwork:
+        return self._combine(other, "intersection")
+
+    def __sub__(self, other: Subnetwork) -> Subnetwork:
+        return self._combine(other, "difference")

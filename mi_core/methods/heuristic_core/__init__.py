@@ -1,0 +1,52 @@
+"""The heuristic core (Bhaskar, Friedman and Chen 2024) end to end.
+
+Config, resumable stages, comparison of subnetworks, report::
+
+    from mi_core.methods.heuristic_core import load_config, run_experiment
+    result = run_experiment("minilm-mnli-quick", "demo-output/report")
+    print(result.report_html)
+
+- :mod:`.config`: the JSON config (shipped ones in ``mi_core/configs``);
+- :mod:`.pipeline`: the stages (fine-tune, means, sweep, analysis,
+  attention, ablation, effective size, report), each skipped when finished before;
+- :mod:`.comparison`: read a sweep directory, compare its subnetworks;
+- :mod:`.attention`: attention classes and views of the chosen heads;
+- :mod:`.ablation`: the core's ablation table with joint rows;
+- :mod:`.effective_size`: effective size over fine-tuning checkpoints;
+- :mod:`.report`: the self-contained HTML report and its Markdown twin.
+"""
+
+from mi_core.methods.heuristic_core.comparison import (
+    SubnetworkComparison,
+    SweepResults,
+    compare_subnetworks,
+    load_sweep,
+    write_comparison,
+)
+from mi_core.methods.heuristic_core.config import ExperimentConfig, load_config, shipped_configs
+from mi_core.methods.heuristic_core.effective_size import run_effective_size
+from mi_core.methods.heuristic_core.pipeline import (
+    STAGES,
+    ExperimentResult,
+    HeuristicCoreExperiment,
+    run_experiment,
+)
+from mi_core.methods.heuristic_core.report import build_report, write_report
+
+__all__ = [
+    "STAGES",
+    "ExperimentConfig",
+    "ExperimentResult",
+    "HeuristicCoreExperiment",
+    "SubnetworkComparison",
+    "SweepResults",
+    "build_report",
+    "compare_subnetworks",
+    "load_config",
+    "load_sweep",
+    "run_effective_size",
+    "run_experiment",
+    "shipped_configs",
+    "write_comparison",
+    "write_report",
+]

@@ -1,0 +1,348 @@
+"""The heuristic-core experiment's configuration: one JSON file, validated into dataclasses.
+
+A config names the model and task, the data (training set, evaluation sets with the in-domain
+set first), how to get the fine-tuned model (``finetune`` settings or an existing
+``checkpoint``), the pruning sweep (sparsities, seeds, profile and overrides), the attention-pattern
+data set, the joint head sets of the ablation table and whether to measure effective size over
+training. ``--config`` takes a file path or the name of a config shipped in ``mi_core/configs``
+(:func:`shipped_configs` lists them)::
+
+    {
+      "name": "minilm-mnli-quick",
+      "model": "minilm",
+      "task": "mnli",
+      "data": {"train": "mnli:train",
+               "eval": ["mnli:validation_matched", "hans:so_swap", "hans:prep"],
+               "max_train_examples": 2000, "max_eval_examples": 500},
+      "finetune": {"steps": 280, "save_every": 140},
+      "pruning": {"sparsities": [0.3, 0.5], "seeds": "1-4", "profile": "quick",
+                  "overrides": {"steps": 200}},
+      "attention": {"data": "hans:so_swap", "max_examples": 256, "n_views": 2},
+      "ablation": {"joint_sets": ["core", "top3"]},
+      "effective_size": {"enabled": false}
+    }
+
+Every section is optional except ``data`` and ``pruning``; unknown keys, missing fields and
+values of the wrong type raise :class:`~mi_core.errors.ConfigError` with one line that names the
+key. Relative paths (checkpoints, local data files) are relative to the working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from mi_core.config import Config, option
+from mi_core.errors import ConfigError
+from mi_core.interventions.means import MeansSettings
+from mi_core.methods.heuristic_core.effective_size import EffectiveSizeOptions
+from mi_core.pruning.profiles import (
+    PROFILES,
+    make_prune_config,
+    parse_seed_spec,
+    parse_sparsities,
+    parse_sparsity_spec,
+)
+from mi_core.tasks import TASKS
+from mi_core.training.finetune import FinetuneSettings
+
+__all__ = [
+    "AblationSettings",
+    "AttentionSettings",
+    "CoreBeforeSettings",
+    "GridSettings",
+    "DataSettings",
+    "EffectiveSizeSettings",
+    "ExperimentConfig",
+    "FinetuneSettings",
+    "ExperimentMeansSettings",
+    "PruningSettings",
+    "load_config",
+    "parse_seed_spec",
+    "resolve_config_path",
+    "shipped_configs",
+]
+
+DEVICES = ("cpu", "cuda", "auto")
+#: Named joint sets of the ablation table: all core heads at once, or the three heads whose
+#: single ablation changes the out-of-domain accuracy most.
+JOINT_SET_NAMES = ("core", "top3")
+
+
+@dataclass
+class DataSettings(Config):
+    """Training data and evaluation sets (the first evaluation set is the in-domain one)."""
+
+    train: str
+    eval: list[str]
+    max_train_examples: int | None = None
+    """Cap on the training examples used for means, pruning and (unless set there) fine-tuning."""
+    max_eval_examples: int | None = None
+    """Cap on every evaluation set (the first rows are kept)."""
+
+    def validate(self) -> None:
+        if len(self.eval) < 1:
+            raise ConfigError("data.eval needs at least one evaluation set (in-domain first)")
+        if len(set(self.eval)) != len(self.eval):
+            raise ConfigError(f"data.eval lists a set twice: {self.eval}")
+        _positive_or_none("data.max_train_examples", self.max_train_examples)
+        _positive_or_none("data.max_eval_examples", self.max_eval_examples)
+
+
+@dataclass
+class ExperimentMeansSettings(MeansSettings):
+    """Mean activations for mean ablation, computed on ``data`` (default: the training set,
+    at most ``data.max_train_examples`` examples), or an existing file."""
+
+    path: str | None = None
+    """An existing means file for the model (then nothing is computed)."""
+
+    def validate(self) -> None:
+        super().validate()
+        _positive_or_none("means.max_examples", self.max_examples)
+
+
+@dataclass
+class PruningSettings(Config):
+    """The pruning sweep: one run per (sparsity, seed)."""
+
+    sparsities: list[float] = option(parse=parse_sparsity_spec)
+    """Target sparsities: a list, or a range like "0.05:0.7:0.05"."""
+    seeds: list[int] = option(parse=parse_seed_spec)
+    """Seeds: a list, a count (3: seeds 0-2) or a spec like "1-12"."""
+    profile: str = "quick"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """PruneConfig fields to override, e.g. ``{"steps": 200}``."""
+    max_train_examples: int | None = None
+    """Defaults to ``data.max_train_examples``."""
+    max_eval_examples: int | None = None
+    """Defaults to ``data.max_eval_examples``."""
+    executor: str = "local"
+    ray_address: str | None = None
+    num_cpus_per_run: float = 1.0
+
+    def validate(self) -> None:
+        if self.profile not in PROFILES:
+            raise ConfigError(f"pruning.profile must be one of {PROFILES}, got {self.profile!r}")
+        if self.executor not in ("local", "ray"):
+            raise ConfigError(f"pruning.executor must be local or ray, got {self.executor!r}")
+        _positive_or_none("pruning.max_train_examples", self.max_train_examples)
+        _positive_or_none("pruning.max_eval_examples", self.max_eval_examples)
+        for s in self.sparsities:  # builds and validates every run's PruneConfig
+            make_prune_config(self.profile, s, self.seeds[0], **self.overrides)
+
+
+@dataclass
+class AttentionSettings(Config):
+    """Attention-pattern classes of the chosen heads (Figure 9) and example views (Figs. 7/8)."""
+
+    data: str | None = None
+    """Sentence pairs to score; default: the first out-of-domain set (else the in-domain one)."""
+    max_examples: int = 256
+    batch_size: int = 32
+    n_views: int = 2
+    """Example pairs shown as circuitsvis attention views of the chosen heads."""
+    heads: list[str] | None = None
+    """Heads to classify and show (``L2.H5``); default: the core (every subnetwork keeps them)."""
+    max_heads: int = 12
+    """Without a core (an empty intersection), the most frequently kept heads, at most this many."""
+    threshold: float = 0.3
+    min_excess: float = 0.1
+
+    def validate(self) -> None:
+        if self.max_examples < 1 or self.batch_size < 1 or self.max_heads < 1:
+            raise ConfigError("attention.max_examples, batch_size and max_heads must be >= 1")
+        if self.n_views < 0:
+            raise ConfigError("attention.n_views must be >= 0")
+
+
+@dataclass
+class AblationSettings(Config):
+    """The ablation table of the core heads (Tables 3/4): single and joint ablations."""
+
+    joint_sets: list[Any] = field(default_factory=lambda: ["core", "top3"])
+    """Each entry ``"core"``, ``"top3"`` or a list of head labels, e.g. ``["L2.H5", "L4.H0"]``."""
+    ablation: str = "mean"
+    others: bool = True
+    """Also ablate every other head, for the ``Avg. (others)`` row (one ablation per head)."""
+    max_examples: int | None = None
+    """Cap on every evaluation set; defaults to ``data.max_eval_examples``."""
+    batch_size: int = 64
+
+    def validate(self) -> None:
+        if self.ablation not in ("mean", "zero"):
+            raise ConfigError(f"ablation.ablation must be mean or zero, got {self.ablation!r}")
+        for entry in self.joint_sets:
+            if isinstance(entry, str):
+                if entry not in JOINT_SET_NAMES:
+                    raise ConfigError(
+                        f"ablation.joint_sets entry {entry!r} must be one of {JOINT_SET_NAMES} "
+                        "or a list of head labels like ['L2.H5', 'L4.H0']"
+                    )
+            elif not (isinstance(entry, list) and entry and all(isinstance(h, str) for h in entry)):
+                raise ConfigError(
+                    f"ablation.joint_sets entry {entry!r} must be 'core', 'top3' or a non-empty "
+                    "list of head labels"
+                )
+        _positive_or_none("ablation.max_examples", self.max_examples)
+        if self.batch_size < 1:
+            raise ConfigError("ablation.batch_size must be at least 1")
+
+
+@dataclass
+class EffectiveSizeSettings(EffectiveSizeOptions):
+    """Effective size over training (Figure 6): prune every checkpoint at every sparsity."""
+
+    enabled: bool = False
+    """Run the effective_size stage."""
+    profile: str | None = option(None, choices=PROFILES)
+    """Defaults to pruning.profile."""
+    overrides: dict[str, Any] | None = None
+    """Defaults to pruning.overrides."""
+    checkpoints_dir: str | None = None
+    """Directory of checkpoint-*; default: the experiment's own fine-tuning run."""
+
+
+@dataclass
+class GridSettings(Config):
+    """Figure 4: prune the fine-tuned model over a grid of sparsities x seeds (beyond the
+    sweep's few sparsities), with the sweep's profile and overrides."""
+
+    enabled: bool = False
+    sparsities: list[float] = option(
+        default_factory=lambda: parse_sparsities("0.1:0.7:0.1"), parse=parse_sparsity_spec
+    )
+    seeds: list[int] = option(default_factory=lambda: [1, 2, 3], parse=parse_seed_spec)
+
+    def validate(self) -> None:
+        if not self.sparsities or not self.seeds:
+            raise ConfigError("grid needs at least one sparsity and one seed")
+
+
+@dataclass
+class CoreBeforeSettings(Config):
+    """The core before generalisation (section 4): prune the checkpoint just before the
+    out-of-domain accuracy starts to rise, with the sweep's sparsities, seeds and profile."""
+
+    enabled: bool = False
+    margin: float = 0.03
+    """The rise: out-of-domain accuracy above its first evaluation by more than this."""
+
+    def validate(self) -> None:
+        if not 0 <= self.margin < 1:
+            raise ConfigError(f"core_before.margin must lie in [0, 1), got {self.margin}")
+
+
+@dataclass
+class ExperimentConfig(Config):
+    """The whole heuristic-core experiment (see the module docstring)."""
+
+    data: DataSettings
+    pruning: PruningSettings
+    name: str = "experiment"
+    description: str = ""
+    model: str | None = None
+    """The model to fine-tune (checkpoint dir, hub name or ``minilm``)."""
+    task: str = "mnli"
+    checkpoint: str | None = None
+    """An already fine-tuned checkpoint: no fine-tuning stage."""
+    device: str = "cpu"
+    """Where means, pruning, attention and ablations run (``auto``: cuda when available).
+    Fine-tuning runs where :func:`mi_core.training.finetune` puts the model."""
+    finetune: FinetuneSettings | None = None
+    means: ExperimentMeansSettings = field(default_factory=ExperimentMeansSettings)
+    attention: AttentionSettings = field(default_factory=AttentionSettings)
+    ablation: AblationSettings = field(default_factory=AblationSettings)
+    effective_size: EffectiveSizeSettings = field(default_factory=EffectiveSizeSettings)
+    core_before: CoreBeforeSettings = field(default_factory=CoreBeforeSettings)
+    grid: GridSettings = field(default_factory=GridSettings)
+
+    def validate(self) -> None:
+        if self.task not in TASKS:
+            raise ConfigError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if (self.checkpoint is None) == (self.finetune is None):
+            raise ConfigError(
+                "give either 'finetune' (to fine-tune 'model') or 'checkpoint' (an already "
+                "fine-tuned model), not both and not neither"
+            )
+        if self.finetune is not None and not self.model:
+            raise ConfigError("'model' is required to fine-tune (e.g. 'minilm', 'bert-base-cased')")
+        es = self.effective_size
+        if es.enabled:
+            if self.finetune is None and es.checkpoints_dir is None:
+                raise ConfigError(
+                    "effective_size needs checkpoints_dir (a directory of checkpoint-*) when the "
+                    "experiment starts from a checkpoint"
+                )
+            ood = self.ood_sets
+            if not ood:
+                raise ConfigError(
+                    "effective_size needs out-of-domain sets: list at least two data.eval sets"
+                )
+            unknown = [d for d in ood if d not in self.data.eval]
+            if unknown or self.data.eval[0] in ood:
+                raise ConfigError(
+                    f"effective_size.ood must list data.eval sets after the first; got {ood}"
+                )
+        if self.core_before.enabled and self.finetune is None:
+            raise ConfigError(
+                "core_before needs the fine-tuning stage (its metrics and checkpoints)"
+            )
+
+    @property
+    def ood_sets(self) -> list[str]:
+        """The out-of-domain evaluation sets (for effective size)."""
+        if self.effective_size.ood is not None:
+            return list(self.effective_size.ood)
+        return list(self.data.eval[1:])
+
+
+# ------------------------------------------------------------------------------ validation
+def _positive_or_none(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{name} must be at least 1 (or null), got {value}")
+
+
+# -------------------------------------------------------------------------------- loading
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped with mi_core (``mi_core/configs/*.json``)."""
+    root = resources.files("mi_core") / "configs"
+    try:
+        entries = list(root.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(p.name[: -len(".json")] for p in entries if p.name.endswith(".json"))
+
+
+def resolve_config_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """A config file: ``name_or_path`` if it is a file, else the shipped config of that name."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    name = os.fspath(name_or_path)
+    if name.endswith(".json"):
+        name = name[: -len(".json")]
+    if name in shipped_configs():
+        return Path(str(resources.files("mi_core") / "configs" / f"{name}.json"))
+    raise ConfigError(
+        f"no config file or shipped config named {os.fspath(name_or_path)!r}; shipped configs: "
+        f"{', '.join(shipped_configs()) or '(none)'}"
+    )
+
+
+def load_config(name_or_path: str | os.PathLike[str]) -> ExperimentConfig:
+    """Read and validate a config file, or a shipped config by name (e.g. ``minilm-mnli-quick``)."""
+    path = resolve_config_path(name_or_path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    return ExperimentConfig.from_dict(data, source=path.name)

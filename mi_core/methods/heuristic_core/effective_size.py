@@ -1,0 +1,392 @@
+"""Effective size over training (paper Figure 6): prune every fine-tuning checkpoint.
+
+For each ``DIR/checkpoint-{step}``: mean activations on the training set (unless given), a
+pruning sweep at every sparsity and seed (:func:`mi_core.pruning.run_sweep`, so finished runs
+are skipped and the runs can go to Ray), then :func:`mi_core.analysis.effective_size` on the
+accuracies: the largest sparsity whose mean accuracy over seeds stays within ``margin`` of that
+checkpoint's full model on the in-domain set, the out-of-domain sets and their equal mix;
+effective size = 100 - that sparsity in percent. Layout of ``OUT``::
+
+    checkpoint-{step}/means.safetensors     (unless means were given)
+    checkpoint-{step}/sweep/                (a sweep directory)
+    accuracy.csv         step, sparsity, seed, dataset, accuracy (every subnetwork)
+    full_accuracy.csv    step, dataset, accuracy (every checkpoint's full model)
+    faithfulness.csv     step, target, sparsity, accuracy, accuracy_std, n_seeds, full, faithful
+    effective_size.csv   step, target, full_accuracy, faithful_sparsity, accuracy, effective_size
+    effective_size.html  the figure (accuracy and effective size over steps)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mi_core.analysis.effective_size import effective_size, faithfulness_table
+from mi_core.config import Config, option
+from mi_core.errors import ConfigError
+from mi_core.io import read_json, write_csv
+from mi_core.pruning.profiles import (
+    PROFILES,
+    make_prune_config,
+    parse_seed_spec,
+    parse_sparsities,
+    parse_sparsity_spec,
+)
+from mi_core.pruning.sweep import EXECUTORS
+from mi_core.tasks import TASKS
+from mi_core.training.checkpoints import list_checkpoints
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EffectiveSizeResult",
+    "find_checkpoints",
+    "run_effective_size",
+    "select_checkpoints",
+]
+
+
+@dataclass
+class EffectiveSizeResult:
+    """The tables :func:`run_effective_size` wrote (also on disk under ``out``)."""
+
+    out: Path
+    accuracy: pd.DataFrame
+    full_accuracy: pd.DataFrame
+    faithfulness: pd.DataFrame
+    effective_size: pd.DataFrame
+
+
+def find_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """The complete ``checkpoint-{step}`` directories under ``checkpoints_dir``, by step."""
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        raise ConfigError(f"checkpoint directory {root} does not exist")
+    found = list_checkpoints(root)
+    if not found:
+        raise ConfigError(
+            f"no checkpoint-<step> directories in {root}; point --checkpoints at a fine-tuning "
+            "output directory (mi-core finetune --out)"
+        )
+    return found
+
+
+def select_checkpoints(
+    checkpoints: Sequence[tuple[int, Path]],
+    steps: Sequence[int] | None = None,
+    max_checkpoints: int | None = None,
+) -> list[tuple[int, Path]]:
+    """Keep the checkpoints of ``steps`` (all if None), then at most ``max_checkpoints`` of them,
+    evenly spaced and always including the first and the last."""
+    chosen = list(checkpoints)
+    if steps is not None:
+        have = {step for step, _ in chosen}
+        missing = sorted(set(steps) - have)
+        if missing:
+            raise ConfigError(f"no checkpoint for step(s) {missing}; have steps {sorted(have)}")
+        chosen = [c for c in chosen if c[0] in set(steps)]
+    if max_checkpoints is not None and len(chosen) > max_checkpoints:
+        if max_checkpoints == 1:
+            return [chosen[-1]]
+        last = len(chosen) - 1
+        picks = sorted({round(i * last / (max_checkpoints - 1)) for i in range(max_checkpoints)})
+        chosen = [chosen[i] for i in picks]
+    return chosen
+
+
+def _means_for(template: str | None, step: int, n_checkpoints: int) -> str | None:
+    if template is None:
+        return None
+    if "{step}" in template:
+        return template.format(step=step)
+    if n_checkpoints > 1:
+        raise ConfigError(
+            "means are specific to one checkpoint: give --means with {step} in the path "
+            "(e.g. means/checkpoint-{step}.safetensors) or leave it out to compute them"
+        )
+    return template
+
+
+def compute_checkpoint_means(model: Any, train: str, path: Path, max_examples: int | None) -> Path:
+    """Mean activations of ``model`` on ``train`` (at most ``max_examples`` pairs), saved."""
+    from mi_core.data import load_pairs, pair_batches
+    from mi_core.interventions import compute_means
+
+    dataset = load_pairs(train, max_examples=max_examples, task=model.task)
+    means = compute_means(
+        model, pair_batches(dataset, model.tokenizer, batch_size=64), dataset=dataset.name
+    )
+    return means.save(path)
+
+
+def run_effective_size(
+    checkpoints_dir: str | os.PathLike[str],
+    train: str,
+    eval_sets: Sequence[str],
+    out: str | os.PathLike[str],
+    sparsities: Sequence[float],
+    seeds: Sequence[int],
+    *,
+    means: str | None = None,
+    ood_sets: Sequence[str] | None = None,
+    margin: float = 0.03,
+    method: str = "authors",
+    profile: str = "quick",
+    overrides: Mapping[str, Any] | None = None,
+    task: str | None = None,
+    steps: Sequence[int] | None = None,
+    max_checkpoints: int | None = None,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+    num_cpus_per_run: float = 1.0,
+    device: str = "cpu",
+    progress: bool | None = None,
+) -> EffectiveSizeResult:
+    """Prune every checkpoint at every sparsity and seed; write and return the effective sizes.
+
+    ``eval_sets``: in-domain first; ``ood_sets`` (default: the rest of ``eval_sets``) are
+    averaged into the out-of-domain target, every other eval set into the in-domain one (the
+    authors average ``validation_matched`` and ``validation_mismatched``). ``method``: the
+    authors' script or the paper's text (:mod:`mi_core.analysis.effective_size`). ``means``: a
+    means file per checkpoint, as a path with ``{step}`` in it (one file is allowed for a single
+    checkpoint); without it means are computed on ``train`` for every checkpoint. Re-running
+    skips every finished pruning run. With the local executor every checkpoint is loaded once,
+    on ``device``.
+    """
+    from mi_core.models import load_model
+    from mi_core.pruning.sweep import run_sweep
+
+    eval_sets = list(eval_sets)
+    if len(eval_sets) < 2:
+        raise ConfigError("effective size needs an in-domain and at least one out-of-domain set")
+    ood = list(ood_sets) if ood_sets is not None else eval_sets[1:]
+    if not ood or eval_sets[0] in ood or any(d not in eval_sets for d in ood):
+        raise ConfigError(f"the out-of-domain sets {ood} must be eval sets after the first")
+    if not 0 <= margin < 1:
+        raise ConfigError(f"--margin must lie in [0, 1) (accuracy fractions), got {margin}")
+    chosen = select_checkpoints(find_checkpoints(checkpoints_dir), steps, max_checkpoints)
+    out = Path(out)
+    accuracy_rows: list[dict[str, Any]] = []
+    full_rows: list[dict[str, Any]] = []
+    for number, (step, checkpoint) in enumerate(chosen, 1):
+        logger.info("effective size: checkpoint %d/%d (step %d)", number, len(chosen), step)
+        step_dir = out / f"checkpoint-{step}"
+        model: Any = None
+        if executor == "local":
+            model = load_model(checkpoint, task=task, device=device)
+        means_path = _means_for(means, step, len(chosen))
+        if means_path is None:
+            computed = step_dir / "means.safetensors"
+            if not computed.is_file():
+                if model is None:
+                    model = load_model(checkpoint, task=task, device=device)
+                compute_checkpoint_means(model, train, computed, max_train_examples)
+            means_path = str(computed)
+        sweep_dir = step_dir / "sweep"
+        table = run_sweep(
+            str(checkpoint) if executor == "ray" else model,
+            train,
+            sweep_dir,
+            sparsities,
+            seeds,
+            means=means_path,
+            eval_sets=eval_sets,
+            profile=profile,
+            overrides=overrides,
+            task=task,
+            max_train_examples=max_train_examples,
+            max_eval_examples=max_eval_examples,
+            executor=executor,
+            ray_address=ray_address,
+            num_cpus_per_run=num_cpus_per_run,
+            progress=progress,
+        )
+        full = read_json(sweep_dir / "full_model.json")
+        names = [c[len("acc_") :] for c in table.columns if c.startswith("acc_")]
+        for _, row in table.iterrows():
+            for name in names:
+                accuracy_rows.append(
+                    {
+                        "step": step,
+                        "sparsity": row["sparsity"],
+                        "seed": row["seed"],
+                        "dataset": name,
+                        "accuracy": row[f"acc_{name}"],
+                    }
+                )
+        full_rows += [{"step": step, "dataset": n, "accuracy": full[n]} for n in names if n in full]
+    seen = {r["dataset"] for r in accuracy_rows}
+    return summarize_effective_size(
+        out,
+        pd.DataFrame(accuracy_rows, columns=["step", "sparsity", "seed", "dataset", "accuracy"]),
+        pd.DataFrame(full_rows, columns=["step", "dataset", "accuracy"]),
+        id_sets=[dataset_name(d, seen) for d in eval_sets if d not in ood],
+        ood_sets=[dataset_name(d, seen) for d in ood],
+        margin=margin,
+        method=method,
+    )
+
+
+def dataset_name(spec: str, known: Collection[str] = (), task: str | None = None) -> str:
+    """The data set name a spec evaluates under: ``spec`` itself when it is among the ``known``
+    names (specs and names agree for registered sets), else the name its loader gives it."""
+    if spec in known:
+        return spec
+    from mi_core.data import load_pairs
+
+    return load_pairs(spec, max_examples=1, task=task).name
+
+
+def summarize_effective_size(
+    out: str | os.PathLike[str],
+    accuracy: pd.DataFrame,
+    full_accuracy: pd.DataFrame,
+    *,
+    id_sets: Sequence[str],
+    ood_sets: Sequence[str],
+    margin: float = 0.03,
+    method: str = "authors",
+) -> EffectiveSizeResult:
+    """Faithfulness and effective size (by ``method``) from the tidy accuracy tables; writes the
+    CSVs and the figure under ``out``."""
+    from mi_core.viz.figures import effective_size_over_training, write_figure_html
+
+    out = Path(out)
+    kwargs = dict(id_datasets=list(id_sets), ood_datasets=list(ood_sets), margin=margin)
+    faithful = faithfulness_table(accuracy, full_accuracy, checkpoint_col="step", **kwargs)
+    sizes = effective_size(accuracy, full_accuracy, checkpoint_col="step", method=method, **kwargs)
+    write_csv(out / "accuracy.csv", accuracy)
+    write_csv(out / "full_accuracy.csv", full_accuracy)
+    write_csv(out / "faithfulness.csv", faithful)
+    write_csv(out / "effective_size.csv", sizes)
+    figure = effective_size_over_training(full_accuracy, sizes, step_col="step")
+    write_figure_html(figure, out / "effective_size.html")
+    return EffectiveSizeResult(out, accuracy, full_accuracy, faithful, sizes)
+
+
+def parse_checkpoint_steps(value: Any, where: str = "steps") -> list[int]:
+    """Checkpoint steps as a list of ints, or a string like ``"500,1000"``."""
+    if isinstance(value, str):
+        try:
+            return [int(s) for s in value.split(",") if s.strip()]
+        except ValueError:
+            raise ConfigError(f"{where} must be integers like 500,1000; got {value!r}") from None
+    if isinstance(value, list) and all(
+        isinstance(s, int) and not isinstance(s, bool) for s in value
+    ):
+        return list(value)
+    raise ConfigError(f"{where} must be a list of checkpoint steps or a string like '500,1000'")
+
+
+@dataclass
+class EffectiveSizeOptions(Config):
+    """How effective size is measured (paper Figure 6); shared by the job and the experiment."""
+
+    sparsities: list[float] = option(
+        default_factory=lambda: parse_sparsities("0.05:0.7:0.05"),
+        parse=parse_sparsity_spec,
+        metavar="SPEC",
+    )
+    """Target sparsities, e.g. 0.05:0.7:0.05 or 0.3,0.5."""
+    seeds: list[int] = option(
+        default_factory=lambda: [0, 1, 2], parse=parse_seed_spec, metavar="SPEC"
+    )
+    """Seeds: a count (3: seeds 0-2) or seeds like 1,2,5 / 42-44."""
+    margin: float = 0.03
+    """Faithfulness margin (accuracy): within this of the full model is faithful."""
+    method: str = option("authors", choices=("authors", "paper"))
+    """authors: their script (each seed's largest faithful sparsity, strict, then the mean);
+    paper: the paper's text (accuracy averaged over seeds first)."""
+    steps: list[int] | None = option(
+        None, flag="--checkpoint-steps", parse=parse_checkpoint_steps, metavar="STEPS"
+    )
+    """Only these checkpoint steps, e.g. 500,1000 (default: every checkpoint, thinned by
+    max_checkpoints)."""
+    max_checkpoints: int | None = None
+    """At most this many checkpoints, evenly spaced, always with the last one."""
+    ood: list[str] | None = option(None, metavar="DATA")
+    """The out-of-domain sets (default: every evaluation set after the first)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.margin < 1:
+            raise ConfigError(f"margin must lie in [0, 1) (accuracy fractions), got {self.margin}")
+        if self.max_checkpoints is not None and self.max_checkpoints < 1:
+            raise ConfigError(f"max_checkpoints must be at least 1, got {self.max_checkpoints}")
+
+
+@dataclass(kw_only=True)
+class EffectiveSizeConfig(EffectiveSizeOptions):
+    """The effective-size job (``mi-core effective-size``): every checkpoint of a fine-tuning
+    run pruned at every sparsity and seed."""
+
+    checkpoints: str = option(metavar="DIR")
+    """Fine-tuning output directory (its checkpoint-<step> folders)."""
+    train: str
+    """Training data spec, e.g. mnli:train."""
+    eval: list[str] = option(metavar="DATA")
+    """Eval sets; the first is in-domain."""
+    out: str
+    """Output directory."""
+    means: str | None = None
+    """Means file per checkpoint, with {step} in the path (default: computed on train)."""
+    task: str | None = option(None, choices=TASKS)
+    """Model task if ambiguous."""
+    profile: str = option("quick", choices=PROFILES)
+    """Pruning profile."""
+    overrides: dict[str, Any] = option(default_factory=dict, cli=False)
+    """PruneConfig fields that differ from the profile (the recipe flags set them)."""
+    max_train_examples: int | None = None
+    """Use only the first training examples."""
+    max_eval_examples: int | None = None
+    """Use only the first examples of every eval set."""
+    executor: str = option("local", choices=EXECUTORS)
+    """local: one run after another here; ray: each run a Ray task."""
+    ray_address: str | None = None
+    """Ray cluster address (default: a local Ray instance)."""
+    num_cpus_per_run: float = 1.0
+    """Ray CPUs per run."""
+    device: str = "cpu"
+    """cpu or cuda (local executor)."""
+
+    def validate(self) -> None:
+        super().validate()
+        make_prune_config(self.profile, 0.5, 0, **self.overrides)
+
+
+def run_effective_size_job(
+    config: EffectiveSizeConfig, *, progress: bool | None = None
+) -> EffectiveSizeResult:
+    """Run (or finish) the effective-size job of ``config``; write and return the tables."""
+    return run_effective_size(
+        config.checkpoints,
+        config.train,
+        config.eval,
+        config.out,
+        config.sparsities,
+        config.seeds,
+        means=config.means,
+        ood_sets=config.ood,
+        margin=config.margin,
+        method=config.method,
+        profile=config.profile,
+        overrides=config.overrides,
+        task=config.task,
+        steps=config.steps,
+        max_checkpoints=config.max_checkpoints,
+        max_train_examples=config.max_train_examples,
+        max_eval_examples=config.max_eval_examples,
+        executor=config.executor,
+        ray_address=config.ray_address,
+        num_cpus_per_run=config.num_cpus_per_run,
+        device=config.device,
+        progress=progress,
+    )

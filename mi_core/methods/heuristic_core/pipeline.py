@@ -1,0 +1,511 @@
+"""The heuristic-core experiment as resumable stages under one report directory.
+
+The stages, their inputs and outputs are listed once, in
+:mod:`~mi_core.methods.heuristic_core.stages`.
+
+A stage that finishes writes ``REPORT/stages/<stage>.json`` last (atomically) with a key: a hash
+of the settings it depends on and of its upstream stages' keys. A re-run skips every stage whose
+done-file holds the same key, so a crash loses at most the stage in flight (and the long stages,
+fine-tuning and pruning, resume inside themselves too); changing a setting re-runs the stages
+it affects and those after them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mi_core.errors import ConfigError
+from mi_core.io import read_json, write_json
+from mi_core.methods.heuristic_core.config import ExperimentConfig
+from mi_core.methods.heuristic_core.stages import STAGE_BY_NAME, STAGE_SPECS, STAGES
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "STAGES",
+    "ExperimentResult",
+    "HeuristicCoreExperiment",
+    "StageOutcome",
+    "run_experiment",
+]
+
+CONFIG_FILE = "experiment.json"
+
+
+@dataclass
+class StageOutcome:
+    """What happened to one stage in this run."""
+
+    name: str
+    status: str
+    """``"ran"``, ``"skipped"`` (finished before, same key) or ``"off"`` (not part of this
+    experiment)."""
+    seconds: float = 0.0
+
+
+@dataclass
+class ExperimentResult:
+    """Where the experiment's outputs are, and what this run did."""
+
+    out: Path
+    report_html: Path
+    report_md: Path
+    stages: list[StageOutcome] = field(default_factory=list)
+
+    @property
+    def ran(self) -> list[str]:
+        return [s.name for s in self.stages if s.status == "ran"]
+
+    @property
+    def skipped(self) -> list[str]:
+        return [s.name for s in self.stages if s.status == "skipped"]
+
+
+def _key(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+class HeuristicCoreExperiment:
+    """Run the stages of one config under ``out`` (see the module docstring).
+
+    ``on_stage(name, status)`` is called when a stage starts (``"start"``) and when it ends
+    (``"ran"``, ``"skipped"`` or ``"off"``), e.g. to print progress.
+    """
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        out: str | os.PathLike[str],
+        *,
+        progress: bool | None = None,
+        on_stage: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.out = Path(out)
+        self.progress = progress
+        self.on_stage = on_stage or (lambda name, status: None)
+        self.device = _device(config.device)
+        self._model: Any = None
+        self._means: Any = None
+        self._eval_sets: list[Any] | None = None
+        self._keys: dict[str, str] = {}
+
+    # ------------------------------------------------------------------------- paths / keys
+    def path(self, *parts: str) -> Path:
+        return self.out.joinpath(*parts)
+
+    def done_file(self, stage: str) -> Path:
+        return self.path("stages", f"{stage}.json")
+
+    def stage_key(self, stage: str) -> str:
+        """The key of ``stage``: a hash of its settings and of its upstream stages' keys."""
+        if stage in self._keys:
+            return self._keys[stage]
+        spec = STAGE_BY_NAME.get(stage)
+        if spec is None:
+            raise ConfigError(f"unknown stage {stage!r}; the stages are {list(STAGES)}")
+        parts = (*(self.stage_key(s) for s in spec.inputs), *spec.settings(self.config))
+        self._keys[stage] = _key(stage, *parts)
+        return self._keys[stage]
+
+    def is_done(self, stage: str) -> bool:
+        """True when ``stage`` finished before with the same key."""
+        path = self.done_file(stage)
+        if not path.is_file():
+            return False
+        try:
+            return read_json(path).get("key") == self.stage_key(stage)
+        except (json.JSONDecodeError, OSError):
+            return False
+
+    def _mark_done(self, stage: str, seconds: float) -> None:
+        write_json(
+            self.done_file(stage),
+            {
+                "stage": stage,
+                "key": self.stage_key(stage),
+                "seconds": round(seconds, 2),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            },
+        )
+
+    # ---------------------------------------------------------------------------- inputs
+    @property
+    def model_path(self) -> str:
+        """The fine-tuned model: the given checkpoint or the fine-tuning run's last one."""
+        if self.config.checkpoint is not None:
+            return self.config.checkpoint
+        from mi_core.training.checkpoints import list_checkpoints
+
+        found = list_checkpoints(self.path("finetune"))
+        if not found:
+            raise ConfigError(f"no checkpoint in {self.path('finetune')}; run the finetune stage")
+        return str(found[-1][1])
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            from mi_core.models import load_model
+
+            self._model = load_model(self.model_path, task=self.config.task, device=self.device)
+        return self._model
+
+    @property
+    def means_path(self) -> Path:
+        if self.config.means.path is not None:
+            return Path(self.config.means.path)
+        return self.path("means.safetensors")
+
+    @property
+    def means(self) -> Any:
+        if self._means is None:
+            from mi_core.interventions import load_means
+
+            self._means = load_means(self.means_path, self.model)
+        return self._means
+
+    @property
+    def train_cap(self) -> int | None:
+        return self.config.pruning.max_train_examples or self.config.data.max_train_examples
+
+    @property
+    def eval_cap(self) -> int | None:
+        return self.config.pruning.max_eval_examples or self.config.data.max_eval_examples
+
+    @property
+    def eval_sets(self) -> list[Any]:
+        """The evaluation sets (capped as for pruning), in-domain first."""
+        if self._eval_sets is None:
+            from mi_core.data import load_pairs
+
+            self._eval_sets = [
+                load_pairs(spec, max_examples=self.eval_cap, task=self.config.task)
+                for spec in self.config.data.eval
+            ]
+        return self._eval_sets
+
+    # ------------------------------------------------------------------------------ run
+    def run(self) -> ExperimentResult:
+        """Run every stage that is not finished yet; return where the report is."""
+        self.check_data()
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_json(self.path(CONFIG_FILE), self.config.to_dict())
+        outcomes = []
+        for spec in STAGE_SPECS:
+            stage = spec.name
+            if not spec.enabled(self.config):
+                outcomes.append(StageOutcome(stage, "off"))
+                self.on_stage(stage, "off")
+                continue
+            if self.is_done(stage):
+                logger.info("stage %s: finished before, skipped", stage)
+                outcomes.append(StageOutcome(stage, "skipped"))
+                self.on_stage(stage, "skipped")
+                continue
+            self.on_stage(stage, "start")
+            logger.info("stage %s: running", stage)
+            started = time.perf_counter()
+            getattr(self, spec.run)()
+            seconds = time.perf_counter() - started
+            self._mark_done(stage, seconds)
+            outcomes.append(StageOutcome(stage, "ran", seconds))
+            self.on_stage(stage, "ran")
+        return ExperimentResult(
+            self.out, self.path("report.html"), self.path("report.md"), outcomes
+        )
+
+    def check_data(self) -> None:
+        """Open every data set the config names (one example each), so a typo in a spec fails
+        at once instead of after fine-tuning."""
+        from mi_core.data import load_pairs
+
+        c = self.config
+        specs = [c.data.train, *c.data.eval, c.means.data, c.attention.data]
+        for spec in dict.fromkeys(s for s in specs if s):
+            load_pairs(spec, max_examples=1, task=c.task)
+
+    # --------------------------------------------------------------------------- stages
+    def _run_finetune(self) -> None:
+        from mi_core.training import FinetuneConfig, finetune
+
+        c, ft = self.config, self.config.finetune
+        assert ft is not None and c.model is not None
+        finetune(
+            FinetuneConfig(
+                **dataclasses.asdict(ft),
+                model=c.model,
+                task=c.task,
+                train=c.data.train,
+                out=str(self.path("finetune")),
+                eval=list(c.data.eval),
+            ).replace(
+                max_eval_examples=ft.max_eval_examples or c.data.max_eval_examples,
+                max_train_examples=ft.max_train_examples or c.data.max_train_examples,
+            ),
+            progress=self.progress is not False,
+        )
+
+    def _run_means(self) -> None:
+        from mi_core.data import load_pairs, pair_batches
+        from mi_core.interventions import compute_means
+
+        m = self.config.means
+        spec = m.data or self.config.data.train
+        dataset = load_pairs(
+            spec,
+            max_examples=m.max_examples or self.config.data.max_train_examples,
+            task=self.config.task,
+        )
+        batches = pair_batches(
+            dataset, self.model.tokenizer, batch_size=m.batch_size, max_length=m.max_length
+        )
+        means = compute_means(
+            self.model, batches, dataset=dataset.name, progress=self.progress is not False
+        )
+        means.save(self.means_path)
+        self._means = None
+
+    def _run_sweep(self) -> None:
+        p = self.config.pruning
+        self._prune_grid(self.path("sweep"), p.sparsities, p.seeds)
+
+    def _prune_grid(
+        self,
+        out: Path,
+        sparsities: list[float],
+        seeds: list[int],
+        model: Any = None,
+        means: Path | None = None,
+    ) -> None:
+        """Prune at every sparsity x seed with the config's pruning: the fine-tuned model and
+        its means, or ``model`` (a loaded model, or a checkpoint path for Ray) and ``means``."""
+        from mi_core.pruning.sweep import run_sweep
+
+        p, ray = self.config.pruning, self.config.pruning.executor == "ray"
+        if model is None:
+            model = self.model_path if ray else self.model
+        run_sweep(
+            model,
+            self.config.data.train,
+            out,
+            sparsities,
+            seeds,
+            means=str(means or self.means_path),
+            eval_sets=list(self.config.data.eval),
+            profile=p.profile,
+            overrides=p.overrides,
+            task=self.config.task,
+            max_train_examples=self.train_cap,
+            max_eval_examples=self.eval_cap,
+            executor=p.executor,
+            ray_address=p.ray_address,
+            num_cpus_per_run=p.num_cpus_per_run,
+            progress=self.progress,
+        )
+
+    def load_sweep(self):
+        """The sweep's finished runs of this config's sparsities and seeds."""
+        from mi_core.methods.heuristic_core.comparison import load_sweep
+
+        p = self.config.pruning
+        return load_sweep(self.path("sweep"), sparsities=p.sparsities, seeds=p.seeds)
+
+    def _run_analysis(self) -> None:
+        from mi_core.methods.heuristic_core.comparison import compare_subnetworks, write_comparison
+
+        results = self.load_sweep()
+        write_comparison(results, compare_subnetworks(results), self.path("analysis"))
+
+    def chosen_heads(self) -> tuple[list[str], str]:
+        """The heads to inspect and why: ``(heads, "config" | "core" | "most frequent")``."""
+        import pandas as pd
+
+        from mi_core.methods.heuristic_core.attention import choose_heads
+
+        frequency = pd.read_csv(self.path("analysis", "head_frequency.csv"))
+        summary = pd.read_csv(self.path("analysis", "core_summary.csv"), keep_default_na=False)
+        core_text = summary.loc[summary["group"].astype(str) == "all", "core_heads"].iloc[0]
+        core = str(core_text).split() if core_text else []
+        a = self.config.attention
+        heads = choose_heads(core, frequency, a.heads, a.max_heads)
+        reason = "config" if a.heads else ("core" if core else "most frequent")
+        return heads, reason
+
+    def _attention_data(self):
+        from mi_core.data import load_pairs
+
+        a, c = self.config.attention, self.config
+        spec = a.data or (c.data.eval[1] if len(c.data.eval) > 1 else c.data.eval[0])
+        return load_pairs(spec, max_examples=a.max_examples, task=c.task)
+
+    def _run_attention(self) -> None:
+        from mi_core.io import write_csv
+        from mi_core.methods.heuristic_core.attention import (
+            attention_classes,
+            attention_views,
+            write_views,
+        )
+
+        a = self.config.attention
+        heads, reason = self.chosen_heads()
+        dataset = self._attention_data()
+        table = attention_classes(
+            self.model,
+            dataset,
+            heads,
+            batch_size=a.batch_size,
+            threshold=a.threshold,
+            min_excess=a.min_excess,
+        )
+        table.insert(1, "chosen_as", reason)
+        write_csv(self.path("attention", "attention_classes.csv"), table)
+        views = attention_views(self.model, dataset, heads, a.n_views)
+        write_views(views, self.path("attention"))
+
+    def _run_ablation(self) -> None:
+        from mi_core.methods.heuristic_core.ablation import run_core_ablation
+
+        heads, reason = self.chosen_heads()
+        b = self.config.ablation
+        cap = b.max_examples or self.config.data.max_eval_examples
+        if cap != self.eval_cap:
+            from mi_core.data import load_pairs
+
+            datasets = [
+                load_pairs(spec, max_examples=cap, task=self.config.task)
+                for spec in self.config.data.eval
+            ]
+        else:
+            datasets = self.eval_sets
+        run_core_ablation(
+            self.model,
+            datasets,
+            heads,
+            b.joint_sets,
+            means=self.means if b.ablation == "mean" else None,
+            ablation=b.ablation,
+            others=b.others,
+            batch_size=b.batch_size,
+            out=self.path("ablation"),
+            heads_chosen_as=reason,
+            progress=self.progress is not False,
+        )
+
+    def _run_effective_size(self) -> None:
+        from mi_core.methods.heuristic_core.effective_size import run_effective_size
+
+        c, es = self.config, self.config.effective_size
+        run_effective_size(
+            es.checkpoints_dir or self.path("finetune"),
+            c.data.train,
+            list(c.data.eval),
+            self.path("effective_size"),
+            es.sparsities,
+            es.seeds,
+            ood_sets=c.ood_sets,
+            margin=es.margin,
+            method=es.method,
+            profile=es.profile or c.pruning.profile,
+            overrides=c.pruning.overrides if es.overrides is None else es.overrides,
+            task=c.task,
+            steps=es.steps,
+            max_checkpoints=es.max_checkpoints,
+            max_train_examples=self.train_cap,
+            max_eval_examples=self.eval_cap,
+            executor=c.pruning.executor,
+            ray_address=c.pruning.ray_address,
+            num_cpus_per_run=c.pruning.num_cpus_per_run,
+            device=self.device,
+            progress=self.progress,
+        )
+
+    def _run_grid(self) -> None:
+        """Figure 4: the fine-tuned model pruned at every sparsity x seed of the grid."""
+        g = self.config.grid
+        self._prune_grid(self.path("grid"), g.sparsities, g.seeds)
+
+    def _run_core_before(self) -> None:
+        """Prune the last checkpoint before the out-of-domain accuracy rises; compare cores."""
+        import pandas as pd
+        import torch
+
+        from mi_core.analysis.generalisation import pre_generalisation_checkpoint
+        from mi_core.analysis.subnetworks import core_heads
+        from mi_core.methods.heuristic_core.comparison import load_sweep
+        from mi_core.methods.heuristic_core.effective_size import (
+            compute_checkpoint_means,
+            dataset_name,
+        )
+        from mi_core.models import load_model
+        from mi_core.training.checkpoints import list_checkpoints
+
+        c, p = self.config, self.config.pruning
+        out = self.path("core_before")
+        metrics = pd.read_csv(self.path("finetune", "metrics.csv"))
+        names = {spec: dataset_name(spec, task=c.task) for spec in c.ood_sets}
+        saved = dict(list_checkpoints(self.path("finetune")))
+        found = pre_generalisation_checkpoint(
+            metrics, list(names.values()), sorted(saved), c.core_before.margin
+        )
+        summary: dict[str, Any] = {**found, "ood_sets": list(names.values())}
+        final = pd.read_csv(self.path("analysis", "core_summary.csv"), keep_default_na=False)
+        final_core = str(final.loc[final["group"].astype(str) == "all", "core_heads"].iloc[0])
+        summary["final_core"] = final_core.split() if final_core else []
+        step = found["checkpoint_step"]
+        if step is not None:
+            model = load_model(saved[step], task=c.task, device=self.device)
+            means = out / "means.safetensors"
+            if not means.is_file():
+                compute_checkpoint_means(model, c.data.train, means, self.train_cap)
+            ray = p.executor == "ray"
+            self._prune_grid(
+                out / "sweep", p.sparsities, p.seeds, str(saved[step]) if ray else model, means
+            )
+            results = load_sweep(out / "sweep", sparsities=p.sparsities, seeds=p.seeds)
+            masks = torch.cat(list(results.masks_by_sparsity().values()))
+            core = core_heads(masks)
+            summary.update(
+                core=core,
+                n_subnetworks=int(masks.shape[0]),
+                final_core_present=[h for h in summary["final_core"] if h in core],
+            )
+        write_json(out / "summary.json", summary)
+
+    def _run_report(self) -> None:
+        from mi_core.methods.heuristic_core.report import write_report
+
+        write_report(self.out)
+
+
+def run_experiment(
+    config: ExperimentConfig | str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    progress: bool | None = None,
+    on_stage: Callable[[str, str], None] | None = None,
+) -> ExperimentResult:
+    """Run (or finish) the heuristic-core experiment of ``config`` (an :class:`ExperimentConfig`,
+    a config file or a shipped config's name) under ``out``."""
+    if not isinstance(config, ExperimentConfig):
+        from mi_core.methods.heuristic_core.config import load_config
+
+        config = load_config(config)
+    return HeuristicCoreExperiment(config, out, progress=progress, on_stage=on_stage).run()

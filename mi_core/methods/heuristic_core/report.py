@@ -1,0 +1,629 @@
+"""The experiment report: one self-contained HTML page, a Markdown twin, tables as CSV.
+
+:func:`write_report` reads only files under the report directory (the stages' CSV and JSON
+outputs), so it can be re-run, or run on a directory built by hand or in a notebook. The HTML
+page works offline: plotly.js is included once in the page (every figure is a ``div`` that
+uses it) and the circuitsvis attention views are inlined with their JavaScript bundle, also
+once. Figures follow the paper: 2 (in-domain vs out-of-domain accuracy per subnetwork),
+3 (per-subcase accuracy per subnetwork), 4 (accuracy vs sparsity), 5 (head frequency heatmap),
+6 (accuracy and effective size over training), 7/8 (attention views) and 9 (attention classes);
+the ablation table is Table 3/4.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mi_core.data import HANS_PAPER_SUBCASES
+from mi_core.io import read_json, write_csv, write_text
+from mi_core.methods.heuristic_core.stages import STAGES
+
+__all__ = ["ReportSection", "build_report", "display_name", "markdown_table", "write_report"]
+
+_HANS_SHORT = {f"hans:{long}": short for short, long in HANS_PAPER_SUBCASES.items()}
+_FIGURE_HEIGHT = "460px"
+_CSS = """
+body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Helvetica, Arial, sans-serif;
+       max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { border-bottom: 2px solid #ddd; padding-bottom: .3em; }
+h2 { border-bottom: 1px solid #eee; padding-bottom: .2em; margin-top: 2em; }
+table.data { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+table.data th, table.data td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+table.data th { background: #f4f4f4; }
+table.data td:first-child, table.data th:first-child { text-align: left; }
+.note { color: #555; font-size: 0.92em; }
+.view { border: 1px solid #eee; padding: .5em; margin: 1em 0; }
+code { background: #f4f4f4; padding: 0 3px; }
+"""
+
+
+def display_name(name: str) -> str:
+    """A data set's name as the paper writes it: ``hans:ln_subject/object_swap`` -> ``SO-Swap``."""
+    return _HANS_SHORT.get(name, name)
+
+
+# ------------------------------------------------------------------------------- tables
+def _format(value: Any, digits: int) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if value != 0 and (abs(value) < 10 ** (-digits) or abs(value) >= 1e6):
+            return f"{value:.2e}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+_COUNT_PREFIXES = ("n_", "count_", "mlps_", "seed", "step", "layer", "head")
+
+
+def _cells(frame: pd.DataFrame, digits: int) -> list[list[str]]:
+    """Formatted cells; count-like columns (``n_*``, ``count_*``, ``seed`` ...) as integers."""
+    counts = [str(c).startswith(_COUNT_PREFIXES) for c in frame.columns]
+    rows = []
+    for row in frame.to_numpy():
+        cells = []
+        for value, is_count in zip(row, counts, strict=True):
+            if is_count and isinstance(value, float) and value.is_integer():
+                value = int(value)
+            cells.append(_format(value, digits))
+        rows.append(cells)
+    return rows
+
+
+def markdown_table(frame: pd.DataFrame, digits: int = 4) -> str:
+    """A pipe table of ``frame`` (no index), floats with ``digits`` decimals."""
+    if frame.empty:
+        return "_(empty)_\n"
+    cells = [[v.replace("|", "\\|") for v in row] for row in _cells(frame, digits)]
+    header = [str(c).replace("|", "\\|") for c in frame.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    return "\n".join(lines) + "\n"
+
+
+def _html_table(frame: pd.DataFrame, digits: int = 4) -> str:
+    if frame.empty:
+        return '<p class="note">(empty)</p>'
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>"
+        for row in _cells(frame, digits)
+    )
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+# ------------------------------------------------------------------------------ sections
+@dataclass
+class ReportSection:
+    """One section: Markdown/HTML text blocks, tables and figures, in order."""
+
+    title: str
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+
+    def text(self, markdown: str) -> ReportSection:
+        self.blocks.append(("text", markdown))
+        return self
+
+    def table(self, frame: pd.DataFrame, caption: str = "", digits: int = 4) -> ReportSection:
+        self.blocks.append(("table", (frame, caption, digits)))
+        return self
+
+    def figure(self, fig: Any, caption: str = "") -> ReportSection:
+        self.blocks.append(("figure", (fig, caption)))
+        return self
+
+    def view(self, fragment: str, caption: str = "") -> ReportSection:
+        self.blocks.append(("view", (fragment, caption)))
+        return self
+
+
+def _inline_markdown(text: str) -> str:
+    """Escape, then render `code` and **bold** (enough for the report's own sentences)."""
+    out = html.escape(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
+
+
+def _markdown_block_to_html(text: str) -> str:
+    parts, items = [], []
+    for line in text.strip().splitlines():
+        if line.startswith("- "):
+            items.append(f"<li>{_inline_markdown(line[2:])}</li>")
+            continue
+        if items:
+            parts.append("<ul>" + "".join(items) + "</ul>")
+            items = []
+        if line.strip():
+            parts.append(f"<p>{_inline_markdown(line)}</p>")
+    if items:
+        parts.append("<ul>" + "".join(items) + "</ul>")
+    return "\n".join(parts)
+
+
+_RENDER_CALL = "CircuitsVis.render("
+_MODULE_TAG = re.compile(r"<script[^>]*>")
+_SELF_CLOSING_DIV = re.compile(r"^\s*<div ([^>]*?)\s*/>")
+
+
+def _split_circuitsvis(fragment: str) -> tuple[str, str] | None:
+    """``(bundle JavaScript, view HTML without the bundle)`` of a circuitsvis fragment, or None
+    when it does not have the expected shape (then the fragment is inlined whole)."""
+    tag = _MODULE_TAG.search(fragment)
+    cut = fragment.rfind(_RENDER_CALL)
+    end = fragment.rfind("</script>")
+    if tag is None or not tag.end() < cut < end:
+        return None
+    div = _SELF_CLOSING_DIV.sub(r"<div \1></div>", fragment[: tag.start()])
+    return fragment[tag.end() : cut], f'{div}<script type="module">{fragment[cut:end]}</script>'
+
+
+def _render_html(title: str, sections: Sequence[ReportSection]) -> str:
+    from plotly.offline import get_plotlyjs
+
+    body: list[str] = [f"<h1>{html.escape(title)}</h1>"]
+    bundle: str | None = None
+    uses_plotly = False
+    for section in sections:
+        body.append(f"<h2>{html.escape(section.title)}</h2>")
+        for kind, payload in section.blocks:
+            if kind == "text":
+                body.append(_markdown_block_to_html(payload))
+            elif kind == "table":
+                frame, caption, digits = payload
+                if caption:
+                    body.append(f'<p class="note">{_inline_markdown(caption)}</p>')
+                body.append(_html_table(frame, digits))
+            elif kind == "figure":
+                fig, caption = payload
+                uses_plotly = True
+                body.append(
+                    fig.to_html(
+                        full_html=False,
+                        include_plotlyjs=False,
+                        default_height=_FIGURE_HEIGHT,
+                        default_width="100%",
+                    )
+                )
+                if caption:
+                    body.append(f'<p class="note">{_inline_markdown(caption)}</p>')
+            elif kind == "view":
+                fragment, caption = payload
+                split = _split_circuitsvis(fragment)
+                if split is not None:
+                    bundle = bundle or split[0]
+                    fragment = split[1]
+                body.append(
+                    f'<div class="view"><p class="note">{html.escape(caption)}</p>{fragment}</div>'
+                )
+    head = [
+        '<meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style>",
+    ]
+    if uses_plotly:
+        head.append(f'<script type="text/javascript">{get_plotlyjs()}</script>')
+    if bundle is not None:
+        head.append(f'<script type="text/javascript">{bundle}</script>')
+    return (
+        "<!DOCTYPE html>\n<html>\n<head>\n"
+        + "\n".join(head)
+        + "\n</head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body>\n</html>\n"
+    )
+
+
+def _render_markdown(title: str, sections: Sequence[ReportSection]) -> str:
+    lines = [f"# {title}", ""]
+    for section in sections:
+        lines += [f"## {section.title}", ""]
+        for kind, payload in section.blocks:
+            if kind == "text":
+                lines += [payload.strip(), ""]
+            elif kind == "table":
+                frame, caption, digits = payload
+                if caption:
+                    lines += [f"_{caption}_", ""]
+                lines += [markdown_table(frame, digits)]
+            elif kind == "figure":
+                _, caption = payload
+                lines += [f"_Figure (interactive, in report.html): {caption}_", ""]
+            elif kind == "view":
+                _, caption = payload
+                lines += [f"_Attention view (in report.html): {caption}_", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------- reading the stages
+def _csv(path: Path, **kwargs: Any) -> pd.DataFrame | None:
+    return pd.read_csv(path, **kwargs) if path.is_file() else None
+
+
+def _eval_names(subnetworks: pd.DataFrame) -> list[str]:
+    return [c[len("acc_") :] for c in subnetworks.columns if c.startswith("acc_")]
+
+
+def _overview(root: Path, config: dict[str, Any] | None) -> ReportSection:
+    section = ReportSection("Overview")
+    if config:
+        data, pruning = config.get("data", {}), config.get("pruning", {})
+        lines = [
+            f"- model: `{config.get('checkpoint') or config.get('model')}` "
+            f"(task {config.get('task')})",
+            f"- training data: `{data.get('train')}`; evaluation sets (in-domain first): "
+            + ", ".join(f"`{d}`" for d in data.get("eval", [])),
+            f"- pruning: sparsities {pruning.get('sparsities')}, seeds {pruning.get('seeds')}, "
+            f"profile `{pruning.get('profile')}`, overrides {pruning.get('overrides') or {}}",
+        ]
+        if config.get("description"):
+            lines.insert(0, config["description"])
+        section.text("\n".join(lines))
+    stages = []
+    for path in sorted((root / "stages").glob("*.json")):
+        info = read_json(path)
+        stages.append(
+            {
+                "stage": info.get("stage"),
+                "seconds": info.get("seconds"),
+                "finished": info.get("finished"),
+            }
+        )
+    if stages:
+        order = {name: i for i, name in enumerate(STAGES)}
+        frame = pd.DataFrame(stages).sort_values("stage", key=lambda s: s.map(order))
+        section.table(frame, "Stages finished (seconds each took when it ran).", digits=1)
+    return section
+
+
+def _finetune_section(root: Path) -> ReportSection | None:
+    from mi_core.viz.figures import training_dynamics
+
+    metrics = _csv(root / "finetune" / "metrics.csv")
+    if metrics is None or metrics.empty:
+        return None
+    in_domain = display_name(str(metrics["dataset"].iloc[0]))  # fine-tuning evaluates ID first
+    pretty = metrics.assign(dataset=metrics["dataset"].map(display_name))
+    section = ReportSection("Fine-tuning")
+    section.figure(
+        training_dynamics(pretty, id_datasets=[in_domain]),
+        "In-domain and out-of-domain accuracy of the full model during fine-tuning "
+        "(finetune/metrics.csv).",
+    )
+    last = metrics[metrics["step"] == metrics["step"].max()]
+    section.table(
+        last.assign(dataset=last["dataset"].map(display_name)).reset_index(drop=True),
+        "Accuracy of the fine-tuned model (last checkpoint).",
+    )
+    return section
+
+
+def _subnetwork_sections(root: Path) -> list[ReportSection]:
+    from mi_core.pruning.sweep import subnetworks_figure
+    from mi_core.viz.figures import accuracy_vs_sparsity, frequency_heatmap_figure, subcase_bars
+
+    analysis = root / "analysis"
+    runs = _csv(analysis / "subnetworks.csv")
+    if runs is None or runs.empty:
+        return []
+    names = _eval_names(runs)
+    pretty = {n: display_name(n) for n in names}
+    full = {n: float(runs[f"full_acc_{n}"].iloc[0]) for n in names if f"full_acc_{n}" in runs}
+    sections = []
+
+    gen = ReportSection("Subnetworks: in-domain vs out-of-domain (Figures 2-4)")
+    table = runs.rename(columns={f"acc_{n}": pretty[n] for n in names})
+    shown = ["subnetwork", "achieved_sparsity", "n_removed", "mlps_removed"]
+    shown += [pretty[n] for n in names]
+    full_row = {"subnetwork": "full model", **{pretty[n]: full.get(n) for n in names}}
+    gen.table(
+        pd.concat([pd.DataFrame([full_row]), table[shown]], ignore_index=True).reindex(
+            columns=shown
+        ),
+        "Accuracy of every subnetwork (analysis/subnetworks.csv); the first row is the full model.",
+    )
+    gen.figure(
+        subnetworks_figure(runs, names, full).update_layout(
+            title="Figure 2: in-domain vs out-of-domain accuracy per subnetwork"
+        ),
+        f"x: {pretty[names[0]]} accuracy; y: each out-of-domain set; lines: the full model.",
+    )
+    if len(names) > 1:
+        for sparsity, group in runs.groupby("sparsity", sort=True):
+            long = group.melt(
+                id_vars=["subnetwork"],
+                value_vars=[f"acc_{n}" for n in names[1:]],
+                var_name="subcase",
+                value_name="accuracy",
+            )
+            long["subcase"] = long["subcase"].str[len("acc_") :].map(pretty)
+            gen.figure(
+                subcase_bars(
+                    long,
+                    full_model_acc={pretty[n]: full[n] for n in names[1:] if n in full},
+                    title=f"Figure 3: out-of-domain accuracy per subnetwork at sparsity "
+                    f"{sparsity:g}",
+                ),
+                "Different subnetworks of one sparsity generalize to different subcases.",
+            )
+    grid = _csv(root / "grid" / "subnetworks.csv")
+    source, where = (runs, "the sweep") if grid is None or grid.empty else (grid, "grid/")
+    long = source.melt(
+        id_vars=["sparsity", "seed"],
+        value_vars=[f"acc_{n}" for n in names if f"acc_{n}" in source],
+        var_name="dataset",
+        value_name="accuracy",
+    )
+    long["dataset"] = long["dataset"].str[len("acc_") :].map(pretty)
+    gen.figure(
+        accuracy_vs_sparsity(
+            long,
+            full_model_acc={pretty[n]: a for n, a in full.items()},
+            title="Figure 4: accuracy vs sparsity (mean ± std over seeds)",
+        ),
+        f"Subnetworks of {where} ({source['sparsity'].nunique()} sparsities x "
+        f"{source['seed'].nunique()} seeds). Dotted lines: the full model.",
+    )
+    sections.append(gen)
+
+    core = ReportSection("Shared heads: frequency, the core, chance (Figure 5)")
+    summary = _csv(analysis / "core_summary.csv", keep_default_na=False)
+    if summary is not None:
+        all_row = summary[summary["group"].astype(str) == "all"]
+        if not all_row.empty:
+            r = all_row.iloc[0]
+            heads = str(r["core_heads"]) or "none"
+            core.text(
+                f"**{int(r['n_core'])} heads are kept by all {int(r['n_subnetworks'])} "
+                f"subnetworks** (the heuristic core): {heads}. Independent random subnetworks "
+                f"keeping as many heads would share "
+                f"{_format(float(r['expected_random_intersection']), 3)} heads on average "
+                f"(the paper's count, m/n = 1 - target sparsity: "
+                f"{_format(float(r.get('expected_random_intersection_paper', float('nan'))), 3)})."
+            )
+        core.table(
+            summary,
+            "Per sparsity and over all subnetworks: heads kept on average, the heads kept by "
+            "every subnetwork (core) and the expected intersection of as many random "
+            "subnetworks, n (m/n)^k, with m the heads kept on average and, as the paper "
+            "computes it, m = n (1 - target sparsity) (analysis/core_summary.csv).",
+        )
+    spearman = _csv(analysis / "spearman.csv")
+    if spearman is not None and not spearman.empty:
+        core.table(
+            spearman,
+            "Spearman's rho between the head frequencies of two sparsities "
+            "(analysis/spearman.csv).",
+        )
+    for path in sorted(analysis.glob("heatmap_*_vs_*.csv")):
+        a, b = path.stem[len("heatmap_") :].split("_vs_")
+        counts = pd.read_csv(path).iloc[:, 1:].to_numpy()
+        core.figure(
+            frequency_heatmap_figure(
+                counts,
+                label_a=f"sparsity {a}",
+                label_b=f"sparsity {b}",
+                title=f"Figure 5: heads by how many subnetworks keep them ({a} vs {b})",
+            ),
+            "Entry (i, j): heads kept by i subnetworks at the first sparsity and j at the "
+            "second; the top-right cell is the shared core.",
+        )
+    core_heads = _csv(analysis / "core_heads.csv")
+    if core_heads is not None and not core_heads.empty:
+        core.table(core_heads, "Heads in a core, with their frequencies (analysis/core_heads.csv).")
+    sections.append(core)
+    return sections
+
+
+def _attention_section(root: Path) -> ReportSection | None:
+    import torch
+
+    from mi_core.analysis.attention_patterns import PATTERN_CLASSES
+    from mi_core.methods.heuristic_core.attention import read_views
+    from mi_core.viz.attention_html import attention_view_fragment
+    from mi_core.viz.figures import attention_class_chart
+
+    table = _csv(root / "attention" / "attention_classes.csv")
+    if table is None:
+        return None
+    section = ReportSection("Attention patterns of the core (Figures 7-9)")
+    chosen = str(table["chosen_as"].iloc[0]) if "chosen_as" in table and len(table) else ""
+    dataset = str(table["dataset"].iloc[0]) if "dataset" in table and len(table) else ""
+    if chosen == "most frequent":
+        section.text(
+            "No head is kept by every subnetwork, so the most frequently kept heads are shown "
+            "instead of a core."
+        )
+    columns = ["label", "pattern_class", "dominant", "dominant_mass", "dominant_excess"]
+    columns += [f"{c}_mass" for c in PATTERN_CLASSES if f"{c}_mass" in table.columns]
+    section.table(
+        table[[c for c in columns if c in table.columns]],
+        f"Mean attention mass per key class over `{display_name(dataset)}`; a head is labelled "
+        "with its dominant class when the mass is high and well above a uniform pattern "
+        "(attention/attention_classes.csv).",
+    )
+    if len(table):
+        section.figure(
+            attention_class_chart(
+                table, show_uniform=True, title="Figure 9: attention mass by token class"
+            ),
+            "Bars: mean attention mass on each key class; markers: a uniform pattern's.",
+        )
+    for i, view in enumerate(read_views(root / "attention" / "views.json")):
+        fragment = attention_view_fragment(
+            view["tokens"],
+            torch.tensor(view["pattern"]),
+            view["heads"],
+            mask_upper_tri=view.get("causal", False),
+        )
+        section.view(
+            fragment,
+            f"Example {i + 1} ({display_name(view['dataset'])}): "
+            f"{view['title'].split(': ', 1)[-1]}",
+        )
+    return section
+
+
+def _short_head_set(name: str, limit: int = 4) -> str:
+    """``L1.H9+L3.H5+...`` with more than ``limit`` heads -> ``12 heads (L1.H9+...+L5.H11)``."""
+    prefix, _, heads = name.rpartition(" ")
+    parts = heads.split("+")
+    if len(parts) <= limit:
+        return name
+    short = f"{len(parts)} heads ({parts[0]}+...+{parts[-1]})"
+    return f"{prefix} {short}" if prefix else short
+
+
+def _ablation_section(root: Path) -> ReportSection | None:
+    table = _csv(root / "ablation" / "ablation_display.csv", keep_default_na=False)
+    if table is None:
+        return None
+    section = ReportSection("Ablating the core (Tables 3/4)")
+    note = root / "ablation" / "note.md"
+    if note.is_file():
+        section.text(note.read_text(encoding="utf-8"))
+    first = table.columns[0]
+    table[first] = table[first].map(_short_head_set)
+    section.table(
+        table.rename(columns={c: display_name(c) for c in table.columns}),
+        "Accuracy in % with each head ablated from the full model (change in points), the "
+        "average and std over every other head, joint ablations, and their superadditivity: "
+        "the joint drop minus the sum of the single drops (positive = superadditive). Numbers: "
+        "ablation/ablation_table.csv.",
+    )
+    return section
+
+
+def _effective_size_section(root: Path) -> ReportSection | None:
+    from mi_core.viz.figures import effective_size_over_training
+
+    folder = root / "effective_size"
+    sizes = _csv(folder / "effective_size.csv")
+    full = _csv(folder / "full_accuracy.csv")
+    if sizes is None or full is None:
+        return None
+    section = ReportSection("Effective size over training (Figure 6)")
+    section.figure(
+        effective_size_over_training(
+            full.assign(dataset=full["dataset"].map(display_name)),
+            sizes,
+            step_col="step",
+            title="Figure 6: accuracy and effective size over training",
+        ),
+        "Effective size: 100 minus the largest sparsity whose mean accuracy over seeds stays "
+        "within the margin of the checkpoint's full model (in-domain, out-of-domain, mixed).",
+    )
+    section.table(
+        sizes, "Effective size per checkpoint and target (effective_size/effective_size.csv)."
+    )
+    return section
+
+
+def _core_before_section(root: Path) -> ReportSection | None:
+    path = root / "core_before" / "summary.json"
+    if not path.is_file():
+        return None
+    info = read_json(path)
+    section = ReportSection("The core before generalisation (section 4)")
+    if info.get("rise_step") is None:
+        section.text(
+            f"The full model's out-of-domain accuracy never rose more than the margin above its "
+            f"first evaluation ({_format(info.get('ood_start'), 3)}): it never left the "
+            "heuristic regime, so there is no checkpoint before generalisation to prune."
+        )
+    elif info.get("checkpoint_step") is None:
+        section.text(
+            f"Out-of-domain accuracy rose at step {info['rise_step']}, before the first saved "
+            "checkpoint: save checkpoints more often to look before it."
+        )
+    else:
+        present = info.get("final_core_present", [])
+        section.text(
+            f"Out-of-domain accuracy starts to rise at step {info['rise_step']} "
+            f"({_format(info['ood_start'], 3)} -> {_format(info['ood_at_rise'], 3)}); checkpoint "
+            f"{info['checkpoint_step']} is the last before it. Its {info['n_subnetworks']} "
+            f"subnetworks share {len(info['core'])} heads: {' '.join(info['core']) or 'none'}. "
+            f"Of the final model's core ({' '.join(info['final_core']) or 'none'}), "
+            f"{len(present)} are already there: {' '.join(present) or 'none'} "
+            "(core_before/summary.json)."
+        )
+    return section
+
+
+def _findings_section(root: Path) -> ReportSection | None:
+    from mi_core.methods.heuristic_core.findings import heuristic_core_findings
+
+    findings = heuristic_core_findings(root)
+    if findings.empty:
+        return None
+    section = ReportSection("Findings: what this run reproduces")
+    section.text(
+        "Each claim of the paper against this run, judged by a fixed rule (see "
+        "`mi_core/methods/heuristic_core/findings.py`); a claim the run cannot test says why."
+    )
+    section.table(findings, "The paper's numbers are BERT-base on MNLI unless stated.")
+    return section
+
+
+def _files_section(root: Path) -> ReportSection:
+    section = ReportSection("Files")
+    lines = []
+    for pattern in (
+        "analysis/*.csv",
+        "attention/*.csv",
+        "attention/view_*.html",
+        "ablation/*.csv",
+        "effective_size/*.csv",
+        "effective_size/*.html",
+        "finetune/metrics.csv",
+        "finetune/training_dynamics.html",
+        "sweep/subnetworks.csv",
+        "sweep/subnetworks.html",
+    ):
+        lines += [f"- `{p.relative_to(root).as_posix()}`" for p in sorted(root.glob(pattern))]
+    section.text("\n".join(lines) or "No files.")
+    return section
+
+
+def build_report(root: str | os.PathLike[str]) -> tuple[str, list[ReportSection]]:
+    """The report's title and sections from the files under ``root``."""
+    root = Path(root)
+    config_path = root / "experiment.json"
+    config = read_json(config_path) if config_path.is_file() else None
+    title = f"Heuristic core: {config.get('name', root.name) if config else root.name}"
+    sections = [_overview(root, config)]
+    for part in (
+        _findings_section(root),
+        _finetune_section(root),
+        *_subnetwork_sections(root),
+        _attention_section(root),
+        _ablation_section(root),
+        _effective_size_section(root),
+        _core_before_section(root),
+    ):
+        if part is not None:
+            sections.append(part)
+    sections.append(_files_section(root))
+    return title, sections
+
+
+def write_report(root: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Write ``report.html`` (self-contained, offline) and ``report.md`` under ``root``."""
+    from mi_core.methods.heuristic_core.findings import heuristic_core_findings
+
+    root = Path(root)
+    title, sections = build_report(root)
+    findings = heuristic_core_findings(root)
+    if not findings.empty:
+        write_csv(root / "findings.csv", findings)
+    html_path = write_text(root / "report.html", _render_html(title, sections))
+    md_path = write_text(root / "report.md", _render_markdown(title, sections))
+    return html_path, md_path

@@ -1,0 +1,146 @@
+"""A separability run as a job: load the model and the two data sets, prune, write the files.
+
+::
+
+    config = SeparabilityConfig(model="smollm2", focus="text:wikitext", cripple="text:python")
+    result = run_separability_job(config, "runs/separability")  # resumes when re-run
+
+Shipped configs (``mi_core/configs/separability``) hold the report's settings
+(``opt-1.3b-pile-code``) and the local ones (``smollm2-wikitext-python``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from importlib import resources
+from pathlib import Path
+
+from mi_core.data import token_texts, token_windows
+from mi_core.errors import ConfigError
+from mi_core.methods.separability.report import write_separability_outputs
+from mi_core.methods.separability.run import (
+    SeparabilityConfig,
+    SeparabilityResult,
+    TaskTokens,
+    check_state,
+    run_separability,
+)
+
+log = logging.getLogger(__name__)
+
+SHIPPED = "configs/separability"
+STATE_FILE = "state.safetensors"
+
+
+def _windows(tokenizer, spec: str, window: int, n_tokens: int, split: str):
+    windows = token_windows(tokenizer, spec, window=window, split=split)
+    wanted = max(1, n_tokens // window)
+    if windows.shape[0] < wanted:
+        log.warning(
+            "%s: %s part has %d windows of %d tokens; using all of them (%d asked for)",
+            spec,
+            split,
+            windows.shape[0],
+            window,
+            wanted,
+        )
+    return windows[:wanted]
+
+
+def _task(tokenizer, spec: str, config: SeparabilityConfig, eval_tokens: int) -> TaskTokens:
+    """One data set's statistics windows and held-out part (windows or whole texts)."""
+    stats = _windows(tokenizer, spec, config.window, config.tokens, "stats")
+    if config.eval_protocol == "texts":
+        heldout, mask = token_texts(tokenizer, spec, config.text_tokens, eval_tokens, "heldout")
+        return TaskTokens(name=spec, stats=stats, heldout=heldout, heldout_mask=mask)
+    heldout = _windows(tokenizer, spec, config.window, eval_tokens, "heldout")
+    return TaskTokens(name=spec, stats=stats, heldout=heldout)
+
+
+def shipped_separability_configs() -> list[str]:
+    """Names of the separability configs shipped with mi_core."""
+    root = resources.files("mi_core") / SHIPPED
+    return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
+
+
+def separability_config_values(name_or_path: str | os.PathLike[str]) -> dict:
+    """The keys of a separability config file, or of a shipped config by name (unchecked: the
+    command line lays its flags over them before :meth:`SeparabilityConfig.from_dict`)."""
+    name_or_path = os.fspath(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        name = name_or_path.removesuffix(".json")
+        if name not in shipped_separability_configs():
+            raise ConfigError(
+                f"no config file or shipped separability config named {name_or_path!r}; "
+                f"shipped: {', '.join(shipped_separability_configs())}"
+            )
+        path = Path(str(resources.files("mi_core") / SHIPPED / f"{name}.json"))
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read separability config {path}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path.name}: a separability config is a JSON object")
+    return values
+
+
+def load_separability_config(name_or_path: str | os.PathLike[str]) -> SeparabilityConfig:
+    """A separability config file, or a shipped config by name (e.g. ``smollm2-wikitext-python``),
+    validated."""
+    source = Path(os.fspath(name_or_path)).name
+    return SeparabilityConfig.from_dict(separability_config_values(name_or_path), source=source)
+
+
+def run_separability_job(
+    config: SeparabilityConfig,
+    out: str | os.PathLike[str],
+    *,
+    progress: bool = True,
+) -> SeparabilityResult:
+    """Run (or resume) ``config`` with its model and data sets; write the outputs under ``out``.
+
+    The state after every step goes to ``out/state.safetensors``, so a re-run after a crash
+    goes on from the last finished step; a state from other settings is refused before the
+    model is loaded.
+    """
+    from mi_core.models import load_model
+
+    missing = [k for k in ("model", "focus", "cripple") if not getattr(config, k)]
+    if missing:
+        raise ConfigError(f"a separability job needs {', '.join(missing)}")
+    eval_tokens = config.eval_tokens or config.tokens
+    identity = {
+        "model": str(config.model),
+        "focus": config.focus,
+        "cripple": config.cripple,
+        "tokens": config.tokens,
+        "eval_tokens": eval_tokens,
+        "window": config.window,
+    }
+    if config.eval_protocol == "texts":
+        identity["text_tokens"] = config.text_tokens
+    out = Path(out)
+    state_path = out / STATE_FILE
+    done = check_state(state_path, config, identity)  # fails fast on a mismatched state
+    if done >= 0:
+        log.info("resuming %s after step %d of %d", out, done, config.steps)
+    model = load_model(config.model, device=config.device)
+    if not hasattr(model, "unembed") or getattr(model, "tokenizer", None) is None:
+        raise ConfigError(f"{config.model} is not a causal language model with a tokenizer")
+    focus, cripple = (
+        _task(model.tokenizer, spec, config, eval_tokens) for spec in (config.focus, config.cripple)
+    )
+    result = run_separability(
+        model,
+        focus,
+        cripple,
+        config,
+        state_path=state_path,
+        identity=identity,
+        progress=progress,
+    )
+    write_separability_outputs(result, out, extra_summary=identity)
+    return result

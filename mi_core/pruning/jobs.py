@@ -1,0 +1,141 @@
+"""The pruning jobs: one run (``mi-core prune``) and a sweep (``mi-core sweep``), one config each.
+
+A job names its model, means and data as paths / specs, a profile, and ``overrides``: the
+:class:`~mi_core.pruning.profiles.PruneConfig` fields that differ from the profile (each one is
+also a flag). :func:`run_prune_job` and :func:`run_sweep_job` take the config whole::
+
+    config = SweepConfig(model="runs/ft/checkpoint-3000", means="means.safetensors",
+                         train="mnli:train", eval=["mnli:validation_matched", "hans:so_swap"],
+                         out="runs/sweep", sparsities=[0.5, 0.7], seeds=list(range(1, 13)))
+    table = run_sweep_job(config)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from mi_core.config import Config, option
+from mi_core.errors import ConfigError
+from mi_core.pruning.profiles import (
+    PROFILES,
+    PruneConfig,
+    make_prune_config,
+    parse_seed_spec,
+    parse_sparsity_spec,
+)
+from mi_core.pruning.run import PruneResult, prune_run
+from mi_core.pruning.sweep import EXECUTORS, run_sweep
+from mi_core.tasks import TASKS
+
+__all__ = ["PruneJobSettings", "PruneRunConfig", "SweepConfig", "run_prune_job", "run_sweep_job"]
+
+
+@dataclass(kw_only=True)
+class PruneJobSettings(Config):
+    """What every pruning job names: the model, its means, the data and the recipe."""
+
+    model: str
+    """Fine-tuned checkpoint dir, hub name, or minilm."""
+    task: str | None = option(None, choices=TASKS)
+    """Model task if ambiguous."""
+    means: str | None = None
+    """Means .safetensors from mi-core means (needed for mean ablation)."""
+    train: str
+    """Training data spec, e.g. mnli:train."""
+    eval: list[str] = option(default_factory=list, metavar="DATA")
+    """Eval sets; the first is in-domain."""
+    out: str
+    """Output directory."""
+    profile: str = option("paper", choices=PROFILES)
+    """paper: the authors' recipe; quick: the same on a short schedule; cofi: CoFi's mechanics
+    (mi_core's earlier default)."""
+    overrides: dict[str, Any] = option(default_factory=dict, cli=False)
+    """PruneConfig fields that differ from the profile (the recipe flags set them)."""
+    max_train_examples: int | None = None
+    """Use only the first training examples."""
+    max_eval_examples: int | None = None
+    """Use only the first examples of every eval set."""
+
+    def validate(self) -> None:
+        super().validate()
+        make_prune_config(self.profile, 0.5, 0, **self.overrides)  # names and values checked
+
+
+@dataclass(kw_only=True)
+class PruneRunConfig(PruneJobSettings):
+    """One pruning run (``mi-core prune``): resumes when re-run; a finished run only reports."""
+
+    sparsity: float
+    """Target sparsity in (0, 1)."""
+    seed: int = 42
+    """Seed of the run."""
+
+    def prune_config(self) -> PruneConfig:
+        """The run's hyperparameters: the profile at this sparsity and seed, with overrides."""
+        return make_prune_config(self.profile, self.sparsity, self.seed, **self.overrides)
+
+    def validate(self) -> None:
+        super().validate()
+        self.prune_config()
+
+
+@dataclass(kw_only=True)
+class SweepConfig(PruneJobSettings):
+    """One pruning run per (sparsity, seed) (``mi-core sweep``); finished runs are skipped."""
+
+    sparsities: list[float] = option(parse=parse_sparsity_spec, metavar="SPEC")
+    """Target sparsities, e.g. 0.5,0.7 or 0.05:0.7:0.05."""
+    seeds: list[int] = option(parse=parse_seed_spec, metavar="SPEC")
+    """Seeds: 42-53 or 1,2,5 name them; a bare count N means seeds 0 to N-1."""
+    executor: str = option("local", choices=EXECUTORS)
+    """local: one run after another here; ray: each run a Ray task."""
+    ray_address: str | None = None
+    """Ray cluster address (default: a local Ray instance)."""
+    num_cpus_per_run: float = 1.0
+    """Ray CPUs per run."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.sparsities or not self.seeds:
+            raise ConfigError("a sweep needs at least one sparsity and one seed")
+
+
+def run_prune_job(config: PruneRunConfig, *, progress: bool | None = None) -> PruneResult:
+    """Run (or resume, or report) the pruning run of ``config`` under ``config.out``."""
+    return prune_run(
+        config.model,
+        config.train,
+        config.out,
+        config.prune_config(),
+        means=config.means,
+        eval_sets=config.eval,
+        task=config.task,
+        max_train_examples=config.max_train_examples,
+        max_eval_examples=config.max_eval_examples,
+        progress=progress,
+    )
+
+
+def run_sweep_job(config: SweepConfig, *, progress: bool | None = None) -> pd.DataFrame:
+    """Run every missing run of ``config``'s sweep; return the subnetworks table."""
+    return run_sweep(
+        config.model,
+        config.train,
+        config.out,
+        config.sparsities,
+        config.seeds,
+        means=config.means,
+        eval_sets=config.eval,
+        profile=config.profile,
+        overrides=config.overrides,
+        task=config.task,
+        max_train_examples=config.max_train_examples,
+        max_eval_examples=config.max_eval_examples,
+        executor=config.executor,
+        ray_address=config.ray_address,
+        num_cpus_per_run=config.num_cpus_per_run,
+        progress=progress,
+    )

@@ -1,0 +1,125 @@
+"""Plotly figures of separability runs: pruning trajectories and score distributions per layer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from mi_core.analysis.trajectory import trajectory_areas, trajectory_axes
+
+#: The metrics plotted by default: the report's four accuracies and the loss.
+PLOTTED_METRICS: tuple[str, ...] = ("top1", "top10", "skip50_top1", "skip50_top10", "loss")
+
+
+def trajectory_figure(
+    trajectory: pd.DataFrame,
+    mode: str = "cripple",
+    metrics: Sequence[str] = PLOTTED_METRICS,
+    focus_name: str = "focus",
+    cripple_name: str = "cripple",
+) -> go.Figure:
+    """One panel per metric: relative performance on the two data sets, one line per method.
+
+    ``trajectory`` has ``method`` and ``step`` columns and ``focus_*``/``cripple_*`` metric
+    columns (a separability run's ``trajectory``). The x axis is the specific task for
+    ``mode`` (cripple data set in ``"cripple"`` mode, focus in ``"focus"``); the dashed
+    diagonal is no separation. Legends give each method's area.
+    """
+    x_name, y_name = (cripple_name, focus_name) if mode == "cripple" else (focus_name, cripple_name)
+    fig = make_subplots(
+        rows=1, cols=len(metrics), subplot_titles=list(metrics), horizontal_spacing=0.04
+    )
+    colours = ["#1f77b4", "#7f7f7f", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    for col, metric in enumerate(metrics, start=1):
+        fig.add_trace(
+            go.Scatter(
+                x=[0, 1],
+                y=[0, 1],
+                mode="lines",
+                line=dict(dash="dash", color="black", width=1),
+                name="no separation",
+                showlegend=col == 1,
+                legendgroup="diag",
+            ),
+            row=1,
+            col=col,
+        )
+        for i, (method, frame) in enumerate(trajectory.groupby("method", sort=False)):
+            x, y = trajectory_axes(frame, metric, mode)
+            area = trajectory_areas(frame, mode, [metric])[metric]["area"]
+            steps = frame.sort_values("step")["step"].tolist()
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines+markers",
+                    name=f"{method} (area {area:.2f})",
+                    legendgroup=str(method),
+                    line=dict(color=colours[i % len(colours)]),
+                    text=[f"step {s}" for s in steps],
+                    hovertemplate="%{text}: (%{x:.3f}, %{y:.3f})",
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(title_text=f"{x_name} (relative)", range=[0, 1.05], row=1, col=col)
+        fig.update_yaxes(
+            title_text=f"{y_name} (relative)" if col == 1 else None, range=[0, 1.05], row=1, col=col
+        )
+    fig.update_layout(
+        title=f"Pruning trajectories ({mode} mode: {cripple_name} cripple, {focus_name} focus)",
+        height=420,
+        width=330 * len(metrics) + 150,
+    )
+    return fig
+
+
+def score_distribution_figure(
+    scores: torch.Tensor,
+    title: str = "scores",
+    bins: int = 60,
+    value_range: tuple[float, float] | None = None,
+) -> go.Figure:
+    """Per-layer histograms of log10 scores as a heatmap (layer x log10 ratio), as in the report.
+
+    ``scores`` has a leading layer axis (``[n_layers, ...]``); 0 means equal use by both data
+    sets, +1 a neuron used 10x as much on the cripple data set. Negative ratios (possible with the
+    signed ``mean`` statistic) are plotted by their magnitude.
+    """
+    logs = torch.log10(scores.double().abs().clamp(min=1e-30)).reshape(scores.shape[0], -1)
+    finite = logs[torch.isfinite(logs)]
+    if value_range is None:
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (-1.0, 1.0)
+        if hi - lo < 1e-6:
+            lo, hi = lo - 0.5, hi + 0.5
+        value_range = (lo, hi)
+    edges = np.linspace(value_range[0], value_range[1], bins + 1)
+    counts = np.stack(
+        [np.histogram(layer[torch.isfinite(layer)].numpy(), bins=edges)[0] for layer in logs]
+    )
+    fractions = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    centres = (edges[:-1] + edges[1:]) / 2
+    fig = go.Figure(
+        go.Heatmap(
+            z=fractions,
+            x=centres,
+            y=list(range(scores.shape[0])),
+            colorscale="Viridis",
+            colorbar=dict(title="fraction of layer"),
+            hovertemplate="layer %{y}, log10 score %{x:.2f}: %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.add_vline(x=0.0, line=dict(color="white", dash="dash", width=1))
+    fig.update_layout(
+        title=title,
+        xaxis_title="log10(cripple / focus)",
+        yaxis_title="layer",
+        height=max(300, 18 * scores.shape[0] + 120),
+        width=720,
+    )
+    return fig

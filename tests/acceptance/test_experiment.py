@@ -1,0 +1,345 @@
+"""The heuristic-core experiment: config validation, shipped configs, stage keys, and the whole
+pipeline end to end on a tiny BERT (twice: the second run skips every finished stage)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from mi_core.cli import main
+from mi_core.errors import ConfigError
+from mi_core.methods.heuristic_core import (
+    STAGES,
+    HeuristicCoreExperiment,
+    load_config,
+    shipped_configs,
+)
+from mi_core.methods.heuristic_core.config import ExperimentConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PAPER_SUBCASES = ["hans:so_swap", "hans:prep", "hans:embed_if", "hans:embed_verb"]
+
+
+def minimal(**changes) -> dict:
+    config = {
+        "model": "minilm",
+        "task": "mnli",
+        "data": {"train": "mnli:train", "eval": ["mnli:validation_matched", "hans:so_swap"]},
+        "finetune": {"steps": 10},
+        "pruning": {"sparsities": [0.3, 0.5], "seeds": "1-4"},
+    }
+    config.update(changes)
+    return config
+
+
+# ------------------------------------------------------------------------------ configs
+def test_every_shipped_config_parses():
+    names = shipped_configs()
+    assert {
+        "minilm-mnli-quick",
+        "bert-mnli-paper",
+        "bert-qqp-paper",
+        "roberta-mnli-paper",
+        "gpt2-mnli-paper",
+    } <= set(names)
+    for name in names:
+        config = load_config(name)
+        assert config.name == name
+        assert config.data.eval and config.pruning.seeds and config.pruning.sparsities
+
+
+def test_shipped_configs_follow_the_paper_and_the_demo_budget():
+    quick = load_config("minilm-mnli-quick")
+    assert quick.model == "minilm" and quick.pruning.profile == "quick"
+    assert quick.data.eval == ["mnli:validation_matched", *PAPER_SUBCASES]
+    # two seeds per sparsity: a core needs at least two subnetworks; the quick profile's 600
+    # steps of the authors' recipe leave room for four runs in the 30-minute demo budget
+    assert len(quick.pruning.seeds) >= 2 and len(quick.pruning.sparsities) == 2
+    assert not quick.pruning.overrides  # the quick profile as measured, not a variant of it
+    assert quick.finetune is not None and quick.data.max_eval_examples is not None
+    bert = load_config("bert-mnli-paper")
+    assert bert.model == "bert-base-cased" and bert.pruning.profile == "paper"
+    assert bert.pruning.sparsities == [0.5, 0.7] and bert.pruning.seeds == list(range(1, 13))
+    assert (bert.finetune.steps, bert.finetune.batch_size, bert.finetune.lr) == (61360, 32, 2e-5)
+    assert bert.finetune.save_every == 500 and bert.effective_size.enabled
+    assert len(bert.effective_size.sparsities) == 14 and bert.effective_size.seeds == [0, 1, 2]
+    qqp = load_config("bert-qqp-paper")
+    assert qqp.data.eval == ["qqp:validation", "paws_qqp:adv"]
+    assert qqp.pruning.sparsities == [0.3, 0.6]
+    assert (qqp.finetune.steps, qqp.finetune.batch_size) == (40000, 256)
+    assert load_config("roberta-mnli-paper").model == "roberta-base"
+    gpt2 = load_config("gpt2-mnli-paper")
+    assert gpt2.pruning.sparsities == [0.4, 0.6] and gpt2.ood_sets == ["hans:embed_if"]
+
+
+def test_config_by_path_and_round_trip(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(minimal(name="mine")))
+    config = load_config(path)
+    assert config.pruning.seeds == [1, 2, 3, 4] and config.pruning.profile == "quick"
+    assert config.ablation.joint_sets == ["core", "top3"]
+    again = ExperimentConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again == config
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"modle": "x"}, "unknown key(s) ['modle'] in the top level"),
+        ({"pruning": {"sparsities": [0.5], "seeds": [1], "stepz": 3}}, "in pruning"),
+        ({"pruning": {"seeds": [1]}}, "missing required key(s) ['sparsities'] in pruning"),
+        ({"pruning": {"sparsities": [1.5], "seeds": [1]}}, "strictly between 0 and 1"),
+        ({"pruning": {"sparsities": [0.5], "seeds": "1-x"}}, "bad seed entry"),
+        ({"pruning": {"sparsities": [0.5], "seeds": [1], "overrides": {"stepz": 3}}}, "stepz"),
+        ({"pruning": {"sparsities": [0.5], "seeds": [1], "profile": "fast"}}, "profile"),
+        ({"finetune": {"steps": "ten"}}, "finetune.steps must be an integer"),
+        ({"checkpoint": "some/dir"}, "either 'finetune'"),
+        ({"task": "sst2"}, "task must be one of"),
+        ({"ablation": {"joint_sets": ["top4"]}}, "joint_sets"),
+        ({"attention": {"n_views": -1}}, "n_views"),
+        ({"effective_size": {"enabled": "yes"}}, "must be true or false"),
+        (
+            {
+                "data": {"train": "mnli:train", "eval": ["mnli:validation_matched"]},
+                "effective_size": {"enabled": True},
+            },
+            "out-of-domain",
+        ),
+    ],
+)
+def test_bad_configs_name_the_problem(tmp_path, changes, needle):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(minimal(**changes)))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert needle in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_null_sections_mean_defaults_except_finetune(tmp_path):
+    config = ExperimentConfig.from_dict(minimal(means=None, attention=None))
+    assert config.means.batch_size == 64 and config.attention.n_views == 2
+    with pytest.raises(ConfigError, match=r"missing required key\(s\) \['train', 'eval'\] in data"):
+        ExperimentConfig.from_dict(minimal(data=None))
+    with pytest.raises(ConfigError, match="either 'finetune'"):
+        ExperimentConfig.from_dict(minimal(finetune=None))
+
+
+def test_missing_data_and_bad_json_and_unknown_name(tmp_path):
+    config = minimal()
+    del config["data"]
+    path = tmp_path / "nodata.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"missing required key\(s\) \['data'\]"):
+        load_config(path)
+    path.write_text("{ not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(path)
+    with pytest.raises(ConfigError) as info:
+        load_config("minilm-mnli-slow")
+    assert "shipped configs: " in str(info.value) and "minilm-mnli-quick" in str(info.value)
+
+
+def test_cli_bad_config_is_one_line_and_exits_non_zero(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(minimal(extra=1)))
+    assert main(["heuristic-core", "--config", str(path), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mi-core: error:") and len(err.splitlines()) == 1
+    assert "'extra'" in err
+    assert main(["heuristic-core", "--config", "nope", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "minilm-mnli-quick" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_bad_data_spec_fails_before_any_stage(data_dir, tmp_path, capsys):
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(minimal(attention={"data": "hans:so_swapp"})))
+    assert main(["heuristic-core", "--config", str(path), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "hans:so_swapp" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_stage_keys_follow_the_settings_they_depend_on(tmp_path):
+    base = ExperimentConfig.from_dict(minimal())
+    keys = HeuristicCoreExperiment(base, tmp_path)
+    changed = ExperimentConfig.from_dict(minimal(attention={"n_views": 5}))
+    other = HeuristicCoreExperiment(changed, tmp_path)
+    same = [s for s in STAGES if keys.stage_key(s) == other.stage_key(s)]
+    assert same == [
+        "finetune",
+        "means",
+        "sweep",
+        "analysis",
+        "ablation",
+        "effective_size",
+        "grid",
+        "core_before",
+    ]
+    ray = ExperimentConfig.from_dict(
+        minimal(pruning={"sparsities": [0.3, 0.5], "seeds": "1-4", "executor": "ray"})
+    )
+    assert HeuristicCoreExperiment(ray, tmp_path).stage_key("sweep") == keys.stage_key("sweep")
+    more = ExperimentConfig.from_dict(minimal(pruning={"sparsities": [0.3], "seeds": "1-4"}))
+    moved = HeuristicCoreExperiment(more, tmp_path)
+    assert moved.stage_key("means") == keys.stage_key("means")
+    assert moved.stage_key("sweep") != keys.stage_key("sweep")
+    assert moved.stage_key("attention") != keys.stage_key("attention")
+
+
+# --------------------------------------------------------------------------- end to end
+def tiny_config(model_path) -> dict:
+    return {
+        "name": "tiny",
+        "model": str(model_path),
+        "task": "mnli",
+        "data": {
+            "train": "mnli:train",
+            "eval": ["mnli:validation_matched", "hans:so_swap", "hans:embed_if"],
+            "max_train_examples": 32,
+            "max_eval_examples": 16,
+        },
+        "finetune": {"steps": 2, "save_every": 1, "batch_size": 8},
+        "pruning": {
+            "sparsities": [0.3, 0.5],
+            "seeds": [1, 2],
+            "overrides": {
+                "steps": 6,
+                "batch_size": 8,
+                "checkpoint_every": 3,
+                "eval_batch_size": 16,
+            },
+        },
+        "attention": {"max_examples": 8, "n_views": 2},
+        "effective_size": {"enabled": True, "sparsities": [0.3], "seeds": 1},
+        "core_before": {"enabled": True},
+        "grid": {"enabled": True, "sparsities": [0.2, 0.4], "seeds": [1]},
+    }
+
+
+@pytest.mark.slow
+def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_path, capsys):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(tiny_config(tiny_checkpoints["bert-cls"])))
+    out = tmp_path / "report"
+    assert main(["heuristic-core", "--config", str(path), "--out", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"report: {out / 'report.html'}" in captured.out
+    assert captured.err.count("running ...") == len(STAGES)
+
+    page = (out / "report.html").read_text()
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page)  # self-contained: nothing fetched
+    assert len(re.findall(r"\* plotly\.js v\d", page)) == 1 and "Plotly.newPlot(" in page
+    assert page.count("var CircuitsVis=") == 1 and page.count("CircuitsVis.render(") == 2
+    markdown = (out / "report.md").read_text()
+    assert "## Ablating the core" in markdown and "## Effective size over training" in markdown
+    # Figure 4 from the grid stage; the core before generalisation; the findings table
+    assert len(pd.read_csv(out / "grid" / "subnetworks.csv")) == 2
+    assert "Subnetworks of grid/ (2 sparsities x 1 seeds)" in markdown
+    assert "## The core before generalisation" in markdown
+    assert (out / "core_before" / "summary.json").is_file()
+    findings = pd.read_csv(out / "findings.csv")
+    assert len(findings) >= 8 and set(findings["verdict"]) <= {
+        "reproduced",
+        "not reproduced",
+        "not measurable here",
+    }
+
+    columns = {
+        "analysis/subnetworks.csv": [
+            "sparsity",
+            "seed",
+            "subnetwork",
+            "achieved_sparsity",
+            "n_removed",
+            "mlps_removed",
+            "run_dir",
+            "acc_mnli:validation_matched",
+            "acc_hans:ln_subject/object_swap",
+            "acc_hans:cn_embedded_under_if",
+            "full_acc_mnli:validation_matched",
+            "full_acc_hans:ln_subject/object_swap",
+            "full_acc_hans:cn_embedded_under_if",
+        ],
+        "analysis/head_frequency.csv": [
+            "layer",
+            "head",
+            "label",
+            "count_0.3",
+            "freq_0.3",
+            "count_0.5",
+            "freq_0.5",
+            "count_all",
+            "freq_all",
+        ],
+        "analysis/core_heads.csv": [
+            "label",
+            "layer",
+            "head",
+            "in_core_all",
+            "in_core_0.3",
+            "in_core_0.5",
+            "freq_0.3",
+            "freq_0.5",
+        ],
+        "analysis/core_summary.csv": [
+            "group",
+            "n_subnetworks",
+            "n_heads",
+            "mean_heads_kept",
+            "n_core",
+            "expected_random_intersection",
+            "expected_random_intersection_paper",
+            "core_heads",
+        ],
+        "analysis/spearman.csv": [
+            "sparsity_a",
+            "sparsity_b",
+            "spearman_rho",
+            "p_value",
+            "n_core_a",
+            "n_core_b",
+            "n_core_both",
+        ],
+        "effective_size/effective_size.csv": [
+            "step",
+            "target",
+            "full_accuracy",
+            "faithful_sparsity",
+            "accuracy",
+            "effective_size",
+            # the authors' method (the default): per-seed effective sizes, then their mean
+            "effective_size_std",
+            "n_seeds",
+            "method",
+        ],
+    }
+    for name, expected in columns.items():
+        assert pd.read_csv(out / name).columns.tolist() == expected, name
+    runs = pd.read_csv(out / "analysis/subnetworks.csv")
+    assert runs[["sparsity", "seed"]].values.tolist() == [[0.3, 1], [0.3, 2], [0.5, 1], [0.5, 2]]
+    assert len(pd.read_csv(out / "analysis/head_frequency.csv")) == 3 * 4  # tiny BERT: 12 heads
+    summary = pd.read_csv(out / "analysis/core_summary.csv", keep_default_na=False)
+    heads = summary.set_index("group").loc["all", "core_heads"].split() or None
+    attention = pd.read_csv(out / "attention/attention_classes.csv")
+    assert {"label", "chosen_as", "pattern_class", "overlap_mass"} <= set(attention.columns)
+    if heads:
+        assert attention.label.tolist() == heads and set(attention.chosen_as) == {"core"}
+    ablation = pd.read_csv(out / "ablation/ablation_table.csv")
+    assert ablation.columns[:3].tolist() == ["ablated", "kind", "mnli:validation_matched"]
+    assert ablation.kind.iloc[0] == "full" and "single" in set(ablation.kind)
+    sizes = pd.read_csv(out / "effective_size/effective_size.csv")
+    assert sorted(set(sizes.step)) == [1, 2] and len(sizes) == 6
+    assert set(sizes.effective_size) <= {70.0, 100.0}
+
+    done = {s: (out / "stages" / f"{s}.json").stat().st_mtime_ns for s in STAGES}
+    assert main(["heuristic-core", "--config", str(path), "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("finished before, skipped") == len(STAGES) and "running" not in err
+    assert {s: (out / "stages" / f"{s}.json").stat().st_mtime_ns for s in STAGES} == done

@@ -1,0 +1,35 @@
+"""Every notebook in notebooks/ runs top to bottom (offline) without an error."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from helpers import REPO
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+def test_notebooks_exist():
+    assert len(NOTEBOOKS) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path, data_dir, tmp_path):
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute()
+    errors = [
+        output
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "error"
+    ]
+    assert not errors

@@ -1,0 +1,73 @@
+"""Helpers the tests share: tiny random HookedTransformers (GPT-2-like and Llama-like), the data.
+
+Shared by the separability tests (unit and integration); holds no tests itself.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+VOCAB = 97
+REPO = Path(__file__).resolve().parents[1]
+#: The real data sets (``MI_CORE_DATA_DIR``, else ``../shared/data`` beside the checkout).
+REAL_DATA_DIR = Path(os.environ.get("MI_CORE_DATA_DIR") or REPO.parent / "shared" / "data")
+
+
+def tiny_model(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> HookedTransformer:
+    """A 2-layer random model: ``"gpt2"`` (LayerNorm, GELU, learnt positions, biases) or
+    ``"llama"`` (RMSNorm, gated SiLU MLP, rotary, 4 query heads sharing 2 key-value heads)."""
+    common = dict(
+        d_model=32,
+        d_head=8,
+        n_heads=4,
+        n_layers=2,
+        n_ctx=64,
+        d_vocab=VOCAB,
+        d_mlp=48,
+        seed=seed,
+        dtype=dtype,
+    )
+    if kind == "gpt2":
+        cfg = HookedTransformerConfig(act_fn="gelu", normalization_type="LN", **common)
+    elif kind == "llama":
+        cfg = HookedTransformerConfig(
+            act_fn="silu",
+            normalization_type="RMS",
+            gated_mlp=True,
+            positional_embedding_type="rotary",
+            rotary_dim=8,
+            n_key_value_heads=2,
+            **common,
+        )
+    else:
+        raise ValueError(kind)
+    model = HookedTransformer(cfg).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # non-zero biases, so that every bias path is exercised
+        for name, param in model.named_parameters():
+            if name.rsplit(".", 1)[-1].lstrip("_").startswith("b_"):
+                param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def random_tokens(n: int, pos: int, seed: int = 0, low: int = 0, high: int = VOCAB) -> torch.Tensor:
+    """Random token windows ``[n, pos]``."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (n, pos), generator=generator)
+
+
+def tasks(seed: int = 0):
+    """Two 'data sets' drawing tokens from different halves of the vocabulary."""
+    from mi_core.methods.separability.run import TaskTokens
+
+    focus = TaskTokens(
+        "low", random_tokens(6, 16, seed, 0, 50), random_tokens(4, 16, seed + 1, 0, 50)
+    )
+    cripple = TaskTokens(
+        "high", random_tokens(6, 16, seed + 2, 45, 97), random_tokens(4, 16, seed + 3, 45, 97)
+    )
+    return focus, cripple

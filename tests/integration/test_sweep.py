@@ -1,0 +1,152 @@
+"""Pruning sweeps: one run per (sparsity, seed), skip-complete logic, the subnetworks table and
+figure, shared reference logits, the ``mi-core sweep`` command and the Ray executor."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from mi_core.cli import main
+from mi_core.data import load_pairs, pair_batches
+from mi_core.errors import ConfigError
+from mi_core.interventions import compute_means
+from mi_core.io import read_json
+from mi_core.models import load_model
+from mi_core.pruning import sweep as sweep_module
+from mi_core.pruning.sweep import run_dir_for, run_sweep
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = {
+    "steps": 4,
+    "batch_size": 8,
+    "checkpoint_every": 2,
+    "eval_batch_size": 16,
+    "discretize": "exact",
+}
+
+
+@pytest.fixture(scope="module")
+def model_path(tiny_checkpoints) -> Path:
+    return tiny_checkpoints["bert-cls"]
+
+
+@pytest.fixture(scope="module")
+def means_file(model_path, data_dir, tmp_path_factory) -> Path:
+    model = load_model(model_path, task="mnli")
+    train = load_pairs("mnli:train", max_examples=32)
+    means = compute_means(model, pair_batches(train, model.tokenizer, batch_size=16))
+    return means.save(tmp_path_factory.mktemp("means") / "means.safetensors")
+
+
+def test_run_dirs_are_named_by_sparsity_and_seed(tmp_path):
+    assert run_dir_for(tmp_path, 0.5, 42) == tmp_path / "s0.50" / "seed42"
+    assert run_dir_for(tmp_path, 0.05, 1) == tmp_path / "s0.05" / "seed1"
+    assert run_dir_for(tmp_path, 0.125, 1) == tmp_path / "s0.125" / "seed1"
+
+
+def test_sweep_runs_every_pair_then_only_what_is_missing(
+    model_path, means_file, tmp_path, capsys, monkeypatch
+):
+    out = tmp_path / "sweep"
+    args = [
+        "sweep", "--model", str(model_path), "--means", str(means_file),
+        "--train", "mnli:train", "--max-train-examples", "24",
+        "--eval", "mnli:validation_matched", "hans:ln_preposition", "--max-eval-examples", "16",
+        "--sparsities", "0.3,0.5", "--seeds", "1-2", "--profile", "quick",
+        "--steps", "4", "--batch-size", "8", "--checkpoint-every", "2", "--out", str(out),
+        "--discretize", "exact",
+        "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    table = pd.read_csv(out / "subnetworks.csv")
+    evals = ["mnli:validation_matched", "hans:ln_preposition"]
+    assert list(table.columns) == [
+        "sparsity", "seed", "achieved_sparsity", "n_removed", "run_dir",
+        *[f"acc_{n}" for n in evals], *[f"full_acc_{n}" for n in evals],
+    ]  # fmt: skip
+    assert sorted(zip(table.sparsity, table.seed, strict=True)) == [
+        (0.3, 1), (0.3, 2), (0.5, 1), (0.5, 2),
+    ]  # fmt: skip
+    assert set(table.n_removed) == {round(0.3 * 15), round(0.5 * 15)}
+    assert table[[f"acc_{n}" for n in evals]].notna().all().all()
+    # the full model's accuracies are computed once and are the same in every row
+    full = read_json(out / "full_model.json")
+    for name in evals:
+        assert (table[f"full_acc_{name}"] == full[name]).all()
+    html = (out / "subnetworks.html").read_text()
+    assert "plotly" in html and "hans:ln_preposition" in html
+    # reference logits are computed once for the whole sweep, not per run
+    assert (out / "reference_logits.safetensors").is_file()
+    assert not list(out.glob("s*/seed*/reference_logits.safetensors"))
+    config = read_json(out / "s0.30" / "seed2" / "config.json")
+    assert config["reference_logits"] == str(out / "reference_logits.safetensors")
+
+    calls: list[Path] = []
+    real = sweep_module.prune_run
+
+    def counting(model, train, run_dir, *args, **kwargs):
+        calls.append(Path(run_dir))
+        return real(model, train, run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "prune_run", counting)
+    assert main(args) == 0
+    assert calls == []
+    (out / "s0.50" / "seed1" / "metrics.json").unlink()
+    assert main(args) == 0
+    assert calls == [out / "s0.50" / "seed1"]
+    assert len(pd.read_csv(out / "subnetworks.csv")) == 4
+
+
+def test_sweep_bad_input_is_one_line(model_path, means_file, tmp_path, capsys):
+    base = ["sweep", "--model", str(model_path), "--means", str(means_file), "--train",
+            "mnli:train", "--out", str(tmp_path / "s")]  # fmt: skip
+    for extra, match in [
+        (["--sparsities", "0.5", "--seeds", "4-x"], "bad seed entry"),
+        (["--sparsities", "0.5", "--seeds", "9-3"], "runs backwards"),
+        (["--sparsities", "0.5,1.2", "--seeds", "1"], "strictly between 0 and 1"),
+        (["--sparsities", "0.5", "--seeds", "1", "--executor", "dask"], "invalid choice"),
+    ]:
+        capsys.readouterr()
+        assert main([*base, *extra]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and match in lines[0], lines
+
+
+def test_ray_executor_without_ray_is_a_clear_error(model_path, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConfigError, match="needs Ray"):
+        run_sweep(str(model_path), "mnli:train", tmp_path, [0.5], [1], executor="ray")
+
+
+@pytest.mark.slow
+def test_ray_executor_runs_each_pair_as_a_task(model_path, means_file, tmp_path):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        table = run_sweep(
+            str(model_path), "mnli:train", tmp_path, [0.4], [1, 2],
+            means=str(means_file), eval_sets=["mnli:validation_matched"], profile="quick",
+            overrides=SMALL, max_train_examples=16, max_eval_examples=16, executor="ray",
+        )  # fmt: skip
+    finally:
+        ray.shutdown()
+    assert sorted(table.seed) == [1, 2]
+    assert (table.n_removed == 6).all()
+    for seed in (1, 2):
+        assert (run_dir_for(tmp_path, 0.4, seed) / "mask.safetensors").is_file()
+    # Ray runs and in-process runs of the same pair agree exactly
+    local = run_sweep(
+        str(model_path), "mnli:train", tmp_path / "local", [0.4], [1],
+        means=str(means_file), eval_sets=["mnli:validation_matched"], profile="quick",
+        overrides=SMALL, max_train_examples=16, max_eval_examples=16,
+    )  # fmt: skip
+    assert local.n_removed.iloc[0] == 6
+    from mi_core.interventions import ComponentMask
+
+    assert ComponentMask.load(run_dir_for(tmp_path, 0.4, 1) / "mask.safetensors") == (
+        ComponentMask.load(run_dir_for(tmp_path / "local", 0.4, 1) / "mask.safetensors")
+    )

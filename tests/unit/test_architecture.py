@@ -1,0 +1,123 @@
+"""The shape of the tree: building blocks never import methods, and no module imports itself back.
+
+Every ``import`` counts, including those inside functions (lazy imports still make a cycle).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import mi_core
+
+ROOT = Path(mi_core.__file__).parent
+
+#: The layers, bottom up: a package may import its own modules and those of lower layers only.
+LAYERS: tuple[frozenset[str], ...] = tuple(
+    frozenset(layer.split())
+    for layer in (
+        "errors tasks",
+        "io",
+        "config",
+        "models",
+        "data testing",
+        "interventions",
+        "evaluation",
+        "statistics analysis",
+        "viz",
+        "pruning training",
+        "methods",
+        "cli",
+        "__main__",
+    )
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        name = _module_name(path)
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            targets.update(m for m in modules if m.startswith("mi_core.") or m == "mi_core")
+        graph[name] = targets
+    return graph
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _layer(package: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if package in layer:
+            return i
+    raise AssertionError(f"mi_core.{package} is in no layer; add it to LAYERS and to the docs")
+
+
+def test_every_package_is_in_a_layer_and_imports_only_lower_layers():
+    graph = _imports()
+    back_edges = []
+    for module, targets in graph.items():
+        source = _package(module)
+        if source == "":  # mi_core/__init__.py: the lazy facade over every layer
+            continue
+        for target in targets:
+            other = _package(target)
+            if other and other != source and _layer(other) >= _layer(source):
+                back_edges.append(f"{module} -> {target}")
+    assert back_edges == []
+
+
+def test_no_import_cycle():
+    graph = {m: {t for t in ts if t in _imports_keys} for m, ts in _imports().items()}
+    # a package's __init__ re-exports its modules; a module importing its own package's
+    # __init__ would close a cycle through it, which this graph sees.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    assert cycles == []
+
+
+_imports_keys = set(_imports())

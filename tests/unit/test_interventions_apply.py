@@ -1,0 +1,130 @@
+"""One intervention abstraction: Subnetwork and PruneMasks save, load, combine, apply together."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import random_tokens, tiny_model
+
+from mi_core.errors import InterventionError
+from mi_core.interventions import (
+    ComponentMask,
+    PruneMasks,
+    Subnetwork,
+    ablate,
+    apply,
+    compute_means,
+    load_intervention,
+)
+from mi_core.interventions.neurons import FORMAT
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """A tiny GPT-2-like decoder, tokens, and its means."""
+    model = tiny_model("gpt2", seed=3)
+    tokens = random_tokens(4, 10, seed=5)
+    means = compute_means(model, [{"input_ids": tokens}], dataset="toy")
+    return model, tokens, means
+
+
+def _neurons(model) -> PruneMasks:
+    masks = PruneMasks.empty(model)
+    ff = torch.zeros_like(masks.ff_step, dtype=torch.bool)
+    ff[0, :5] = True
+    attn = torch.zeros_like(masks.attn_step, dtype=torch.bool)
+    attn[1, 2, :3] = True
+    masks.prune(1, ff=ff, attn=attn, ff_offset=torch.full(ff.shape, 0.25))
+    return masks
+
+
+def test_subnetwork_file_reapplies_bit_identically_to_a_fresh_model(setup, tmp_path):
+    model, tokens, means = setup
+    sub = Subnetwork(ComponentMask.from_removed(model, "L0.H1,L1.MLP"), "mean", means)
+    with ablate(model, sub.mask, means):
+        expected = model(tokens)
+    with apply(model, sub):
+        assert torch.equal(model(tokens), expected)
+    sub.save(tmp_path / "sub.safetensors")
+    fresh = tiny_model("gpt2", seed=3)  # the same weights, built anew
+    loaded = load_intervention(tmp_path / "sub.safetensors")
+    assert isinstance(loaded, Subnetwork) and loaded == sub
+    assert loaded.means.fingerprint == means.fingerprint and loaded.means.dataset == "toy"
+    with apply(fresh, loaded):
+        assert torch.equal(fresh(tokens), expected)
+    assert not fresh.hook_dict["blocks.0.attn.hook_z"].fwd_hooks  # leaving removes the hooks
+    other = tiny_model("gpt2", seed=4)
+    with pytest.raises(InterventionError, match="means were computed for model"):
+        with apply(other, loaded):
+            pass
+
+
+def test_component_and_neuron_interventions_compose(setup, tmp_path):
+    model, tokens, means = setup
+    sub = Subnetwork(ComponentMask.from_removed(model, "L1.H0"), "zero")
+    neurons = _neurons(model)
+    with model.hooks(fwd_hooks=sub.hooks(model) + neurons.hooks(model)):
+        expected = model(tokens)
+    with apply(model, sub, neurons):
+        both = model(tokens)
+    with apply(model, sub):
+        only_sub = model(tokens)
+    assert torch.equal(both, expected) and not torch.equal(both, only_sub)
+    neurons.save(tmp_path / "neurons.safetensors")
+    assert load_intervention(tmp_path / "neurons.safetensors") == neurons
+    with apply(model, sub, load_intervention(tmp_path / "neurons.safetensors")):
+        assert torch.equal(model(tokens), expected)
+
+
+def test_mask_algebra_on_kept_components(setup):
+    model, _, _ = setup  # 2 layers x 4 heads
+    a = ComponentMask.from_kept(model, "L0.H0,L0.H1,L1.MLP")
+    b = ComponentMask.from_kept(model, "L0.H1,L1.H3")
+    assert [str(c) for c in a.removed()][:3] == ["L0.H2", "L0.H3", "L0.MLP"]
+    kept = lambda m: sorted(set(map(str, m.complement().removed())))  # noqa: E731
+    assert kept(a | b) == ["L0.H0", "L0.H1", "L1.H3", "L1.MLP"]
+    assert kept(a & b) == ["L0.H1"]
+    assert kept(a - b) == ["L0.H0", "L1.MLP"]
+    assert ~~a == a and (a | ~a) == ComponentMask.ones(model)
+    with pytest.raises(InterventionError, match="binary"):
+        a | ComponentMask(torch.full((2, 4), 0.5), torch.ones(2))
+    mean = Subnetwork(a, "mean", setup[2])
+    with pytest.raises(InterventionError, match="different fills"):
+        mean | Subnetwork(b, "zero")
+    assert (Subnetwork(a, "zero") & Subnetwork(b, "zero")).mask == a & b
+
+
+def test_neuron_mask_algebra_keeps_the_earlier_removal(setup):
+    model, _, _ = setup
+    a, b = PruneMasks.empty(model), PruneMasks.empty(model)
+    a.prune(1, ff=_row(a, [0, 1]), ff_offset=torch.full(a.ff_offset.shape, 1.0))
+    b.prune(2, ff=_row(b, [1, 2]), ff_offset=torch.full(b.ff_offset.shape, 2.0))
+    union, both = a | b, a & b
+    assert (union.ff_step[0, :3].tolist(), union.ff_offset[0, :3].tolist()) == (
+        [0, 1, 0],
+        [0.0, 1.0, 0.0],
+    )  # kept by either: removed only where both remove it, at the earlier step
+    assert (both.ff_step[0, :3].tolist(), both.ff_offset[0, :3].tolist()) == (
+        [1, 1, 2],
+        [1.0, 1.0, 2.0],
+    )
+
+
+def _row(masks: PruneMasks, neurons: list[int]) -> torch.Tensor:
+    selected = torch.zeros_like(masks.ff_step, dtype=torch.bool)
+    selected[0, neurons] = True
+    return selected
+
+
+def test_only_interventions_are_applied_and_unknown_files_are_refused(setup, tmp_path):
+    model, _, _ = setup
+    mask = ComponentMask.from_removed(model, "L0.H1")
+    with pytest.raises(InterventionError, match="wrap a ComponentMask as Subnetwork"):
+        with apply(model, mask):
+            pass
+    mask.save(tmp_path / "mask.safetensors")
+    with pytest.raises(InterventionError, match="ComponentMask.load"):
+        load_intervention(tmp_path / "mask.safetensors")
+    with pytest.raises(InterventionError, match="needs its means"):
+        Subnetwork(mask, "mean")
+    assert FORMAT.endswith("/1")

@@ -1,0 +1,132 @@
+"""One config per job: the CLI's defaults are the dataclass's, and configs round-trip JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+
+import pytest
+
+from mi_core.cli import build_parser
+from mi_core.cli.flags import flag_name
+from mi_core.config import field_docs
+from mi_core.errors import ConfigError
+from mi_core.evaluation import EvalConfig
+from mi_core.interventions.ablation_table import AblationTableConfig
+from mi_core.interventions.means import MeansConfig
+from mi_core.methods.heuristic_core.effective_size import EffectiveSizeConfig
+from mi_core.methods.separability import SeparabilityConfig
+from mi_core.pruning.jobs import PruneRunConfig, SweepConfig
+from mi_core.pruning.profiles import PruneConfig, make_prune_config
+from mi_core.training import FinetuneConfig
+
+#: (subcommand, CLI module, config class, the required values)
+JOBS = [
+    (
+        "finetune",
+        "finetune",
+        FinetuneConfig,
+        {"model": "minilm", "task": "mnli", "train": "mnli:train", "out": "o", "steps": 5},
+    ),
+    ("means", "means", MeansConfig, {"model": "minilm", "out": "m.safetensors"}),
+    (
+        "ablate",
+        "ablate",
+        AblationTableConfig,
+        {"model": "minilm", "heads": "all", "data": ["hans:so_swap"], "out": "t.csv", "means": "m"},
+    ),
+    ("eval", "eval", EvalConfig, {"model": "minilm", "data": ["hans:so_swap"], "out": "r.csv"}),
+    (
+        "prune",
+        "prune",
+        PruneRunConfig,
+        {"model": "minilm", "train": "mnli:train", "out": "o", "sparsity": 0.5},
+    ),
+    (
+        "sweep",
+        "sweep",
+        SweepConfig,
+        {"model": "m", "train": "mnli:train", "out": "o", "sparsities": [0.5], "seeds": [1, 2]},
+    ),
+    (
+        "effective-size",
+        "effective_size",
+        EffectiveSizeConfig,
+        {"checkpoints": "ft", "train": "mnli:train", "eval": ["a", "b"], "out": "o"},
+    ),
+    (
+        "separability",
+        "separability",
+        SeparabilityConfig,
+        {"model": "smollm2", "focus": "text:wikitext", "cripple": "text:python"},
+    ),
+]
+IDS = [job[0] for job in JOBS]
+
+
+def _argv(command: str, cls: type, values: dict) -> list[str]:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    argv = [command]
+    for name, value in values.items():
+        flag = flag_name(fields[name])
+        if isinstance(value, list):
+            spec = ",".join(map(str, value)) if fields[name].metadata.get("parse") else None
+            argv += [flag, spec] if spec else [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+@pytest.mark.parametrize(("command", "module", "cls", "required"), JOBS, ids=IDS)
+def test_cli_defaults_are_the_dataclass_defaults(command, module, cls, required):
+    args = build_parser().parse_args(_argv(command, cls, required))
+    if command == "separability":
+        args.config = None
+    parsed = importlib.import_module(f"mi_core.cli.{module}").config_from_args(args)
+    assert parsed == cls(**required)
+
+
+@pytest.mark.parametrize(("command", "module", "cls", "required"), JOBS, ids=IDS)
+def test_every_field_has_a_documented_flag_and_round_trips(command, module, cls, required):
+    config = cls(**required)
+    assert cls.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0].choices[command]  # noqa: SLF001
+    flags = {s for action in sub._actions for s in action.option_strings}  # noqa: SLF001
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("cli", True):
+            continue
+        name = flag_name(f)
+        assert name in flags or f"--no-{name[2:]}" in flags, name
+        assert docs.get(f.name), f"{cls.__name__}.{f.name} has no field docstring (its --help)"
+
+
+def test_a_recipe_flag_overrides_the_profile_and_only_it():
+    args = build_parser().parse_args(
+        _argv("prune", PruneRunConfig, JOBS[4][3]) + ["--steps", "30", "--dropout", "off"]
+    )
+    config = importlib.import_module("mi_core.cli.prune").config_from_args(args)
+    assert config.overrides == {"steps": 30, "dropout": False}
+    assert config.prune_config() == make_prune_config("paper", 0.5, 42, steps=30, dropout=False)
+    assert config.prune_config() != PruneRunConfig(**JOBS[4][3]).prune_config()
+
+
+def test_seed_specs_mean_the_same_everywhere():
+    """A bare count means seeds 0..N-1 in every job (sweep, effective size, the experiment)."""
+    sweep = SweepConfig.from_dict({**JOBS[5][3], "seeds": "3"})
+    effective = EffectiveSizeConfig.from_dict({**JOBS[6][3], "seeds": "3"})
+    assert sweep.seeds == effective.seeds == [0, 1, 2]
+    assert SweepConfig.from_dict({**JOBS[5][3], "seeds": "42-44"}).seeds == [42, 43, 44]
+
+
+def test_validation_is_one_place_and_one_line():
+    with pytest.raises(ConfigError, match="sparsity_estimate must be one of"):
+        make_prune_config("paper", 0.5, 1, sparsity_estimate="median")
+    with pytest.raises(ConfigError, match="unknown key"):
+        SweepConfig.from_dict({**JOBS[5][3], "sparsity": 0.5})
+    with pytest.raises(ConfigError, match="missing required key"):
+        FinetuneConfig.from_dict({"model": "m"})
+    with pytest.raises(ConfigError, match="must be an integer"):
+        PruneConfig.from_dict({**make_prune_config("quick", 0.5, 1).to_dict(), "steps": "5"})

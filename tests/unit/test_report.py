@@ -1,0 +1,309 @@
+"""Reading a sweep directory, comparing its subnetworks, and the self-contained report.
+
+The sweep here is built by hand (masks with known answers in the layout ``mi-core sweep``
+writes), so the glue that reads it is checked against numbers worked out on paper; attention
+classes, views and the ablation table run for real on a tiny random BERT.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from mi_core.data import load_pairs
+from mi_core.errors import ConfigError
+from mi_core.interventions import Component, ComponentMask
+from mi_core.io import write_json
+from mi_core.methods.heuristic_core.ablation import (
+    resolve_joint_sets,
+    run_core_ablation,
+    top_heads_by_drop,
+)
+from mi_core.methods.heuristic_core.attention import (
+    attention_classes,
+    attention_views,
+    choose_heads,
+    write_views,
+)
+from mi_core.methods.heuristic_core.comparison import (
+    compare_subnetworks,
+    load_sweep,
+    write_comparison,
+)
+from mi_core.methods.heuristic_core.report import (
+    _split_circuitsvis,
+    display_name,
+    markdown_table,
+    write_report,
+)
+from mi_core.models import load_model
+from mi_core.viz.attention_html import attention_view_fragment
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N_LAYERS, N_HEADS = 3, 4
+EVAL = ["mnli:validation_matched", "hans:ln_subject/object_swap", "hans:cn_embedded_under_if"]
+# Kept heads per (sparsity, seed). L0.H0 and L1.H1 are in every subnetwork (the core);
+# L2.H3 is in every 0.3 subnetwork but no 0.6 one.
+KEPT = {
+    0.3: {
+        1: ["L0.H0", "L1.H1", "L2.H3", "L0.H1", "L0.H2", "L1.H0", "L1.H2", "L2.H0"],
+        2: ["L0.H0", "L1.H1", "L2.H3", "L0.H1", "L0.H3", "L1.H0", "L2.H1", "L2.H2"],
+        3: ["L0.H0", "L1.H1", "L2.H3", "L0.H2", "L1.H3", "L2.H0", "L2.H1", "L1.H2"],
+    },
+    0.6: {
+        1: ["L0.H0", "L1.H1", "L0.H1", "L1.H0"],
+        2: ["L0.H0", "L1.H1", "L0.H2", "L2.H0"],
+        3: ["L0.H0", "L1.H1", "L0.H1", "L2.H1"],
+    },
+}
+FULL = {EVAL[0]: 0.80, EVAL[1]: 0.70, EVAL[2]: 0.30}
+
+
+def _accuracy(sparsity: float, seed: int) -> dict[str, float]:
+    return {EVAL[0]: 0.8 - sparsity / 10, EVAL[1]: 0.7 - sparsity + seed / 100, EVAL[2]: 0.1 * seed}
+
+
+def make_fake_sweep(root) -> None:
+    """A finished sweep in the layout of mi_core.pruning.run_sweep (plus one unfinished run)."""
+    for sparsity, seeds in KEPT.items():
+        for seed, kept in seeds.items():
+            run = root / f"s{sparsity:.2f}" / f"seed{seed}"
+            heads = torch.zeros(N_LAYERS, N_HEADS)
+            for label in kept:
+                layer, head = (int(x[1:]) for x in label.split("."))
+                heads[layer, head] = 1.0
+            mask = ComponentMask(heads, torch.ones(N_LAYERS))
+            mask.save(run / ("mask.json" if seed == 2 else "mask.safetensors"))
+            write_json(
+                run / "metrics.json",
+                {
+                    "target_sparsity": sparsity,
+                    "achieved_sparsity": mask.sparsity(),
+                    "n_removed": len(mask.removed()),
+                    "accuracy": _accuracy(sparsity, seed),
+                    "full_accuracy": FULL,
+                },
+            )
+    (root / "s0.60" / "seed4").mkdir(parents=True)  # unfinished: no metrics.json
+    write_json(root / "full_model.json", FULL)
+
+
+@pytest.fixture()
+def sweep(tmp_path):
+    make_fake_sweep(tmp_path / "sweep")
+    return tmp_path / "sweep"
+
+
+def test_load_sweep_reads_masks_and_metrics_of_finished_runs(sweep):
+    results = load_sweep(sweep)
+    assert list(zip(results.runs.sparsity, results.runs.seed, strict=True)) == [
+        (0.3, 1),
+        (0.3, 2),
+        (0.3, 3),
+        (0.6, 1),
+        (0.6, 2),
+        (0.6, 3),
+    ]
+    assert results.eval_names == EVAL
+    assert results.full_accuracy == FULL
+    assert results.runs["acc_hans:cn_embedded_under_if"].tolist() == pytest.approx(
+        [0.1, 0.2, 0.3] * 2
+    )
+    assert results.runs["full_acc_mnli:validation_matched"].tolist() == [0.8] * 6
+    assert results.runs["n_removed"].tolist() == [4, 4, 4, 8, 8, 8]
+    assert results.head_masks(0.6).shape == (3, N_LAYERS, N_HEADS)
+    assert int(results.head_masks().sum()) == 3 * 8 + 3 * 4
+    long = results.accuracy_long()
+    assert len(long) == 6 * 3 and set(long.columns) == {
+        "sparsity",
+        "seed",
+        "subnetwork",
+        "dataset",
+        "accuracy",
+    }
+    only = load_sweep(sweep, sparsities=[0.6], seeds=[1, 3])
+    assert only.runs.seed.tolist() == [1, 3] and only.sparsities == [0.6]
+
+
+def test_load_sweep_errors_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_sweep(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no finished pruning runs"):
+        load_sweep(tmp_path / "empty")
+
+
+def test_comparison_matches_hand_computed_answers(sweep, tmp_path):
+    results = load_sweep(sweep)
+    comparison = compare_subnetworks(results)
+    assert comparison.core == ["L0.H0", "L1.H1"]
+    assert comparison.cores["0.3"] == ["L0.H0", "L1.H1", "L2.H3"]
+    freq = comparison.frequency.set_index("label")
+    assert freq.loc["L2.H3", "count_0.3"] == 3 and freq.loc["L2.H3", "count_0.6"] == 0
+    assert freq.loc["L0.H1", "count_all"] == 4
+    summary = comparison.core_table.set_index("group")
+    n = N_LAYERS * N_HEADS
+    assert summary.loc["0.3", "expected_random_intersection"] == pytest.approx(n * (8 / n) ** 3)
+    assert summary.loc["0.6", "expected_random_intersection"] == pytest.approx(n * (4 / n) ** 3)
+    assert summary.loc["all", "expected_random_intersection"] == pytest.approx(
+        n * (8 / n) ** 3 * (4 / n) ** 3
+    )
+    assert summary.loc["all", "n_core"] == 2
+    # the paper's figure takes m / n = 1 - target sparsity
+    assert summary.loc["0.3", "expected_random_intersection_paper"] == pytest.approx(n * 0.7**3)
+    assert summary.loc["all", "expected_random_intersection_paper"] == pytest.approx(
+        n * 0.7**3 * 0.4**3
+    )
+
+    # Spearman against scipy on the frequency maps built here from KEPT
+    def freqs(s):
+        return [sum(label in kept for kept in KEPT[s].values()) / 3 for label in freq.index]
+
+    expected = spearmanr(freqs(0.3), freqs(0.6))
+    row = comparison.spearman.iloc[0]
+    assert (row.sparsity_a, row.sparsity_b) == (0.3, 0.6)
+    assert row.spearman_rho == pytest.approx(expected.statistic)
+    assert row.p_value == pytest.approx(expected.pvalue)
+    assert row.n_core_both == 2
+    heat = comparison.heatmaps[("0.3", "0.6")]
+    assert int(heat.sum()) == n and int(heat[3, 3]) == 2
+
+    paths = write_comparison(results, comparison, tmp_path / "analysis")
+    core_heads = pd.read_csv(paths["core_heads"])
+    assert core_heads.label.tolist() == ["L0.H0", "L1.H1", "L2.H3"]
+    assert core_heads.in_core_all.tolist() == [True, True, False]
+    assert set(core_heads.columns) >= {"in_core_0.3", "in_core_0.6", "freq_0.3", "freq_0.6"}
+    heat_csv = pd.read_csv(tmp_path / "analysis" / "heatmap_0.3_vs_0.6.csv")
+    assert heat_csv.iloc[:, 1:].to_numpy().sum() == n
+
+
+def test_choose_heads_falls_back_to_the_most_frequent(sweep):
+    comparison = compare_subnetworks(load_sweep(sweep))
+    assert choose_heads(["L1.H1"], comparison.frequency) == ["L1.H1"]
+    assert choose_heads([], comparison.frequency, max_heads=3) == ["L0.H0", "L1.H1", "L0.H1"]
+    assert choose_heads(["L1.H1"], comparison.frequency, ["L2.H2"]) == ["L2.H2"]
+    with pytest.raises(ConfigError):
+        choose_heads([], comparison.frequency, ["head two"])
+
+
+def test_joint_sets_resolve_core_top3_and_explicit_lists():
+    drops = {"L0.H0": 0.1, "L1.H1": 0.3, "L2.H3": 0.2, "L0.H2": 0.25}
+    assert top_heads_by_drop(drops) == ["L1.H1", "L0.H2", "L2.H3"]
+    raises = {"L0.H0": -0.4, "L1.H1": 0.3, "L2.H3": 0.0, "L0.H2": 0.0}  # |effect|, then order
+    assert top_heads_by_drop(raises) == ["L0.H0", "L1.H1", "L0.H2"]
+    heads = list(drops)
+    sets = resolve_joint_sets(
+        ["core", "top3", ["L2.H3", "L1.H1", "L0.H2"], ["L0.H0"]], heads, drops
+    )
+    assert sets == [("L0.H0", "L0.H2", "L1.H1", "L2.H3"), ("L0.H2", "L1.H1", "L2.H3")]
+    with pytest.raises(ConfigError, match="single-head"):
+        resolve_joint_sets(["top3"], heads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    return load_model(tiny_checkpoints["bert-cls"], task="mnli")
+
+
+@pytest.fixture(scope="module")
+def hans(data_dir):
+    return load_pairs("hans:so_swap", max_examples=12)
+
+
+def test_attention_classes_and_views_of_chosen_heads(tiny, hans, tmp_path):
+    heads = ["L0.H0", "L2.H3"]
+    table = attention_classes(tiny, hans, heads, batch_size=4)
+    assert table.label.tolist() == heads
+    assert {"pattern_class", "overlap_mass", "sep_mass", "dataset"} <= set(table.columns)
+    views = attention_views(tiny, hans, heads, n_views=2)
+    assert len(views) == 2 and views[0]["heads"] == heads
+    n = len(views[0]["tokens"])
+    pattern = torch.tensor(views[0]["pattern"])
+    assert pattern.shape == (2, n, n)
+    assert torch.allclose(pattern.sum(-1), torch.ones(2, n), atol=1e-4)  # rows are softmaxes
+    assert views[0]["tokens"][0] == "[CLS]"
+    paths = write_views(views, tmp_path)
+    page = paths[0].read_text()
+    assert "CircuitsVis.render(" in page and not re.search(r"<script[^>]*src=", page)
+
+
+def test_core_ablation_table_with_joint_and_superadditivity_rows(tiny, hans, tmp_path):
+    datasets = [load_pairs("mnli:validation_matched", max_examples=12), hans]
+    heads = ["L0.H0", "L1.H2", "L2.H3", "L2.H0"]
+    table = run_core_ablation(
+        tiny, datasets, heads, ["core", "top3"], ablation="zero", batch_size=8, out=tmp_path
+    )
+    frame = pd.read_csv(tmp_path / "ablation_table.csv")
+    assert (
+        frame.kind.tolist()
+        == ["full"] + ["single"] * 4 + ["others"] + ["joint"] * 2 + ["superadditivity"] * 2
+    )
+    # top3: the three heads with the largest mean drop on the out-of-domain set (HANS)
+    drop = {
+        h: table.full[hans.name] - table.singles[c][hans.name]
+        for h, c in zip(heads, [Component.parse(h) for h in heads], strict=True)
+    }
+    ranked = sorted(drop, key=lambda h: (-abs(drop[h]), Component.parse(h)))
+    top3 = tuple(sorted(ranked[:3], key=Component.parse))
+    assert list(table.joints) == [
+        tuple(Component.parse(h) for h in sorted(heads, key=Component.parse)),
+        tuple(Component.parse(h) for h in top3),
+    ]
+    for joint in table.joints:
+        superadd = table.superadditivity(joint)[hans.name]
+        joint_drop = table.full[hans.name] - table.joints[joint][hans.name]
+        singles = sum(table.full[hans.name] - table.singles[c][hans.name] for c in joint)
+        assert superadd == pytest.approx(joint_drop - singles)
+    assert len(table.others()) == N_LAYERS * N_HEADS - 4
+    for name in ("ablation_display.csv", "ablation_table.md", "note.md"):
+        assert (tmp_path / name).is_file()
+    assert "Joint sets: L0.H0+L1.H2+L2.H0+L2.H3" in (tmp_path / "note.md").read_text()
+
+
+def test_circuitsvis_fragment_splits_into_bundle_and_view():
+    fragment = attention_view_fragment(["a", "b"], torch.full((1, 2, 2), 0.5), ["L0.H0"])
+    bundle, view = _split_circuitsvis(fragment)
+    assert "var CircuitsVis=" in bundle and "CircuitsVis.render(" not in bundle
+    assert view.startswith("<div id=") and "></div>" in view and "CircuitsVis.render(" in view
+    assert _split_circuitsvis("<p>no script</p>") is None
+
+
+def test_markdown_table_and_display_names():
+    frame = pd.DataFrame({"name": ["a|b", "c"], "n_core": [2.0, 3.0], "rho": [0.5, float("nan")]})
+    text = markdown_table(frame, digits=2)
+    assert text.splitlines()[0] == "| name | n_core | rho |"
+    assert "| a\\|b | 2 | 0.50 |" in text and "| c | 3 |  |" in text
+    assert display_name("hans:ln_subject/object_swap") == "SO-Swap"
+    assert display_name("mnli:validation_matched") == "mnli:validation_matched"
+
+
+def test_report_from_a_finished_directory_is_self_contained(sweep, tiny, hans, tmp_path):
+    root = sweep.parent
+    results = load_sweep(sweep)
+    write_comparison(results, compare_subnetworks(results), root / "analysis")
+    heads = ["L0.H0", "L1.H1"]
+    table = attention_classes(tiny, hans, heads, batch_size=4)
+    table.insert(1, "chosen_as", "core")
+    (root / "attention").mkdir()
+    table.to_csv(root / "attention" / "attention_classes.csv", index=False)
+    write_views(attention_views(tiny, hans, heads, n_views=2), root / "attention")
+    run_core_ablation(tiny, [hans], heads, ["core"], ablation="zero", out=root / "ablation")
+    html_path, md_path = write_report(root)
+    page = html_path.read_text()
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page)  # nothing loaded from anywhere
+    assert page.count("Plotly.newPlot(") >= 5  # Figures 2, 3 (x2), 4, 5, 9
+    assert len(re.findall(r"\* plotly\.js v\d", page)) == 1  # plotly.js once
+    assert page.count("var CircuitsVis=") == 1  # the circuitsvis bundle once ...
+    assert page.count("CircuitsVis.render(") == 2  # ... and two views
+    markdown = md_path.read_text()
+    for heading in ("## Subnetworks", "## Shared heads", "## Attention patterns", "## Ablating"):
+        assert heading in markdown
+    assert "**2 heads are kept by all 6 subnetworks**" in markdown
+    expected = (N_LAYERS * N_HEADS) * (8 / 12) ** 3 * (4 / 12) ** 3
+    assert f"{expected:.3f}" in markdown
+    assert "SO-Swap" in markdown and "full model" in markdown
