@@ -473,7 +473,9 @@ def score_attention_patterns(
 
         return hook
 
-    fwd_hooks = [(f"blocks.{layer}.attn.hook_pattern", make_hook(layer)) for layer in layers]
+    from mi_core.models.hooks import act_name
+
+    fwd_hooks = [(act_name("pattern", layer), make_hook(layer)) for layer in layers]
     training = getattr(hooked, "training", False)
     if hasattr(hooked, "eval"):
         hooked.eval()

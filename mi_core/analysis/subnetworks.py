@@ -15,6 +15,7 @@ sparsity. Heads are labelled ``L{layer}.H{head}`` (0-based), the label used acro
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,7 +25,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mi_core.errors import ConfigError
+from mi_core.errors import ConfigError, InterventionError
+from mi_core.interventions.components import Component
 
 __all__ = [
     "head_label",
@@ -47,8 +49,8 @@ Masks = Bool[Tensor, "n_subnetworks n_layers n_heads"]
 
 
 def head_label(layer: int, head: int) -> str:
-    """The label of one head: ``L{layer}.H{head}``."""
-    return f"L{int(layer)}.H{int(head)}"
+    """The label of one head: ``L{layer}.H{head}`` (a :class:`Component`'s name)."""
+    return str(Component(int(layer), int(head)))
 
 
 def head_labels(n_layers: int, n_heads: int) -> list[str]:
@@ -57,15 +59,17 @@ def head_labels(n_layers: int, n_heads: int) -> list[str]:
 
 
 def parse_head_label(label: str) -> tuple[int, int]:
-    """``"L2.H5"`` -> ``(2, 5)``; also accepts ``"2.5"``."""
+    """``"L2.H5"`` -> ``(2, 5)`` (parsed as a :class:`Component`); also accepts ``"2.5"``."""
     text = label.strip()
+    if re.fullmatch(r"\d+\.\d+", text):
+        text = "L{}.H{}".format(*text.split("."))
     try:
-        layer_part, head_part = text.split(".")
-        return int(layer_part.lstrip("Ll")), int(head_part.lstrip("Hh"))
-    except ValueError:
-        raise ConfigError(
-            f"bad head label {label!r}: expected 'L<layer>.H<head>', e.g. 'L2.H5'"
-        ) from None
+        component = Component.parse(text)
+    except InterventionError:
+        component = None
+    if component is None or component.head is None:
+        raise ConfigError(f"bad head label {label!r}: expected 'L<layer>.H<head>', e.g. 'L2.H5'")
+    return component.layer, component.head
 
 
 def as_masks(masks: Any) -> Masks:

@@ -8,15 +8,14 @@ import sys
 
 def add_parser(subparsers) -> None:
     from mi_core.methods.heuristic_core.config import shipped_configs
+    from mi_core.methods.heuristic_core.stages import STAGE_SPECS
 
     p = subparsers.add_parser(
         "heuristic-core",
         help="fine-tune, prune with many seeds, find the shared core, report (resumable)",
-        description="Run the heuristic-core experiment of CONFIG under REPORT: fine-tune (unless "
-        "the config names a checkpoint), compute means, prune at every sparsity and seed, compare "
-        "the subnetworks, classify the core heads' attention, ablate them, optionally measure "
-        "effective size over training, and write REPORT/report.html (self-contained), "
-        "REPORT/report.md and CSV tables. Re-running skips finished stages. Shipped configs: "
+        description="Run the heuristic-core experiment of CONFIG under REPORT, stage by stage: "
+        + "; ".join(f"{s.name} ({s.description})" for s in STAGE_SPECS)
+        + ". Re-running skips finished stages. Shipped configs: "
         + ", ".join(shipped_configs()),
     )
     p.add_argument("--config", required=True, help="config JSON file or shipped config name")
@@ -27,7 +26,8 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from mi_core.methods.heuristic_core.config import load_config
-    from mi_core.methods.heuristic_core.pipeline import STAGES, run_experiment
+    from mi_core.methods.heuristic_core.pipeline import run_experiment
+    from mi_core.methods.heuristic_core.stages import STAGES
 
     config = load_config(args.config)
     position = {name: i + 1 for i, name in enumerate(STAGES)}

@@ -25,10 +25,12 @@ from mi_core.interventions.ablation import Ablation, ablate, interpolate, mask_h
 from mi_core.interventions.ablation_table import (
     AblationLogits,
     AblationTable,
+    AblationTableConfig,
     ablation_logits,
     ablation_table,
     naive_ablation_logits,
     parse_head_set,
+    run_ablation_table,
 )
 from mi_core.interventions.base import Intervention, apply, intervention_hooks, load_intervention
 from mi_core.interventions.components import (
@@ -41,8 +43,11 @@ from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import (
     AVERAGING,
     ComponentMeans,
+    MeansConfig,
+    MeansSettings,
     compute_means,
     load_means,
+    run_means,
 )
 from mi_core.interventions.neurons import PruneMasks, is_grouped_query, zero_pruned_weights
 from mi_core.interventions.subnetwork import Subnetwork
@@ -53,12 +58,15 @@ __all__ = [
     "Ablation",
     "AblationLogits",
     "AblationTable",
+    "AblationTableConfig",
     "PruneMasks",
     "Subnetwork",
     "Component",
     "ComponentMask",
     "ComponentMeans",
     "Intervention",
+    "MeansConfig",
+    "MeansSettings",
     "ablate",
     "ablation_logits",
     "ablation_table",
@@ -75,6 +83,8 @@ __all__ = [
     "naive_ablation_logits",
     "parse_head_set",
     "parse_components",
+    "run_ablation_table",
+    "run_means",
     "svd_attention",
     "zero_pruned_weights",
 ]

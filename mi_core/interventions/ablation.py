@@ -28,6 +28,7 @@ from mi_core.errors import InterventionError
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
 from mi_core.models.hook_context import prepended_hooks
+from mi_core.models.hooks import act_name
 
 Hook = Callable[..., torch.Tensor]
 
@@ -118,9 +119,9 @@ def mask_hooks(
     hooks: list[tuple[str, Hook]] = []
     for layer in range(mask.n_layers):
         if heads_on[layer]:
-            hooks.append((f"blocks.{layer}.attn.hook_z", head_hook(layer)))
+            hooks.append((act_name("z", layer), head_hook(layer)))
         if mlps_on[layer]:
-            hooks.append((f"blocks.{layer}.hook_mlp_out", mlp_hook(layer)))
+            hooks.append((act_name("mlp_out", layer), mlp_hook(layer)))
     return hooks
 
 

@@ -40,6 +40,8 @@ from mi_core.interventions.components import (
 )
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
+from mi_core.models.classifier import StagedClassifier
+from mi_core.models.hooks import act_name
 from mi_core.tasks import TASKS
 
 Batch = Mapping[str, torch.Tensor]
@@ -113,7 +115,7 @@ class _Collector:
 
 @torch.inference_mode()
 def ablation_logits(
-    model: Any,
+    model: StagedClassifier,
     batches: Iterable[Batch],
     heads: Sequence[Component],
     joints: Sequence[HeadSet] = (),
@@ -125,7 +127,7 @@ def ablation_logits(
 ) -> AblationLogits:
     """Logits of the full model, of each single-head ablation and of each head set, fast.
 
-    ``model`` is a hooked classifier (``embed_input``, ``run_blocks``, ``classify``).
+    ``model`` is a hooked classifier run in stages (:class:`StagedClassifier`).
     """
     ablation = Ablation.parse(ablation)
     _check_heads(model, list(heads) + [c for s in joints for c in s])
@@ -194,15 +196,15 @@ def _stacked_head_ablations(
 
     cfg = model.cfg
     repeated_mask = attention_mask.repeat(k, 1)
-    hooks = [(f"blocks.{layer}.attn.hook_z", copies_of_z)]
+    hooks = [(act_name("z", layer), copies_of_z)]
     if cfg.parallel_attn_mlp:
         # Attention and MLP both read resid_pre: there is no point inside the block to expand at.
         resid, block_mask = resid_pre.repeat(k, 1, 1), repeated_mask
     else:
-        merge_at = "hook_resid_post" if cfg.attn_only else "hook_resid_mid"
+        merge_at = "resid_post" if cfg.attn_only else "resid_mid"
         hooks += [
-            (f"blocks.{layer}.hook_attn_out", split_copies),
-            (f"blocks.{layer}.{merge_at}", merge_copies),
+            (act_name("attn_out", layer), split_copies),
+            (act_name(merge_at, layer), merge_copies),
         ]
         resid, block_mask = resid_pre, attention_mask
     with model.hooks(fwd_hooks=hooks + _readout_hooks(model)):
@@ -222,8 +224,8 @@ def _readout_hooks(model: Any) -> list[tuple[str, Any]]:
         return []
     last = model.cfg.n_layers - 1
     first_token = lambda x, hook: x[:, :1]
-    merge_at = "hook_resid_post" if model.cfg.attn_only else "hook_resid_mid"
-    return [(f"blocks.{last}.attn.hook_q", first_token), (f"blocks.{last}.{merge_at}", first_token)]
+    merge_at = "resid_post" if model.cfg.attn_only else "resid_mid"
+    return [(act_name("q", last), first_token), (act_name(merge_at, last), first_token)]
 
 
 @torch.inference_mode()

@@ -27,7 +27,9 @@ from mi_core.config import Config, option
 from mi_core.errors import ConfigError, DataError, InterventionError
 from mi_core.interventions.components import model_dims
 from mi_core.io import read_safetensors, write_safetensors
+from mi_core.models.classifier import StagedClassifier
 from mi_core.models.fingerprint import weights_fingerprint
+from mi_core.models.hooks import act_name
 from mi_core.tasks import TASKS
 
 MEANS_KIND = "mi_core.ComponentMeans"
@@ -108,6 +110,21 @@ class ComponentMeans:
             "averaging": AVERAGING,
         }
 
+    @classmethod
+    def from_tensors(
+        cls, tensors: dict[str, torch.Tensor], metadata: dict[str, str], prefix: str = ""
+    ) -> ComponentMeans:
+        """Means from the tensors and metadata of :meth:`save` (keys under ``prefix``)."""
+        return cls(
+            z=tensors[f"{prefix}z"],
+            mlp_out=tensors[f"{prefix}mlp_out"],
+            model_name=metadata.get(f"{prefix}model_name", ""),
+            fingerprint=metadata.get(f"{prefix}fingerprint", ""),
+            dataset=metadata.get(f"{prefix}dataset", ""),
+            n_tokens=int(metadata.get(f"{prefix}n_tokens", 0)),
+            n_examples=int(metadata.get(f"{prefix}n_examples", 0)),
+        )
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write a ``.safetensors`` file (float64 tensors ``z``, ``mlp_out`` + metadata)."""
         if Path(path).suffix.lower() != ".safetensors":
@@ -136,15 +153,7 @@ def load_means(path: str | os.PathLike[str], model: Any | None = None) -> Compon
             f"{path} is not a means file (kind {metadata.get('kind')!r}); "
             "make one with mi-core means"
         )
-    means = ComponentMeans(
-        z=tensors["z"],
-        mlp_out=tensors["mlp_out"],
-        model_name=metadata.get("model_name", ""),
-        fingerprint=metadata.get("fingerprint", ""),
-        dataset=metadata.get("dataset", ""),
-        n_tokens=int(metadata.get("n_tokens", 0)),
-        n_examples=int(metadata.get("n_examples", 0)),
-    )
+    means = ComponentMeans.from_tensors(tensors, metadata)
     if model is not None:
         means.check_model(model)
     return means
@@ -179,8 +188,8 @@ def compute_means(
 
     hooks = []
     for layer in range(n_layers):
-        hooks.append((f"blocks.{layer}.attn.hook_z", add(sum_z, layer)))
-        hooks.append((f"blocks.{layer}.hook_mlp_out", add(sum_mlp, layer)))
+        hooks.append((act_name("z", layer), add(sum_z, layer)))
+        hooks.append((act_name("mlp_out", layer), add(sum_mlp, layer)))
 
     n_tokens = n_examples = 0
     with model.hooks(fwd_hooks=hooks):
@@ -279,7 +288,7 @@ def run_body(
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Run every transformer block of a hooked classifier, encoder or decoder (no output head)."""
-    if hasattr(model, "run_blocks"):
+    if isinstance(model, StagedClassifier):
         resid = model.embed_input(input_ids, attention_mask, token_type_ids)
         return model.run_blocks(resid, attention_mask)
     if hasattr(model, "encoder_output"):

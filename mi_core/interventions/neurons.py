@@ -36,6 +36,7 @@ from transformer_lens import HookedTransformer
 
 from mi_core.errors import InterventionError
 from mi_core.io import read_safetensors, write_safetensors
+from mi_core.models.hooks import act_name
 
 #: The format tag written into the metadata of saved masks.
 FORMAT = "mi_core.interventions.neurons/1"
@@ -204,8 +205,8 @@ class PruneMasks:
         hooks: list[tuple[str, Callable]] = []
         for layer in range(model.cfg.n_layers):
             for name, steps, offsets in (
-                (f"blocks.{layer}.mlp.hook_post", self.ff_step[layer], self.ff_offset[layer]),
-                (f"blocks.{layer}.attn.hook_z", self.attn_step[layer], self.attn_offset[layer]),
+                (act_name("post", layer), self.ff_step[layer], self.ff_offset[layer]),
+                (act_name("z", layer), self.attn_step[layer], self.attn_offset[layer]),
             ):
                 removed = steps > 0
                 if not removed.any():

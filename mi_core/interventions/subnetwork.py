@@ -107,15 +107,7 @@ class Subnetwork:
             )
         means = None
         if "means.z" in tensors:
-            means = ComponentMeans(
-                z=tensors["means.z"],
-                mlp_out=tensors["means.mlp_out"],
-                model_name=metadata.get("means.model_name", ""),
-                fingerprint=metadata.get("means.fingerprint", ""),
-                dataset=metadata.get("means.dataset", ""),
-                n_tokens=int(metadata.get("means.n_tokens", 0)),
-                n_examples=int(metadata.get("means.n_examples", 0)),
-            )
+            means = ComponentMeans.from_tensors(tensors, metadata, prefix="means.")
         return cls(ComponentMask(tensors["heads"], tensors["mlps"]), metadata["ablation"], means)
 
     # ------------------------------------------------------------------------- comparing

@@ -4,6 +4,7 @@ from mi_core.models.classifier import (
     HookedClassifier,
     HookedDecoderClassifier,
     HookedEncoderClassifier,
+    StagedClassifier,
 )
 from mi_core.models.embedded import EMBEDDED_MODELS
 from mi_core.models.fingerprint import weights_fingerprint
@@ -25,6 +26,7 @@ __all__ = [
     "HookedDecoderClassifier",
     "HookedEncoderClassifier",
     "SUPPORTED_ARCHITECTURES",
+    "StagedClassifier",
     "TASK_LABEL_NAMES",
     "TASK_NUM_LABELS",
     "hooked_causal_lm_from_hf",

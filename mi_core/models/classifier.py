@@ -11,6 +11,8 @@ split in three steps so interventions can re-run only the layers after a change:
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from jaxtyping import Float, Int
 from torch import nn
@@ -23,6 +25,32 @@ from mi_core.models.heads import LinearClassificationHead, PooledClassificationH
 
 Ids = Int[torch.Tensor, "batch pos"]
 Resid = Float[torch.Tensor, "batch pos d_model"]
+
+
+@runtime_checkable
+class StagedClassifier(Protocol):
+    """A hooked classifier run in stages: embed, any span of blocks, the task head.
+
+    Both :class:`HookedEncoderClassifier` and :class:`HookedDecoderClassifier` are; code that
+    needs the stages (means, fast ablation tables) takes this type instead of ``Any`` and
+    ``hasattr`` checks.
+    """
+
+    cfg: HookedTransformerConfig
+    task: str | None
+    is_encoder: bool
+
+    def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
+        """The residual stream entering block 0."""
+        ...
+
+    def run_blocks(self, resid: Resid, attention_mask=None, start: int = 0, stop=None) -> Resid:
+        """Blocks ``start`` to ``stop`` (exclusive) on ``resid``."""
+        ...
+
+    def classify(self, resid: Resid, attention_mask=None) -> Float[torch.Tensor, "batch label"]:
+        """The task head on the final residual stream."""
+        ...
 
 
 class HookedClassifier:

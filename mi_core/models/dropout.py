@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from mi_core.models.hook_context import prepended_hooks
+from mi_core.models.hooks import act_name
 
 Hook = Callable[..., torch.Tensor]
 
@@ -87,10 +88,10 @@ def dropout_hooks(model: Any, rates: DropoutRates | None = None) -> list[tuple[s
         hooks.append(("blocks.0.hook_resid_pre", _dropout(rates.embed)))
     for layer in range(model.cfg.n_layers):
         if rates.attention > 0:
-            hooks.append((f"blocks.{layer}.attn.hook_pattern", _dropout(rates.attention)))
+            hooks.append((act_name("pattern", layer), _dropout(rates.attention)))
         if rates.hidden > 0:
-            hooks.append((f"blocks.{layer}.hook_attn_out", _dropout(rates.hidden)))
-            hooks.append((f"blocks.{layer}.hook_mlp_out", _dropout(rates.hidden)))
+            hooks.append((act_name("attn_out", layer), _dropout(rates.hidden)))
+            hooks.append((act_name("mlp_out", layer), _dropout(rates.hidden)))
     if rates.head_input > 0:
         hooks.append(("head.hook_in", _dropout(rates.head_input)))
     if rates.pooled > 0:

@@ -88,13 +88,16 @@ from mi_core.pruning.run import (  # noqa: E402
     frozen,
     is_complete,
     length_grouped_batches,
+    prune,
     prune_run,
     pruning_step,
     step_seed,
 )
 from mi_core.pruning.sweep import (  # noqa: E402
+    SweepResult,
     SweepRun,
     collect_subnetworks,
+    load_sweep,
     plan_sweep,
     run_dir_for,
     run_sweep,
@@ -105,6 +108,7 @@ __all__ += [
     "PruningLoss",
     "frozen",
     "pruning_step",
+    "SweepResult",
     "SweepRun",
     "collect_subnetworks",
     "compute_reference_logits",
@@ -112,7 +116,9 @@ __all__ += [
     "kl_to_reference",
     "length_grouped_batches",
     "load_reference_logits",
+    "load_sweep",
     "plan_sweep",
+    "prune",
     "prune_run",
     "pruning_loss",
     "reference_logits",
@@ -120,3 +126,16 @@ __all__ += [
     "run_sweep",
     "step_seed",
 ]
+# The in-memory sweep() is mi_core.pruning.sweep.sweep (``from mi_core import sweep``): the
+# package attribute ``sweep`` stays the module.
+
+# The pruning jobs (one config each; the mi-core prune and sweep commands).
+from mi_core.pruning.jobs import (  # noqa: E402
+    PruneJobSettings,
+    PruneRunConfig,
+    SweepConfig,
+    run_prune_job,
+    run_sweep_job,
+)
+
+__all__ += ["PruneJobSettings", "PruneRunConfig", "SweepConfig", "run_prune_job", "run_sweep_job"]

@@ -30,7 +30,26 @@ from mi_core.pruning.run import PruneResult, prune_run
 from mi_core.pruning.sweep import EXECUTORS, run_sweep
 from mi_core.tasks import TASKS
 
-__all__ = ["PruneJobSettings", "PruneRunConfig", "SweepConfig", "run_prune_job", "run_sweep_job"]
+__all__ = [
+    "PruneJobSettings",
+    "PruneRunConfig",
+    "SweepConfig",
+    "SweepExecution",
+    "run_prune_job",
+    "run_sweep_job",
+]
+
+
+@dataclass(kw_only=True)
+class SweepExecution(Config):
+    """Where the runs of a sweep execute: here one after another, or as Ray tasks."""
+
+    executor: str = option("local", choices=EXECUTORS)
+    """local: one run after another here; ray: each run a Ray task."""
+    ray_address: str | None = None
+    """Ray cluster address (default: a local Ray instance)."""
+    num_cpus_per_run: float = 1.0
+    """Ray CPUs per run."""
 
 
 @dataclass(kw_only=True)
@@ -83,19 +102,13 @@ class PruneRunConfig(PruneJobSettings):
 
 
 @dataclass(kw_only=True)
-class SweepConfig(PruneJobSettings):
+class SweepConfig(PruneJobSettings, SweepExecution):
     """One pruning run per (sparsity, seed) (``mi-core sweep``); finished runs are skipped."""
 
     sparsities: list[float] = option(parse=parse_sparsity_spec, metavar="SPEC")
     """Target sparsities, e.g. 0.5,0.7 or 0.05:0.7:0.05."""
     seeds: list[int] = option(parse=parse_seed_spec, metavar="SPEC")
     """Seeds: 42-53 or 1,2,5 name them; a bare count N means seeds 0 to N-1."""
-    executor: str = option("local", choices=EXECUTORS)
-    """local: one run after another here; ray: each run a Ray task."""
-    ray_address: str | None = None
-    """Ray cluster address (default: a local Ray instance)."""
-    num_cpus_per_run: float = 1.0
-    """Ray CPUs per run."""
 
     def validate(self) -> None:
         super().validate()

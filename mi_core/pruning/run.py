@@ -57,7 +57,11 @@ from mi_core.pruning.lagrangian import (
 )
 from mi_core.pruning.objective import pruning_loss
 from mi_core.pruning.profiles import PruneConfig
-from mi_core.pruning.reference_logits import load_reference_logits, reference_logits
+from mi_core.pruning.reference_logits import (
+    compute_reference_logits,
+    load_reference_logits,
+    reference_logits,
+)
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
 
 logger = logging.getLogger(__name__)
@@ -85,9 +89,9 @@ StepCallback = Callable[[int, dict[str, float]], None]
 
 @dataclass
 class PruneResult:
-    """What a finished run produced (all of it is also on disk under ``run_dir``)."""
+    """What a finished run produced (also on disk under ``run_dir``, when it has one)."""
 
-    run_dir: Path
+    run_dir: Path | None
     mask: ComponentMask
     """The binary subnetwork (1 = kept)."""
     log_alpha: torch.Tensor | None
@@ -381,7 +385,7 @@ def _train(
     tokenized: TokenizedPairs,
     targets: torch.Tensor,
     cfg: PruneConfig,
-    run_dir: Path,
+    run_dir: Path | None,
     progress: bool | None,
     callback: StepCallback | None,
 ) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
@@ -410,18 +414,18 @@ def _train(
     weights = _sparsity_weights(model, cfg.sparsity_weighting)
     weights = None if weights is None else weights.to(device)
     targets = targets.to(device)
-    checkpoint = run_dir / "checkpoint.safetensors"
-    log_path = run_dir / "log.csv"
+    checkpoint = None if run_dir is None else run_dir / "checkpoint.safetensors"
+    log_path = None if run_dir is None else run_dir / "log.csv"
 
     start = 0
     rows: list[dict[str, float]] = []
-    if checkpoint.is_file():
+    if checkpoint is not None and checkpoint.is_file():
         start = load_checkpoint(checkpoint, gates, controller, optimizer)
         if log_path.is_file() and start > 0:
             rows = pd.read_csv(log_path).query("step < @start").to_dict("records")
         logger.info("resuming %s from step %d", run_dir, start)
     resumed_from = start if start > 0 else None
-    last_good = start if checkpoint.is_file() else None
+    last_good = start if checkpoint is not None and checkpoint.is_file() else None
 
     schedule = _Schedule(tokenized, cfg.batch_size, cfg.seed)
     accumulation = cfg.grad_accumulation
@@ -485,7 +489,7 @@ def _train(
             optimizer.step()
             rows.append(row)
             done = step + 1
-            if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            if checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
                 save_checkpoint(checkpoint, done, cfg.seed, gates, controller, optimizer)
                 write_csv(log_path, pd.DataFrame(rows, columns=list(LOG_COLUMNS)))
                 last_good = done
@@ -529,33 +533,39 @@ def _evaluate_sets(
 
 
 # -------------------------------------------------------------------------------------- run
-def prune_run(
+def prune(
     model: Any,
     train: str | os.PathLike[str] | PairDataset,
-    out: str | os.PathLike[str],
+    means: str | os.PathLike[str] | ComponentMeans | None,
     config: PruneConfig,
     *,
-    means: str | os.PathLike[str] | ComponentMeans | None = None,
     eval_sets: Sequence[str | PairDataset] = (),
+    checkpoint_dir: str | os.PathLike[str] | None = None,
     task: str | None = None,
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
     reference_logits_path: str | os.PathLike[str] | None = None,
+    reference: torch.Tensor | None = None,
     full_accuracy: Mapping[str, float] | None = None,
     progress: bool | None = None,
     callback: StepCallback | None = None,
 ) -> PruneResult:
-    """Prune ``model`` to ``config.target_sparsity`` on ``train``; write the run to ``out``.
+    """Prune ``model`` to ``config.target_sparsity`` on ``train``; return the subnetwork.
+
+    In memory by default. With ``checkpoint_dir`` the run also writes its files there
+    (``config.json``, ``log.csv``, ``checkpoint.safetensors``, ``mask.*``, ``metrics.json``),
+    resumes from the last checkpoint when called again, and a complete run only reports.
 
     ``model``, ``train``, ``means`` and ``eval_sets`` may be loaded objects or paths / specs (the
     latter is how a Ray worker calls it). ``reference_logits_path`` points at the full model's
-    logits on ``train`` shared by several runs (default: ``out/reference_logits.safetensors``,
-    computed on first use); ``full_accuracy`` gives full-model accuracies already known per eval
-    set name, which are then not recomputed. ``callback(step, row)`` runs after every step (an
-    exception raised there stops the run like a kill; the next call resumes). Re-running a
-    complete run only reports it.
+    logits on ``train`` shared by several runs (default: ``reference_logits.safetensors`` in
+    ``checkpoint_dir``, computed on first use); ``full_accuracy`` gives full-model accuracies
+    already known per eval set name, which are then not recomputed; ``reference`` gives the
+    reference logits themselves (in memory only, e.g. shared by the runs of a sweep).
+    ``callback(step, row)`` runs after every step (an exception raised there stops the run like
+    a kill; with a ``checkpoint_dir`` the next call resumes).
     """
-    run_dir = Path(out)
+    run_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     model, model_spec = _load_model(model, task)
     task = getattr(model, "task", None) or task
     means_obj = _load_means(means, model, config.ablation)
@@ -580,6 +590,19 @@ def prune_run(
         "max_eval_examples": max_eval_examples,
         "reference_logits": None if reference_logits_path is None else str(reference_logits_path),
     }
+    if run_dir is None:
+        return _prune_in_memory(
+            model,
+            means_obj,
+            config,
+            train_set,
+            evals,
+            full_accuracy,
+            progress,
+            callback,
+            reference_logits_path,
+            reference,
+        )
     config_path = run_dir / "config.json"
     if config_path.is_file():
         old = read_json(config_path)
@@ -625,11 +648,55 @@ def prune_run(
     return result
 
 
+def prune_run(
+    model: Any,
+    train: str | os.PathLike[str] | PairDataset,
+    out: str | os.PathLike[str],
+    config: PruneConfig,
+    *,
+    means: str | os.PathLike[str] | ComponentMeans | None = None,
+    **options: Any,
+) -> PruneResult:
+    """:func:`prune` with its files under ``out`` (resumable): the form a sweep and a Ray
+    worker use."""
+    return prune(model, train, means, config, checkpoint_dir=out, **options)
+
+
+def _prune_in_memory(
+    model: Any,
+    means: ComponentMeans | None,
+    config: PruneConfig,
+    train_set: PairDataset,
+    evals: Sequence[PairDataset],
+    full_accuracy: Mapping[str, float] | None,
+    progress: bool | None,
+    callback: StepCallback | None,
+    reference_logits_path: str | os.PathLike[str] | None,
+    reference: torch.Tensor | None,
+) -> PruneResult:
+    started = time.perf_counter()
+    tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
+    if reference is not None:
+        if reference.shape[0] != len(tokenized):
+            raise ConfigError(
+                f"reference logits for {reference.shape[0]} examples, but the training set has "
+                f"{len(tokenized)}"
+            )
+        targets = reference
+    elif reference_logits_path is not None:
+        targets = load_reference_logits(Path(reference_logits_path), model, tokenized)
+    else:
+        targets = compute_reference_logits(model, tokenized, config.eval_batch_size, bool(progress))
+    log_alpha, log, _ = _train(model, means, tokenized, targets, config, None, progress, callback)
+    seconds = time.perf_counter() - started
+    return _finish(model, means, config, None, log_alpha, log, evals, full_accuracy, seconds)
+
+
 def _finish(
     model: Any,
     means: ComponentMeans | None,
     cfg: PruneConfig,
-    run_dir: Path,
+    run_dir: Path | None,
     log_alpha: torch.Tensor,
     log: pd.DataFrame,
     evals: Sequence[PairDataset],
@@ -643,8 +710,9 @@ def _finish(
     )
     heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
     mask = ComponentMask(heads, mlps)
-    mask.save(run_dir / "mask.safetensors")
-    mask.save(run_dir / "mask.json")
+    if run_dir is not None:
+        mask.save(run_dir / "mask.safetensors")
+        mask.save(run_dir / "mask.json")
     device = next(model.parameters()).device
     accuracy, full, sizes = _evaluate_sets(model, mask.to(device), means, cfg, evals, full_accuracy)
     last = log.iloc[-1] if len(log) else None
@@ -654,7 +722,7 @@ def _finish(
         logger.warning(
             "%s: the %s sparsity ended at %s, not within %g of the target %g: the gates did not "
             "converge (too few steps?); the discrete mask still removes %d of %d components",
-            run_dir,
+            run_dir or "pruning run",
             cfg.sparsity_estimate,
             "n/a" if final is None else f"{final:.3f}",
             TARGET_TOLERANCE,
@@ -682,7 +750,8 @@ def _finish(
         "eval_examples": sizes,
         "seconds": round(seconds, 2),
     }
-    write_json(run_dir / "metrics.json", metrics)
+    if run_dir is not None:
+        write_json(run_dir / "metrics.json", metrics)
     return PruneResult(run_dir, mask, log_alpha, metrics, log=log)
 
 

@@ -15,28 +15,212 @@ only what is missing. With ``executor="ray"`` every missing run is a Ray task th
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
+from jaxtyping import Bool
+from torch import Tensor
 
 from mi_core.data import PairDataset
 from mi_core.data.batches import tokenize_pairs
 from mi_core.errors import ConfigError, MiCoreError, TrainingError
 from mi_core.evaluation import evaluate
+from mi_core.interventions import ComponentMask, ComponentMeans
 from mi_core.io import read_json, write_csv, write_json
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
-from mi_core.pruning.reference_logits import reference_logits
-from mi_core.pruning.run import _load_data, _load_means, _load_model, is_complete, prune_run
+from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
+from mi_core.pruning.run import (
+    _load_data,
+    _load_means,
+    _load_model,
+    is_complete,
+    prune,
+    prune_run,
+)
 
 logger = logging.getLogger(__name__)
 
 EXECUTORS = ("local", "ray")
 #: Environment variables a Ray worker needs to find data and stay offline like the driver.
 _WORKER_ENV = ("MI_CORE_DATA_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME")
+
+
+_SEED_DIR = re.compile(r"^seed(\d+)$")
+
+
+def group_name(sparsity: float) -> str:
+    """The column suffix of one sparsity in the tables: ``0.5`` -> ``"0.5"``."""
+    return f"{float(sparsity):g}"
+
+
+@dataclass
+class SweepResult:
+    """Every finished run of a sweep: its metrics (one row each) and its binary mask.
+
+    :func:`sweep` returns one (in memory, or with files under a ``checkpoint_dir``);
+    :meth:`load` reads one back from a sweep directory (the inverse of :func:`run_sweep`).
+    """
+
+    sweep_dir: Path | None
+    runs: pd.DataFrame
+    """One row per run, by (sparsity, seed): ``sparsity, seed, subnetwork, achieved_sparsity,
+    n_removed, mlps_removed, run_dir``, then ``acc_<set>`` and ``full_acc_<set>`` per eval set."""
+    masks: list[ComponentMask]
+    """The runs' masks, in the order of ``runs``."""
+    eval_names: list[str]
+    full_accuracy: dict[str, float]
+
+    @property
+    def sparsities(self) -> list[float]:
+        return sorted({float(s) for s in self.runs["sparsity"]})
+
+    def head_masks(self, sparsity: float | None = None) -> Bool[Tensor, "n n_layers n_heads"]:
+        """Stacked head masks (True = kept) of every run, or of the runs at one sparsity."""
+        rows = range(len(self.masks))
+        if sparsity is not None:
+            rows = [i for i in rows if math.isclose(self.runs["sparsity"].iloc[i], sparsity)]
+        if not rows:
+            where = f" in {self.sweep_dir}" if self.sweep_dir else ""
+            raise ConfigError(f"no finished runs at sparsity {sparsity}{where}")
+        return torch.stack([self.masks[i].heads.detach().cpu() > 0.5 for i in rows])
+
+    def masks_by_sparsity(self) -> dict[str, Bool[Tensor, "n n_layers n_heads"]]:
+        """``{"0.5": masks, ...}`` in increasing sparsity."""
+        return {group_name(s): self.head_masks(s) for s in self.sparsities}
+
+    def accuracy_long(self) -> pd.DataFrame:
+        """Tidy accuracies: ``sparsity, seed, subnetwork, dataset, accuracy`` (one row per run
+        and eval set)."""
+        rows = [
+            {
+                "sparsity": r["sparsity"],
+                "seed": r["seed"],
+                "subnetwork": r["subnetwork"],
+                "dataset": name,
+                "accuracy": r[f"acc_{name}"],
+            }
+            for _, r in self.runs.iterrows()
+            for name in self.eval_names
+        ]
+        return pd.DataFrame(rows, columns=["sparsity", "seed", "subnetwork", "dataset", "accuracy"])
+
+    @classmethod
+    def load(
+        cls,
+        sweep_dir: str | os.PathLike[str],
+        sparsities: Sequence[float] | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> SweepResult:
+        """The finished runs under ``sweep_dir`` (see :func:`load_sweep`)."""
+        return load_sweep(sweep_dir, sparsities, seeds)
+
+
+def _run_seed(run_dir: Path, metrics: dict[str, Any]) -> int:
+    match = _SEED_DIR.match(run_dir.name)
+    if match:
+        return int(match.group(1))
+    config = run_dir / "config.json"
+    if config.is_file():
+        return int(read_json(config)["prune"]["seed"])
+    raise ConfigError(f"cannot tell the seed of run {run_dir}; expected a seed<N> directory")
+
+
+def _load_mask(run_dir: Path) -> ComponentMask:
+    for name in ("mask.safetensors", "mask.json"):
+        if (run_dir / name).is_file():
+            return ComponentMask.load(run_dir / name)
+    raise ConfigError(f"run {run_dir} has metrics.json but no mask.safetensors or mask.json")
+
+
+def load_sweep(
+    sweep_dir: str | os.PathLike[str],
+    sparsities: Sequence[float] | None = None,
+    seeds: Sequence[int] | None = None,
+) -> SweepResult:
+    """Every finished run (a ``metrics.json`` beside a mask) under ``sweep_dir``, optionally only
+    those of ``sparsities`` and ``seeds``.
+
+    Runs are found as ``*/seed*/metrics.json`` (the layout of :func:`mi_core.pruning.run_dir_for`);
+    the sparsity is the run's ``target_sparsity``. Unfinished runs are left out.
+    """
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        raise ConfigError(f"sweep directory {root} does not exist")
+    found = []
+    for metrics_path in sorted(root.glob("*/*/metrics.json")):
+        run_dir = metrics_path.parent
+        metrics = read_json(metrics_path)
+        sparsity, seed = float(metrics["target_sparsity"]), _run_seed(run_dir, metrics)
+        if sparsities is not None and not any(math.isclose(sparsity, s) for s in sparsities):
+            continue
+        if seeds is not None and seed not in seeds:
+            continue
+        found.append((sparsity, seed, run_dir))
+    if not found:
+        raise ConfigError(
+            f"no finished pruning runs in {root} (expected s<sparsity>/seed<N>/metrics.json); "
+            "run mi-core sweep first"
+        )
+    found.sort(key=lambda t: (t[0], t[1]))
+    eval_names: list[str] = []
+    full: dict[str, float] = {}
+    full_path = root / "full_model.json"
+    if full_path.is_file():
+        full.update(read_json(full_path))
+    rows, masks = [], []
+    for sparsity, seed, run_dir in found:
+        metrics = read_json(run_dir / "metrics.json")
+        mask = _load_mask(run_dir)
+        for name in metrics.get("accuracy", {}):
+            if name not in eval_names:
+                eval_names.append(name)
+        for name, acc in metrics.get("full_accuracy", {}).items():
+            full.setdefault(name, acc)
+        rows.append(_run_row(sparsity, seed, metrics, mask, run_dir))
+        masks.append(mask)
+    shapes = {(m.n_layers, m.n_heads) for m in masks}
+    if len(shapes) != 1:
+        raise ConfigError(f"the runs in {root} belong to different models (mask shapes {shapes})")
+    return _result(root, rows, masks, eval_names, full)
+
+
+def _run_row(
+    sparsity: float, seed: int, metrics: dict[str, Any], mask: ComponentMask, run_dir: Any
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "sparsity": sparsity,
+        "seed": seed,
+        "subnetwork": f"s={group_name(sparsity)} seed={seed}",
+        "achieved_sparsity": metrics.get("achieved_sparsity", mask.sparsity()),
+        "n_removed": metrics.get("n_removed", len(mask.removed())),
+        "mlps_removed": int((mask.mlps.detach() < 0.5).sum()),
+        "run_dir": None if run_dir is None else str(run_dir),
+    }
+    row.update({f"acc_{k}": v for k, v in metrics.get("accuracy", {}).items()})
+    return row
+
+
+def _result(
+    root: Path | None,
+    rows: list[dict[str, Any]],
+    masks: list[ComponentMask],
+    eval_names: list[str],
+    full: dict[str, float],
+) -> SweepResult:
+    columns = ["sparsity", "seed", "subnetwork", "achieved_sparsity", "n_removed", "mlps_removed"]
+    columns += ["run_dir"] + [f"acc_{n}" for n in eval_names]
+    runs = pd.DataFrame(rows).reindex(columns=columns)
+    for name in eval_names:
+        runs[f"full_acc_{name}"] = full.get(name, float("nan"))
+    full = {n: full[n] for n in eval_names if n in full}
+    return SweepResult(root, runs, masks, eval_names, full)
 
 
 def run_dir_for(sweep_dir: str | os.PathLike[str], sparsity: float, seed: int) -> Path:
@@ -53,6 +237,79 @@ class SweepRun:
     seed: int
     config: PruneConfig
     run_dir: Path
+
+
+def sweep(
+    model: Any,
+    train: str | os.PathLike[str] | PairDataset,
+    means: str | os.PathLike[str] | ComponentMeans | None,
+    sparsities: Sequence[float],
+    seeds: Sequence[int],
+    *,
+    profile: str = "paper",
+    overrides: Mapping[str, Any] | None = None,
+    eval_sets: Sequence[str | PairDataset] = (),
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    task: str | None = None,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    progress: bool | None = None,
+) -> SweepResult:
+    """Prune at every sparsity with every seed; return every subnetwork.
+
+    In memory by default: the full model's logits and accuracies are computed once and shared
+    by the runs, and nothing is written. With ``checkpoint_dir`` the sweep is
+    :func:`run_sweep`'s, with its files (resumable; finished runs are skipped), read back.
+    """
+    if checkpoint_dir is not None:
+        run_sweep(
+            model,
+            train,
+            checkpoint_dir,
+            sparsities,
+            seeds,
+            means=means,
+            eval_sets=eval_sets,
+            profile=profile,
+            overrides=overrides,
+            task=task,
+            max_train_examples=max_train_examples,
+            max_eval_examples=max_eval_examples,
+            progress=progress,
+        )
+        return SweepResult.load(checkpoint_dir, sparsities, seeds)
+    configs = [c.config for c in plan_sweep(".", sparsities, seeds, profile, overrides)]
+    model_obj, _ = _load_model(model, task)
+    task = getattr(model_obj, "task", None) or task
+    means_obj = _load_means(means, model_obj, configs[0].ablation)
+    train_set = _load_data(train, task, max_train_examples, "training")
+    evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
+    cfg = configs[0]
+    tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
+    reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, bool(progress))
+    full = {
+        d.name: evaluate(
+            model_obj, d, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
+        ).accuracy
+        for d in evals
+    }
+    rows, masks = [], []
+    for config in configs:
+        result = prune(
+            model_obj,
+            train_set,
+            means_obj,
+            config,
+            eval_sets=evals,
+            reference=reference,
+            full_accuracy=full,
+            progress=progress,
+        )
+        rows.append(
+            _run_row(config.target_sparsity, config.seed, result.metrics, result.mask, None)
+        )
+        masks.append(result.mask)
+    return _result(None, rows, masks, [d.name for d in evals], full)
 
 
 def plan_sweep(
@@ -165,38 +422,6 @@ def collect_subnetworks(runs: Sequence[SweepRun], eval_names: Sequence[str]) -> 
     return pd.DataFrame(rows, columns=columns)
 
 
-def subnetworks_figure(table: pd.DataFrame, eval_names: Sequence[str], full: Mapping[str, float]):
-    """Figure 2 (ID vs OOD accuracy per subnetwork) when there are >= 2 eval sets; with one, its
-    accuracy against sparsity; with none, the achieved sparsity against the target."""
-    import plotly.graph_objects as go
-
-    from mi_core.viz.figures import accuracy_vs_sparsity, id_vs_ood_scatter
-
-    if len(eval_names) >= 2:
-        frame = table.rename(columns={f"acc_{n}": n for n in eval_names})
-        frame["run"] = [
-            f"s={s:g} seed={seed}" for s, seed in zip(frame.sparsity, frame.seed, strict=True)
-        ]
-        return id_vs_ood_scatter(
-            frame, dict(full), eval_names[0], list(eval_names[1:]), label_col="run"
-        )
-    if len(eval_names) == 1:
-        long = pd.DataFrame(
-            {
-                "sparsity": table["sparsity"],
-                "dataset": eval_names[0],
-                "accuracy": table[f"acc_{eval_names[0]}"],
-            }
-        )
-        return accuracy_vs_sparsity(long, full_model_acc=dict(full))
-    fig = go.Figure(go.Scatter(x=table["sparsity"], y=table["achieved_sparsity"], mode="markers"))
-    return fig.update_layout(
-        title="Achieved vs target sparsity (no eval sets given)",
-        xaxis_title="target sparsity",
-        yaxis_title="achieved sparsity",
-    )
-
-
 def run_sweep(
     model: Any,
     train: str | os.PathLike[str] | PairDataset,
@@ -291,7 +516,7 @@ def run_sweep(
 
     table = collect_subnetworks(runs, eval_names)
     write_csv(sweep_dir / "subnetworks.csv", table)
-    from mi_core.viz.figures import write_figure_html
+    from mi_core.viz.figures import subnetworks_figure, write_figure_html
 
     write_figure_html(subnetworks_figure(table, eval_names, full), sweep_dir / "subnetworks.html")
     incomplete = [str(r.run_dir) for r in runs if not is_complete(r.run_dir)]

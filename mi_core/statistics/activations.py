@@ -32,15 +32,14 @@ from transformer_lens import HookedTransformer
 
 from mi_core.data.text import iter_batches
 from mi_core.errors import ConfigError
+from mi_core.models.hooks import act_name
 
 #: Statistic names, in the order scores and tables list them.
 STATISTICS: tuple[str, ...] = ("freq", "mean", "abs", "sqrt", "std", "rms")
 
-#: The two kinds of neurons the statistics cover, and their hook point (``.format(layer)``).
-SITES: dict[str, str] = {
-    "mlp": "blocks.{}.mlp.hook_post",
-    "attn": "blocks.{}.attn.hook_z",
-}
+#: The two kinds of neurons the statistics cover, and their hook point (TransformerLens's
+#: short name: ``post`` is ``blocks.{l}.mlp.hook_post``, ``z`` is ``blocks.{l}.attn.hook_z``).
+SITES: dict[str, str] = {"mlp": "post", "attn": "z"}
 
 
 class Workspace:
@@ -357,7 +356,7 @@ def collect_activation_stats(
     workspaces = {site: Workspace() for site in sites}
     stat_hooks = [
         (
-            SITES[site].format(layer),
+            act_name(SITES[site], layer),
             _stats_hook(collected[site], layer, current_mask, workspaces[site]),
         )
         for site in sites

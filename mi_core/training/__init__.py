@@ -1,5 +1,5 @@
 """Fine-tuning sequence classifiers, with checkpoints that Hugging Face and mi_core both open."""
 
-from mi_core.training.finetune import FinetuneConfig, finetune
+from mi_core.training.finetune import FinetuneConfig, FinetuneSettings, finetune
 
-__all__ = ["FinetuneConfig", "finetune"]
+__all__ = ["FinetuneConfig", "FinetuneSettings", "finetune"]

@@ -12,6 +12,7 @@ from mi_core.viz.figures import (
     frequency_heatmap_figure,
     id_vs_ood_scatter,
     subcase_bars,
+    subnetworks_figure,
     training_dynamics,
     write_figure_html,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "id_vs_ood_scatter",
     "score_distribution_figure",
     "subcase_bars",
+    "subnetworks_figure",
     "training_dynamics",
     "trajectory_figure",
     "write_attention_html",

@@ -338,3 +338,31 @@ def write_figure_html(
     with atomic_path(path) as tmp:
         fig.write_html(str(tmp), include_plotlyjs=include_plotlyjs, full_html=True, **kwargs)
     return Path(path)
+
+
+def subnetworks_figure(table: pd.DataFrame, eval_names: Sequence[str], full: Mapping[str, float]):
+    """Figure 2 (ID vs OOD accuracy per subnetwork) when there are >= 2 eval sets; with one, its
+    accuracy against sparsity; with none, the achieved sparsity against the target."""
+    if len(eval_names) >= 2:
+        frame = table.rename(columns={f"acc_{n}": n for n in eval_names})
+        frame["run"] = [
+            f"s={s:g} seed={seed}" for s, seed in zip(frame.sparsity, frame.seed, strict=True)
+        ]
+        return id_vs_ood_scatter(
+            frame, dict(full), eval_names[0], list(eval_names[1:]), label_col="run"
+        )
+    if len(eval_names) == 1:
+        long = pd.DataFrame(
+            {
+                "sparsity": table["sparsity"],
+                "dataset": eval_names[0],
+                "accuracy": table[f"acc_{eval_names[0]}"],
+            }
+        )
+        return accuracy_vs_sparsity(long, full_model_acc=dict(full))
+    fig = go.Figure(go.Scatter(x=table["sparsity"], y=table["achieved_sparsity"], mode="markers"))
+    return fig.update_layout(
+        title="Achieved vs target sparsity (no eval sets given)",
+        xaxis_title="target sparsity",
+        yaxis_title="achieved sparsity",
+    )

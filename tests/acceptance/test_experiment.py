@@ -343,3 +343,24 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
     err = capsys.readouterr().err
     assert err.count("finished before, skipped") == len(STAGES) and "running" not in err
     assert {s: (out / "stages" / f"{s}.json").stat().st_mtime_ns for s in STAGES} == done
+
+
+def test_run_heuristic_core_in_memory_equals_the_report_directory(
+    tiny_checkpoints, data_dir, tmp_path, monkeypatch
+):
+    from mi_core.methods.heuristic_core import HeuristicCoreResult, run_heuristic_core
+
+    config = ExperimentConfig.from_dict(tiny_config(tiny_checkpoints["bert-cls"]))
+    on_disk = run_heuristic_core(config, tmp_path / "report", progress=False)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    in_memory = run_heuristic_core(config, progress=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing left on disk
+    assert in_memory.out is None and on_disk.out == tmp_path / "report"
+    assert in_memory.core == on_disk.core and in_memory.sweep.masks == on_disk.sweep.masks
+    pd.testing.assert_frame_equal(in_memory.comparison.frequency, on_disk.comparison.frequency)
+    pd.testing.assert_frame_equal(in_memory.findings, on_disk.findings)
+    assert "## Ablating the core" in in_memory.report_md
+    assert [s.status for s in in_memory.stages] == [s.status for s in on_disk.stages]
+    again = HeuristicCoreResult.load(tmp_path / "report")  # the typed loader
+    assert again.core == on_disk.core and again.ablation is not None

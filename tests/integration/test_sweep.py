@@ -150,3 +150,25 @@ def test_ray_executor_runs_each_pair_as_a_task(model_path, means_file, tmp_path)
     assert ComponentMask.load(run_dir_for(tmp_path, 0.4, 1) / "mask.safetensors") == (
         ComponentMask.load(run_dir_for(tmp_path / "local", 0.4, 1) / "mask.safetensors")
     )
+
+
+def test_in_memory_sweep_equals_the_sweep_on_disk(model_path, means_file, tmp_path):
+    from mi_core import SweepResult, sweep
+    from mi_core.methods.heuristic_core import compare_subnetworks
+
+    model = load_model(model_path, task="mnli")
+    kwargs = dict(
+        profile="quick", overrides=SMALL, eval_sets=["mnli:validation_matched"],
+        max_train_examples=16, max_eval_examples=16, progress=False,
+    )  # fmt: skip
+    memory = sweep(model, "mnli:train", str(means_file), [0.3, 0.5], [1, 2], **kwargs)
+    disk = sweep(
+        model, "mnli:train", str(means_file), [0.3, 0.5], [1, 2], checkpoint_dir=tmp_path, **kwargs
+    )
+    assert memory.sweep_dir is None and disk.sweep_dir == tmp_path
+    assert memory.masks == disk.masks and len(memory.masks) == 4
+    columns = ["sparsity", "seed", "n_removed", "acc_mnli:validation_matched"]
+    pd.testing.assert_frame_equal(memory.runs[columns], disk.runs[columns])
+    assert memory.full_accuracy == disk.full_accuracy
+    assert SweepResult.load(tmp_path).masks == disk.masks  # the typed loader reads it back
+    assert compare_subnetworks(memory).cores == compare_subnetworks(disk).cores

@@ -417,3 +417,20 @@ def test_gradient_clipping_is_applied(tiny, train, means, tmp_path):
     moved_free = (free.log_alpha - 1.0).abs().max()
     moved_clipped = (clipped.log_alpha - 1.0).abs().max()
     assert moved_clipped < 0.1 * moved_free
+
+
+def test_in_memory_run_equals_the_run_with_files_and_writes_nothing(
+    tiny, train, means, tmp_path, monkeypatch
+):
+    from mi_core.pruning import prune
+
+    cfg = quick(0.5, seed=7, steps=12, lr_log_alpha=0.5, checkpoint_every=4)
+    on_disk = prune_run(tiny, train, tmp_path / "files", cfg, means=means, progress=False)
+    monkeypatch.chdir(tmp_path / "files")  # nothing may appear here or anywhere else
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    in_memory = prune(tiny, train, means, cfg, progress=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert in_memory.run_dir is None and in_memory.mask == on_disk.mask
+    assert torch.equal(in_memory.log_alpha, on_disk.log_alpha)
+    pd.testing.assert_frame_equal(in_memory.log, on_disk.log)
+    assert in_memory.metrics["n_removed"] == on_disk.metrics["n_removed"]

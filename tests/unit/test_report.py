@@ -29,11 +29,7 @@ from mi_core.methods.heuristic_core.attention import (
     choose_heads,
     write_views,
 )
-from mi_core.methods.heuristic_core.comparison import (
-    compare_subnetworks,
-    load_sweep,
-    write_comparison,
-)
+from mi_core.methods.heuristic_core.comparison import compare_subnetworks, write_comparison
 from mi_core.methods.heuristic_core.report import (
     _split_circuitsvis,
     display_name,
@@ -41,6 +37,7 @@ from mi_core.methods.heuristic_core.report import (
     write_report,
 )
 from mi_core.models import load_model
+from mi_core.pruning.sweep import load_sweep
 from mi_core.viz.attention_html import attention_view_fragment
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,36 +16,55 @@ Config, resumable stages, comparison of subnetworks, report::
 - :mod:`.report`: the self-contained HTML report and its Markdown twin.
 """
 
+from mi_core.methods.heuristic_core.ablation import run_core_ablation
+from mi_core.methods.heuristic_core.attention import (
+    attention_classes,
+    attention_views,
+    choose_heads,
+)
 from mi_core.methods.heuristic_core.comparison import (
     SubnetworkComparison,
-    SweepResults,
     compare_subnetworks,
-    load_sweep,
     write_comparison,
 )
 from mi_core.methods.heuristic_core.config import ExperimentConfig, load_config, shipped_configs
-from mi_core.methods.heuristic_core.effective_size import run_effective_size
+from mi_core.methods.heuristic_core.effective_size import (
+    EffectiveSizeConfig,
+    run_effective_size,
+    run_effective_size_job,
+)
+from mi_core.methods.heuristic_core.layout import ExperimentLayout
 from mi_core.methods.heuristic_core.pipeline import (
     STAGES,
     ExperimentResult,
     HeuristicCoreExperiment,
+    HeuristicCoreResult,
     run_experiment,
+    run_heuristic_core,
 )
-from mi_core.methods.heuristic_core.report import build_report, write_report
+from mi_core.methods.heuristic_core.report import build_report, display_name, write_report
 
 __all__ = [
     "STAGES",
+    "EffectiveSizeConfig",
     "ExperimentConfig",
+    "ExperimentLayout",
     "ExperimentResult",
     "HeuristicCoreExperiment",
+    "HeuristicCoreResult",
     "SubnetworkComparison",
-    "SweepResults",
+    "attention_classes",
+    "attention_views",
     "build_report",
+    "choose_heads",
     "compare_subnetworks",
+    "display_name",
     "load_config",
-    "load_sweep",
+    "run_core_ablation",
     "run_effective_size",
+    "run_effective_size_job",
     "run_experiment",
+    "run_heuristic_core",
     "shipped_configs",
     "write_comparison",
     "write_report",

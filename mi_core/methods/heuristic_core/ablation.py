@@ -20,6 +20,7 @@ from mi_core.errors import ConfigError
 from mi_core.interventions import Component
 from mi_core.interventions.ablation_table import AblationTable, ablation_table, head_set_name
 from mi_core.io import write_csv, write_text
+from mi_core.methods.heuristic_core.layout import ABLATION_FILES
 
 __all__ = ["resolve_joint_sets", "run_core_ablation", "top_heads_by_drop"]
 
@@ -110,12 +111,12 @@ def run_core_ablation(
             table.joints = {_components(s): table.joints[_components(s)] for s in wanted}
     if out is not None:
         out = Path(out)
-        write_csv(out / "ablation_table.csv", table.frame())
-        write_csv(out / "ablation_display.csv", table.display_frame())
-        write_text(out / "ablation_table.md", table.markdown())
+        write_csv(out / ABLATION_FILES["table"], table.frame())
+        write_csv(out / ABLATION_FILES["display"], table.display_frame())
+        write_text(out / ABLATION_FILES["markdown"], table.markdown())
         joints = "; ".join(head_set_name(s) for s in table.joints) or "none"
         write_text(
-            out / "note.md",
+            out / ABLATION_FILES["note"],
             f"Ablated heads: {_WHY.get(heads_chosen_as, heads_chosen_as)}. Ablation: {ablation}. "
             f"Joint sets: {joints}.\n",
         )

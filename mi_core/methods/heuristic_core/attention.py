@@ -23,6 +23,8 @@ from mi_core.data import PairDataset, pair_batches
 from mi_core.data.batches import tokenize_pairs
 from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_json
+from mi_core.methods.heuristic_core.layout import ATTENTION_VIEWS
+from mi_core.models.hooks import act_name
 from mi_core.viz.attention_html import write_attention_html
 
 __all__ = [
@@ -112,7 +114,7 @@ def attention_views(
         tokenized = tokenize_pairs(dataset.subset([i]), model.tokenizer, max_length)
         batch = tokenized.collate([0])
         captured: dict[int, torch.Tensor] = {}
-        hooks = [(f"blocks.{layer}.attn.hook_pattern", _grab(captured, layer)) for layer in layers]
+        hooks = [(act_name("pattern", layer), _grab(captured, layer)) for layer in layers]
         was_training = model.training
         model.eval()
         try:
@@ -146,7 +148,7 @@ def attention_views(
 def write_views(views: Sequence[dict[str, Any]], out: str | os.PathLike[str]) -> list[Path]:
     """Save ``views.json`` and one standalone offline page per view (``view_<i>.html``)."""
     out = Path(out)
-    write_json(out / "views.json", list(views))
+    write_json(out / ATTENTION_VIEWS, list(views))
     paths = []
     for i, view in enumerate(views):
         paths.append(

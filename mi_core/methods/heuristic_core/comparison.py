@@ -12,17 +12,14 @@ two sparsities and the Figure 5 heatmaps; :func:`write_comparison` saves it all 
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import torch
-from jaxtyping import Bool
 from torch import Tensor
 
 from mi_core.analysis.subnetworks import (
@@ -34,156 +31,21 @@ from mi_core.analysis.subnetworks import (
     head_frequency,
 )
 from mi_core.errors import ConfigError
-from mi_core.interventions import ComponentMask
-from mi_core.io import read_json, write_csv
+from mi_core.io import write_csv
+from mi_core.pruning.sweep import SweepResult, group_name
 
-__all__ = [
-    "SubnetworkComparison",
-    "SweepResults",
-    "compare_subnetworks",
-    "group_name",
-    "load_sweep",
-    "write_comparison",
-]
+__all__ = ["COMPARISON_FILES", "SubnetworkComparison", "compare_subnetworks", "write_comparison"]
 
-_SEED_DIR = re.compile(r"^seed(\d+)$")
-
-
-def group_name(sparsity: float) -> str:
-    """The column suffix of one sparsity in the tables: ``0.5`` -> ``"0.5"``."""
-    return f"{float(sparsity):g}"
-
-
-@dataclass
-class SweepResults:
-    """Every finished run of a sweep: its metrics (one row each) and its binary mask."""
-
-    sweep_dir: Path
-    runs: pd.DataFrame
-    """One row per run, by (sparsity, seed): ``sparsity, seed, subnetwork, achieved_sparsity,
-    n_removed, mlps_removed, run_dir``, then ``acc_<set>`` and ``full_acc_<set>`` per eval set."""
-    masks: list[ComponentMask]
-    """The runs' masks, in the order of ``runs``."""
-    eval_names: list[str]
-    full_accuracy: dict[str, float]
-
-    @property
-    def sparsities(self) -> list[float]:
-        return sorted({float(s) for s in self.runs["sparsity"]})
-
-    def head_masks(self, sparsity: float | None = None) -> Bool[Tensor, "n n_layers n_heads"]:
-        """Stacked head masks (True = kept) of every run, or of the runs at one sparsity."""
-        rows = range(len(self.masks))
-        if sparsity is not None:
-            rows = [i for i in rows if math.isclose(self.runs["sparsity"].iloc[i], sparsity)]
-        if not rows:
-            raise ConfigError(f"no finished runs at sparsity {sparsity} in {self.sweep_dir}")
-        return torch.stack([self.masks[i].heads.detach().cpu() > 0.5 for i in rows])
-
-    def masks_by_sparsity(self) -> dict[str, Bool[Tensor, "n n_layers n_heads"]]:
-        """``{"0.5": masks, ...}`` in increasing sparsity."""
-        return {group_name(s): self.head_masks(s) for s in self.sparsities}
-
-    def accuracy_long(self) -> pd.DataFrame:
-        """Tidy accuracies: ``sparsity, seed, subnetwork, dataset, accuracy`` (one row per run
-        and eval set)."""
-        rows = [
-            {
-                "sparsity": r["sparsity"],
-                "seed": r["seed"],
-                "subnetwork": r["subnetwork"],
-                "dataset": name,
-                "accuracy": r[f"acc_{name}"],
-            }
-            for _, r in self.runs.iterrows()
-            for name in self.eval_names
-        ]
-        return pd.DataFrame(rows, columns=["sparsity", "seed", "subnetwork", "dataset", "accuracy"])
-
-
-def _run_seed(run_dir: Path, metrics: dict[str, Any]) -> int:
-    match = _SEED_DIR.match(run_dir.name)
-    if match:
-        return int(match.group(1))
-    config = run_dir / "config.json"
-    if config.is_file():
-        return int(read_json(config)["prune"]["seed"])
-    raise ConfigError(f"cannot tell the seed of run {run_dir}; expected a seed<N> directory")
-
-
-def _load_mask(run_dir: Path) -> ComponentMask:
-    for name in ("mask.safetensors", "mask.json"):
-        if (run_dir / name).is_file():
-            return ComponentMask.load(run_dir / name)
-    raise ConfigError(f"run {run_dir} has metrics.json but no mask.safetensors or mask.json")
-
-
-def load_sweep(
-    sweep_dir: str | os.PathLike[str],
-    sparsities: Sequence[float] | None = None,
-    seeds: Sequence[int] | None = None,
-) -> SweepResults:
-    """Every finished run (a ``metrics.json`` beside a mask) under ``sweep_dir``, optionally only
-    those of ``sparsities`` and ``seeds``.
-
-    Runs are found as ``*/seed*/metrics.json`` (the layout of :func:`mi_core.pruning.run_dir_for`);
-    the sparsity is the run's ``target_sparsity``. Unfinished runs are left out.
-    """
-    root = Path(sweep_dir)
-    if not root.is_dir():
-        raise ConfigError(f"sweep directory {root} does not exist")
-    found = []
-    for metrics_path in sorted(root.glob("*/*/metrics.json")):
-        run_dir = metrics_path.parent
-        metrics = read_json(metrics_path)
-        sparsity, seed = float(metrics["target_sparsity"]), _run_seed(run_dir, metrics)
-        if sparsities is not None and not any(math.isclose(sparsity, s) for s in sparsities):
-            continue
-        if seeds is not None and seed not in seeds:
-            continue
-        found.append((sparsity, seed, run_dir))
-    if not found:
-        raise ConfigError(
-            f"no finished pruning runs in {root} (expected s<sparsity>/seed<N>/metrics.json); "
-            "run mi-core sweep first"
-        )
-    found.sort(key=lambda t: (t[0], t[1]))
-    eval_names: list[str] = []
-    full: dict[str, float] = {}
-    full_path = root / "full_model.json"
-    if full_path.is_file():
-        full.update(read_json(full_path))
-    rows, masks = [], []
-    for sparsity, seed, run_dir in found:
-        metrics = read_json(run_dir / "metrics.json")
-        mask = _load_mask(run_dir)
-        for name in metrics.get("accuracy", {}):
-            if name not in eval_names:
-                eval_names.append(name)
-        for name, acc in metrics.get("full_accuracy", {}).items():
-            full.setdefault(name, acc)
-        row: dict[str, Any] = {
-            "sparsity": sparsity,
-            "seed": seed,
-            "subnetwork": f"s={group_name(sparsity)} seed={seed}",
-            "achieved_sparsity": metrics.get("achieved_sparsity", mask.sparsity()),
-            "n_removed": metrics.get("n_removed", len(mask.removed())),
-            "mlps_removed": int((mask.mlps.detach() < 0.5).sum()),
-            "run_dir": str(run_dir),
-        }
-        row.update({f"acc_{k}": v for k, v in metrics.get("accuracy", {}).items()})
-        rows.append(row)
-        masks.append(mask)
-    shapes = {(m.n_layers, m.n_heads) for m in masks}
-    if len(shapes) != 1:
-        raise ConfigError(f"the runs in {root} belong to different models (mask shapes {shapes})")
-    columns = ["sparsity", "seed", "subnetwork", "achieved_sparsity", "n_removed", "mlps_removed"]
-    columns += ["run_dir"] + [f"acc_{n}" for n in eval_names]
-    runs = pd.DataFrame(rows).reindex(columns=columns)
-    for name in eval_names:
-        runs[f"full_acc_{name}"] = full.get(name, float("nan"))
-    full = {n: full[n] for n in eval_names if n in full}
-    return SweepResults(root, runs, masks, eval_names, full)
+#: The files :func:`write_comparison` writes and :meth:`SubnetworkComparison.load` reads, by
+#: role (plus one ``heatmap_<a>_vs_<b>.csv`` per pair of sparsities).
+COMPARISON_FILES = {
+    "subnetworks": "subnetworks.csv",
+    "head_frequency": "head_frequency.csv",
+    "core_heads": "core_heads.csv",
+    "core_summary": "core_summary.csv",
+    "spearman": "spearman.csv",
+}
+_HEATMAP = re.compile(r"^heatmap_(.+)_vs_(.+)\.csv$")
 
 
 @dataclass
@@ -208,6 +70,32 @@ class SubnetworkComparison:
     def core(self) -> list[str]:
         """The heuristic core: heads kept by every subnetwork of every sparsity."""
         return list(self.cores["all"])
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike[str]) -> SubnetworkComparison:
+        """Read a comparison back from the folder :func:`write_comparison` wrote."""
+        folder = Path(folder)
+        paths = {role: folder / name for role, name in COMPARISON_FILES.items()}
+        missing = [p.name for p in paths.values() if not p.is_file()]
+        if missing:
+            raise ConfigError(f"{folder} holds no comparison of subnetworks (missing {missing})")
+        core_table = pd.read_csv(paths["core_summary"], keep_default_na=False)
+        core_table["group"] = core_table["group"].astype(str)
+        cores = {
+            row.group: str(row.core_heads).split() for row in core_table.itertuples(index=False)
+        }
+        heatmaps = {}
+        for path in sorted(folder.glob("heatmap_*_vs_*.csv")):
+            a, b = _HEATMAP.match(path.name).groups()
+            frame = pd.read_csv(path)
+            heatmaps[(a, b)] = torch.tensor(frame.iloc[:, 1:].to_numpy())
+        return cls(
+            frequency=pd.read_csv(paths["head_frequency"]),
+            cores=cores,
+            core_table=core_table,
+            spearman=pd.read_csv(paths["spearman"]),
+            heatmaps=heatmaps,
+        )
 
     def core_heads_table(self) -> pd.DataFrame:
         """One row per head in any core: ``label, layer, head, in_core_all, in_core_<s>`` and
@@ -241,7 +129,7 @@ def _mean_kept(masks: Tensor) -> float:
 
 
 def compare_subnetworks(
-    results: SweepResults, pairs: Sequence[tuple[float, float]] | None = None
+    results: SweepResult, pairs: Sequence[tuple[float, float]] | None = None
 ) -> SubnetworkComparison:
     """Frequencies, cores, expected random intersections and Spearman's rho of a sweep.
 
@@ -330,18 +218,19 @@ def heatmap_frame(counts: Tensor, group_a: str, group_b: str) -> pd.DataFrame:
 
 
 def write_comparison(
-    results: SweepResults, comparison: SubnetworkComparison, out: str | os.PathLike[str]
+    results: SweepResult, comparison: SubnetworkComparison, out: str | os.PathLike[str]
 ) -> dict[str, Path]:
     """Write ``subnetworks.csv``, ``head_frequency.csv``, ``core_heads.csv`` (one row per head
     of a core), ``core_summary.csv``, ``spearman.csv`` and ``heatmap_<a>_vs_<b>.csv``."""
     out = Path(out)
-    paths = {
-        "subnetworks": write_csv(out / "subnetworks.csv", results.runs),
-        "head_frequency": write_csv(out / "head_frequency.csv", comparison.frequency),
-        "core_heads": write_csv(out / "core_heads.csv", comparison.core_heads_table()),
-        "core_summary": write_csv(out / "core_summary.csv", comparison.core_table),
-        "spearman": write_csv(out / "spearman.csv", comparison.spearman),
+    tables = {
+        "subnetworks": results.runs,
+        "head_frequency": comparison.frequency,
+        "core_heads": comparison.core_heads_table(),
+        "core_summary": comparison.core_table,
+        "spearman": comparison.spearman,
     }
+    paths = {role: write_csv(out / COMPARISON_FILES[role], t) for role, t in tables.items()}
     for (a, b), counts in comparison.heatmaps.items():
         paths[f"heatmap_{a}_vs_{b}"] = write_csv(
             out / f"heatmap_{a}_vs_{b}.csv", heatmap_frame(counts, a, b)

@@ -31,6 +31,8 @@ from mi_core.analysis.effective_size import effective_size, faithfulness_table
 from mi_core.config import Config, option
 from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_csv
+from mi_core.methods.heuristic_core.layout import EFFECTIVE_SIZE_FILES
+from mi_core.pruning.jobs import SweepExecution
 from mi_core.pruning.profiles import (
     PROFILES,
     make_prune_config,
@@ -38,7 +40,6 @@ from mi_core.pruning.profiles import (
     parse_sparsities,
     parse_sparsity_spec,
 )
-from mi_core.pruning.sweep import EXECUTORS
 from mi_core.tasks import TASKS
 from mi_core.training.checkpoints import list_checkpoints
 
@@ -263,12 +264,13 @@ def summarize_effective_size(
     kwargs = dict(id_datasets=list(id_sets), ood_datasets=list(ood_sets), margin=margin)
     faithful = faithfulness_table(accuracy, full_accuracy, checkpoint_col="step", **kwargs)
     sizes = effective_size(accuracy, full_accuracy, checkpoint_col="step", method=method, **kwargs)
-    write_csv(out / "accuracy.csv", accuracy)
-    write_csv(out / "full_accuracy.csv", full_accuracy)
-    write_csv(out / "faithfulness.csv", faithful)
-    write_csv(out / "effective_size.csv", sizes)
+    files = EFFECTIVE_SIZE_FILES
+    write_csv(out / files["accuracy"], accuracy)
+    write_csv(out / files["full_accuracy"], full_accuracy)
+    write_csv(out / files["faithfulness"], faithful)
+    write_csv(out / files["effective_size"], sizes)
     figure = effective_size_over_training(full_accuracy, sizes, step_col="step")
-    write_figure_html(figure, out / "effective_size.html")
+    write_figure_html(figure, out / files["figure"])
     return EffectiveSizeResult(out, accuracy, full_accuracy, faithful, sizes)
 
 
@@ -324,7 +326,7 @@ class EffectiveSizeOptions(Config):
 
 
 @dataclass(kw_only=True)
-class EffectiveSizeConfig(EffectiveSizeOptions):
+class EffectiveSizeConfig(EffectiveSizeOptions, SweepExecution):
     """The effective-size job (``mi-core effective-size``): every checkpoint of a fine-tuning
     run pruned at every sparsity and seed."""
 
@@ -348,12 +350,6 @@ class EffectiveSizeConfig(EffectiveSizeOptions):
     """Use only the first training examples."""
     max_eval_examples: int | None = None
     """Use only the first examples of every eval set."""
-    executor: str = option("local", choices=EXECUTORS)
-    """local: one run after another here; ray: each run a Ray task."""
-    ray_address: str | None = None
-    """Ray cluster address (default: a local Ray instance)."""
-    num_cpus_per_run: float = 1.0
-    """Ray CPUs per run."""
     device: str = "cpu"
     """cpu or cuda (local executor)."""
 

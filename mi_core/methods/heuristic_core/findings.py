@@ -40,6 +40,9 @@ from typing import Any
 
 import pandas as pd
 
+from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES
+from mi_core.methods.heuristic_core.layout import ExperimentLayout
+
 #: Verdicts a finding can get.
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
 #: Below this out-of-domain accuracy of the full model, a drop cannot be measured.
@@ -117,7 +120,8 @@ def _core_findings(analysis: Path) -> list[dict[str, str]]:
     from scipy.stats import poisson
 
     rows: list[dict[str, str]] = []
-    summary = _csv(analysis / "core_summary.csv")
+    # each table on its own: a finding needs only its own file
+    summary = _csv(analysis / COMPARISON_FILES["core_summary"])
     if summary is not None:
         all_row = summary[summary["group"].astype(str) == "all"].iloc[0]
         n_core = int(all_row["n_core"])
@@ -133,7 +137,7 @@ def _core_findings(analysis: Path) -> list[dict[str, str]]:
                 REPRODUCED if n_core > 0 and tail < 0.01 else NOT_REPRODUCED,
             )
         )
-    spearman = _csv(analysis / "spearman.csv")
+    spearman = _csv(analysis / COMPARISON_FILES["spearman"])
     if spearman is not None and len(spearman):
         first = spearman.iloc[0]
         rho, p = _num(first["spearman_rho"]), _num(first["p_value"])
@@ -155,7 +159,7 @@ def _core_findings(analysis: Path) -> list[dict[str, str]]:
 
 
 def _attention_finding(root: Path) -> dict[str, str] | None:
-    table = _csv(root / "attention" / "attention_classes.csv")
+    table = _csv(ExperimentLayout(root).attention_classes)
     if table is None:
         return None
     paper = "4 of the 9 core heads attend to tokens repeated across premise and hypothesis"
@@ -178,7 +182,7 @@ def _attention_finding(root: Path) -> dict[str, str] | None:
 
 
 def _ablation_findings(root: Path, context: dict[str, Any]) -> list[dict[str, str]]:
-    table = _csv(root / "ablation" / "ablation_table.csv")
+    table = _csv(ExperimentLayout(root).ablation_file("table"))
     if table is None or not context.get("ood"):
         return []
     in_domain, ood, full = context["in_domain"], context["ood"], context["full"]
@@ -230,8 +234,9 @@ def _ablation_findings(root: Path, context: dict[str, Any]) -> list[dict[str, st
 
 def _effective_size_finding(root: Path) -> dict[str, str]:
     paper = "out-of-domain effective size rises from 30 % to ~93 % as the model generalises"
-    sizes = _csv(root / "effective_size" / "effective_size.csv")
-    full = _csv(root / "effective_size" / "full_accuracy.csv")
+    layout = ExperimentLayout(root)
+    sizes = _csv(layout.effective_size_file("effective_size"))
+    full = _csv(layout.effective_size_file("full_accuracy"))
     name = "Effective size rises with generalisation"
     if sizes is None or full is None:
         return _row(name, paper, "the effective_size stage was not run", NOT_MEASURABLE)
@@ -260,7 +265,7 @@ def _core_before_finding(root: Path) -> dict[str, str]:
 
     name = "The core is there before the model generalises"
     paper = "the 9 core heads are in all subnetworks of the checkpoint before generalisation"
-    path = root / "core_before" / "summary.json"
+    path = ExperimentLayout(root).core_before_summary
     if not path.is_file():
         return _row(name, paper, "the core_before stage was not run", NOT_MEASURABLE)
     info = json.loads(path.read_text(encoding="utf-8"))
@@ -290,11 +295,11 @@ def heuristic_core_findings(root: str | Path) -> pd.DataFrame:
     """The findings table of a run under ``root`` (columns :data:`COLUMNS`; empty without a
     finished analysis)."""
     root = Path(root)
-    runs = _csv(root / "analysis" / "subnetworks.csv")
+    runs = _csv(ExperimentLayout(root).analysis / COMPARISON_FILES["subnetworks"])
     if runs is None or runs.empty:
         return pd.DataFrame(columns=list(COLUMNS))
     rows, context = _subnetwork_findings(runs)
-    rows += _core_findings(root / "analysis")
+    rows += _core_findings(ExperimentLayout(root).analysis)
     attention = _attention_finding(root)
     if attention is not None:
         rows.append(attention)

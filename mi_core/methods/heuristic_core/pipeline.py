@@ -17,16 +17,22 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_json
+from mi_core.methods.heuristic_core.comparison import SubnetworkComparison
 from mi_core.methods.heuristic_core.config import ExperimentConfig
+from mi_core.methods.heuristic_core.layout import ExperimentLayout
 from mi_core.methods.heuristic_core.stages import STAGE_BY_NAME, STAGE_SPECS, STAGES
+from mi_core.pruning.sweep import SweepResult, load_sweep
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +40,8 @@ __all__ = [
     "STAGES",
     "ExperimentResult",
     "HeuristicCoreExperiment",
+    "HeuristicCoreResult",
+    "run_heuristic_core",
     "StageOutcome",
     "run_experiment",
 ]
@@ -100,6 +108,7 @@ class HeuristicCoreExperiment:
     ) -> None:
         self.config = config
         self.out = Path(out)
+        self.layout = ExperimentLayout(self.out)
         self.progress = progress
         self.on_stage = on_stage or (lambda name, status: None)
         self.device = _device(config.device)
@@ -172,7 +181,7 @@ class HeuristicCoreExperiment:
     def means_path(self) -> Path:
         if self.config.means.path is not None:
             return Path(self.config.means.path)
-        return self.path("means.safetensors")
+        return self.layout.means
 
     @property
     def means(self) -> Any:
@@ -228,9 +237,7 @@ class HeuristicCoreExperiment:
             self._mark_done(stage, seconds)
             outcomes.append(StageOutcome(stage, "ran", seconds))
             self.on_stage(stage, "ran")
-        return ExperimentResult(
-            self.out, self.path("report.html"), self.path("report.md"), outcomes
-        )
+        return ExperimentResult(self.out, self.layout.report_html, self.layout.report_md, outcomes)
 
     def check_data(self) -> None:
         """Open every data set the config names (one example each), so a typo in a spec fails
@@ -323,7 +330,6 @@ class HeuristicCoreExperiment:
 
     def load_sweep(self):
         """The sweep's finished runs of this config's sparsities and seeds."""
-        from mi_core.methods.heuristic_core.comparison import load_sweep
 
         p = self.config.pruning
         return load_sweep(self.path("sweep"), sparsities=p.sparsities, seeds=p.seeds)
@@ -336,16 +342,13 @@ class HeuristicCoreExperiment:
 
     def chosen_heads(self) -> tuple[list[str], str]:
         """The heads to inspect and why: ``(heads, "config" | "core" | "most frequent")``."""
-        import pandas as pd
 
         from mi_core.methods.heuristic_core.attention import choose_heads
 
-        frequency = pd.read_csv(self.path("analysis", "head_frequency.csv"))
-        summary = pd.read_csv(self.path("analysis", "core_summary.csv"), keep_default_na=False)
-        core_text = summary.loc[summary["group"].astype(str) == "all", "core_heads"].iloc[0]
-        core = str(core_text).split() if core_text else []
+        comparison = SubnetworkComparison.load(self.layout.analysis)
+        core = comparison.core
         a = self.config.attention
-        heads = choose_heads(core, frequency, a.heads, a.max_heads)
+        heads = choose_heads(core, comparison.frequency, a.heads, a.max_heads)
         reason = "config" if a.heads else ("core" if core else "most frequent")
         return heads, reason
 
@@ -376,7 +379,7 @@ class HeuristicCoreExperiment:
             min_excess=a.min_excess,
         )
         table.insert(1, "chosen_as", reason)
-        write_csv(self.path("attention", "attention_classes.csv"), table)
+        write_csv(self.layout.attention_classes, table)
         views = attention_views(self.model, dataset, heads, a.n_views)
         write_views(views, self.path("attention"))
 
@@ -449,7 +452,6 @@ class HeuristicCoreExperiment:
 
         from mi_core.analysis.generalisation import pre_generalisation_checkpoint
         from mi_core.analysis.subnetworks import core_heads
-        from mi_core.methods.heuristic_core.comparison import load_sweep
         from mi_core.methods.heuristic_core.effective_size import (
             compute_checkpoint_means,
             dataset_name,
@@ -459,16 +461,14 @@ class HeuristicCoreExperiment:
 
         c, p = self.config, self.config.pruning
         out = self.path("core_before")
-        metrics = pd.read_csv(self.path("finetune", "metrics.csv"))
+        metrics = pd.read_csv(self.layout.finetune_metrics)
         names = {spec: dataset_name(spec, task=c.task) for spec in c.ood_sets}
         saved = dict(list_checkpoints(self.path("finetune")))
         found = pre_generalisation_checkpoint(
             metrics, list(names.values()), sorted(saved), c.core_before.margin
         )
         summary: dict[str, Any] = {**found, "ood_sets": list(names.values())}
-        final = pd.read_csv(self.path("analysis", "core_summary.csv"), keep_default_na=False)
-        final_core = str(final.loc[final["group"].astype(str) == "all", "core_heads"].iloc[0])
-        summary["final_core"] = final_core.split() if final_core else []
+        summary["final_core"] = SubnetworkComparison.load(self.layout.analysis).core
         step = found["checkpoint_step"]
         if step is not None:
             model = load_model(saved[step], task=c.task, device=self.device)
@@ -487,7 +487,7 @@ class HeuristicCoreExperiment:
                 n_subnetworks=int(masks.shape[0]),
                 final_core_present=[h for h in summary["final_core"] if h in core],
             )
-        write_json(out / "summary.json", summary)
+        write_json(self.layout.core_before_summary, summary)
 
     def _run_report(self) -> None:
         from mi_core.methods.heuristic_core.report import write_report
@@ -509,3 +509,75 @@ def run_experiment(
 
         config = load_config(config)
     return HeuristicCoreExperiment(config, out, progress=progress, on_stage=on_stage).run()
+
+
+@dataclass
+class HeuristicCoreResult:
+    """The experiment's results, in memory: the subnetworks, their comparison (the core), the
+    attention classes, the ablation table, effective size, the findings and the report."""
+
+    sweep: SweepResult
+    comparison: SubnetworkComparison
+    findings: pd.DataFrame
+    """One row per finding of the paper: what it says, what this run measured, the verdict."""
+    report_html: str
+    report_md: str
+    attention_classes: pd.DataFrame | None = None
+    ablation: pd.DataFrame | None = None
+    effective_size: pd.DataFrame | None = None
+    stages: list[StageOutcome] = field(default_factory=list)
+    out: Path | None = None
+    """The report directory, or None when the run kept nothing on disk."""
+
+    @property
+    def core(self) -> list[str]:
+        """The heuristic core: heads every subnetwork keeps."""
+        return self.comparison.core
+
+    @classmethod
+    def load(cls, out: str | os.PathLike[str]) -> HeuristicCoreResult:
+        """Read a finished experiment's results from its report directory."""
+        layout = ExperimentLayout(out)
+        if not layout.report_html.is_file():
+            raise ConfigError(f"{layout.root} holds no finished heuristic-core experiment")
+
+        def table(path: Path, **kwargs: Any) -> pd.DataFrame | None:
+            return pd.read_csv(path, **kwargs) if path.is_file() else None
+
+        findings = table(layout.findings)
+        return cls(
+            sweep=load_sweep(layout.sweep),
+            comparison=SubnetworkComparison.load(layout.analysis),
+            findings=pd.DataFrame() if findings is None else findings,
+            report_html=layout.report_html.read_text(encoding="utf-8"),
+            report_md=layout.report_md.read_text(encoding="utf-8"),
+            attention_classes=table(layout.attention_classes),
+            ablation=table(layout.ablation_file("table"), keep_default_na=False),
+            effective_size=table(layout.effective_size_file("effective_size")),
+            out=layout.root,
+        )
+
+
+def run_heuristic_core(
+    config: ExperimentConfig | str | os.PathLike[str],
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    *,
+    progress: bool | None = None,
+    on_stage: Callable[[str, str], None] | None = None,
+) -> HeuristicCoreResult:
+    """Run the heuristic-core experiment of ``config``; return its results in memory.
+
+    With ``checkpoint_dir`` the stages keep their files there (the report directory of
+    ``mi-core heuristic-core``) and a re-run skips finished stages; without it nothing is left
+    on disk (the stages exchange their files in a temporary folder that is removed).
+    """
+    if checkpoint_dir is not None:
+        outcome = run_experiment(config, checkpoint_dir, progress=progress, on_stage=on_stage)
+        result = HeuristicCoreResult.load(checkpoint_dir)
+        result.stages = outcome.stages
+        return result
+    with tempfile.TemporaryDirectory(prefix="mi_core-heuristic-core-") as folder:
+        outcome = run_experiment(config, folder, progress=progress, on_stage=on_stage)
+        result = HeuristicCoreResult.load(folder)
+    result.stages, result.out = outcome.stages, None
+    return result

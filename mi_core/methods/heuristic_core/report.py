@@ -24,7 +24,10 @@ from typing import Any
 import pandas as pd
 
 from mi_core.data import HANS_PAPER_SUBCASES
+from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_csv, write_text
+from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES, SubnetworkComparison
+from mi_core.methods.heuristic_core.layout import EFFECTIVE_SIZE_FILES, ExperimentLayout
 from mi_core.methods.heuristic_core.stages import STAGES
 
 __all__ = ["ReportSection", "build_report", "display_name", "markdown_table", "write_report"]
@@ -287,7 +290,7 @@ def _overview(root: Path, config: dict[str, Any] | None) -> ReportSection:
 def _finetune_section(root: Path) -> ReportSection | None:
     from mi_core.viz.figures import training_dynamics
 
-    metrics = _csv(root / "finetune" / "metrics.csv")
+    metrics = _csv(ExperimentLayout(root).finetune_metrics)
     if metrics is None or metrics.empty:
         return None
     in_domain = display_name(str(metrics["dataset"].iloc[0]))  # fine-tuning evaluates ID first
@@ -306,12 +309,25 @@ def _finetune_section(root: Path) -> ReportSection | None:
     return section
 
 
-def _subnetwork_sections(root: Path) -> list[ReportSection]:
-    from mi_core.pruning.sweep import subnetworks_figure
-    from mi_core.viz.figures import accuracy_vs_sparsity, frequency_heatmap_figure, subcase_bars
+def _comparison(analysis: Path) -> SubnetworkComparison | None:
+    """The analysis stage's comparison, or None when it has not run."""
+    try:
+        return SubnetworkComparison.load(analysis)
+    except ConfigError:
+        return None
 
-    analysis = root / "analysis"
-    runs = _csv(analysis / "subnetworks.csv")
+
+def _subnetwork_sections(root: Path) -> list[ReportSection]:
+    from mi_core.viz.figures import (
+        accuracy_vs_sparsity,
+        frequency_heatmap_figure,
+        subcase_bars,
+        subnetworks_figure,
+    )
+
+    layout = ExperimentLayout(root)
+    analysis = layout.analysis
+    runs = _csv(analysis / COMPARISON_FILES["subnetworks"])
     if runs is None or runs.empty:
         return []
     names = _eval_names(runs)
@@ -354,7 +370,7 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
                 ),
                 "Different subnetworks of one sparsity generalize to different subcases.",
             )
-    grid = _csv(root / "grid" / "subnetworks.csv")
+    grid = _csv(layout.grid / COMPARISON_FILES["subnetworks"])
     source, where = (runs, "the sweep") if grid is None or grid.empty else (grid, "grid/")
     long = source.melt(
         id_vars=["sparsity", "seed"],
@@ -375,7 +391,8 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
     sections.append(gen)
 
     core = ReportSection("Shared heads: frequency, the core, chance (Figure 5)")
-    summary = _csv(analysis / "core_summary.csv", keep_default_na=False)
+    comparison = _comparison(analysis)
+    summary = None if comparison is None else comparison.core_table
     if summary is not None:
         all_row = summary[summary["group"].astype(str) == "all"]
         if not all_row.empty:
@@ -396,19 +413,17 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
             "subnetworks, n (m/n)^k, with m the heads kept on average and, as the paper "
             "computes it, m = n (1 - target sparsity) (analysis/core_summary.csv).",
         )
-    spearman = _csv(analysis / "spearman.csv")
+    spearman = None if comparison is None else comparison.spearman
     if spearman is not None and not spearman.empty:
         core.table(
             spearman,
             "Spearman's rho between the head frequencies of two sparsities "
             "(analysis/spearman.csv).",
         )
-    for path in sorted(analysis.glob("heatmap_*_vs_*.csv")):
-        a, b = path.stem[len("heatmap_") :].split("_vs_")
-        counts = pd.read_csv(path).iloc[:, 1:].to_numpy()
+    for (a, b), counts in ({} if comparison is None else comparison.heatmaps).items():
         core.figure(
             frequency_heatmap_figure(
-                counts,
+                counts.numpy(),
                 label_a=f"sparsity {a}",
                 label_b=f"sparsity {b}",
                 title=f"Figure 5: heads by how many subnetworks keep them ({a} vs {b})",
@@ -416,7 +431,7 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
             "Entry (i, j): heads kept by i subnetworks at the first sparsity and j at the "
             "second; the top-right cell is the shared core.",
         )
-    core_heads = _csv(analysis / "core_heads.csv")
+    core_heads = None if comparison is None else comparison.core_heads_table()
     if core_heads is not None and not core_heads.empty:
         core.table(core_heads, "Heads in a core, with their frequencies (analysis/core_heads.csv).")
     sections.append(core)
@@ -431,7 +446,7 @@ def _attention_section(root: Path) -> ReportSection | None:
     from mi_core.viz.attention_html import attention_view_fragment
     from mi_core.viz.figures import attention_class_chart
 
-    table = _csv(root / "attention" / "attention_classes.csv")
+    table = _csv(ExperimentLayout(root).attention_classes)
     if table is None:
         return None
     section = ReportSection("Attention patterns of the core (Figures 7-9)")
@@ -457,7 +472,7 @@ def _attention_section(root: Path) -> ReportSection | None:
             ),
             "Bars: mean attention mass on each key class; markers: a uniform pattern's.",
         )
-    for i, view in enumerate(read_views(root / "attention" / "views.json")):
+    for i, view in enumerate(read_views(ExperimentLayout(root).attention_views)):
         fragment = attention_view_fragment(
             view["tokens"],
             torch.tensor(view["pattern"]),
@@ -483,11 +498,11 @@ def _short_head_set(name: str, limit: int = 4) -> str:
 
 
 def _ablation_section(root: Path) -> ReportSection | None:
-    table = _csv(root / "ablation" / "ablation_display.csv", keep_default_na=False)
+    table = _csv(ExperimentLayout(root).ablation_file("display"), keep_default_na=False)
     if table is None:
         return None
     section = ReportSection("Ablating the core (Tables 3/4)")
-    note = root / "ablation" / "note.md"
+    note = ExperimentLayout(root).ablation_file("note")
     if note.is_file():
         section.text(note.read_text(encoding="utf-8"))
     first = table.columns[0]
@@ -506,8 +521,8 @@ def _effective_size_section(root: Path) -> ReportSection | None:
     from mi_core.viz.figures import effective_size_over_training
 
     folder = root / "effective_size"
-    sizes = _csv(folder / "effective_size.csv")
-    full = _csv(folder / "full_accuracy.csv")
+    sizes = _csv(folder / EFFECTIVE_SIZE_FILES["effective_size"])
+    full = _csv(folder / EFFECTIVE_SIZE_FILES["full_accuracy"])
     if sizes is None or full is None:
         return None
     section = ReportSection("Effective size over training (Figure 6)")
@@ -528,7 +543,7 @@ def _effective_size_section(root: Path) -> ReportSection | None:
 
 
 def _core_before_section(root: Path) -> ReportSection | None:
-    path = root / "core_before" / "summary.json"
+    path = ExperimentLayout(root).core_before_summary
     if not path.is_file():
         return None
     info = read_json(path)
@@ -596,7 +611,7 @@ def _files_section(root: Path) -> ReportSection:
 def build_report(root: str | os.PathLike[str]) -> tuple[str, list[ReportSection]]:
     """The report's title and sections from the files under ``root``."""
     root = Path(root)
-    config_path = root / "experiment.json"
+    config_path = ExperimentLayout(root).config
     config = read_json(config_path) if config_path.is_file() else None
     title = f"Heuristic core: {config.get('name', root.name) if config else root.name}"
     sections = [_overview(root, config)]
@@ -620,10 +635,11 @@ def write_report(root: str | os.PathLike[str]) -> tuple[Path, Path]:
     from mi_core.methods.heuristic_core.findings import heuristic_core_findings
 
     root = Path(root)
+    layout = ExperimentLayout(root)
     title, sections = build_report(root)
     findings = heuristic_core_findings(root)
     if not findings.empty:
-        write_csv(root / "findings.csv", findings)
-    html_path = write_text(root / "report.html", _render_html(title, sections))
-    md_path = write_text(root / "report.md", _render_markdown(title, sections))
+        write_csv(layout.findings, findings)
+    html_path = write_text(layout.report_html, _render_html(title, sections))
+    md_path = write_text(layout.report_md, _render_markdown(title, sections))
     return html_path, md_path

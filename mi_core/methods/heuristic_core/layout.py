@@ -1,0 +1,126 @@
+"""Where every file of a heuristic-core experiment lives, named once.
+
+The stages write through these paths and the report, the findings and the pipeline read
+through them, so a file's name is spelled in one place::
+
+    layout = ExperimentLayout("runs/bert-report")
+    comparison = SubnetworkComparison.load(layout.analysis)
+    table = pd.read_csv(layout.ablation_table)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ABLATION_FILES", "EFFECTIVE_SIZE_FILES", "ExperimentLayout"]
+
+#: The ablation stage's files (``run_core_ablation``).
+ABLATION_FILES = {
+    "table": "ablation_table.csv",
+    "display": "ablation_display.csv",
+    "markdown": "ablation_table.md",
+    "note": "note.md",
+}
+#: The effective-size stage's files (``run_effective_size``).
+EFFECTIVE_SIZE_FILES = {
+    "accuracy": "accuracy.csv",
+    "full_accuracy": "full_accuracy.csv",
+    "faithfulness": "faithfulness.csv",
+    "effective_size": "effective_size.csv",
+    "figure": "effective_size.html",
+}
+ATTENTION_CLASSES = "attention_classes.csv"
+ATTENTION_VIEWS = "views.json"
+SUMMARY = "summary.json"
+
+
+@dataclass(frozen=True)
+class ExperimentLayout:
+    """The paths under one experiment's report directory."""
+
+    root: Path
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "experiment.json"
+
+    @property
+    def stages(self) -> Path:
+        return self.root / "stages"
+
+    @property
+    def finetune(self) -> Path:
+        return self.root / "finetune"
+
+    @property
+    def finetune_metrics(self) -> Path:
+        return self.finetune / "metrics.csv"
+
+    @property
+    def means(self) -> Path:
+        return self.root / "means.safetensors"
+
+    @property
+    def sweep(self) -> Path:
+        return self.root / "sweep"
+
+    @property
+    def analysis(self) -> Path:
+        return self.root / "analysis"
+
+    @property
+    def attention(self) -> Path:
+        return self.root / "attention"
+
+    @property
+    def attention_classes(self) -> Path:
+        return self.attention / ATTENTION_CLASSES
+
+    @property
+    def attention_views(self) -> Path:
+        return self.attention / ATTENTION_VIEWS
+
+    @property
+    def ablation(self) -> Path:
+        return self.root / "ablation"
+
+    def ablation_file(self, role: str) -> Path:
+        """``table``, ``display``, ``markdown`` or ``note``."""
+        return self.ablation / ABLATION_FILES[role]
+
+    @property
+    def effective_size(self) -> Path:
+        return self.root / "effective_size"
+
+    def effective_size_file(self, role: str) -> Path:
+        """``accuracy``, ``full_accuracy``, ``faithfulness``, ``effective_size``, ``figure``."""
+        return self.effective_size / EFFECTIVE_SIZE_FILES[role]
+
+    @property
+    def grid(self) -> Path:
+        return self.root / "grid"
+
+    @property
+    def core_before(self) -> Path:
+        return self.root / "core_before"
+
+    @property
+    def core_before_summary(self) -> Path:
+        return self.core_before / SUMMARY
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def findings(self) -> Path:
+        return self.root / "findings.csv"
