@@ -57,3 +57,11 @@ def llama():
     from helpers import tiny_model
 
     return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    """The tiny random BERT classifier (an MNLI head), loaded as mi_core loads any model."""
+    from mi_core.models import load_model
+
+    return load_model(tiny_checkpoints["bert-cls"], task="mnli")

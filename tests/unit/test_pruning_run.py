@@ -35,11 +35,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_checkpoints):
-    return load_model(tiny_checkpoints["bert-cls"], task="mnli")
-
-
-@pytest.fixture(scope="module")
 def train(data_dir):
     return load_pairs("mnli:train", max_examples=48)
 

@@ -36,7 +36,6 @@ from mi_core.methods.heuristic_core.report import (
     markdown_table,
     write_report,
 )
-from mi_core.models import load_model
 from mi_core.pruning.sweep import load_sweep
 from mi_core.viz.attention_html import attention_view_fragment
 
@@ -200,11 +199,6 @@ def test_joint_sets_resolve_core_top3_and_explicit_lists():
     assert sets == [("L0.H0", "L0.H2", "L1.H1", "L2.H3"), ("L0.H2", "L1.H1", "L2.H3")]
     with pytest.raises(ConfigError, match="single-head"):
         resolve_joint_sets(["top3"], heads)
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_checkpoints):
-    return load_model(tiny_checkpoints["bert-cls"], task="mnli")
 
 
 @pytest.fixture(scope="module")
