@@ -28,3 +28,7 @@ class ConfigError(MiCoreError):
 
 class TrainingError(MiCoreError):
     """Training or pruning cannot go on (e.g. the loss became NaN)."""
+
+
+class OutputError(MiCoreError):
+    """A result cannot be written where it was asked to go (permissions, a file in the way)."""

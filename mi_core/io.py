@@ -17,16 +17,60 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+#: Suffixes that make an output path a file (anything else is a folder of results).
+FILE_SUFFIXES = (".csv", ".json", ".jsonl", ".md", ".html", ".safetensors", ".txt")
+
+
+def ensure_writable(path: str | os.PathLike[str]) -> Path:
+    """Check, before any work starts, that results can be written at ``path``: a folder or,
+    for a name with a file suffix, a file. Nothing is created. Raises
+    :class:`~mi_core.errors.OutputError` with one line saying why not."""
+    from mi_core.errors import OutputError
+
+    target = Path(path)
+    is_file = target.suffix.lower() in FILE_SUFFIXES
+
+    def refuse(reason: str) -> OutputError:
+        return OutputError(f"cannot write results to {target}: {reason}")
+
+    if target.exists():
+        if is_file and target.is_dir():
+            raise refuse("a folder is in the way of the output file")
+        if not is_file and not target.is_dir():
+            raise refuse("a file is in the way of the output folder")
+        if not os.access(target if target.is_dir() else target.parent, os.W_OK | os.X_OK):
+            raise refuse("Permission denied")
+        return target
+    ancestor = target.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise refuse(f"Not a directory ({ancestor} is a file)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise refuse(f"Permission denied (in {ancestor})")
+    return target
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it to ``path``."""
+    """Yield a temporary path beside ``path``; on success rename it to ``path``.
+
+    The file ends with the mode a plain ``open(path, "w")`` would give it (0666 less the user's
+    umask), not the 0600 of a temporary file, so collaborators can read shared results.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

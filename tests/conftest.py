@@ -65,3 +65,11 @@ def tiny(tiny_checkpoints):
     from mi_core.models import load_model
 
     return load_model(tiny_checkpoints["bert-cls"], task="mnli")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M-Instruct (processed weights cached in MI_CORE_CACHE_DIR)."""
+    from mi_core.models import load_model
+
+    return load_model("smollm2")

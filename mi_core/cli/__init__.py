@@ -1,4 +1,4 @@
-"""The ``mi-core`` command.
+"""The mi-core command: subnetwork analysis and separability of capabilities on TransformerLens.
 
 Each subcommand lives in its own module under ``mi_core.cli`` and exposes
 ``add_parser(subparsers)`` (which registers the subcommand and sets ``func``) and a ``run(args)``
@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from mi_core.errors import MiCoreError
+from mi_core.io import ensure_writable
 
 #: Subcommand modules, in the order ``mi-core --help`` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -30,17 +31,25 @@ SUBCOMMANDS: tuple[str, ...] = (
 )
 
 
+#: Arguments that name where results go; each is checked to be writable before a command runs.
+OUTPUTS = ("out", "predictions")
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, like every other mi-core error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise MiCoreError(f"{self.prog}: {message}")
+        command = self.prog.removeprefix("mi-core").strip()
+        raise MiCoreError(f"{command}: {message}" if command else message)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every subcommand that is installed."""
+    from mi_core import __version__
+
     parser = _Parser(prog="mi-core", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=f"mi-core {__version__}")
     subparsers = parser.add_subparsers(dest="command", parser_class=_Parser)
     for name in SUBCOMMANDS:
         try:
@@ -67,7 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help(sys.stderr)
             return 2
+        for name in OUTPUTS:  # before any work: nothing computed is lost to a bad path
+            if getattr(args, name, None):
+                ensure_writable(getattr(args, name))
         args.func(args)
+    except OSError as exc:  # a file-system fault during the work: one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"mi-core: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     except MiCoreError as exc:
         message = " ".join(str(exc).split())
         print(f"mi-core: error: {message}", file=sys.stderr)

@@ -13,8 +13,9 @@ def add_parser(subparsers) -> None:
         "ablate",
         help="accuracy with single heads and head sets ablated (Tables 3, 4, 8)",
         description="Write OUT (CSV), and OUT with .md and .html suffixes: one row per listed "
-        "head, the full model (None), Avg. (others) over every unlisted head, each --joint set "
-        "and its superadditivity (joint drop - sum of single drops; positive: superadditive).",
+        "head, the full model (None), with --others the average over every unlisted head, each "
+        "--joint set and its superadditivity (joint drop - sum of single drops; positive: "
+        "superadditive).",
     )
     add_config_flags(p, AblationTableConfig)
     p.set_defaults(func=run)

@@ -138,21 +138,20 @@ def _separator_id(tokenizer) -> int | None:
 def _encode_docs(tokenizer, docs: list[str]) -> list[list[int]]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        # the Rust tokenizer directly: no special tokens and no "sequence too long" warnings
-        no_trunc = backend.truncation
-        if no_trunc is not None:
-            backend.no_truncation()
+        # the Rust tokenizer directly: no special tokens, no "sequence too long" warnings, and
+        # neither the truncation nor the padding that an earlier padded call (TransformerLens's
+        # to_tokens, a batch with padding=True) left switched on in the backend
+        truncation, padding = backend.truncation, backend.padding
+        backend.no_truncation()
+        backend.no_padding()
         try:
             return [e.ids for e in backend.encode_batch(docs, add_special_tokens=False)]
         finally:
-            if no_trunc is not None:
-                backend.enable_truncation(
-                    **{
-                        k: v
-                        for k, v in no_trunc.items()
-                        if k in ("max_length", "stride", "strategy", "direction")
-                    }
-                )
+            if truncation is not None:
+                keep = ("max_length", "stride", "strategy", "direction")
+                backend.enable_truncation(**{k: v for k, v in truncation.items() if k in keep})
+            if padding is not None:
+                backend.enable_padding(**padding)
     return [tokenizer.encode(d, add_special_tokens=False) for d in docs]
 
 

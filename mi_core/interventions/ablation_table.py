@@ -487,6 +487,9 @@ class AblationTableConfig(Config):
     """Table CSV (.md and .html are written beside it)."""
     ablation: str = option("mean", choices=("mean", "zero"))
     """What replaces an ablated head: its mean activation or zero."""
+    others: bool = False
+    """Also ablate every unlisted head, one at a time, for the Avg. (others) row (one forward
+    pass per head: slow on large models)."""
     batch_size: int = 64
     """Examples per forward pass."""
     max_length: int = 128
@@ -533,6 +536,7 @@ def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) ->
         config.ablation,
         batch_size=config.batch_size,
         max_length=config.max_length,
+        others=config.others,
         progress=progress,
     )
     out = Path(config.out)

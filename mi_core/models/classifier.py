@@ -11,6 +11,7 @@ split in three steps so interventions can re-run only the layers after a change:
 
 from __future__ import annotations
 
+import difflib
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -24,6 +25,8 @@ from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
 
 Ids = Int[torch.Tensor, "batch pos"]
+#: Keys of an mi_core batch that ``forward`` accepts and ignores (``model(**batch)``).
+IGNORED_BATCH_KEYS = frozenset({"labels", "index"})
 Resid = Float[torch.Tensor, "batch pos d_model"]
 
 
@@ -88,12 +91,33 @@ class HookedClassifier:
         input_ids: Ids,
         attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
         token_type_ids: Ids | None = None,
-        **_: object,
-    ) -> Float[torch.Tensor, "batch label"]:
-        """Class logits for a batch of token ids (right-padded; extra batch keys are ignored)."""
+        return_type: str | None = "logits",
+        **batch_keys: object,
+    ) -> Float[torch.Tensor, "batch label"] | None:
+        """Class logits for a batch of token ids (right-padded).
+
+        ``return_type``: ``"logits"`` (the default) or None (run the model for its hooks and
+        return nothing). The other keys of an mi_core batch (``labels``, ``index``) may be
+        passed along (``model(**batch)``) and are ignored; any other keyword is refused, so a
+        misspelt ``attention_mask`` cannot silently drop the mask.
+        """
+        unknown = sorted(set(batch_keys) - IGNORED_BATCH_KEYS)
+        if unknown:
+            known = ["attention_mask", "token_type_ids", "return_type", *IGNORED_BATCH_KEYS]
+            hints = [difflib.get_close_matches(k, known, n=1) for k in unknown]
+            said = ", ".join(
+                f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
+                for k, h in zip(unknown, hints, strict=True)
+            )
+            raise TypeError(f"{type(self).__name__}.forward() got unexpected keywords: {said}")
+        if return_type not in ("logits", None):
+            raise ValueError(
+                f"return_type must be 'logits' or None for a classifier, not {return_type!r}"
+            )
         resid = self.embed_input(input_ids, attention_mask, token_type_ids)
         resid = self.run_blocks(resid, attention_mask)
-        return self.classify(resid, attention_mask)
+        logits = self.classify(resid, attention_mask)
+        return logits if return_type == "logits" else None
 
     @property
     def component_labels(self) -> list[str]:

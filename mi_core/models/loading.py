@@ -13,6 +13,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -186,6 +187,13 @@ def load_hf_classifier(
     source = resolve_source(name_or_path)
     if source.name == embedded.MINILM and task is None and num_labels is None:
         task = embedded.DEFAULT_TASK
+        log.warning(
+            "minilm has no task head of its own: made a %s head (%d labels, random, seed %d); "
+            "pass task='mnli' or task='qqp' to choose",
+            task,
+            TASK_NUM_LABELS[task],
+            seed,
+        )
     config = load_hf_config(source)
     arch = (config.architectures or [_default_architecture(config)])[0]
     wanted = _expected_num_labels(task, num_labels)
@@ -305,10 +313,22 @@ def hooked_causal_lm_from_hf(
         center_unembed=fold_ln,
         fold_value_biases=fold_ln,
     )
-    # Set directly: the tokenizer keeps its own BOS behaviour (TL would re-load it from the hub).
-    model.tokenizer = tokenizer
+    attach_tokenizer(model, tokenizer)
     model.model_name = str(getattr(hf_model.config, "_name_or_path", "") or cfg.model_name)
     return model.eval()
+
+
+def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
+    """Give a causal LM its tokenizer the way TransformerLens's own models have one, so that
+    ``to_tokens``, ``to_str_tokens``, ``run_with_cache("text")`` and ``generate`` take strings.
+
+    Set directly (TL's ``set_tokenizer`` would re-load it from the hub); what TL reads from
+    the tokenizer is set as ``set_tokenizer`` sets it: whether the tokenizer prepends a BOS
+    token itself (TL then does not add another).
+    """
+    model.tokenizer = tokenizer
+    model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
+    model.cfg.tokenizer_name = getattr(tokenizer, "name_or_path", None)
 
 
 def _cache_dir(source: ModelSource, fold_ln: bool, dtype: torch.dtype) -> Path | None:
@@ -347,7 +367,7 @@ def _load_causal_lm(
         model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
         weights, _ = read_safetensors(cache / _CACHED_WEIGHTS)
         model.load_state_dict(weights, strict=False)
-        model.tokenizer = load_tokenizer(cached)
+        attach_tokenizer(model, load_tokenizer(cached))
         return model.eval()
     hf_model, tokenizer = load_hf_causal_lm(source.name)
     model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln)
@@ -401,5 +421,6 @@ def load_model(
         model.model_name = str(Path(source.path).resolve())
     elif source.name in embedded.EMBEDDED_MODELS:
         model.model_name = source.name
+    model.cfg.model_name = source.name  # the name the user gave, not a site-packages path
     log.info("loaded %s as %s", source.name, type(model).__name__)
     return model

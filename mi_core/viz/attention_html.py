@@ -20,9 +20,27 @@ from torch import Tensor
 from mi_core.errors import ConfigError
 from mi_core.io import write_text
 
-__all__ = ["attention_view_fragment", "attention_view_html", "write_attention_html"]
+__all__ = [
+    "attention_view_fragment",
+    "attention_view_html",
+    "is_causal",
+    "write_attention_html",
+]
 
 _RENDER_CALL = "CircuitsVis.render("
+
+
+def is_causal(pattern: Float[Tensor, "head q k"], model: Any | None = None) -> bool:
+    """Whether attention is causal: from ``model`` (a decoder, or a config with
+    ``attention_dir``) when given, else from the pattern (no mass above the diagonal)."""
+    if model is not None:
+        if getattr(model, "is_encoder", None) is not None:
+            return not model.is_encoder
+        cfg = getattr(model, "cfg", model)
+        return getattr(cfg, "attention_dir", "causal") == "causal"
+    attn = torch.as_tensor(pattern).detach().float()
+    upper = torch.triu(torch.ones(attn.shape[-2:], dtype=torch.bool), diagonal=1)
+    return bool((attn[..., upper] == 0).all())
 
 
 def attention_view_fragment(
@@ -30,11 +48,17 @@ def attention_view_fragment(
     pattern: Float[Tensor, "head q k"],
     head_names: Sequence[str] | None = None,
     *,
-    mask_upper_tri: bool | None = None,
+    causal: bool | None = None,
+    model: Any | None = None,
 ) -> str:
     """The circuitsvis ``attention_heads`` view of one example as an HTML fragment (a ``div``
     and an inline ``script``), with the JavaScript inlined. ``pattern[h, q, k]`` is head h's
-    attention from token q to token k."""
+    attention from token q to token k.
+
+    The upper triangle is greyed out only for causal attention: ``causal`` when given, else
+    what ``model`` is (a decoder), else what the pattern shows (no mass above the diagonal),
+    so an encoder's attention to later tokens is never hidden.
+    """
     from circuitsvis.attention import attention_heads
 
     attn = torch.as_tensor(pattern).detach().float().cpu()
@@ -52,7 +76,7 @@ def attention_view_fragment(
         attention=attn,
         tokens=[str(t) for t in tokens],
         attention_head_names=names,
-        mask_upper_tri=mask_upper_tri,
+        mask_upper_tri=is_causal(attn, model) if causal is None else causal,
     )
     src = rendered.local_src
     # The props (tokens) are JSON inside a <script>: a token containing "</script>" would end
@@ -70,10 +94,12 @@ def attention_view_html(
     head_names: Sequence[str] | None = None,
     *,
     title: str | None = None,
-    mask_upper_tri: bool | None = None,
+    causal: bool | None = None,
+    model: Any | None = None,
 ) -> str:
-    """A complete HTML page with the attention view of one example; works offline."""
-    body = attention_view_fragment(tokens, pattern, head_names, mask_upper_tri=mask_upper_tri)
+    """A complete HTML page with the attention view of one example; works offline (the causal
+    mask as in :func:`attention_view_fragment`)."""
+    body = attention_view_fragment(tokens, pattern, head_names, causal=causal, model=model)
     heading = f"<h2>{html_lib.escape(title)}</h2>\n" if title else ""
     page_title = html_lib.escape(title or "Attention patterns")
     return (

@@ -94,6 +94,7 @@ def test_ablate_cli_writes_csv_markdown_and_html(setup):
         str(out),
         "--batch-size",
         "2",
+        "--others",
     ]
     assert main(argv) == 0
     frame = pd.read_csv(out)
@@ -236,3 +237,10 @@ def test_bad_input_is_one_line_and_writes_nothing(setup, capsys, tmp_path):
 class _Dims:
     def __init__(self, n_layers, n_heads):
         self.n_layers, self.n_heads, self.d_head, self.d_model = n_layers, n_heads, 8, 8
+
+
+def test_ablate_cli_averages_the_other_heads_only_when_asked(setup):
+    out = setup["root"] / "no-others.csv"
+    argv = ["ablate", "--model", setup["bert"], "--means", setup["means"], "--heads", "L0.H1"]
+    assert main([*argv, "--data", setup["data"], "--out", str(out), "--max-examples", "3"]) == 0
+    assert list(pd.read_csv(out)["ablated"]) == ["None (full model)", "L0.H1"]

@@ -117,14 +117,33 @@ def test_causal_lm_logprobs_equal_hugging_face(tiny_checkpoints, kind):
 
 
 @pytest.mark.slow
-def test_smollm2_logprobs_equal_hugging_face():
-    model = load_model("smollm2")
+def test_smollm2_logprobs_equal_hugging_face(smollm2):
+    model = smollm2
     hf, tokenizer = load_hf_causal_lm("smollm2")
     assert model.cfg.n_layers == 30 and model.cfg.n_key_value_heads == 3
     ids = tokenizer("def fibonacci(n):\n    return n if n < 2 else", return_tensors="pt").input_ids
     with torch.no_grad():
         ours = model(ids).log_softmax(-1)
     assert (ours - _hf_logprobs(hf, ids)).abs().max().item() < 1e-4
+
+
+@pytest.mark.slow
+def test_smollm2_takes_strings_as_transformer_lens_models_do(smollm2):
+    assert smollm2.cfg.model_name == "smollm2" and smollm2.cfg.tokenizer_prepends_bos is False
+    tokens = smollm2.to_tokens("def add(a, b):")
+    assert tokens[0, 0].item() == smollm2.tokenizer.bos_token_id  # TL adds the BOS itself
+    assert smollm2.to_str_tokens("def add(a, b):")[1:3] == ["def", " add"]
+    logits, cache = smollm2.run_with_cache("def add(a, b):")
+    assert logits.shape[:2] == tokens.shape and "blocks.0.attn.hook_z" in cache
+    text = smollm2.generate("def add(a, b):", max_new_tokens=3, do_sample=False, verbose=False)
+    assert text.startswith("def add(a, b):") and len(text) > len("def add(a, b):")
+
+
+def test_minilm_without_a_task_says_which_head_it_made(caplog):
+    with caplog.at_level("WARNING", logger="mi_core.models.loading"):
+        model = load_model("minilm")
+    assert model.task == "mnli" and model.cfg.model_name == "minilm"
+    assert "made a mnli head (3 labels, random, seed 0)" in caplog.text
 
 
 def test_directory_without_config_is_rejected(tmp_path):

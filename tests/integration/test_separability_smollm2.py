@@ -12,13 +12,6 @@ N_HELDOUT = 8  # held-out windows scored per data set
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from mi_core.models import load_model
-
-    return load_model("smollm2")
-
-
-@pytest.fixture(scope="module")
 def code_vs_text(smollm2, data_dir):
     from mi_core.data import token_windows
     from mi_core.methods.separability.run import TaskTokens

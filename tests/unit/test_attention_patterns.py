@@ -329,6 +329,28 @@ def test_attention_html_is_offline_and_has_tokens(tmp_path):
         attention_view_html(tokens[:3], pattern)
 
 
+def test_attention_view_greys_the_upper_triangle_only_for_causal_attention(tiny_checkpoints):
+    from mi_core.models import load_model
+    from mi_core.viz import attention_view_html
+
+    tokens = ["[CLS]", "a", "b", "[SEP]"]
+    encoder = torch.softmax(torch.randn(2, 4, 4), dim=-1)  # attends to later tokens too
+    decoder = torch.softmax(
+        torch.randn(2, 4, 4).masked_fill(torch.ones(4, 4).triu(1) > 0, -1e9), -1
+    )
+
+    def masked(page: str) -> bool:
+        return '"maskUpperTri": true' in page
+
+    assert not masked(attention_view_html(tokens, encoder))  # derived from the pattern
+    assert masked(attention_view_html(tokens, decoder))
+    bert = load_model(tiny_checkpoints["bert-cls"], task="mnli")
+    gpt2 = load_model(tiny_checkpoints["gpt2-cls"], task="mnli")
+    assert not masked(attention_view_html(tokens, decoder, model=bert))  # from the model
+    assert masked(attention_view_html(tokens, decoder, model=gpt2))
+    assert not masked(attention_view_html(tokens, decoder, causal=False))
+
+
 @pytest.mark.parametrize(
     "kind, causal, overlap_queries", [("bert-cls", False, 12), ("gpt2-cls", True, 6)]
 )

@@ -110,6 +110,25 @@ def test_stream_has_a_separator_before_each_document(unique_dir):
     assert stream[0] == tok.eos_token_id and stream[101] == tok.eos_token_id
 
 
+def test_a_tokenizer_left_padding_by_an_earlier_call_tokenises_text_the_same(unique_dir):
+    """TransformerLens's to_tokens (any padded call) leaves padding on in the Rust backend; the
+    text streams must not pad every document to the longest one."""
+    root, words = unique_dir
+    rows = [{"text": " ".join(words[: 10 * (i + 1)])} for i in range(4)]  # 10, 20, 30, 40 words
+    (root / "text" / "python_stdlib_sample.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    tok = word_tokenizer(words)
+    clean = token_stream(tok, "text:python", data_dir=root)
+    assert len(clean) == 4 + 100
+    tok.pad_token = tok.eos_token
+    tok(["a", "a b c"], padding=True)  # switches padding on in the backend, and leaves it on
+    before = tok.backend_tokenizer.padding
+    assert before is not None
+    assert torch.equal(token_stream(tok, "text:python", data_dir=root), clean)
+    assert tok.backend_tokenizer.padding == before  # restored for the caller
+
+
 def test_heldout_windows_never_overlap_stats(unique_dir):
     root, words = unique_dir
     tok = word_tokenizer(words)

@@ -158,7 +158,7 @@ def write_views(views: Sequence[dict[str, Any]], out: str | os.PathLike[str]) ->
                 torch.tensor(view["pattern"]),
                 view["heads"],
                 title=view["title"],
-                mask_upper_tri=view.get("causal", False),
+                causal=view.get("causal", False),
             )
         )
     return paths

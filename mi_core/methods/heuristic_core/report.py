@@ -477,7 +477,7 @@ def _attention_section(root: Path) -> ReportSection | None:
             view["tokens"],
             torch.tensor(view["pattern"]),
             view["heads"],
-            mask_upper_tri=view.get("causal", False),
+            causal=view.get("causal", False),
         )
         section.view(
             fragment,

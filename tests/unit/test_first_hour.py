@@ -1,0 +1,54 @@
+"""The everyday surface: file modes, the command line's one-line errors, forward's keywords."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from mi_core import __version__
+from mi_core.cli import main
+from mi_core.io import write_json, write_text
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_results_are_written_with_the_users_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        path = write_json(tmp_path / "out" / "metrics.json", {"a": 1})
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+        write_text(tmp_path / "text.md", "x")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    assert mode == 0o666 & ~umask == stat.S_IMODE(plain.stat().st_mode)
+    assert stat.S_IMODE((tmp_path / "text.md").stat().st_mode) == mode
+    assert not list(tmp_path.glob("**/.*.tmp"))  # no temporary file left behind
+
+
+def test_version_and_one_line_errors_with_the_prefix_once(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"mi-core {__version__}"
+    assert main(["prune", "--model", "m"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mi-core: error: prune: ")
+    assert err[0].count("mi-core") == 1 and "Traceback" not in err[0]
+
+
+def test_classifier_forward_refuses_unknown_keywords(tiny):
+    ids = torch.tensor([[101, 2023, 2003, 102, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    logits = tiny(ids, attention_mask=mask)
+    with pytest.raises(TypeError, match="'atention_mask' \\(did you mean 'attention_mask'\\?\\)"):
+        tiny(ids, atention_mask=mask)
+    # the keys of an mi_core batch pass through, so model(**batch) keeps working
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0]), "index": 0}
+    assert torch.equal(tiny(**batch), logits)
+    assert not torch.equal(tiny(ids), logits)  # the mask matters: dropping it would show
+    assert tiny(ids, attention_mask=mask, return_type=None) is None
+    with pytest.raises(ValueError, match="return_type"):
+        tiny(ids, return_type="loss")
