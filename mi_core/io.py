@@ -51,6 +51,47 @@ def ensure_writable(path: str | os.PathLike[str]) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the one lock on an output folder for a ``with`` block: a second run writing to the
+    same folder at once gets :class:`~mi_core.errors.OutputError` instead of corrupting it.
+
+    The lock lives in the temporary directory (named by a hash of the folder's absolute path),
+    so nothing is created in the user's folders before the work starts; it covers the runs of
+    one machine.
+    """
+    import fcntl
+    import hashlib
+
+    from mi_core.errors import OutputError
+
+    target = Path(path).expanduser().resolve()
+    folder = Path(tempfile.gettempdir()) / "mi_core-locks"
+    if not folder.is_dir():
+        folder.mkdir(exist_ok=True)
+        with contextlib.suppress(OSError):  # shared by every user of the machine, like /tmp
+            folder.chmod(0o1777)
+    name = hashlib.sha256(str(target).encode()).hexdigest()[:24]
+    with open(folder / f"{name}.lock", "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "?"
+            raise OutputError(
+                f"another mi-core run ({owner}) is writing to {target}; wait for it to finish "
+                "or use another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

@@ -9,13 +9,14 @@ that only composes library functions. Bad input raises :class:`mi_core.errors.Mi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
 from mi_core.errors import MiCoreError
-from mi_core.io import ensure_writable
+from mi_core.io import ensure_writable, output_lock
 
 #: Subcommand modules, in the order ``mi-core --help`` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -79,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in OUTPUTS:  # before any work: nothing computed is lost to a bad path
             if getattr(args, name, None):
                 ensure_writable(getattr(args, name))
-        args.func(args)
+        with output_lock(args.out) if getattr(args, "out", None) else contextlib.nullcontext():
+            args.func(args)
     except OSError as exc:  # a file-system fault during the work: one line, not a traceback
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"mi-core: error: {exc.strerror or exc}{where}", file=sys.stderr)

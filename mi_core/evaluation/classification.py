@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import torch
@@ -93,14 +94,26 @@ def evaluate(
     batch_size: int = 64,
     max_length: int = 128,
     progress: bool = False,
+    *,
+    mask: Any | None = None,
+    means: Any | None = None,
+    ablation: str = "mean",
 ) -> EvalResult:
     """Accuracy of ``model`` on ``dataset`` (model classes mapped to the data set's labels).
 
     ``tokenizer`` defaults to ``model.tokenizer``. Examples are batched by length, which wastes
-    little compute on padding.
+    little compute on padding. With ``mask`` (a :class:`~mi_core.interventions.ComponentMask`
+    or a :class:`~mi_core.interventions.Subnetwork`) the subnetwork is evaluated: removed
+    components are filled with ``means`` (mean ablation) or zero.
     """
     from mi_core.errors import DataError
 
+    if mask is not None:
+        from mi_core.interventions import Subnetwork, apply
+
+        subnetwork = mask if isinstance(mask, Subnetwork) else Subnetwork(mask, ablation, means)
+        with apply(model, subnetwork):
+            return evaluate(model, dataset, tokenizer, batch_size, max_length, progress)
     if len(dataset) == 0:
         raise DataError(f"{dataset.name} is empty; nothing to evaluate")
     was_training = model.training

@@ -412,21 +412,26 @@ def _signed(points: float) -> str:
 def ablation_table(
     model: Any,
     datasets: Sequence[Any],
-    heads: Sequence[Component] | None = None,
-    joints: Sequence[HeadSet] = (),
+    heads: str | Sequence[Component | str | tuple[int, int]] | None = None,
+    joints: Sequence[HeadSet | str] = (),
     means: ComponentMeans | None = None,
     ablation: str | Ablation = Ablation.MEAN,
     *,
     batch_size: int = 64,
     max_length: int = 128,
-    others: bool = True,
+    others: bool = False,
     progress: bool = False,
 ) -> AblationTable:
     """Build the table for ``datasets`` (:class:`~mi_core.data.PairDataset`).
 
-    ``heads`` are the listed rows (None: every head). With ``others``, every other head is
-    ablated too, for the ``Avg. (others)`` row.
+    ``heads`` are the listed rows (None: every head), as components, names (``"L2.H5,L4.H0"``)
+    or ``(layer, head)`` tuples; ``joints`` are head sets (``"L2.H5+L3.H7"`` or components).
+    With ``others``, every other head is ablated too, one at a time, for the
+    ``Avg. (others)`` row (one pass per head: only when asked).
     """
+    if heads is not None:
+        heads = parse_components(heads, model)
+    joints = [parse_head_set(j, model) if isinstance(j, str) else j for j in joints]
     from mi_core.data import pair_batches
 
     every = all_heads(model)

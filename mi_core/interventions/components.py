@@ -72,9 +72,10 @@ def model_dims(cfg_or_model: Any) -> HookedTransformerConfig:
 
 
 def parse_components(
-    spec: str | Iterable[str | Component], cfg_or_model: Any | None = None
+    spec: str | Iterable[str | Component | tuple[int, int]], cfg_or_model: Any | None = None
 ) -> list[Component]:
-    """Parse ``"L2.H5,L3.H7,L4.MLP"`` (or an iterable of names) into sorted, unique components.
+    """Parse ``"L2.H5,L3.H7,L4.MLP"`` (or an iterable of names, :class:`Component` s or
+    TransformerLens-style ``(layer, head)`` tuples) into sorted, unique components.
 
     With a model or config, every component must exist in it.
     """
@@ -83,6 +84,10 @@ def parse_components(
     for item in items:
         if isinstance(item, Component):
             components.add(item)
+        elif isinstance(item, tuple):
+            if len(item) != 2 or not all(isinstance(i, int) for i in item):
+                raise InterventionError(f"a head is a (layer, head) pair of ints, not {item!r}")
+            components.add(Component(*item))
         elif item.strip():
             components.add(Component.parse(item))
     if cfg_or_model is not None:

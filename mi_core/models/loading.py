@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import transformers
+from safetensors import SafetensorError
 from transformer_lens import HookedTransformer
 
 import mi_core.models.configs as configs
@@ -103,10 +104,24 @@ def resolve_source(name_or_path: str | os.PathLike[str]) -> ModelSource:
 
 
 def _hub_error(source: ModelSource, exc: Exception) -> ModelLoadError:
+    if source.local:
+        return _weights_error(source, exc)
     return ModelLoadError(
         f"cannot load {source.name!r}: not a local checkpoint directory and not available from the "
         f"Hugging Face hub or its cache ({type(exc).__name__}); pass a local directory or go online"
     )
+
+
+def _weights_error(source: ModelSource, exc: Exception) -> ModelLoadError:
+    detail = " ".join(str(exc).split())[:200]
+    return ModelLoadError(
+        f"cannot read the weights of {source.path} ({type(exc).__name__}: {detail}); the "
+        "weight file is truncated or damaged: copy or save the checkpoint again"
+    )
+
+
+#: What reading a damaged weight file raises (safetensors, torch, transformers).
+_DAMAGED = (OSError, ValueError, RuntimeError, SafetensorError)
 
 
 def load_hf_config(source: ModelSource) -> transformers.PretrainedConfig:
@@ -229,7 +244,7 @@ def load_hf_classifier(
             model = transformers.AutoModelForSequenceClassification.from_pretrained(
                 source.path, **kwargs
             )
-        except OSError as exc:
+        except _DAMAGED as exc:
             raise _hub_error(source, exc) from exc
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
@@ -252,7 +267,7 @@ def load_hf_causal_lm(name_or_path: str | os.PathLike[str]):
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 source.path, dtype=torch.float32, **source.kwargs()
             )
-        except OSError as exc:
+        except _DAMAGED as exc:
             raise _hub_error(source, exc) from exc
     return model.eval(), tokenizer
 
@@ -351,6 +366,19 @@ _CACHE_VERSION = 1
 _CACHED_WEIGHTS = "tl_weights.safetensors"
 
 
+def _load_cached(
+    cache: Path, source: ModelSource, device: str, dtype: torch.dtype, fold_ln: bool
+) -> HookedTransformer:
+    cached = ModelSource(source.name, str(cache), local=True)
+    hf_config = load_hf_config(cached)
+    cfg = configs.decoder_config(hf_config, device=device, dtype=dtype, fold_ln=fold_ln)
+    model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
+    weights, _ = read_safetensors(cache / _CACHED_WEIGHTS)
+    model.load_state_dict(weights, strict=False)
+    attach_tokenizer(model, load_tokenizer(cached))
+    return model.eval()
+
+
 def _load_causal_lm(
     source: ModelSource, device: str, dtype: torch.dtype, fold_ln: bool
 ) -> HookedTransformer:
@@ -361,14 +389,15 @@ def _load_causal_lm(
     """
     cache = _cache_dir(source, fold_ln, dtype)
     if cache is not None and (cache / _CACHED_WEIGHTS).is_file():
-        cached = ModelSource(source.name, str(cache), local=True)
-        hf_config = load_hf_config(cached)
-        cfg = configs.decoder_config(hf_config, device=device, dtype=dtype, fold_ln=fold_ln)
-        model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
-        weights, _ = read_safetensors(cache / _CACHED_WEIGHTS)
-        model.load_state_dict(weights, strict=False)
-        attach_tokenizer(model, load_tokenizer(cached))
-        return model.eval()
+        try:
+            return _load_cached(cache, source, device, dtype, fold_ln)
+        except (*_DAMAGED, ModelLoadError) as exc:
+            log.warning(
+                "the processed-weight cache %s is damaged (%s); rebuilding it from %s",
+                cache,
+                type(exc).__name__,
+                source.name,
+            )
     hf_model, tokenizer = load_hf_causal_lm(source.name)
     model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln)
     if cache is not None:

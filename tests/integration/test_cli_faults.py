@@ -52,3 +52,48 @@ def test_a_read_only_folder(tmp_path, capsys):
     argv = ["sweep", "--model", "m", "--train", "mnli:train", "--sparsities", "0.5"]
     assert main([*argv, "--seeds", "1-1", "--out", str(locked / "sweep")]) == 2
     assert "Permission denied" in _one_line(capsys)
+
+
+def test_a_second_run_on_the_same_output_is_refused(tmp_path, capsys):
+    from mi_core.io import output_lock
+
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--model", "m", "--train", "mnli:train", "--sparsities", "0.5"]
+    with output_lock(out):
+        assert main([*argv, "--seeds", "1-1", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"another mi-core run (pid {os.getpid()})" in err[0]
+    assert not out.exists()  # the refused run wrote nothing
+
+
+def test_damaged_weights_are_one_line_and_a_damaged_cache_is_rebuilt(
+    tmp_path, capsys, caplog, monkeypatch, tiny_checkpoints
+):
+    import shutil
+
+    import torch
+
+    from mi_core.errors import ModelLoadError
+    from mi_core.models import load_model
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoints["bert-cls"], broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])  # truncated
+    with pytest.raises(ModelLoadError, match="truncated or damaged"):
+        load_model(broken, task="mnli")
+    out = tmp_path / "r.csv"
+    assert main(["eval", "--model", str(broken), "--data", "hans:so_swap", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "truncated or damaged" in err[0] and not out.exists()
+
+    monkeypatch.setenv("MI_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    ids = torch.tensor([[101, 2023, 2003, 102]])
+    first = load_model(tiny_checkpoints["llama-lm"])(ids)
+    (cached,) = (tmp_path / "cache").glob("tl_weights/*/tl_weights.safetensors")
+    cached.write_bytes(cached.read_bytes()[:100])
+    with caplog.at_level("WARNING", logger="mi_core.models.loading"):
+        again = load_model(tiny_checkpoints["llama-lm"])(ids)
+    assert "damaged" in caplog.text and "rebuilding" in caplog.text
+    assert torch.equal(first, again)
+    assert cached.stat().st_size > 100  # rebuilt

@@ -83,7 +83,7 @@ def test_table_rows_and_superadditivity(classifier):
     other = toy_pairs(9, seed=1, name="toy2")
     joint = parse_head_set("L0.H0+L1.H1", model)
     listed = [Component(0, 0), Component(1, 1), Component(2, 3)]
-    table = ablation_table(model, [data, other], listed, [joint], means, batch_size=8)
+    table = ablation_table(model, [data, other], listed, [joint], means, batch_size=8, others=True)
     frame = table.frame()
     assert list(frame["ablated"]) == [
         "None (full model)",
@@ -151,3 +151,26 @@ def test_table_input_errors(classifier):
         ablation_table(model, [data], [Component(0, 0)])
     with pytest.raises(InterventionError, match="empty"):
         ablation_table(model, [data.head(0)], [Component(0, 0)], means=means)
+
+
+def test_names_and_tuples_work_wherever_components_do(classifier):
+    from mi_core import ComponentMask, ablate
+    from mi_core.evaluation import evaluate
+
+    model, _, _, means = classifier
+    data = toy_pairs(24)
+    by_type = ablation_table(
+        model, [data], [Component(0, 1), Component(1, 2)], [(Component(0, 1), Component(1, 2))],
+        means,
+    )  # fmt: skip
+    by_name = ablation_table(model, [data], "L0.H1,L1.H2", ["L0.H1+L1.H2"], means)
+    by_tuple = ablation_table(model, [data], [(0, 1), (1, 2)], ["L0.H1+L1.H2"], means)
+    assert by_name.frame().equals(by_type.frame()) and by_tuple.frame().equals(by_type.frame())
+    assert "Avg. (others)" not in set(by_name.frame()["ablated"])  # only when asked
+    # evaluate(..., mask=, means=) is the accuracy under ablate()
+    mask = ComponentMask.from_removed(model, [(0, 1), (1, 2)])
+    with ablate(model, mask, means):
+        expected = evaluate(model, data, batch_size=8)
+    got = evaluate(model, data, batch_size=8, mask=mask, means=means)
+    assert torch.equal(got.logits, expected.logits)
+    assert not torch.equal(got.logits, evaluate(model, data, batch_size=8).logits)
