@@ -364,3 +364,19 @@ def test_run_heuristic_core_in_memory_equals_the_report_directory(
     assert [s.status for s in in_memory.stages] == [s.status for s in on_disk.stages]
     again = HeuristicCoreResult.load(tmp_path / "report")  # the typed loader
     assert again.core == on_disk.core and again.ablation is not None
+
+
+def test_in_domain_sets_are_named_once_and_are_not_out_of_domain():
+    data = {
+        "train": "mnli:train",
+        "eval": ["mnli:validation_matched", "mnli:validation_mismatched", "hans:so_swap"],
+        "in_domain": ["mnli:validation_matched", "mnli:validation_mismatched"],
+    }
+    config = ExperimentConfig.from_dict(minimal(data=data))
+    assert config.ood_sets == ["hans:so_swap"] == config.data.out_of_domain_sets
+    assert ExperimentConfig.from_dict(minimal()).ood_sets == ["hans:so_swap"]  # eval[1:]
+    with pytest.raises(ConfigError, match="must be the first sets of data.eval"):
+        ExperimentConfig.from_dict(minimal(data={**data, "in_domain": ["hans:so_swap"]}))
+    paper = load_config("bert-mnli-paper")
+    assert paper.data.in_domain_sets == data["in_domain"]
+    assert "mnli:validation_mismatched" not in paper.ood_sets

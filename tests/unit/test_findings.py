@@ -155,3 +155,25 @@ def test_core_before_finding(tmp_path):
     verdicts, table = _verdicts(root)
     assert verdicts[name] == NOT_MEASURABLE
     assert "never generalises" in table.set_index("finding").loc[name, "this run"]
+
+
+def test_in_domain_accuracy_is_the_mean_of_the_in_domain_sets(tmp_path):
+    """The authors average MNLI matched and mismatched; a set named in data.in_domain is not
+    out-of-domain."""
+    import json
+
+    root = _write(tmp_path / "run")
+    runs = pd.read_csv(root / "analysis" / "subnetworks.csv")
+    # a second in-domain set on which the subnetworks are 5 points below the full model
+    runs["acc_mm"] = [0.77, 0.77, 0.77, 0.6, 0.6, 0.6]
+    runs["full_acc_mm"] = 0.82
+    runs.to_csv(root / "analysis" / "subnetworks.csv", index=False)
+    first, _ = _verdicts(root)  # without a config: mnli alone is in-domain, mm out-of-domain
+    assert first["Subnetworks agree in-domain"] == REPRODUCED
+    data = {"train": "t", "eval": ["mnli", "mm", "hans"], "in_domain": ["mnli", "mm"]}
+    (root / "experiment.json").write_text(json.dumps({"task": "mnli", "data": data}))
+    verdicts, table = _verdicts(root)
+    row = table.set_index("finding").loc["Subnetworks agree in-domain"]
+    # mean gaps: (2+5)/2, (3+5)/2, (1+5)/2 = 3.5, 4, 3 points: only one within 3
+    assert verdicts["Subnetworks agree in-domain"] == NOT_REPRODUCED
+    assert "1 of 3 subnetworks" in row["this run"] and "largest gap 4.0 points" in row["this run"]

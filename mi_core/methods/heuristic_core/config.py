@@ -75,20 +75,38 @@ JOINT_SET_NAMES = ("core", "top3")
 
 @dataclass
 class DataSettings(Config):
-    """Training data and evaluation sets (the first evaluation set is the in-domain one)."""
+    """Training data and evaluation sets (in-domain first)."""
 
     train: str
     eval: list[str]
+    in_domain: list[str] | None = None
+    """The in-domain evaluation sets, the first ones of ``eval`` (default: the first alone).
+    The authors average MNLI ``validation_matched`` and ``validation_mismatched``; every other
+    evaluation set is out-of-domain."""
     max_train_examples: int | None = None
     """Cap on the training examples used for means, pruning and (unless set there) fine-tuning."""
     max_eval_examples: int | None = None
     """Cap on every evaluation set (the first rows are kept)."""
+
+    @property
+    def in_domain_sets(self) -> list[str]:
+        """The in-domain evaluation sets."""
+        return list(self.in_domain) if self.in_domain else self.eval[:1]
+
+    @property
+    def out_of_domain_sets(self) -> list[str]:
+        """Every evaluation set that is not in-domain."""
+        return [d for d in self.eval if d not in self.in_domain_sets]
 
     def validate(self) -> None:
         if len(self.eval) < 1:
             raise ConfigError("data.eval needs at least one evaluation set (in-domain first)")
         if len(set(self.eval)) != len(self.eval):
             raise ConfigError(f"data.eval lists a set twice: {self.eval}")
+        if self.in_domain is not None and self.in_domain != self.eval[: len(self.in_domain)]:
+            raise ConfigError(
+                f"data.in_domain {self.in_domain} must be the first sets of data.eval {self.eval}"
+            )
         _positive_or_none("data.max_train_examples", self.max_train_examples)
         _positive_or_none("data.max_eval_examples", self.max_eval_examples)
 
@@ -285,10 +303,11 @@ class ExperimentConfig(Config):
                 raise ConfigError(
                     "effective_size needs out-of-domain sets: list at least two data.eval sets"
                 )
-            unknown = [d for d in ood if d not in self.data.eval]
-            if unknown or self.data.eval[0] in ood:
+            unknown = [d for d in ood if d not in self.data.out_of_domain_sets]
+            if unknown:
                 raise ConfigError(
-                    f"effective_size.ood must list data.eval sets after the first; got {ood}"
+                    "effective_size.ood must list out-of-domain data.eval sets (not in "
+                    f"data.in_domain); got {ood}"
                 )
         if self.core_before.enabled and self.finetune is None:
             raise ConfigError(
@@ -300,7 +319,7 @@ class ExperimentConfig(Config):
         """The out-of-domain evaluation sets (for effective size)."""
         if self.effective_size.ood is not None:
             return list(self.effective_size.ood)
-        return list(self.data.eval[1:])
+        return self.data.out_of_domain_sets
 
 
 # ------------------------------------------------------------------------------ validation

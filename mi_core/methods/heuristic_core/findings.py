@@ -40,7 +40,10 @@ from typing import Any
 
 import pandas as pd
 
+from mi_core.errors import MiCoreError
+from mi_core.io import read_json
 from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES
+from mi_core.methods.heuristic_core.effective_size import dataset_name
 from mi_core.methods.heuristic_core.layout import ExperimentLayout
 
 #: Verdicts a finding can get.
@@ -72,13 +75,20 @@ def _names(runs: pd.DataFrame) -> list[str]:
     return [c[len("acc_") :] for c in runs.columns if c.startswith("acc_")]
 
 
-def _subnetwork_findings(runs: pd.DataFrame) -> tuple[list[dict[str, str]], dict[str, Any]]:
+def _subnetwork_findings(
+    runs: pd.DataFrame, in_domain: list[str] | None = None
+) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """``in_domain``: the in-domain sets (their accuracy is averaged, as the authors average
+    MNLI matched and mismatched); default: the first evaluation set."""
     names = _names(runs)
-    in_domain, ood = names[0], names[1:]
+    ids = [n for n in (in_domain or []) if n in names] or names[:1]
+    ood = [n for n in names if n not in ids]
     full = {n: float(runs[f"full_acc_{n}"].iloc[0]) for n in names}
+    full_id = sum(full[n] for n in ids) / len(ids)
     lowest = runs[runs["sparsity"] == runs["sparsity"].min()]
+    id_acc = lowest[[f"acc_{n}" for n in ids]].astype(float).mean(axis=1)
     sparsity = float(lowest["sparsity"].iloc[0])
-    gaps = full[in_domain] - lowest[f"acc_{in_domain}"].astype(float)
+    gaps = full_id - id_acc
     within = int((gaps <= 0.03 + 1e-12).sum())
     rows = [
         _row(
@@ -86,11 +96,11 @@ def _subnetwork_findings(runs: pd.DataFrame) -> tuple[list[dict[str, str]], dict
             "all 12 subnetworks at 50 % within 2-3 points of the full model (MNLI 83.3 -> 81.3 "
             "mean)",
             f"{within} of {len(lowest)} subnetworks at {sparsity:.0%} within 3 points "
-            f"(full {_pct(full[in_domain])}, largest gap {100 * float(gaps.max()):.1f} points)",
+            f"(full {_pct(full_id)}, largest gap {100 * float(gaps.max()):.1f} points)",
             REPRODUCED if within == len(lowest) else NOT_REPRODUCED,
         )
     ]
-    context = {"full": full, "in_domain": in_domain, "ood": ood}
+    context = {"full": full, "in_domain": ids, "ood": ood}
     if not ood:
         rows.append(
             _row(
@@ -101,7 +111,7 @@ def _subnetwork_findings(runs: pd.DataFrame) -> tuple[list[dict[str, str]], dict
             )
         )
         return rows, context
-    id_range = float(lowest[f"acc_{in_domain}"].max() - lowest[f"acc_{in_domain}"].min())
+    id_range = float(id_acc.max() - id_acc.min())
     ranges = {n: float(lowest[f"acc_{n}"].max() - lowest[f"acc_{n}"].min()) for n in ood}
     widest = max(ranges, key=ranges.get)
     rows.append(
@@ -185,9 +195,9 @@ def _ablation_findings(root: Path, context: dict[str, Any]) -> list[dict[str, st
     table = _csv(ExperimentLayout(root).ablation_file("table"))
     if table is None or not context.get("ood"):
         return []
-    in_domain, ood, full = context["in_domain"], context["ood"], context["full"]
+    ids, ood, full = context["in_domain"], context["ood"], context["full"]
     ood_cols = [n for n in ood if n in table.columns]
-    if in_domain not in table.columns or not ood_cols:
+    if any(n not in table.columns for n in ids) or not ood_cols:
         return []
     full_ood = sum(full[n] for n in ood_cols) / len(ood_cols)
     regime = full_ood < HEURISTIC_REGIME
@@ -198,7 +208,7 @@ def _ablation_findings(root: Path, context: dict[str, Any]) -> list[dict[str, st
     singles = table[table["kind"] == "single"]
     rows = []
     if len(singles):
-        id_drop = -singles[f"{in_domain} change"].astype(float)
+        id_drop = -sum(singles[f"{n} change"].astype(float) for n in ids) / len(ids)
         ood_drop = -sum(singles[f"{n} change"].astype(float) for n in ood_cols) / len(ood_cols)
         excess = ood_drop - id_drop
         best = int(excess.idxmax())
@@ -291,6 +301,22 @@ def _core_before_finding(root: Path) -> dict[str, str]:
     )
 
 
+def _in_domain_names(root: Path, known: list[str]) -> list[str] | None:
+    """The in-domain sets of the experiment under ``root`` (its ``data.in_domain``), by the
+    names the result tables use (``known``); None when the experiment does not say."""
+    path = ExperimentLayout(root).config
+    if not path.is_file():
+        return None
+    config = read_json(path)
+    specs = config.get("data", {}).get("in_domain")
+    if not specs:
+        return None
+    try:
+        return [dataset_name(spec, known, task=config.get("task")) for spec in specs]
+    except MiCoreError:  # a data set no longer at hand: fall back to the first set
+        return None
+
+
 def heuristic_core_findings(root: str | Path) -> pd.DataFrame:
     """The findings table of a run under ``root`` (columns :data:`COLUMNS`; empty without a
     finished analysis)."""
@@ -298,7 +324,7 @@ def heuristic_core_findings(root: str | Path) -> pd.DataFrame:
     runs = _csv(ExperimentLayout(root).analysis / COMPARISON_FILES["subnetworks"])
     if runs is None or runs.empty:
         return pd.DataFrame(columns=list(COLUMNS))
-    rows, context = _subnetwork_findings(runs)
+    rows, context = _subnetwork_findings(runs, _in_domain_names(root, _names(runs)))
     rows += _core_findings(ExperimentLayout(root).analysis)
     attention = _attention_finding(root)
     if attention is not None:

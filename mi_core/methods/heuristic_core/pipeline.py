@@ -356,7 +356,8 @@ class HeuristicCoreExperiment:
         from mi_core.data import load_pairs
 
         a, c = self.config.attention, self.config
-        spec = a.data or (c.data.eval[1] if len(c.data.eval) > 1 else c.data.eval[0])
+        ood = c.data.out_of_domain_sets
+        spec = a.data or (ood[0] if ood else c.data.eval[0])
         return load_pairs(spec, max_examples=a.max_examples, task=c.task)
 
     def _run_attention(self) -> None:
