@@ -47,6 +47,7 @@ def option(
     metavar: str | None = None,
     cli: bool = True,
     bool_flag: str | None = None,
+    repeat: bool = False,
 ) -> Any:
     """A config field with command-line details (its help is the docstring under the field).
 
@@ -54,7 +55,8 @@ def option(
     ``choices``: the allowed values (checked in :func:`build` and by the flag); ``parse``: turns a
     spec (``"1-12"``, ``"0.05:0.7:0.05"``) into the value, called as ``parse(value, where)``;
     ``cli=False``: no flag; ``bool_flag``: ``"on-off"`` for ``--x on|off`` instead of
-    ``--x`` / ``--no-x``.
+    ``--x`` / ``--no-x``; ``repeat``: the flag may be given several times, and ``parse``
+    receives the list of its values.
     """
     metadata = {
         "flag": flag,
@@ -63,6 +65,7 @@ def option(
         "metavar": metavar,
         "cli": cli,
         "bool_flag": bool_flag,
+        "repeat": repeat,
     }
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 

@@ -12,7 +12,10 @@ Targets D (the caller names which datasets are which):
 
 - ``id``: mean accuracy over the in-domain datasets (usually one);
 - ``ood``: mean accuracy over the out-of-domain datasets (several are averaged equally);
-- ``mixed``: the equally weighted mix, ``(id + ood) / 2``.
+- ``mixed``: the equally weighted mix, ``(id + ood) / 2``;
+- any further named group of datasets (``groups``, e.g. GPT-2's ``ood_e``: the entailment
+  subcases of Figure 16): the mean over its datasets, a target of its own and part of neither
+  ``id``, ``ood`` nor ``mixed``.
 
 Rules (the paper: "within 3 %"; "prune to multiples of 5 % and pick the highest one that yields a
 faithful subnetwork"):
@@ -97,12 +100,14 @@ def _combine(
     id_sets: list[str],
     ood_sets: list[str],
     mixed_over_all: bool = False,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ):
     """Per key group: id = mean over id_sets, ood = mean over ood_sets, mixed = their mean (or
     the mean over every dataset with ``mixed_over_all``). Groups that lack one of the datasets
     get NaN for the affected targets."""
     wide = per_dataset.pivot_table(index=keys, columns="dataset", values="accuracy")
-    for name in id_sets + ood_sets:
+    grouped = [d for sets in (groups or {}).values() for d in sets]
+    for name in id_sets + ood_sets + grouped:
         if name not in wide.columns:
             wide[name] = np.nan
     out = pd.DataFrame(index=wide.index)
@@ -112,7 +117,17 @@ def _combine(
         out["mixed"] = wide[id_sets + ood_sets].mean(axis=1, skipna=False)
     else:
         out["mixed"] = (out["id"] + out["ood"]) / 2
+    for name, sets in (groups or {}).items():
+        out[name] = wide[list(sets)].mean(axis=1, skipna=False)
     return out
+
+
+def _targets(groups: Mapping[str, Sequence[str]] | None) -> tuple[str, ...]:
+    extra = tuple(groups or {})
+    clash = sorted(set(extra) & set(TARGETS))
+    if clash:
+        raise ConfigError(f"group names {clash} clash with the targets {list(TARGETS)}")
+    return TARGETS + extra
 
 
 def _check_results(
@@ -120,6 +135,7 @@ def _check_results(
     id_datasets: str | Sequence[str],
     ood_datasets: str | Sequence[str],
     checkpoint_col: str | None,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[str], list[str], str]:
     """The in-domain and out-of-domain set lists and the checkpoint column, checked."""
     id_sets = [id_datasets] if isinstance(id_datasets, str) else list(id_datasets)
@@ -130,7 +146,8 @@ def _check_results(
     missing = {"sparsity", "seed", "dataset", "accuracy"} - set(results.columns)
     if missing:
         raise ConfigError(f"results table lacks columns {sorted(missing)}")
-    unknown = set(id_sets + ood_sets) - set(results["dataset"])
+    grouped = [d for sets in (groups or {}).values() for d in sets]
+    unknown = set(id_sets + ood_sets + grouped) - set(results["dataset"])
     if unknown:
         raise ConfigError(f"datasets {sorted(unknown)} do not occur in the results table")
     return id_sets, ood_sets, ckpt
@@ -144,24 +161,28 @@ def faithfulness_table(
     ood_datasets: str | Sequence[str],
     margin: float = 0.03,
     checkpoint_col: str | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> pd.DataFrame:
     """One row per (checkpoint, target, sparsity): ``accuracy`` (mean over seeds, combined over
     the target's datasets), ``accuracy_std`` (std over seeds of the per-seed combined accuracy),
     ``n_seeds``, ``full_accuracy`` and ``faithful``. See the module docstring for the rules."""
-    id_sets, ood_sets, ckpt = _check_results(results, id_datasets, ood_datasets, checkpoint_col)
+    id_sets, ood_sets, ckpt = _check_results(
+        results, id_datasets, ood_datasets, checkpoint_col, groups
+    )
+    targets = _targets(groups)
 
     # Mean over seeds per dataset first (robust to a seed missing one dataset), then combine.
     seed_mean = results.groupby([ckpt, "sparsity", "dataset"], as_index=False)["accuracy"].mean()
-    combined = _combine(seed_mean, [ckpt, "sparsity"], id_sets, ood_sets)
-    per_seed = _combine(results, [ckpt, "sparsity", "seed"], id_sets, ood_sets)
+    combined = _combine(seed_mean, [ckpt, "sparsity"], id_sets, ood_sets, groups=groups)
+    per_seed = _combine(results, [ckpt, "sparsity", "seed"], id_sets, ood_sets, groups=groups)
     spread = per_seed.groupby(level=[0, 1]).agg(["std", "count"])
 
-    full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets)
+    full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets, groups=groups)
     rows = []
     for (checkpoint, sparsity), accs in combined.iterrows():
         if checkpoint not in full.index:
             raise ConfigError(f"no full-model accuracy for checkpoint {checkpoint!r}")
-        for target in TARGETS:
+        for target in targets:
             acc = float(accs[target])
             full_acc = float(full.loc[checkpoint, target])
             rows.append(
@@ -189,6 +210,7 @@ def effective_size(
     checkpoint_col: str | None = None,
     sparsity_unit: str = "auto",
     method: str = "authors",
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> pd.DataFrame:
     """One row per (checkpoint, target): ``full_accuracy``, ``faithful_sparsity`` (the largest
     faithful sparsity, NaN if none; with ``method="authors"`` the mean over seeds of each seed's),
@@ -208,7 +230,7 @@ def effective_size(
     scale = 1.0 if sparsity_unit == "percent" else 100.0
     if method == "authors":
         return _effective_size_per_seed(
-            results, full_accuracy, id_datasets, ood_datasets, margin, checkpoint_col, scale
+            results, full_accuracy, id_datasets, ood_datasets, margin, checkpoint_col, scale, groups
         )
     table = faithfulness_table(
         results,
@@ -217,6 +239,7 @@ def effective_size(
         ood_datasets=ood_datasets,
         margin=margin,
         checkpoint_col=checkpoint_col,
+        groups=groups,
     )
     ckpt = table.columns[0]
     rows = []
@@ -233,11 +256,13 @@ def effective_size(
                 effective_size=100.0 - scale * float(best["sparsity"]),
             )
         rows.append(row)
-    return _order(pd.DataFrame(rows), ckpt)
+    return _order(pd.DataFrame(rows), ckpt, groups)
 
 
-def _order(out: pd.DataFrame, ckpt: str) -> pd.DataFrame:
-    out["target"] = pd.Categorical(out["target"], categories=list(TARGETS), ordered=True)
+def _order(
+    out: pd.DataFrame, ckpt: str, groups: Mapping[str, Sequence[str]] | None = None
+) -> pd.DataFrame:
+    out["target"] = pd.Categorical(out["target"], categories=list(_targets(groups)), ordered=True)
     out = out.sort_values([ckpt, "target"], ignore_index=True)
     out["target"] = out["target"].astype(str)
     return out
@@ -251,16 +276,20 @@ def _effective_size_per_seed(
     margin: float,
     checkpoint_col: str | None,
     scale: float,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> pd.DataFrame:
     """The authors' script: per seed, strict faithfulness, largest faithful sparsity, then mean."""
-    id_sets, ood_sets, ckpt = _check_results(results, id_datasets, ood_datasets, checkpoint_col)
-    per_seed = _combine(results, [ckpt, "seed", "sparsity"], id_sets, ood_sets, True)
-    full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets, True)
+    id_sets, ood_sets, ckpt = _check_results(
+        results, id_datasets, ood_datasets, checkpoint_col, groups
+    )
+    targets = _targets(groups)
+    per_seed = _combine(results, [ckpt, "seed", "sparsity"], id_sets, ood_sets, True, groups)
+    full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets, True, groups)
     rows = []
     for checkpoint, by_checkpoint in per_seed.groupby(level=0, sort=True):
         if checkpoint not in full.index:
             raise ConfigError(f"no full-model accuracy for checkpoint {checkpoint!r}")
-        for target in TARGETS:
+        for target in targets:
             full_acc = float(full.loc[checkpoint, target])
             sparsities = []
             for _, by_seed in by_checkpoint[target].groupby(level=1):
@@ -281,4 +310,4 @@ def _effective_size_per_seed(
                     "method": "authors",
                 }
             )
-    return _order(pd.DataFrame(rows), ckpt)
+    return _order(pd.DataFrame(rows), ckpt, groups)

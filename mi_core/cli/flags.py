@@ -40,27 +40,18 @@ def _default_text(f: dataclasses.Field) -> str:
     return f" (default: {value})"
 
 
-def _cli_fields(cls: type, only: Collection[str] | None, exclude: Collection[str]) -> list:
-    return [
-        f
-        for f in dataclasses.fields(cls)
-        if f.init
-        and f.metadata.get("cli", True)
-        and f.name not in exclude
-        and (only is None or f.name in only)
-    ]
+def _cli_fields(cls: type) -> list:
+    return [f for f in dataclasses.fields(cls) if f.init and f.metadata.get("cli", True)]
 
 
 def add_config_flags(
     parser: argparse.ArgumentParser,
     cls: type,
     *,
-    only: Collection[str] | None = None,
-    exclude: Collection[str] = (),
     dest_prefix: str = "",
     overrides: str | None = None,
 ) -> None:
-    """Add one flag per field of config dataclass ``cls`` (``only`` / ``exclude`` select them).
+    """Add one flag per field of config dataclass ``cls`` (but those with ``cli=False``).
 
     A field without a default is a required flag. ``dest_prefix`` keeps the parsed values apart
     from other configs' (read them back with the same prefix). ``overrides`` makes every flag
@@ -69,7 +60,7 @@ def add_config_flags(
     """
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
-    for f in _cli_fields(cls, only, exclude):
+    for f in _cli_fields(cls):
         tp, _ = unwrap_optional(hints[f.name])
         origin = typing.get_origin(tp)
         name = flag_name(f)
@@ -95,6 +86,8 @@ def add_config_flags(
             continue
         if parse is not None:
             kwargs["type"] = str
+            if f.metadata.get("repeat"):
+                kwargs["action"] = "append"
         elif origin is list:
             (item,) = typing.get_args(tp) or (str,)
             kwargs.update(nargs="+", action="extend", type=item if item in (int, float) else str)
@@ -115,13 +108,11 @@ def given_values(
     args: argparse.Namespace,
     cls: type,
     *,
-    only: Collection[str] | None = None,
-    exclude: Collection[str] = (),
     dest_prefix: str = "",
 ) -> dict[str, Any]:
     """The fields of ``cls`` whose flags were given, as config values (specs parsed)."""
     values: dict[str, Any] = {}
-    for f in _cli_fields(cls, only, exclude):
+    for f in _cli_fields(cls):
         dest = dest_prefix + f.name
         if not hasattr(args, dest):
             continue

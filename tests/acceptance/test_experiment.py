@@ -380,3 +380,24 @@ def test_in_domain_sets_are_named_once_and_are_not_out_of_domain():
     paper = load_config("bert-mnli-paper")
     assert paper.data.in_domain_sets == data["in_domain"]
     assert "mnli:validation_mismatched" not in paper.ood_sets
+
+
+def test_gpt2_paper_config_has_the_entailment_group_of_figure_16():
+    gpt2 = load_config("gpt2-mnli-paper")
+    assert gpt2.ood_sets == ["hans:embed_if"]
+    assert gpt2.effective_size.groups == {
+        "ood_e": ["hans:se_relative_clause_on_obj", "hans:ce_embedded_under_since"]
+    }
+    data = {
+        "train": "mnli:train",
+        "eval": ["mnli:validation_matched", "hans:so_swap", "hans:prep"],
+    }
+    bad = minimal(
+        data=data, effective_size={"enabled": True, "groups": {"e": ["mnli:validation_matched"]}}
+    )
+    with pytest.raises(ConfigError, match="must list out-of-domain"):
+        ExperimentConfig.from_dict(bad)
+    good = ExperimentConfig.from_dict(
+        minimal(data=data, effective_size={"enabled": True, "groups": {"e": ["hans:prep"]}})
+    )
+    assert good.ood_sets == ["hans:so_swap"]

@@ -293,3 +293,27 @@ def test_pre_generalisation_checkpoint():
     assert never["rise_step"] is None and never["checkpoint_step"] is None
     with pytest.raises(ConfigError):
         pre_generalisation_checkpoint(metrics, ["qqp"], [100])
+
+
+@pytest.mark.parametrize("method", ["paper", "authors"])
+def test_a_named_group_is_a_target_of_its_own(method):
+    """GPT-2's OOD-E (Figure 16): a group of sets with its own effective size, part of neither
+    id, ood nor mixed."""
+    grouped = any_method(
+        _results(), _full_frame(), id_datasets="mnli", ood_datasets="hans",
+        groups={"ood_e": ["paws"]}, method=method,
+    )  # fmt: skip
+    alone = any_method(
+        _results(), _full_frame(), id_datasets="mnli", ood_datasets="hans", method=method
+    )
+    assert list(grouped.target.unique()) == ["id", "ood", "mixed", "ood_e"]
+    pd.testing.assert_frame_equal(
+        grouped[grouped.target != "ood_e"].reset_index(drop=True), alone
+    )  # paws changes nothing else
+    ood_e = grouped[grouped.target == "ood_e"].set_index("checkpoint")["effective_size"]
+    assert ood_e.to_dict() == {100: pytest.approx(10.0), 200: pytest.approx(10.0)}  # paws = full
+    with pytest.raises(ConfigError, match="clash"):
+        any_method(
+            _results(), _full_frame(), id_datasets="mnli", ood_datasets="hans",
+            groups={"ood": ["paws"]}, method=method,
+        )  # fmt: skip

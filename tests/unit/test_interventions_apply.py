@@ -56,7 +56,7 @@ def test_subnetwork_file_reapplies_bit_identically_to_a_fresh_model(setup, tmp_p
     other = tiny_model("gpt2", seed=4)
     with pytest.raises(InterventionError, match="means were computed for model"):
         with apply(other, loaded):
-            pass
+            other(tokens)  # never reached: applying checks the means against the model
 
 
 def test_component_and_neuron_interventions_compose(setup, tmp_path):
@@ -117,11 +117,11 @@ def _row(masks: PruneMasks, neurons: list[int]) -> torch.Tensor:
 
 
 def test_only_interventions_are_applied_and_unknown_files_are_refused(setup, tmp_path):
-    model, _, _ = setup
+    model, tokens, _ = setup
     mask = ComponentMask.from_removed(model, "L0.H1")
     with pytest.raises(InterventionError, match="wrap a ComponentMask as Subnetwork"):
         with apply(model, mask):
-            pass
+            model(tokens)  # never reached
     mask.save(tmp_path / "mask.safetensors")
     with pytest.raises(InterventionError, match="ComponentMask.load"):
         load_intervention(tmp_path / "mask.safetensors")

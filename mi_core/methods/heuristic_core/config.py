@@ -303,11 +303,13 @@ class ExperimentConfig(Config):
                 raise ConfigError(
                     "effective_size needs out-of-domain sets: list at least two data.eval sets"
                 )
-            unknown = [d for d in ood if d not in self.data.out_of_domain_sets]
-            if unknown:
+            grouped = [d for sets in (es.groups or {}).values() for d in sets]
+            unknown = [d for d in ood + grouped if d not in self.data.out_of_domain_sets]
+            if unknown or set(ood) & set(grouped):
                 raise ConfigError(
-                    "effective_size.ood must list out-of-domain data.eval sets (not in "
-                    f"data.in_domain); got {ood}"
+                    "effective_size.ood and effective_size.groups must list out-of-domain "
+                    f"data.eval sets (not in data.in_domain), each once; got {ood} and "
+                    f"{es.groups}"
                 )
         if self.core_before.enabled and self.finetune is None:
             raise ConfigError(
@@ -319,7 +321,8 @@ class ExperimentConfig(Config):
         """The out-of-domain evaluation sets (for effective size)."""
         if self.effective_size.ood is not None:
             return list(self.effective_size.ood)
-        return self.data.out_of_domain_sets
+        grouped = {d for sets in (self.effective_size.groups or {}).values() for d in sets}
+        return [d for d in self.data.out_of_domain_sets if d not in grouped]
 
 
 # ------------------------------------------------------------------------------ validation

@@ -150,12 +150,14 @@ def run_effective_size(
     num_cpus_per_run: float = 1.0,
     device: str = "cpu",
     progress: bool | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> EffectiveSizeResult:
     """Prune every checkpoint at every sparsity and seed; write and return the effective sizes.
 
     ``eval_sets``: in-domain first; ``ood_sets`` (default: the rest of ``eval_sets``) are
-    averaged into the out-of-domain target, every other eval set into the in-domain one (the
-    authors average ``validation_matched`` and ``validation_mismatched``). ``method``: the
+    averaged into the out-of-domain target, ``groups`` (e.g. ``{"ood_e": [...]}``, GPT-2's
+    entailment subcases) into targets of their own, every other eval set into the in-domain
+    one (the authors average ``validation_matched`` and ``validation_mismatched``). ``method``: the
     authors' script or the paper's text (:mod:`mi_core.analysis.effective_size`). ``means``: a
     means file per checkpoint, as a path with ``{step}`` in it (one file is allowed for a single
     checkpoint); without it means are computed on ``train`` for every checkpoint. Re-running
@@ -168,9 +170,15 @@ def run_effective_size(
     eval_sets = list(eval_sets)
     if len(eval_sets) < 2:
         raise ConfigError("effective size needs an in-domain and at least one out-of-domain set")
-    ood = list(ood_sets) if ood_sets is not None else eval_sets[1:]
+    grouped = [d for sets in (groups or {}).values() for d in sets]
+    ood = list(ood_sets) if ood_sets is not None else [d for d in eval_sets[1:] if d not in grouped]
     if not ood or eval_sets[0] in ood or any(d not in eval_sets for d in ood):
         raise ConfigError(f"the out-of-domain sets {ood} must be eval sets after the first")
+    if any(d not in eval_sets or d in ood or d == eval_sets[0] for d in grouped):
+        raise ConfigError(
+            f"the sets of groups {dict(groups or {})} must be eval sets after the first, and "
+            "not out-of-domain ones"
+        )
     if not 0 <= margin < 1:
         raise ConfigError(f"--margin must lie in [0, 1) (accuracy fractions), got {margin}")
     chosen = select_checkpoints(find_checkpoints(checkpoints_dir), steps, max_checkpoints)
@@ -229,10 +237,11 @@ def run_effective_size(
         out,
         pd.DataFrame(accuracy_rows, columns=["step", "sparsity", "seed", "dataset", "accuracy"]),
         pd.DataFrame(full_rows, columns=["step", "dataset", "accuracy"]),
-        id_sets=[dataset_name(d, seen) for d in eval_sets if d not in ood],
+        id_sets=[dataset_name(d, seen) for d in eval_sets if d not in ood and d not in grouped],
         ood_sets=[dataset_name(d, seen) for d in ood],
         margin=margin,
         method=method,
+        groups={k: [dataset_name(d, seen) for d in v] for k, v in (groups or {}).items()},
     )
 
 
@@ -255,13 +264,16 @@ def summarize_effective_size(
     ood_sets: Sequence[str],
     margin: float = 0.03,
     method: str = "authors",
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> EffectiveSizeResult:
     """Faithfulness and effective size (by ``method``) from the tidy accuracy tables; writes the
     CSVs and the figure under ``out``."""
     from mi_core.viz.figures import effective_size_over_training, write_figure_html
 
     out = Path(out)
-    kwargs = dict(id_datasets=list(id_sets), ood_datasets=list(ood_sets), margin=margin)
+    kwargs = dict(
+        id_datasets=list(id_sets), ood_datasets=list(ood_sets), margin=margin, groups=groups
+    )
     faithful = faithfulness_table(accuracy, full_accuracy, checkpoint_col="step", **kwargs)
     sizes = effective_size(accuracy, full_accuracy, checkpoint_col="step", method=method, **kwargs)
     files = EFFECTIVE_SIZE_FILES
@@ -286,6 +298,29 @@ def parse_checkpoint_steps(value: Any, where: str = "steps") -> list[int]:
     ):
         return list(value)
     raise ConfigError(f"{where} must be a list of checkpoint steps or a string like '500,1000'")
+
+
+def parse_groups(value: Any, where: str = "groups") -> dict[str, list[str]]:
+    """Named groups of data sets: a dict, or ``"name=spec,spec"`` strings (one per group)."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list):
+        groups: dict[str, list[str]] = {}
+        for item in value:
+            name, sep, specs = str(item).partition("=")
+            sets = [s.strip() for s in specs.split(",") if s.strip()]
+            if not sep or not name.strip() or not sets:
+                raise ConfigError(
+                    f"{where}: expected NAME=DATA,DATA (e.g. ood_e=hans:x), not {item!r}"
+                )
+            groups[name.strip()] = sets
+        return groups
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, list) and v and all(isinstance(s, str) for s in v)
+        for k, v in value.items()
+    ):
+        return {k: list(v) for k, v in value.items()}
+    raise ConfigError(f"{where} must map group names to lists of data sets, got {value!r}")
 
 
 @dataclass
@@ -315,7 +350,14 @@ class EffectiveSizeOptions(Config):
     max_checkpoints: int | None = None
     """At most this many checkpoints, evenly spaced, always with the last one."""
     ood: list[str] | None = option(None, metavar="DATA")
-    """The out-of-domain sets (default: every evaluation set after the first)."""
+    """The out-of-domain sets (default: every evaluation set after the first, except those of
+    groups)."""
+    groups: dict[str, list[str]] | None = option(
+        None, flag="--group", parse=parse_groups, repeat=True, metavar="NAME=DATA,DATA"
+    )
+    """Further named groups of evaluation sets, each an effective-size target of its own and
+    part of neither in-domain nor out-of-domain, e.g. {"ood_e": [...]}: GPT-2's entailment
+    subcases (OOD-E, the paper's Figure 16)."""
 
     def validate(self) -> None:
         super().validate()
@@ -385,4 +427,5 @@ def run_effective_size_job(
         num_cpus_per_run=config.num_cpus_per_run,
         device=config.device,
         progress=progress,
+        groups=config.groups,
     )

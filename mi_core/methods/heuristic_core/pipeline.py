@@ -439,6 +439,7 @@ class HeuristicCoreExperiment:
             num_cpus_per_run=c.pruning.num_cpus_per_run,
             device=self.device,
             progress=self.progress,
+            groups=es.groups,
         )
 
     def _run_grid(self) -> None:
