@@ -1,9 +1,11 @@
 """Training checkpoints as Hugging Face directories plus a safetensors optimizer state.
 
 ``DIR/checkpoint-{step}/`` holds config.json, model.safetensors and the tokenizer files (so
-``transformers`` and :func:`mi_core.load_model` open it) and ``trainer_state.json`` +
-``optimizer.safetensors`` to resume. A checkpoint is written to a temporary folder and renamed,
-so a crash never leaves a half-written one.
+``transformers`` and :func:`mi_core.load_model` open it) and ``trainer_state.json``. The
+optimizer state (``optimizer.safetensors``, twice the model's size) is kept only in the two
+newest checkpoints: the newest to resume from, the one before in case the newest is damaged
+(:func:`prune_training_states`). A checkpoint is written to a temporary folder and renamed, so a
+crash never leaves a half-written one.
 """
 
 from __future__ import annotations
@@ -56,6 +58,27 @@ def save_checkpoint(
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
+
+
+#: How many of the newest checkpoints keep their optimizer state.
+KEEP_OPTIMIZER_STATES = 2
+
+
+def resumable_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
+    """Checkpoints that hold an optimizer state (newest last)."""
+    return [(s, p) for s, p in list_checkpoints(out_dir) if (p / OPTIMIZER_STATE).is_file()]
+
+
+def prune_training_states(out_dir: str | Path, save_total_limit: int | None = None) -> None:
+    """Drop the optimizer state of all but the newest :data:`KEEP_OPTIMIZER_STATES` checkpoints
+    and, with ``save_total_limit``, whole checkpoints beyond the newest ``save_total_limit``
+    (as Hugging Face's Trainer does)."""
+    checkpoints = list_checkpoints(out_dir)
+    for _, path in checkpoints[:-KEEP_OPTIMIZER_STATES]:
+        (path / OPTIMIZER_STATE).unlink(missing_ok=True)
+    if save_total_limit is not None:
+        for _, path in checkpoints[:-save_total_limit]:
+            shutil.rmtree(path)
 
 
 def load_training_state(checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler) -> dict:

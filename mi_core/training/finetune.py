@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
@@ -29,7 +30,12 @@ from mi_core.evaluation import evaluate, model_inputs
 from mi_core.io import read_json, write_csv, write_json
 from mi_core.models import load_hf_classifier
 from mi_core.tasks import TASKS
-from mi_core.training.checkpoints import list_checkpoints, load_training_state, save_checkpoint
+from mi_core.training.checkpoints import (
+    load_training_state,
+    prune_training_states,
+    resumable_checkpoints,
+    save_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.csv"
@@ -69,11 +75,19 @@ class FinetuneSettings(Config):
     group_by_length: bool = True
     """Batches of examples of similar length (as Hugging Face's Trainer with group_by_length);
     off: batches drawn uniformly at random."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints (default: all of them, as effective size
+    over training needs). The optimizer state is kept in the newest two only."""
 
     def validate(self) -> None:
         super().validate()
         if self.steps < 1 or self.save_every < 1:
             raise ConfigError(f"steps ({self.steps}) and save_every must be at least 1")
+        if self.save_total_limit is not None and self.save_total_limit < 2:
+            raise ConfigError(
+                f"save_total_limit must be at least 2 (resuming falls back to the checkpoint "
+                f"before the newest), got {self.save_total_limit}"
+            )
         if self.batch_size < 1 or self.eval_batch_size < 1 or not (0 < self.lr < 1):
             raise ConfigError("batch_size and eval_batch_size must be >= 1 and lr in (0, 1)")
         for name in ("max_eval_examples", "max_train_examples"):
@@ -136,7 +150,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
             raise DataError(f"eval set {ds.name} is for {ds.task} models, not {cfg.task}")
 
     in_domain = [evals[0].name] if evals else []
-    checkpoints = list_checkpoints(out)
+    checkpoints = resumable_checkpoints(out)
     source = str(checkpoints[-1][1]) if checkpoints else cfg.model
     model, tokenizer, _ = load_hf_classifier(source, task=cfg.task, seed=cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,22 +166,11 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         drop_last=len(train) >= cfg.batch_size,
         sort_by_length=cfg.group_by_length,
     )
-    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0},
-        ],
-        lr=cfg.lr,
-        betas=(0.9, 0.999),
-        eps=1e-8,
-    )
-    scheduler = get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.steps)
+    optimizer, scheduler = _optimizer(model, cfg)
     start = 0
     metrics = pd.DataFrame(columns=["step", "dataset", "accuracy"])
     if checkpoints:
-        start = load_training_state(checkpoints[-1][1], optimizer, scheduler)["step"]
+        start, model, optimizer, scheduler = _resume(checkpoints, cfg, model, optimizer, scheduler)
         if (out / METRICS).is_file():
             metrics = pd.read_csv(out / METRICS)
             metrics = metrics[metrics["step"] <= start]
@@ -212,10 +215,54 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
                 scheduler,
                 {"seed": cfg.seed, "loss": loss.item()},
             )
+            prune_training_states(out, cfg.save_total_limit)
             _write_metrics(out, metrics, in_domain)
             model.train()
     bar.close()
     return metrics
+
+
+def _resume(checkpoints, cfg: FinetuneConfig, model, optimizer, scheduler):
+    """Restore the newest checkpoint whose training state reads back; say so when a damaged one
+    is skipped. Returns ``(step, model, optimizer, scheduler)`` (the model of the checkpoint
+    resumed from)."""
+    for index in range(len(checkpoints) - 1, -1, -1):
+        step, path = checkpoints[index]
+        if index < len(checkpoints) - 1:  # an older checkpoint: its own weights and optimizer
+            model, _, _ = load_hf_classifier(str(path), task=cfg.task, seed=cfg.seed)
+            optimizer, scheduler = _optimizer(model, cfg)
+        try:
+            start = load_training_state(path, optimizer, scheduler)["step"]
+        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
+            log.warning(
+                "%s: the training state is damaged (%s); trying the checkpoint before it",
+                path,
+                type(exc).__name__,
+            )
+            continue
+        if index < len(checkpoints) - 1:
+            log.warning("resuming from %s; the newer checkpoints are redone", path)
+        log.info("resuming %s from step %d", path.parent, start)
+        return start, model, optimizer, scheduler
+    raise TrainingError(
+        f"no checkpoint in {checkpoints[-1][1].parent} has a readable training state; "
+        "move them away to start over"
+    )
+
+
+def _optimizer(model, cfg: FinetuneConfig):
+    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+    )
+    return optimizer, get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.steps)
 
 
 def _evaluate_all(model, tokenizer, evals, cfg: FinetuneConfig) -> dict[str, float]:

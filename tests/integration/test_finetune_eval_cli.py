@@ -153,3 +153,32 @@ def test_eval_bad_input_is_one_line(finetuned, tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and "\n" not in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_optimizer_state_in_the_newest_two_checkpoints_and_a_damaged_one_is_skipped(
+    tiny_checkpoints, tmp_path, caplog
+):
+    bert = tiny_checkpoints["bert-cls"]
+    whole = tmp_path / "whole"
+    assert _finetune(bert, whole, steps=6) == 0
+    has_state = {
+        s: (whole / f"checkpoint-{s}" / "optimizer.safetensors").is_file() for s in (2, 4, 6)
+    }
+    assert has_state == {2: False, 4: True, 6: True}  # 2 x model size saved per old checkpoint
+    assert (whole / "checkpoint-2" / "model.safetensors").is_file()  # still a full HF checkpoint
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(whole, damaged)
+    state = damaged / "checkpoint-6" / "optimizer.safetensors"
+    state.write_bytes(state.read_bytes()[:64])
+    (damaged / "checkpoint-6" / "trainer_state.json").write_text("{")  # and its JSON
+    with caplog.at_level("WARNING", logger="mi_core.training.finetune"):
+        assert _finetune(bert, damaged, steps=6) == 0
+    assert "training state is damaged" in caplog.text and "checkpoint-4" in caplog.text
+    a = load_file(str(whole / "checkpoint-6" / "model.safetensors"))
+    b = load_file(str(damaged / "checkpoint-6" / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)  # redone from step 4
+
+    limited = tmp_path / "limited"
+    assert _finetune(bert, limited, steps=6, extra=("--save-total-limit", "2")) == 0
+    assert sorted(p.name for p in limited.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
