@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from mi_core.errors import ConfigError
-from mi_core.io import atomic_path
+from mi_core.io import write_text
 
 __all__ = [
     "id_vs_ood_scatter",
@@ -331,13 +331,20 @@ def write_figure_html(
     fig: go.Figure,
     path: str | os.PathLike[str],
     include_plotlyjs: bool | str = True,
+    *,
+    title: str | None = None,
     **kwargs: Any,
 ) -> Path:
     """Write ``fig`` as a standalone HTML page, atomically. ``include_plotlyjs=True`` (default)
-    embeds plotly.js (~3.5 MB) so the page works offline; ``"cdn"`` links it instead."""
-    with atomic_path(path) as tmp:
-        fig.write_html(str(tmp), include_plotlyjs=include_plotlyjs, full_html=True, **kwargs)
-    return Path(path)
+    embeds plotly.js (~3.5 MB) so the page works offline; ``"cdn"`` links it instead. The
+    page's ``<title>`` is ``title``, else the figure's title, else the file's name."""
+    import html
+
+    page = fig.to_html(include_plotlyjs=include_plotlyjs, full_html=True, **kwargs)
+    name = title or fig.layout.title.text or Path(path).stem.replace("_", " ")
+    heading = f"<title>{html.escape(name)}</title>"
+    page = page.replace("<head>", f"<head>\n    {heading}", 1)
+    return write_text(path, page)
 
 
 def subnetworks_figure(table: pd.DataFrame, eval_names: Sequence[str], full: Mapping[str, float]):

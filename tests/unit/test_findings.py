@@ -13,7 +13,7 @@ from mi_core.methods.heuristic_core.findings import (
 )
 
 
-def _write(root, full_hans=0.6, hans=(0.1, 0.5, 0.3), n_core=2, rho=0.6, p=0.01):
+def _write(root, full_hans=0.6, hans=(0.1, 0.5, 0.3), n_core=2, rho=0.6, p=0.01, expected_all=0.01):
     (root / "analysis").mkdir(parents=True)
     (root / "attention").mkdir()
     (root / "ablation").mkdir()
@@ -32,7 +32,7 @@ def _write(root, full_hans=0.6, hans=(0.1, 0.5, 0.3), n_core=2, rho=0.6, p=0.01)
             "group": ["0.5", "0.7", "all"],
             "n_subnetworks": [3, 3, 6],
             "n_core": [4, 3, n_core],
-            "expected_random_intersection": [1.0, 0.5, 0.5],
+            "expected_random_intersection": [1.0, 0.5, expected_all],
             "expected_random_intersection_paper": [0.5, 0.1, 0.01],
         }
     ).to_csv(root / "analysis" / "core_summary.csv", index=False)
@@ -177,3 +177,15 @@ def test_in_domain_accuracy_is_the_mean_of_the_in_domain_sets(tmp_path):
     # mean gaps: (2+5)/2, (3+5)/2, (1+5)/2 = 3.5, 4, 3 points: only one within 3
     assert verdicts["Subnetworks agree in-domain"] == NOT_REPRODUCED
     assert "1 of 3 subnetworks" in row["this run"] and "largest gap 4.0 points" in row["this run"]
+
+
+def test_a_core_of_subnetworks_that_kept_every_head_is_not_above_chance(tmp_path):
+    """Gates that did not converge keep every head: the core is then everything, and chance
+    must be judged from the heads really kept, not from the target sparsity alone."""
+    root = _write(tmp_path / "run", n_core=12, expected_all=12.0)  # the paper's count: 0.01
+    verdicts, table = _verdicts(root)
+    assert verdicts["A core of heads kept by every subnetwork, far above chance"] == NOT_REPRODUCED
+    row = table.set_index("finding").loc[
+        "A core of heads kept by every subnetwork, far above chance"
+    ]
+    assert "12 expected at random" in row["this run"]
