@@ -574,8 +574,21 @@ def prune(
     names = [d.name for d in evals]
     if len(set(names)) != len(names):
         raise ConfigError(f"eval sets must differ; got {names}")
+    if run_dir is None:
+        return _prune_in_memory(
+            model,
+            means_obj,
+            config,
+            train_set,
+            evals,
+            full_accuracy,
+            progress,
+            callback,
+            reference_logits_path,
+            reference,
+        )
 
-    identity = {
+    identity = {  # what a run folder must match to be resumed
         "prune": config.to_dict(),
         "model_fingerprint": weights_fingerprint(model),
         "train": {"name": train_set.name, "n_examples": len(train_set)},
@@ -590,19 +603,6 @@ def prune(
         "max_eval_examples": max_eval_examples,
         "reference_logits": None if reference_logits_path is None else str(reference_logits_path),
     }
-    if run_dir is None:
-        return _prune_in_memory(
-            model,
-            means_obj,
-            config,
-            train_set,
-            evals,
-            full_accuracy,
-            progress,
-            callback,
-            reference_logits_path,
-            reference,
-        )
     config_path = run_dir / "config.json"
     if config_path.is_file():
         old = read_json(config_path)

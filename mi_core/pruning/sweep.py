@@ -278,7 +278,7 @@ def sweep(
             progress=progress,
         )
         return SweepResult.load(checkpoint_dir, sparsities, seeds)
-    configs = [c.config for c in plan_sweep(".", sparsities, seeds, profile, overrides)]
+    configs = sweep_configs(sparsities, seeds, profile, overrides)
     model_obj, _ = _load_model(model, task)
     task = getattr(model_obj, "task", None) or task
     means_obj = _load_means(means, model_obj, configs[0].ablation)
@@ -312,6 +312,22 @@ def sweep(
     return _result(None, rows, masks, [d.name for d in evals], full)
 
 
+def sweep_configs(
+    sparsities: Sequence[float],
+    seeds: Sequence[int],
+    profile: str = "paper",
+    overrides: Mapping[str, Any] | None = None,
+) -> list[PruneConfig]:
+    """The validated config of every (sparsity, seed) run of a sweep, sparsity-major."""
+    if not sparsities or not seeds:
+        raise ConfigError("a sweep needs at least one sparsity and one seed")
+    return [
+        make_prune_config(profile, s, seed, **dict(overrides or {}))
+        for s in sparsities
+        for seed in seeds
+    ]
+
+
 def plan_sweep(
     out: str | os.PathLike[str],
     sparsities: Sequence[float],
@@ -319,18 +335,10 @@ def plan_sweep(
     profile: str = "paper",
     overrides: Mapping[str, Any] | None = None,
 ) -> list[SweepRun]:
-    """Every (sparsity, seed) run of a sweep with its validated config, sparsity-major."""
-    if not sparsities or not seeds:
-        raise ConfigError("a sweep needs at least one sparsity and one seed")
+    """Every (sparsity, seed) run of a sweep with its validated config and folder."""
     return [
-        SweepRun(
-            s,
-            seed,
-            make_prune_config(profile, s, seed, **dict(overrides or {})),
-            run_dir_for(out, s, seed),
-        )
-        for s in sparsities
-        for seed in seeds
+        SweepRun(c.target_sparsity, c.seed, c, run_dir_for(out, c.target_sparsity, c.seed))
+        for c in sweep_configs(sparsities, seeds, profile, overrides)
     ]
 
 

@@ -139,7 +139,7 @@ def test_resume_after_a_crash_gives_the_same_run(llama, tmp_path):
     full = run_separability(llama, focus, cripple, config)
 
     class Crash(Exception):
-        pass
+        """A simulated kill."""
 
     def crash_at_step_2(row):
         if row["step"] == 2 and row["method"] == "random":
