@@ -18,6 +18,7 @@ logits equal those of one full forward pass per ablation (the naive loop,
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -383,12 +384,14 @@ class AblationTable:
         header = "| " + " | ".join(frame.columns) + " |"
         rule = "|" + "|".join(["---"] + ["---:"] * (len(frame.columns) - 1)) + "|"
         body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(False)]
-        n = ", ".join(f"{d}: n={self.n_examples.get(d, '?')}" for d in self.datasets)
         note = (
             "Accuracy in %, change from the full model in points. Superadditivity = joint drop "
             "minus the sum of single drops (drop = full - ablated); positive is superadditive."
         )
-        return "\n".join([header, rule, *body, "", note, f"Examples: {n}.", ""])
+        return "\n".join([header, rule, *body, "", note, f"Examples: {self._examples()}.", ""])
+
+    def _examples(self) -> str:
+        return ", ".join(f"{d}: n={self.n_examples.get(d, '?')}" for d in self.datasets)
 
     def html(self) -> str:
         """The same table as a standalone HTML page."""
@@ -400,7 +403,7 @@ class AblationTable:
             "tr:nth-child(even){background:#f4f4f4}</style></head><body>\n"
             f"{table}\n<p>Accuracy in %, change from the full model in points. Superadditivity "
             "= joint drop minus the sum of single drops; positive is superadditive.</p>\n"
-            "</body></html>\n"
+            f"<p>Examples: {html.escape(self._examples())}.</p>\n</body></html>\n"
         )
 
 

@@ -55,6 +55,13 @@ def _step_col(frame: pd.DataFrame, step_col: str | None) -> str:
     raise ConfigError(f"need a 'step' or 'checkpoint' column; have {list(frame.columns)}")
 
 
+def _accuracy_range(*values: Any) -> list[float]:
+    """The whole accuracy scale, fractions or percent, so that a small change looks small."""
+    finite = [float(v) for v in np.concatenate([np.ravel(v) for v in values]) if np.isfinite(v)]
+    top = 100.0 if finite and max(finite) > 1.0 else 1.0
+    return [0.0, top * 1.02]
+
+
 def id_vs_ood_scatter(
     subnetworks_df: pd.DataFrame,
     full_model_acc: Mapping[str, float] | None,
@@ -90,10 +97,16 @@ def id_vs_ood_scatter(
         for col in ood_cols:
             if col in full_model_acc:
                 fig.add_hline(y=full_model_acc[col], line_dash="dot", annotation_text=f"full {col}")
+    scale = _accuracy_range(
+        subnetworks_df[[id_col, *ood_cols]].to_numpy(), list((full_model_acc or {}).values())
+    )
     fig.update_layout(
         title=title or "In-domain vs out-of-domain accuracy of subnetworks",
         xaxis_title=f"{id_col} accuracy (in-domain)",
         yaxis_title="out-of-domain accuracy",
+        xaxis_range=scale,
+        yaxis_range=scale,
+        showlegend=True,
     )
     return fig
 
@@ -130,6 +143,9 @@ def subcase_bars(
         title=title or "Accuracy per subcase",
         xaxis_title=subcase_col,
         yaxis_title=value_col,
+        yaxis_range=_accuracy_range(
+            df[value_col].to_numpy(), list((full_model_acc or {}).values())
+        ),
     )
     return fig
 
@@ -164,6 +180,10 @@ def accuracy_vs_sparsity(
         title=title or "Accuracy vs sparsity (mean ± std over seeds)",
         xaxis_title="sparsity",
         yaxis_title=value_col,
+        yaxis_range=_accuracy_range(
+            df[value_col].to_numpy(), list((full_model_acc or {}).values())
+        ),
+        showlegend=True,  # a single evaluation set keeps its name
     )
     return fig
 

@@ -12,6 +12,9 @@ from plotly.subplots import make_subplots
 
 from mi_core.analysis.trajectory import trajectory_areas, trajectory_axes
 
+#: The figure fits a 1,400-pixel-wide window: three panels a row, the legend beside them.
+FIGURE_WIDTH = 1350
+PANELS_PER_ROW = 3
 #: The metrics plotted by default: the report's four accuracies and the loss.
 PLOTTED_METRICS: tuple[str, ...] = ("top1", "top10", "skip50_top1", "skip50_top10", "loss")
 
@@ -31,11 +34,19 @@ def trajectory_figure(
     diagonal is no separation. Legends give each method's area.
     """
     x_name, y_name = (cripple_name, focus_name) if mode == "cripple" else (focus_name, cripple_name)
+    columns = min(len(metrics), PANELS_PER_ROW)
+    rows = -(-len(metrics) // columns)
     fig = make_subplots(
-        rows=1, cols=len(metrics), subplot_titles=list(metrics), horizontal_spacing=0.04
+        rows=rows,
+        cols=columns,
+        subplot_titles=list(metrics),
+        horizontal_spacing=0.06,
+        vertical_spacing=0.16,
     )
     colours = ["#1f77b4", "#7f7f7f", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
-    for col, metric in enumerate(metrics, start=1):
+    for index, metric in enumerate(metrics):
+        row, col = divmod(index, columns)
+        row, col = row + 1, col + 1
         fig.add_trace(
             go.Scatter(
                 x=[0, 1],
@@ -43,10 +54,10 @@ def trajectory_figure(
                 mode="lines",
                 line=dict(dash="dash", color="black", width=1),
                 name="no separation",
-                showlegend=col == 1,
+                showlegend=index == 0,
                 legendgroup="diag",
             ),
-            row=1,
+            row=row,
             col=col,
         )
         for i, (method, frame) in enumerate(trajectory.groupby("method", sort=False)):
@@ -58,23 +69,27 @@ def trajectory_figure(
                     x=x,
                     y=y,
                     mode="lines+markers",
-                    name=f"{method} (area {area:.2f})",
+                    name=f"{method}: {metric} area {area:.2f}",
                     legendgroup=str(method),
+                    legendgrouptitle_text=str(method),
                     line=dict(color=colours[i % len(colours)]),
                     text=[f"step {s}" for s in steps],
                     hovertemplate="%{text}: (%{x:.3f}, %{y:.3f})",
                 ),
-                row=1,
+                row=row,
                 col=col,
             )
-        fig.update_xaxes(title_text=f"{x_name} (relative)", range=[0, 1.05], row=1, col=col)
+        fig.update_xaxes(title_text=f"{x_name} (relative)", range=[0, 1.05], row=row, col=col)
         fig.update_yaxes(
-            title_text=f"{y_name} (relative)" if col == 1 else None, range=[0, 1.05], row=1, col=col
+            title_text=f"{y_name} (relative)" if col == 1 else None,
+            range=[0, 1.05],
+            row=row,
+            col=col,
         )
     fig.update_layout(
         title=f"Pruning trajectories ({mode} mode: {cripple_name} cripple, {focus_name} focus)",
-        height=420,
-        width=330 * len(metrics) + 150,
+        height=360 * rows + 80,
+        width=FIGURE_WIDTH,
     )
     return fig
 

@@ -134,6 +134,7 @@ def test_rendering_like_the_paper():
     assert "| Superadditivity L2.H5+L3.H7 | +1.1 | +10.6 |" in md
     html = table.html()
     assert html.startswith("<!DOCTYPE html>") and "61.2 (-3.4)" in html
+    assert "Examples: MNLI: n=1000, HANS: n=1000." in html  # n, as the Markdown states it
     frame = table.frame()
     assert math.isnan(frame.loc[0, "MNLI std"])
     assert frame.loc[1, "HANS change"] == pytest.approx(-3.4)

@@ -1,0 +1,44 @@
+"""Figures say what they show: names of single series, whole accuracy scales, widths that fit."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mi_core.viz.figures import accuracy_vs_sparsity, id_vs_ood_scatter, subcase_bars
+from mi_core.viz.separability import trajectory_figure
+
+
+def test_a_single_evaluation_set_keeps_its_name_and_a_small_change_looks_small():
+    # one evaluation set whose accuracy moves by 1 example in 64
+    long = pd.DataFrame(
+        {"sparsity": [0.3, 0.5], "dataset": ["hans:so_swap"] * 2, "accuracy": [0.5, 0.5 - 1 / 64]}
+    )
+    fig = accuracy_vs_sparsity(long, full_model_acc={"hans:so_swap": 0.5})
+    assert fig.layout.showlegend is True and fig.data[0].name == "hans:so_swap"
+    assert list(fig.layout.yaxis.range) == [0.0, 1.02]  # the whole scale, not 0.484-0.5
+    percent = subcase_bars(
+        pd.DataFrame({"subnetwork": [1, 1], "subcase": ["a", "b"], "accuracy": [40.0, 41.0]})
+    )
+    assert list(percent.layout.yaxis.range) == [0.0, 102.0]
+    scatter = id_vs_ood_scatter(
+        pd.DataFrame({"mnli": [0.80, 0.81], "hans": [0.1, 0.5]}), {"mnli": 0.82}, "mnli", "hans"
+    )
+    assert scatter.layout.showlegend is True
+    assert list(scatter.layout.xaxis.range) == list(scatter.layout.yaxis.range) == [0.0, 1.02]
+
+
+def test_the_separability_figure_fits_1400_pixels_and_names_each_areas_metric():
+    rows = []
+    for method in ("freq", "random"):
+        for step in range(3):
+            row = {"method": method, "step": step}
+            for metric in ("top1", "top10", "skip50_top1", "skip50_top10", "loss"):
+                for task in ("focus", "cripple"):
+                    row[f"{task}_{metric}"] = 1.0 - 0.2 * step if metric != "loss" else 2 + step
+            rows.append(row)
+    fig = trajectory_figure(pd.DataFrame(rows))
+    assert fig.layout.width <= 1400
+    names = {t.name for t in fig.data if t.name != "no separation"}
+    expected = {f"{m}: {metric} area " for m in ("freq", "random") for metric in
+                ("top1", "top10", "skip50_top1", "skip50_top10", "loss")}  # fmt: skip
+    assert {name.rsplit("area ", 1)[0] + "area " for name in names} == expected
