@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 from torch import nn
 from transformer_lens import HookedEncoder, HookedTransformer, HookedTransformerConfig
 
-from mi_core.errors import DataError
+from mi_core.errors import ConfigError, DataError
 from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
@@ -82,7 +82,7 @@ class HookedClassifier:
         self.label_names = list(label_names or [f"LABEL_{i}" for i in range(num_labels)])
         self.model_name = self.cfg.model_name
         self.dropout_rates = DropoutRates()
-        self.to(self.cfg.device)
+        self.to(self.cfg.device, print_details=False)  # nothing on stdout
         self.setup()
         enable_fast_paths(self)
 
@@ -147,6 +147,28 @@ class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
         del self.mlm_head, self.unembed, self.nsp_head, self.pooler
         head = PooledClassificationHead(cfg.d_model, num_labels)
         self._init_classifier(head, num_labels, task, label_names)
+
+    # TransformerLens's switches, as HookedTransformer has them (HookedEncoder lacks them; its
+    # BertBlock honours the flags).
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Compute ``attn.hook_result``: each head's output in the residual stream."""
+        self.cfg.use_attn_result = use_attn_result
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Give each head its own query / key / value input (``hook_q_input`` and the like)."""
+        self.cfg.use_split_qkv_input = use_split_qkv_input
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Hook the MLP's input (``hook_mlp_in``)."""
+        self.cfg.use_hook_mlp_in = use_hook_mlp_in
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Refused: TransformerLens's BERT blocks have no ``hook_attn_in``."""
+        if use_attn_in:
+            raise ConfigError(
+                "encoder blocks (TransformerLens's BertBlock) have no hook_attn_in; use "
+                "set_use_split_qkv_input(True) for per-head query / key / value inputs"
+            )
 
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
         """Token + position + token-type embeddings after the embedding LayerNorm."""

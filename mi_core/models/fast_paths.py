@@ -45,9 +45,13 @@ def _fast_attention(
 ) -> torch.Tensor:
     causal = (self._attention_dir_override or self.cfg.attention_dir) == "causal"
     mask = additive_attention_mask
+    cfg = self.cfg
     needs_tl = (
         past_kv_cache_entry is not None
         or (causal and mask is not None)
+        or cfg.use_attn_result  # switched on after loading (set_use_attn_result and the like)
+        or cfg.use_split_qkv_input
+        or cfg.use_attn_in
         or _hooked(self.hook_attn_scores, self.hook_pattern)
     )
     if needs_tl:

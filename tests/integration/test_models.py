@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from mi_core.errors import ModelLoadError
+from mi_core.errors import ConfigError, ModelLoadError
 from mi_core.models import (
     HookedDecoderClassifier,
     HookedEncoderClassifier,
@@ -191,3 +191,40 @@ def test_fast_paths_match_tl_paths_and_keep_hooks(minilm):
     assert len(seen) == 2, "hook_z must fire on the fused path too"
     assert (fast - slow).abs().max().item() < 1e-5
     assert (fast - plain).abs().max().item() > 1e-4, "the z hook changed nothing"
+
+
+@pytest.mark.parametrize("kind", ["bert-cls", "gpt2-cls"])
+def test_transformer_lens_switches_work_on_classifiers(tiny_checkpoints, kind):
+    model = load_model(tiny_checkpoints[kind], task="mnli")
+    ids = torch.tensor([[101, 2023, 2003, 1037, 102]])
+    plain = model(ids)
+    switches = [
+        ("set_use_attn_result", "attn.hook_result"),
+        ("set_use_split_qkv_input", "hook_q_input"),
+        ("set_use_hook_mlp_in", "hook_mlp_in"),
+    ]
+    for switch, hook in switches:
+        getattr(model, switch)(True)
+        logits, cache = model.run_with_cache(ids)
+        assert torch.allclose(logits, plain, atol=1e-5) and f"blocks.1.{hook}" in cache, switch
+        getattr(model, switch)(False)
+    # each head's result sums to the attention output, and a hook on it alone fires too (the
+    # fused attention steps aside when the switch is on)
+    model.set_use_attn_result(True)
+    seen = []
+    model.run_with_hooks(
+        ids, fwd_hooks=[("blocks.0.attn.hook_result", lambda x, hook: seen.append(x))]
+    )
+    _, cache = model.run_with_cache(ids)
+    total = cache["blocks.0.attn.hook_result"].sum(dim=2) + model.blocks[0].attn.b_O
+    assert len(seen) == 1 and torch.allclose(total, cache["blocks.0.hook_attn_out"], atol=1e-5)
+    model.set_use_attn_result(False)
+    if kind == "bert-cls":
+        with pytest.raises(ConfigError, match="no hook_attn_in"):
+            model.set_use_attn_in(True)
+
+
+def test_loading_prints_nothing_on_stdout(tiny_checkpoints, capsys):
+    load_model(tiny_checkpoints["bert-cls"], task="mnli")
+    load_model(tiny_checkpoints["gpt2-lm"])
+    assert capsys.readouterr().out == ""  # a pipe gets only what a command means to say
