@@ -125,6 +125,46 @@ def mask_hooks(
     return hooks
 
 
+#: Per model, the fill of every component that an active intervention removes (and how many).
+_REMOVED = "_mi_core_removed_fills"
+
+
+def fill_name(ablation: str | Ablation, means: ComponentMeans | None) -> str:
+    """What replaces a removed component, in words: ``zero`` or the means' identity."""
+    if Ablation.parse(ablation) is Ablation.ZERO or means is None:
+        return "zero"
+    return f"the mean over {means.dataset or '?'} (weights {means.fingerprint})"
+
+
+@contextlib.contextmanager
+def removal_claims(model: Any, mask: ComponentMask, fill: str) -> Iterator[None]:
+    """For a ``with`` block, record that ``fill`` replaces each component ``mask`` removes.
+
+    A component that an enclosing intervention already removes with another fill is refused:
+    nested mean and zero ablation of one component would otherwise give whichever hook happens
+    to run last. Nesting the same fill is allowed.
+    """
+    active: dict[Any, list] = model.__dict__.setdefault(_REMOVED, {})
+    removed = mask.removed() if not mask.heads.requires_grad else []
+    clash = [c for c in removed if c in active and active[c][0] != fill]
+    if clash:
+        names = ", ".join(str(c) for c in clash)
+        raise InterventionError(
+            f"{names} already removed with {active[clash[0]][0]} fill by an enclosing "
+            f"intervention; nesting {fill} fill of the same component would depend on the "
+            "order of the hooks: remove it from one of the masks"
+        )
+    for c in removed:
+        active.setdefault(c, [fill, 0])[1] += 1
+    try:
+        yield
+    finally:
+        for c in removed:
+            active[c][1] -= 1
+            if active[c][1] == 0:
+                del active[c]
+
+
 @contextlib.contextmanager
 def ablate(
     model: Any,
@@ -141,9 +181,8 @@ def ablate(
     they were added. Leaving the context removes exactly these hooks. Set ``skip_unmasked=False``
     when you will assign values other than 1 after entering with an all-ones mask.
     """
-    with prepended_hooks(
-        model, mask_hooks(model, mask, means, ablation, skip_unmasked=skip_unmasked)
-    ):
+    hooks = mask_hooks(model, mask, means, ablation, skip_unmasked=skip_unmasked)
+    with removal_claims(model, mask, fill_name(ablation, means)), prepended_hooks(model, hooks):
         yield model
 
 

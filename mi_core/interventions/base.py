@@ -28,6 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 from safetensors import SafetensorError
 
 from mi_core.errors import InterventionError
+from mi_core.interventions.ablation import removal_claims
+from mi_core.interventions.subnetwork import SUBNETWORK_KIND, Subnetwork
 from mi_core.io import read_safetensors
 from mi_core.models.hook_context import prepended_hooks
 
@@ -72,15 +74,18 @@ def apply(model: Any, *interventions: Intervention) -> Iterator[Any]:
     """
     # prepending reverses the order at a hook point, so add the last intervention first
     hooks = intervention_hooks(model, interventions)
-    with prepended_hooks(model, list(reversed(hooks))):
-        yield model
+    with contextlib.ExitStack() as claims:
+        for intervention in interventions:
+            if isinstance(intervention, Subnetwork):  # one fill per removed component
+                claims.enter_context(removal_claims(model, intervention.mask, intervention.fill))
+        with prepended_hooks(model, list(reversed(hooks))):
+            yield model
 
 
 def load_intervention(path: str | os.PathLike[str]) -> Intervention:
     """Read any saved intervention, by the ``kind`` in its file's metadata."""
     from mi_core.interventions.neurons import FORMAT as NEURONS_FORMAT
     from mi_core.interventions.neurons import PruneMasks
-    from mi_core.interventions.subnetwork import SUBNETWORK_KIND, Subnetwork
 
     try:
         _, metadata = read_safetensors(path)

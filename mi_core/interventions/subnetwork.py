@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mi_core.errors import InterventionError
-from mi_core.interventions.ablation import Ablation, mask_hooks
+from mi_core.interventions.ablation import Ablation, fill_name, mask_hooks
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import AVERAGING, ComponentMeans
 from mi_core.io import read_safetensors, write_safetensors
@@ -109,6 +109,11 @@ class Subnetwork:
         if "means.z" in tensors:
             means = ComponentMeans.from_tensors(tensors, metadata, prefix="means.")
         return cls(ComponentMask(tensors["heads"], tensors["mlps"]), metadata["ablation"], means)
+
+    @property
+    def fill(self) -> str:
+        """What replaces a removed component, in words (``zero`` or the means' identity)."""
+        return fill_name(self.ablation, self.means)
 
     # ------------------------------------------------------------------------- comparing
     def same_fill(self, other: Subnetwork) -> bool:

@@ -128,3 +128,25 @@ def test_only_interventions_are_applied_and_unknown_files_are_refused(setup, tmp
     with pytest.raises(InterventionError, match="needs its means"):
         Subnetwork(mask, "mean")
     assert FORMAT.endswith("/1")
+
+
+def test_nested_mean_and_zero_ablation_of_one_component_is_refused(setup):
+    model, tokens, means = setup
+    head = ComponentMask.from_removed(model, "L0.H1")
+    other = ComponentMask.from_removed(model, "L1.H2")
+    with ablate(model, head, means):
+        with pytest.raises(InterventionError, match="L0.H1 already removed with the mean over"):
+            with ablate(model, head, ablation="zero"):
+                model(tokens)  # never reached: the order of the two hooks would decide
+        with ablate(model, head, means):  # the same fill nests
+            same = model(tokens)
+        with ablate(model, other, ablation="zero"):  # another component: no conflict
+            model(tokens)
+    with ablate(model, head, means):
+        assert torch.equal(model(tokens), same)
+    with ablate(model, head, ablation="zero"):  # once the mean ablation has ended
+        model(tokens)
+    with pytest.raises(InterventionError, match="already removed"):
+        with apply(model, Subnetwork(head, "mean", means), Subnetwork(head, "zero")):
+            model(tokens)
+    assert not model.hook_dict["blocks.0.attn.hook_z"].fwd_hooks  # nothing left behind
