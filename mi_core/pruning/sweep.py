@@ -287,12 +287,7 @@ def sweep(
     cfg = configs[0]
     tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
     reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, bool(progress))
-    full = {
-        d.name: evaluate(
-            model_obj, d, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
-        ).accuracy
-        for d in evals
-    }
+    full = _full_model_accuracy(model_obj, evals, cfg)
     rows, masks = [], []
     for config in configs:
         result = prune(
@@ -392,15 +387,16 @@ def _run_with_ray(
 
 
 def _full_model_accuracy(
-    model: Any, evals: Sequence[PairDataset], cfg: PruneConfig, path: Path
+    model: Any, evals: Sequence[PairDataset], cfg: PruneConfig, path: Path | None = None
 ) -> dict[str, float]:
-    known: dict[str, float] = read_json(path) if path.is_file() else {}
+    """The full model's accuracy per eval set (cached in ``path`` when given)."""
+    known: dict[str, float] = read_json(path) if path is not None and path.is_file() else {}
     missing = [d for d in evals if d.name not in known]
     for dataset in missing:
         known[dataset.name] = evaluate(
             model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
         ).accuracy
-    if missing:
+    if missing and path is not None:
         write_json(path, known)
     return {d.name: known[d.name] for d in evals}
 

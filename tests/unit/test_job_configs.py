@@ -113,6 +113,14 @@ def test_a_recipe_flag_overrides_the_profile_and_only_it():
     assert config.prune_config() != PruneRunConfig(**JOBS[4][3]).prune_config()
 
 
+def test_a_config_file_round_trips(tmp_path):
+    config = SweepConfig.from_dict({**JOBS[5][3], "overrides": {"steps": 30}})
+    assert SweepConfig.from_json(config.to_json(tmp_path / "sweep.json")) == config
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="bad.json is not valid JSON"):
+        SweepConfig.from_json(tmp_path / "bad.json")
+
+
 def test_seed_specs_mean_the_same_everywhere():
     """A bare count means seeds 0..N-1 in every job (sweep, effective size, the experiment)."""
     sweep = SweepConfig.from_dict({**JOBS[5][3], "seeds": "3"})
