@@ -39,6 +39,14 @@ from mi_core.interventions.components import (
     format_components,
     parse_components,
 )
+from mi_core.interventions.edges import (
+    EdgeMask,
+    Graph,
+    graph_error,
+    graph_switches,
+    node_outputs,
+    sender_means,
+)
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import (
     AVERAGING,
@@ -64,6 +72,8 @@ __all__ = [
     "Component",
     "ComponentMask",
     "ComponentMeans",
+    "EdgeMask",
+    "Graph",
     "Intervention",
     "MeansConfig",
     "MeansSettings",
@@ -74,6 +84,8 @@ __all__ = [
     "all_heads",
     "compute_means",
     "format_components",
+    "graph_error",
+    "graph_switches",
     "interpolate",
     "intervention_hooks",
     "is_grouped_query",
@@ -81,10 +93,12 @@ __all__ = [
     "load_means",
     "mask_hooks",
     "naive_ablation_logits",
+    "node_outputs",
     "parse_head_set",
     "parse_components",
     "run_ablation_table",
     "run_means",
+    "sender_means",
     "svd_attention",
     "zero_pruned_weights",
 ]

@@ -13,8 +13,10 @@ The kinds: :class:`~mi_core.interventions.subnetwork.Subnetwork` (heads and MLPs
 a :class:`~mi_core.interventions.mask.ComponentMask`, filled with a means file's activations
 or zero; the heuristic-core paper's unit) and :class:`~mi_core.interventions.neurons.PruneMasks`
 (MLP neurons and attention pre-out neurons, each with its own offset; the separability
-report's unit). Each saves as safetensors whose metadata carries ``kind`` and a format version,
-so :func:`load_intervention` reads any of them back.
+report's unit) and :class:`~mi_core.interventions.edges.EdgeMask` (edges between components,
+filled with a corrupted run's activations, a mean or zero; the unit of circuits). Each saves
+as safetensors whose metadata carries ``kind`` and a format version, so
+:func:`load_intervention` reads any of them back.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from safetensors import SafetensorError
 
 from mi_core.errors import InterventionError
 from mi_core.interventions.ablation import removal_claims
+from mi_core.interventions.edges import EDGE_MASK_KIND, EdgeMask
 from mi_core.interventions.subnetwork import SUBNETWORK_KIND, Subnetwork
 from mi_core.io import read_safetensors
 from mi_core.models.hook_context import prepended_hooks
@@ -51,6 +54,12 @@ class Intervention(Protocol):
         ...
 
 
+def _prepared(model: Any, intervention: Intervention) -> contextlib.AbstractContextManager[Any]:
+    """The model switches an intervention needs (its optional ``prepare(model)``), or none."""
+    prepare = getattr(intervention, "prepare", None)
+    return prepare(model) if prepare is not None else contextlib.nullcontext(model)
+
+
 def intervention_hooks(model: Any, interventions: Sequence[Intervention]) -> list[Hook]:
     """The hooks of ``interventions`` in the order they act (the first one acts first)."""
     hooks: list[Hook] = []
@@ -68,13 +77,18 @@ def intervention_hooks(model: Any, interventions: Sequence[Intervention]) -> lis
 def apply(model: Any, *interventions: Intervention) -> Iterator[Any]:
     """Context manager: inside it, ``model`` runs with every intervention applied.
 
-    Their hooks go before any hook already on the model (so ``run_with_cache`` and later hooks
+    An intervention may switch on what it needs for the span of the block (its optional
+    ``prepare(model)``: an edge mask turns on per-head query / key / value inputs). Their hooks
+    go before any hook already on the model (so ``run_with_cache`` and later hooks
     see the intervened activations); at a shared hook point the first intervention acts first.
     Leaving the block removes exactly these hooks.
     """
     # prepending reverses the order at a hook point, so add the last intervention first
-    hooks = intervention_hooks(model, interventions)
     with contextlib.ExitStack() as claims:
+        for intervention in interventions:  # switches first: hooks may depend on them
+            if isinstance(intervention, Intervention):
+                claims.enter_context(_prepared(model, intervention))
+        hooks = intervention_hooks(model, interventions)
         for intervention in interventions:
             if isinstance(intervention, Subnetwork):  # one fill per removed component
                 claims.enter_context(removal_claims(model, intervention.mask, intervention.fill))
@@ -98,6 +112,8 @@ def load_intervention(path: str | os.PathLike[str]) -> Intervention:
         return Subnetwork.load(path)
     if kind == NEURONS_FORMAT:
         return PruneMasks.load(path)
+    if kind == EDGE_MASK_KIND:
+        return EdgeMask.load(path)
     raise InterventionError(
         f"{path} holds no intervention mi_core knows (kind {kind!r}); a component mask alone is "
         "read with ComponentMask.load and applied as Subnetwork(mask, ablation, means)"

@@ -1,0 +1,771 @@
+"""The computational graph of a hooked model, and edge masks as an intervention.
+
+**The graph** (:class:`Graph`). Nodes that write to the residual stream (*senders*): the input
+embedding (``input``), every head (``L2.H5``) and every MLP (``L3.MLP``). Inputs that read from
+it (*receivers*): each head's query, key and value input (``L2.H5.q``, ``.k``, ``.v``), each
+MLP's input (``L3.MLP``) and the output (``output``: the unembedding or the classifier head).
+An edge joins a sender to every receiver after it (``L0.H1->L2.H5.q``, ``input->L0.MLP``,
+``L5.MLP->output``); a layer's heads feed its own MLP.
+
+*Pre-LayerNorm decoders* (GPT-2, OPT and Llama families, GPT-2 classifiers): the residual
+stream at a receiver is the sum of the outputs of the senders before it plus constant biases
+(attention's ``b_O``), so an edge is exact. Grouped-query models are ungrouped while a graph
+acts: each query head gets its own key and value input (``L2.H5.k``).
+
+*Post-LayerNorm encoders* (BERT, RoBERTa, MiniLM): LayerNorm acts on the residual stream after
+every sublayer, ``LN(x) = (x - mean x) / sigma(x) * w + b``. With each token's scale ``sigma``
+frozen at its value in the run, LayerNorm is affine, so the stream at a receiver is again a
+sum: each sender's output carried through the LayerNorms between them (centred, divided by
+that run's scale, times ``w``), plus constants. Edges are defined through that linear map, with
+the scale taken from the run that is being computed (the clean run for attribution scores, the
+masked run for a masked forward). With every edge kept this is the model exactly; with every
+edge removed it differs from the corrupted run only through the scales
+(:func:`graph_error` measures both). The MLP receiver of an encoder acts on the MLP's own
+input (at ``mlp.hook_pre``), not on the residual stream the MLP's output is added to.
+
+**Edge masks** (:class:`EdgeMask`): a weight per edge (1 kept, 0 removed, anything between for
+pruning), and the fill of a removed edge: the corrupted run's output of its sender
+(``corrupted``, activation patching), the sender's mean output over a data set (``mean``), or
+zero. A receiver gets ``its input - sum over removed edges (sender output - fill)``: the
+activations flow as in the model except along removed edges. Masks save, load and apply like
+every intervention::
+
+    graph = Graph.from_model(model)
+    mask = EdgeMask.from_edges(graph, ["input->L0.H1.v", "L0.H1->output"], fill="corrupted")
+    with apply(model, mask.patching(model, corrupted_ids)):
+        logits = model(clean_ids)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from transformer_lens.components import BertBlock, TransformerBlock
+
+from mi_core.errors import InterventionError
+from mi_core.io import read_json, read_safetensors, write_safetensors
+
+__all__ = [
+    "EDGE_MASK_KIND",
+    "FILLS",
+    "SUPPORTED_GRAPHS",
+    "EdgeMask",
+    "Graph",
+    "NodeOutputs",
+    "graph_error",
+    "graph_switches",
+    "node_outputs",
+    "sender_means",
+    "to_mib_name",
+]
+
+EDGE_MASK_KIND = "mi_core.EdgeMask"
+_FORMAT_VERSION = "1"
+FILLS = ("corrupted", "mean", "zero")
+SUPPORTED_GRAPHS = (
+    "pre-LayerNorm decoders (GPT-2, OPT and Llama families; GPT-2 classifiers) and "
+    "post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"
+)
+_SENDER = re.compile(r"^(?:input|L(\d+)\.(?:H(\d+)|MLP))$")
+_RECEIVER = re.compile(r"^(?:output|L(\d+)\.(?:H(\d+)\.([qkv])|MLP))$")
+
+#: Outputs of every sender in one run, in graph order: ``[sender, batch, pos, d_model]``.
+NodeOutputs = Float[torch.Tensor, "sender batch pos d_model"]
+
+
+def _family(model: Any) -> str:
+    """``"decoder"`` or ``"encoder"``, or a clear error for a model with no graph."""
+    blocks = getattr(model, "blocks", None)
+    cfg = getattr(model, "cfg", None)
+    if blocks is None or cfg is None or len(blocks) == 0:
+        raise InterventionError(
+            f"no circuit graph for {type(model).__name__}: supported are {SUPPORTED_GRAPHS}"
+        )
+    name = cfg.original_architecture or type(model).__name__
+    if all(type(b) is BertBlock for b in blocks):
+        return "encoder"
+    plain_decoder = (
+        all(type(b) is TransformerBlock for b in blocks)
+        and cfg.normalization_type in ("LN", "LNPre", "RMS", "RMSPre")
+        and not cfg.parallel_attn_mlp
+        and not cfg.attn_only
+        and not cfg.use_normalization_before_and_after
+        and "Olmo2" not in name
+        and "Olmo3" not in name
+    )
+    if plain_decoder:
+        return "decoder"
+    raise InterventionError(f"no circuit graph for {name}: supported are {SUPPORTED_GRAPHS}")
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Senders, receivers and edges of a hooked model (see the module docstring).
+
+    Senders in order: ``input``, then per layer its heads and its MLP. Receivers in order: per
+    layer every head's ``q``, then ``k``, then ``v``, then the MLP; finally ``output``.
+    """
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    post_ln: bool = False
+
+    @classmethod
+    def from_model(cls, model: Any) -> Graph:
+        """The graph of ``model`` (an error names the supported families for any other)."""
+        family = _family(model)
+        cfg = model.cfg
+        return cls(cfg.n_layers, cfg.n_heads, cfg.d_model, post_ln=family == "encoder")
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model whose graph is not this one."""
+        other = Graph.from_model(model)
+        if other != self:
+            raise InterventionError(f"this graph is {self}, the model's is {other}")
+
+    # ---------------------------------------------------------------- indices and names
+    @property
+    def n_senders(self) -> int:
+        return 1 + self.n_layers * (self.n_heads + 1)
+
+    @property
+    def n_receivers(self) -> int:
+        return self.n_layers * (3 * self.n_heads + 1) + 1
+
+    def head_sender(self, layer: int, head: int) -> int:
+        return 1 + layer * (self.n_heads + 1) + head
+
+    def mlp_sender(self, layer: int) -> int:
+        return 1 + layer * (self.n_heads + 1) + self.n_heads
+
+    def qkv_receivers(self, layer: int) -> slice:
+        """Receivers ``L{layer}.H*.q``, then ``.k``, then ``.v`` (``3 * n_heads`` of them)."""
+        start = layer * (3 * self.n_heads + 1)
+        return slice(start, start + 3 * self.n_heads)
+
+    def mlp_receiver(self, layer: int) -> int:
+        return layer * (3 * self.n_heads + 1) + 3 * self.n_heads
+
+    @property
+    def output_receiver(self) -> int:
+        return self.n_receivers - 1
+
+    @cached_property
+    def senders(self) -> list[str]:
+        names = ["input"]
+        for layer in range(self.n_layers):
+            names += [f"L{layer}.H{h}" for h in range(self.n_heads)] + [f"L{layer}.MLP"]
+        return names
+
+    @cached_property
+    def receivers(self) -> list[str]:
+        names = []
+        for layer in range(self.n_layers):
+            for kind in "qkv":
+                names += [f"L{layer}.H{h}.{kind}" for h in range(self.n_heads)]
+            names.append(f"L{layer}.MLP")
+        return [*names, "output"]
+
+    @cached_property
+    def _sender_depth(self) -> torch.Tensor:
+        depth = [-1]
+        for layer in range(self.n_layers):
+            depth += [2 * layer] * self.n_heads + [2 * layer + 1]
+        return torch.tensor(depth)
+
+    @cached_property
+    def _receiver_depth(self) -> torch.Tensor:
+        depth = []
+        for layer in range(self.n_layers):
+            depth += [2 * layer] * (3 * self.n_heads) + [2 * layer + 1]
+        return torch.tensor([*depth, 2 * self.n_layers])
+
+    @cached_property
+    def exists(self) -> Bool[torch.Tensor, "sender receiver"]:
+        """Which (sender, receiver) pairs are edges: the sender comes before the receiver."""
+        return self._sender_depth[:, None] < self._receiver_depth[None, :]
+
+    @cached_property
+    def edges(self) -> torch.Tensor:
+        """``[n_edges, 2]``: (sender, receiver) of every edge, sender-major."""
+        return self.exists.nonzero()
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.edges.shape[0])
+
+    @cached_property
+    def edge_names(self) -> list[str]:
+        """``"L0.H1->L2.H5.q"`` for every edge, in :attr:`edges` order."""
+        return [f"{self.senders[s]}->{self.receivers[r]}" for s, r in self.edges.tolist()]
+
+    @cached_property
+    def _edge_id(self) -> torch.Tensor:
+        ids = torch.full(self.exists.shape, -1, dtype=torch.long)
+        ids[self.exists] = torch.arange(self.n_edges)
+        return ids
+
+    def edge_index(self, name: str) -> int:
+        """The position of edge ``name`` in :attr:`edges` (a clear error if there is none)."""
+        sender, arrow, receiver = name.replace(" ", "").partition("->")
+        s, r = self._parse_sender(sender, name), self._parse_receiver(receiver, name)
+        if not arrow or s is None or r is None:
+            raise InterventionError(
+                f"no edge {name!r} in this graph ({self.n_layers} layers x {self.n_heads} heads); "
+                "edges are named like 'L0.H3->L1.H2.q', 'input->L0.MLP', 'L2.MLP->output'"
+            )
+        index = int(self._edge_id[s, r])
+        if index < 0:
+            raise InterventionError(
+                f"no edge {name!r}: {sender} does not come before {receiver} in the model"
+            )
+        return index
+
+    def _parse_sender(self, text: str, name: str) -> int | None:
+        match = _SENDER.match(text)
+        if match is None:
+            return None
+        if text == "input":
+            return 0
+        layer, head = int(match[1]), match[2]
+        self._check_range(layer, head, name)
+        return self.mlp_sender(layer) if head is None else self.head_sender(layer, int(head))
+
+    def _parse_receiver(self, text: str, name: str) -> int | None:
+        match = _RECEIVER.match(text)
+        if match is None:
+            return None
+        if text == "output":
+            return self.output_receiver
+        layer, head, kind = int(match[1]), match[2], match[3]
+        self._check_range(layer, head, name)
+        if head is None:
+            return self.mlp_receiver(layer)
+        return self.qkv_receivers(layer).start + "qkv".index(kind) * self.n_heads + int(head)
+
+    def _check_range(self, layer: int, head: str | None, name: str) -> None:
+        if layer >= self.n_layers or (head is not None and int(head) >= self.n_heads):
+            raise InterventionError(
+                f"no edge {name!r}: the model has {self.n_layers} layers of {self.n_heads} heads"
+            )
+
+    # --------------------------------------------------------------------- conversion
+    def to_dense(
+        self, values: Float[torch.Tensor, " edge"], fill: float = 0.0
+    ) -> Float[torch.Tensor, "sender receiver"]:
+        """Per-edge values as a ``[sender, receiver]`` matrix (``fill`` where no edge is)."""
+        if values.shape != (self.n_edges,):
+            raise InterventionError(
+                f"expected {self.n_edges} edge values, got {tuple(values.shape)}"
+            )
+        dense = torch.full(self.exists.shape, fill, dtype=values.dtype, device=values.device)
+        return dense.masked_scatter(self.exists.to(values.device), values)
+
+    def from_dense(
+        self, dense: Float[torch.Tensor, "sender receiver"]
+    ) -> Float[torch.Tensor, " edge"]:
+        """The edge entries of a ``[sender, receiver]`` matrix, in :attr:`edges` order."""
+        return dense[self.exists.to(dense.device)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "d_model": self.d_model,
+            "post_ln": self.post_ln,
+        }
+
+    def __str__(self) -> str:
+        kind = "post-LN encoder" if self.post_ln else "pre-LN decoder"
+        return (
+            f"Graph({kind}, {self.n_layers} layers x {self.n_heads} heads: {self.n_senders} "
+            f"senders, {self.n_receivers} receivers, {self.n_edges} edges)"
+        )
+
+
+# ------------------------------------------------------------------------ the model's switches
+@contextlib.contextmanager
+def graph_switches(model: Any) -> Iterator[Any]:
+    """Switch on what a graph needs for the span of a block: per-head query / key / value
+    inputs, the MLP-input hook (decoders) and ungrouped key / value heads (grouped-query
+    models). The switches are restored on leaving."""
+    cfg = model.cfg
+    names = ["use_split_qkv_input", "use_hook_mlp_in", "ungroup_grouped_query_attention"]
+    before = {name: getattr(cfg, name) for name in names}
+    try:
+        cfg.use_split_qkv_input = True
+        cfg.use_hook_mlp_in = True
+        if cfg.n_key_value_heads is not None:
+            cfg.ungroup_grouped_query_attention = True
+        yield model
+    finally:
+        for name, value in before.items():
+            setattr(cfg, name, value)
+
+
+def _head_results(model: Any, layer: int, z: torch.Tensor) -> torch.Tensor:
+    """``[n_heads, batch, pos, d_model]``: each head's output in the residual stream."""
+    w_o = model.blocks[layer].attn.W_O  # [head, d_head, d_model]
+    return torch.einsum("bphe,hem->hbpm", z, w_o.to(z.dtype))
+
+
+def _recorder_hooks(
+    model: Any, graph: Graph, store: list[torch.Tensor | None]
+) -> list[tuple[str, Callable]]:
+    """Hooks that put each sender's output into ``store`` (one slot per sender block)."""
+
+    def at(index: int, value: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+        def hook(x: torch.Tensor, hook: Any) -> None:
+            store[index] = value(x)
+
+        return hook
+
+    hooks = [("blocks.0.hook_resid_pre", at(0, lambda x: x[None]))]
+    for layer in range(graph.n_layers):
+        hooks.append(
+            (
+                f"blocks.{layer}.attn.hook_z",
+                at(1 + 2 * layer, lambda z, l=layer: _head_results(model, l, z)),
+            )
+        )
+        hooks.append((f"blocks.{layer}.hook_mlp_out", at(2 + 2 * layer, lambda x: x[None])))
+    return hooks
+
+
+def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOutputs:
+    """Run ``model(*args, **kwargs)`` without gradients and return every sender's output.
+
+    Outputs are in each sender's own space (before any later LayerNorm).
+    """
+    graph.check_model(model)
+    store: list[torch.Tensor | None] = [None] * (1 + 2 * graph.n_layers)
+    with torch.no_grad(), model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)):
+        model(*args, **kwargs)
+    return torch.cat([t for t in store if t is not None])  # type: ignore[misc]
+
+
+def sender_means(
+    model: Any, graph: Graph, batches: Iterator[dict[str, torch.Tensor]] | Sequence[dict[str, Any]]
+) -> Float[torch.Tensor, "sender d_model"]:
+    """Each sender's mean output over the real tokens of ``batches`` (the ``mean`` fill).
+
+    A batch is the keyword arguments of a forward; its ``attention_mask`` (if any) marks the
+    tokens that count.
+    """
+    total = torch.zeros(graph.n_senders, graph.d_model, dtype=torch.float64)
+    count = 0
+    for batch in batches:
+        outputs = node_outputs(model, graph, **batch).double().cpu()
+        mask = batch.get("attention_mask")
+        if mask is None:
+            weights = torch.ones(outputs.shape[1:3], dtype=torch.float64)
+        else:
+            weights = mask.double().cpu()
+        total += torch.einsum("sbpd,bp->sd", outputs, weights)
+        count += float(weights.sum())
+    if count == 0:
+        raise InterventionError("sender_means got no tokens")
+    return (total / count).float()
+
+
+# ------------------------------------------------------------------------------ edge masks
+@dataclass(eq=False)
+class EdgeMask:
+    """A weight per edge of ``graph`` (1 kept, 0 removed) and the fill of removed edges.
+
+    ``fill``: ``corrupted`` (the sender's output in a corrupted run, bound per batch with
+    :meth:`patching` or :meth:`with_corrupted`), ``mean`` (``means``: each sender's mean
+    output, ``[sender, d_model]``) or ``zero``.
+    """
+
+    graph: Graph
+    weights: Float[torch.Tensor, " edge"]
+    fill: str = "corrupted"
+    means: Float[torch.Tensor, "sender d_model"] | None = None
+    corrupted: NodeOutputs | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.fill not in FILLS:
+            raise InterventionError(f"unknown edge fill {self.fill!r}; expected one of {FILLS}")
+        if self.weights.shape != (self.graph.n_edges,):
+            raise InterventionError(
+                f"an edge mask of {self.graph} needs {self.graph.n_edges} weights, got "
+                f"{tuple(self.weights.shape)}"
+            )
+        if self.fill == "mean":
+            expected = (self.graph.n_senders, self.graph.d_model)
+            if self.means is None or tuple(self.means.shape) != expected:
+                raise InterventionError(
+                    f"a mean-filled edge mask needs means of shape {expected} (sender_means)"
+                )
+
+    # ------------------------------------------------------------------- constructors
+    @classmethod
+    def full(cls, graph: Graph, fill: str = "corrupted", **kwargs: Any) -> EdgeMask:
+        """Every edge kept."""
+        return cls(graph, torch.ones(graph.n_edges), fill, **kwargs)
+
+    @classmethod
+    def empty(cls, graph: Graph, fill: str = "corrupted", **kwargs: Any) -> EdgeMask:
+        """Every edge removed."""
+        return cls(graph, torch.zeros(graph.n_edges), fill, **kwargs)
+
+    @classmethod
+    def from_edges(
+        cls, graph: Graph, kept: Sequence[str], fill: str = "corrupted", **kwargs: Any
+    ) -> EdgeMask:
+        """Keep the named edges (``"L0.H1->L2.H5.q"``), remove every other."""
+        weights = torch.zeros(graph.n_edges)
+        weights[[graph.edge_index(name) for name in kept]] = 1.0
+        return cls(graph, weights, fill, **kwargs)
+
+    @classmethod
+    def top_k(
+        cls,
+        graph: Graph,
+        scores: Float[torch.Tensor, " edge"],
+        k: int,
+        fill: str = "corrupted",
+        absolute: bool = True,
+        **kwargs: Any,
+    ) -> EdgeMask:
+        """Keep the ``k`` edges of highest score (of highest ``|score|`` if ``absolute``)."""
+        if not 0 <= k <= graph.n_edges:
+            raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
+        key = scores.abs() if absolute else scores
+        weights = torch.zeros(graph.n_edges)
+        weights[torch.argsort(key.detach().cpu().float(), descending=True, stable=True)[:k]] = 1.0
+        return cls(graph, weights, fill, **kwargs)
+
+    # ---------------------------------------------------------------------- views
+    @property
+    def kept(self) -> list[str]:
+        """Names of the kept edges (weight above 0.5)."""
+        return [self.graph.edge_names[i] for i in (self.weights > 0.5).nonzero().flatten().tolist()]
+
+    @property
+    def n_kept(self) -> int:
+        return int((self.weights > 0.5).sum())
+
+    @property
+    def sparsity(self) -> float:
+        """Fraction of edges removed."""
+        return 1.0 - self.n_kept / self.graph.n_edges
+
+    def with_corrupted(self, outputs: NodeOutputs) -> EdgeMask:
+        """This mask with its fill bound to a corrupted run's sender outputs."""
+        if outputs.shape[0] != self.graph.n_senders or outputs.shape[-1] != self.graph.d_model:
+            raise InterventionError(
+                f"corrupted outputs of shape {tuple(outputs.shape)} do not fit {self.graph}"
+            )
+        return replace(self, corrupted=outputs)
+
+    def patching(self, model: Any, *args: Any, **kwargs: Any) -> EdgeMask:
+        """This mask bound to the corrupted run ``model(*args, **kwargs)``."""
+        return self.with_corrupted(node_outputs(model, self.graph, *args, **kwargs))
+
+    def __or__(self, other: EdgeMask) -> EdgeMask:
+        return replace(self, weights=torch.maximum(self.weights, other.weights))
+
+    def __and__(self, other: EdgeMask) -> EdgeMask:
+        return replace(self, weights=torch.minimum(self.weights, other.weights))
+
+    def __invert__(self) -> EdgeMask:
+        return replace(self, weights=1.0 - self.weights)
+
+    def __str__(self) -> str:
+        return (
+            f"EdgeMask({self.n_kept} of {self.graph.n_edges} edges kept, removed edges filled "
+            f"with {self.fill})"
+        )
+
+    # ------------------------------------------------------------------ intervention
+    def prepare(self, model: Any) -> contextlib.AbstractContextManager[Any]:
+        """The switches the graph needs (:func:`graph_switches`), for :func:`apply`."""
+        return graph_switches(model)
+
+    def hooks(self, model: Any) -> list[tuple[str, Callable]]:
+        """Hooks that feed every receiver its input minus the removed edges' differences.
+
+        The model must have the graph's switches on (:func:`apply` does it).
+        """
+        self.graph.check_model(model)
+        if self.fill == "corrupted" and self.corrupted is None:
+            raise InterventionError(
+                "a corrupted-fill edge mask needs the corrupted run: "
+                "mask.patching(model, corrupted_input) binds it"
+            )
+        removed = self.graph.to_dense(1.0 - self.weights.float(), fill=0.0)
+        return _EdgeRun(model, self.graph, removed, self._fill_value).hooks()
+
+    def _fill_value(self, senders: slice, like: torch.Tensor) -> torch.Tensor | None:
+        """The fill of senders ``senders``, broadcastable to ``like`` ``[n, batch, pos, d]``."""
+        if self.fill == "zero":
+            return None
+        if self.fill == "mean":
+            assert self.means is not None
+            return self.means[senders, None, None, :].to(like)
+        assert self.corrupted is not None
+        value = self.corrupted[senders]
+        if value.shape[1:3] != like.shape[1:3]:
+            raise InterventionError(
+                f"the corrupted run has {value.shape[1]} x {value.shape[2]} (examples x tokens) "
+                f"but the clean run {like.shape[1]} x {like.shape[2]}; pad both to one shape"
+            )
+        return value.to(like)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write weights, fill and (for ``mean``) means as one safetensors file.
+
+        A corrupted run is data, not part of the mask, and is not saved.
+        """
+        if Path(path).suffix.lower() != ".safetensors":
+            raise InterventionError(f"cannot save an edge mask as {path}: use .safetensors")
+        import json
+
+        tensors = {"weights": self.weights.detach().float()}
+        if self.means is not None:
+            tensors["means"] = self.means.detach().float()
+        metadata = {
+            "kind": EDGE_MASK_KIND,
+            "format_version": _FORMAT_VERSION,
+            "fill": self.fill,
+            "graph": json.dumps(self.graph.to_dict()),
+        }
+        return write_safetensors(path, tensors, metadata)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> EdgeMask:
+        """Read an edge mask written by :meth:`save`."""
+        import json
+
+        try:
+            tensors, metadata = read_safetensors(path)
+        except FileNotFoundError:
+            raise InterventionError(f"no edge mask file at {path}") from None
+        if metadata.get("kind") != EDGE_MASK_KIND:
+            raise InterventionError(f"{path} is not an edge mask (kind {metadata.get('kind')!r})")
+        if metadata.get("format_version") != _FORMAT_VERSION:
+            raise InterventionError(
+                f"{path}: edge-mask format {metadata.get('format_version')!r} is not "
+                f"{_FORMAT_VERSION!r}; upgrade mi_core"
+            )
+        graph = Graph(**json.loads(metadata["graph"]))
+        return cls(graph, tensors["weights"], metadata["fill"], tensors.get("means"))
+
+    @classmethod
+    def from_json(
+        cls, graph: Graph, path: str | os.PathLike[str], fill: str = "corrupted", **kwargs: Any
+    ) -> EdgeMask:
+        """Keep the edges listed in a JSON file: a list of names, or ``{"edges": {name: ...}}``
+        with an ``in_graph`` flag per edge (the MIB format :func:`~mi_core.circuits.to_mib`
+        writes)."""
+        data = read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("edges"), dict):
+            names = [name for name, edge in data["edges"].items() if edge.get("in_graph")]
+            from_mib = True
+        elif isinstance(data, list):
+            names, from_mib = [str(n) for n in data], False
+        else:
+            raise InterventionError(f"{path}: expected a list of edge names or an MIB circuit")
+        if from_mib:
+            names = [_from_mib_name(name) for name in names]
+        return cls.from_edges(graph, names, fill, **kwargs)
+
+
+# --------------------------------------------------------------------- the masked forward
+class _EdgeRun:
+    """Per-forward state of a masked run: the senders' (output - fill) so far, per block.
+
+    ``deltas`` holds one tensor ``[n, batch, pos, d_model]`` per sender block (the input; each
+    layer's heads; each MLP), carried through every LayerNorm since (encoders). A receiver's
+    input loses ``sum over senders of removed[sender, receiver] * delta[sender]``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        graph: Graph,
+        removed: Float[torch.Tensor, "sender receiver"],
+        fill: Callable[[slice, torch.Tensor], torch.Tensor | None],
+    ) -> None:
+        self.model, self.graph, self.fill = model, graph, fill
+        self.removed = removed
+        self.deltas: list[torch.Tensor] = []
+        self.starts: list[int] = []
+        self.pending: torch.Tensor | None = None
+
+    def _append(self, start: int, outputs: torch.Tensor) -> None:
+        fill = self.fill(slice(start, start + outputs.shape[0]), outputs)
+        self.deltas.append(outputs if fill is None else outputs - fill)
+        self.starts.append(start)
+
+    def _correction(self, receivers: slice | int) -> torch.Tensor:
+        """``[n_receivers, batch, pos, d_model]`` to subtract at ``receivers``."""
+        removed = self.removed.to(self.deltas[0])
+        columns = removed[:, receivers] if isinstance(receivers, slice) else removed[:, [receivers]]
+        total = None
+        for start, delta in zip(self.starts, self.deltas, strict=True):
+            part = torch.einsum("sbpd,sr->rbpd", delta, columns[start : start + delta.shape[0]])
+            total = part if total is None else total + part
+        assert total is not None
+        return total
+
+    def hooks(self) -> list[tuple[str, Callable]]:
+        graph, model = self.graph, self.model
+        hooks: list[tuple[str, Callable]] = []
+
+        def start(x: torch.Tensor, hook: Any) -> None:
+            self.deltas, self.starts, self.pending = [], [], None
+            self._append(0, x[None])
+
+        hooks.append(("blocks.0.hook_resid_pre", start))
+        for layer in range(graph.n_layers):
+            hooks += self._layer_hooks(model, graph, layer)
+        last = graph.n_layers - 1
+        out_point = "hook_normalized_resid_post" if graph.post_ln else "hook_resid_post"
+
+        def output(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            return x - self._correction(graph.output_receiver)[0]
+
+        hooks.append((f"blocks.{last}.{out_point}", output))
+        return hooks
+
+    def _layer_hooks(self, model: Any, graph: Graph, layer: int) -> list[tuple[str, Callable]]:
+        n_heads = graph.n_heads
+        block = model.blocks[layer]
+
+        def q_input(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            correction = self._correction(graph.qkv_receivers(layer)).permute(1, 2, 0, 3)
+            self.pending = correction  # [batch, pos, 3 * heads, d_model]
+            return x - correction[:, :, :n_heads]
+
+        def kv_input(offset: int) -> Callable:
+            def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+                assert self.pending is not None
+                return x - self.pending[:, :, offset * n_heads : (offset + 1) * n_heads]
+
+            return hook
+
+        def heads(z: torch.Tensor, hook: Any) -> None:
+            self._append(graph.head_sender(layer, 0), _head_results(model, layer, z))
+
+        def mlp_out(x: torch.Tensor, hook: Any) -> None:
+            self._append(graph.mlp_sender(layer), x[None])
+
+        prefix = f"blocks.{layer}"
+        hooks = [
+            (f"{prefix}.hook_q_input", q_input),
+            (f"{prefix}.hook_k_input", kv_input(1)),
+            (f"{prefix}.hook_v_input", kv_input(2)),
+            (f"{prefix}.attn.hook_z", heads),
+        ]
+        if graph.post_ln:
+
+            def layer_norm(ln: Any) -> Callable:
+                def hook(scale: torch.Tensor, hook: Any) -> None:
+                    self.deltas = [_through_layer_norm(d, scale, ln.w) for d in self.deltas]
+
+                return hook
+
+            def mlp_pre(x: torch.Tensor, hook: Any) -> torch.Tensor:
+                correction = self._correction(graph.mlp_receiver(layer))[0]
+                return x - correction @ block.mlp.W_in.to(correction)
+
+            hooks += [
+                (f"{prefix}.ln1.hook_scale", layer_norm(block.ln1)),
+                (f"{prefix}.mlp.hook_pre", mlp_pre),
+                (f"{prefix}.hook_mlp_out", mlp_out),
+                (f"{prefix}.ln2.hook_scale", layer_norm(block.ln2)),
+            ]
+        else:
+
+            def mlp_in(x: torch.Tensor, hook: Any) -> torch.Tensor:
+                return x - self._correction(graph.mlp_receiver(layer))[0]
+
+            hooks += [(f"{prefix}.hook_mlp_in", mlp_in), (f"{prefix}.hook_mlp_out", mlp_out)]
+        return hooks
+
+
+def _through_layer_norm(
+    delta: Float[torch.Tensor, "n batch pos d_model"],
+    scale: Float[torch.Tensor, "batch pos 1"],
+    weight: Float[torch.Tensor, " d_model"],
+) -> Float[torch.Tensor, "n batch pos d_model"]:
+    """LayerNorm's linear part with the scale frozen: centre, divide by the scale, times w."""
+    return (delta - delta.mean(-1, keepdim=True)) / scale * weight
+
+
+def graph_error(
+    model: Any, graph: Graph, clean: dict[str, torch.Tensor], corrupted: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """How exactly the graph describes ``model`` on one batch (max absolute logit differences).
+
+    ``full``: every edge kept vs the plain forward (0 up to float error, for every family).
+    ``empty``: every edge removed (corrupted fill) vs the corrupted run's forward: 0 up to float
+    error for decoders; for post-LN encoders, the error of taking LayerNorm scales from the
+    masked run instead of the corrupted one.
+    """
+    with torch.no_grad():
+        plain, corrupt = model(**clean), model(**corrupted)
+        outputs = node_outputs(model, graph, **corrupted)
+        errors = {}
+        for name, mask, reference in (
+            ("full", EdgeMask.full(graph), plain),
+            ("empty", EdgeMask.empty(graph), corrupt),
+        ):
+            with (
+                graph_switches(model),
+                model.hooks(fwd_hooks=mask.with_corrupted(outputs).hooks(model)),
+            ):
+                errors[name] = float((model(**clean) - reference).abs().max())
+    return errors
+
+
+_MIB_NODE = re.compile(r"^(?:input|logits|a(\d+)\.h(\d+)|m(\d+))$")
+
+
+def _from_mib_name(name: str) -> str:
+    """``a0.h1->a2.h5<q>`` (MIB / EAP-IG) as ``L0.H1->L2.H5.q``."""
+    match = re.match(r"^(.+)->(.+?)(?:<([qkv])>)?$", name)
+    if match is None:
+        raise InterventionError(f"{name!r} is not an MIB edge name (like 'a0.h1->a2.h5<q>')")
+
+    def node(text: str) -> str:
+        found = _MIB_NODE.match(text)
+        if found is None:
+            raise InterventionError(f"{name!r}: {text!r} is not an MIB node name")
+        if text in ("input", "logits"):
+            return "output" if text == "logits" else "input"
+        if found[3] is not None:
+            return f"L{found[3]}.MLP"
+        return f"L{found[1]}.H{found[2]}"
+
+    receiver = node(match[2]) + (f".{match[3]}" if match[3] else "")
+    return f"{node(match[1])}->{receiver}"
+
+
+def to_mib_name(name: str) -> str:
+    """``L0.H1->L2.H5.q`` as the MIB / EAP-IG name ``a0.h1->a2.h5<q>``."""
+    sender, _, receiver = name.partition("->")
+
+    def node(text: str) -> str:
+        if text in ("input", "output"):
+            return "logits" if text == "output" else "input"
+        layer, _, rest = text.partition(".")
+        return f"m{layer[1:]}" if rest == "MLP" else f"a{layer[1:]}.h{rest[1:]}"
+
+    suffix = ""
+    if receiver.endswith((".q", ".k", ".v")):
+        receiver, suffix = receiver[:-2], f"<{receiver[-1]}>"
+    return f"{node(sender)}->{node(receiver)}{suffix}"

@@ -1,0 +1,197 @@
+"""The computational graph and edge masks: names, exactness on every family, save / load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import random_tokens, tiny_model
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from mi_core.errors import InterventionError
+from mi_core.interventions import (
+    EdgeMask,
+    Graph,
+    apply,
+    graph_error,
+    load_intervention,
+    node_outputs,
+    sender_means,
+)
+from mi_core.interventions.edges import _from_mib_name, to_mib_name
+from mi_core.models import load_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return tiny_model("gpt2")
+
+
+@pytest.fixture(scope="module")
+def checkpoints_loaded(tiny_checkpoints):
+    models = {}
+    for kind in ("bert-cls", "roberta-cls", "gpt2-cls", "opt-lm", "llama-lm"):
+        task = {"task": "mnli"} if kind.endswith("-cls") else {}
+        models[kind] = load_model(tiny_checkpoints[kind], **task)
+    return models
+
+
+def _inputs(kind: str, seed: int) -> dict[str, torch.Tensor]:
+    ids = random_tokens(3, 9, seed=seed, low=1000, high=2000)
+    if kind.endswith("-cls"):
+        mask = torch.ones_like(ids)
+        mask[1, 6:] = 0  # one padded example
+        return {"input_ids": ids, "attention_mask": mask}
+    return {"input": ids}
+
+
+def test_graph_counts_and_names(gpt2):
+    graph = Graph.from_model(gpt2)
+    # senders: input + 2 x (4 heads + MLP); receivers: 2 x (12 qkv + MLP) + output
+    assert (graph.n_senders, graph.n_receivers) == (11, 27)
+    # input feeds all 27; layer-0 heads feed L0.MLP, 13 layer-1 receivers and output (15 each);
+    # L0.MLP feeds 14; layer-1 heads feed L1.MLP and output (2 each); L1.MLP feeds output
+    assert graph.n_edges == 27 + 4 * 15 + 14 + 4 * 2 + 1 == 110
+    assert graph.edge_names[0] == "input->L0.H0.q"
+    assert "L0.H1->L1.H2.k" in graph.edge_names
+    assert "L0.H1->L0.MLP" in graph.edge_names
+    assert "L1.H0->L1.H0.q" not in graph.edge_names
+    assert [graph.edge_index(n) for n in graph.edge_names] == list(range(110))
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("L0.H1->L0.H2.q", "does not come before"),
+        ("L5.H1->output", "2 layers of 4 heads"),
+        ("L0.H9->output", "2 layers of 4 heads"),
+        ("L0.H1-L1.MLP", "edges are named like"),
+        ("L0.H1->L1.H2.x", "edges are named like"),
+    ],
+)
+def test_bad_edge_names_are_refused_clearly(gpt2, name, says):
+    graph = Graph.from_model(gpt2)
+    with pytest.raises(InterventionError, match=says):
+        EdgeMask.from_edges(graph, [name])
+
+
+def test_a_model_without_a_graph_names_the_supported_families():
+    cfg = HookedTransformerConfig(
+        d_model=16,
+        d_head=4,
+        n_heads=4,
+        n_layers=1,
+        n_ctx=8,
+        d_vocab=10,
+        act_fn="gelu",
+        parallel_attn_mlp=True,
+        normalization_type="LN",
+    )
+    with pytest.raises(InterventionError, match="supported are pre-LayerNorm decoders"):
+        Graph.from_model(HookedTransformer(cfg))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_full_graph_is_the_plain_forward_and_empty_graph_the_corrupted_one(kind):
+    model = tiny_model(kind)
+    graph = Graph.from_model(model)
+    clean, corrupt = _inputs("lm", 0), _inputs("lm", 1)
+    clean = {"input": clean["input"] % 90}
+    corrupt = {"input": corrupt["input"] % 90}
+    errors = graph_error(model, graph, clean, corrupt)
+    assert errors["full"] < 1e-5 and errors["empty"] < 1e-5
+    # the switches the graph turned on are off again
+    assert not model.cfg.use_split_qkv_input and not model.cfg.use_hook_mlp_in
+
+
+@pytest.mark.parametrize("kind", ["gpt2-cls", "opt-lm", "llama-lm", "bert-cls", "roberta-cls"])
+def test_graph_exactness_on_every_family(checkpoints_loaded, kind):
+    model = checkpoints_loaded[kind]
+    graph = Graph.from_model(model)
+    assert graph.post_ln == (kind in ("bert-cls", "roberta-cls"))
+    errors = graph_error(model, graph, _inputs(kind, 0), _inputs(kind, 1))
+    assert errors["full"] < 1e-5
+    if graph.post_ln:
+        # LayerNorm scales come from the masked run, not the corrupted one: a measured error
+        assert 1e-4 < errors["empty"] < 0.1
+    else:
+        assert errors["empty"] < 1e-5
+
+
+def test_one_removed_edge_patches_exactly_that_input(gpt2):
+    graph = Graph.from_model(gpt2)
+    clean, corrupt = random_tokens(2, 6, seed=3, high=90), random_tokens(2, 6, seed=4, high=90)
+    # by hand: head 2 of layer 1 reads its value input with the embedding's clean part
+    # replaced by the corrupted one
+    _, cache = gpt2.run_with_cache(corrupt, names_filter="blocks.0.hook_resid_pre")
+    _, clean_cache = gpt2.run_with_cache(clean, names_filter="blocks.0.hook_resid_pre")
+    delta = clean_cache["blocks.0.hook_resid_pre"] - cache["blocks.0.hook_resid_pre"]
+
+    def patch(v_input, hook):
+        v_input[:, :, 2] -= delta
+        return v_input
+
+    gpt2.set_use_split_qkv_input(True)
+    try:
+        expected = gpt2.run_with_hooks(clean, fwd_hooks=[("blocks.1.hook_v_input", patch)])
+    finally:
+        gpt2.set_use_split_qkv_input(False)
+    mask = ~EdgeMask.from_edges(graph, ["input->L1.H2.v"])
+    with apply(gpt2, mask.patching(gpt2, corrupt)):
+        got = gpt2(clean)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert (got - gpt2(clean)).abs().max() > 1e-3  # the edge matters
+
+
+def test_mean_fill_is_the_corrupted_fill_with_means_as_the_corrupted_run(gpt2):
+    graph = Graph.from_model(gpt2)
+    data = [{"input": random_tokens(4, 6, seed=s, high=90)} for s in range(2)]
+    means = sender_means(gpt2, graph, data)
+    outputs = node_outputs(gpt2, graph, data[0]["input"])
+    torch.testing.assert_close(
+        means[1],
+        (outputs[1].mean((0, 1)) + node_outputs(gpt2, graph, data[1]["input"])[1].mean((0, 1))) / 2,
+        atol=1e-5,
+        rtol=0,
+    )
+    clean = random_tokens(2, 6, seed=9, high=90)
+    half = EdgeMask.top_k(graph, torch.arange(graph.n_edges).float(), 55, fill="mean", means=means)
+    as_corrupt = EdgeMask(graph, half.weights).with_corrupted(
+        means[:, None, None, :].expand(-1, 2, 6, -1)
+    )
+    with apply(gpt2, half):
+        mean_filled = gpt2(clean)
+    with apply(gpt2, as_corrupt):
+        corrupt_filled = gpt2(clean)
+    torch.testing.assert_close(mean_filled, corrupt_filled, atol=1e-5, rtol=0)
+
+
+def test_edge_mask_saves_loads_and_refuses_what_it_cannot_do(gpt2, tmp_path):
+    graph = Graph.from_model(gpt2)
+    mask = EdgeMask.from_edges(graph, ["input->L1.H2.v", "L0.MLP->output"])
+    assert mask.n_kept == 2 and mask.kept == ["input->L1.H2.v", "L0.MLP->output"]
+    assert mask.sparsity == pytest.approx(1 - 2 / 110)
+    path = mask.save(tmp_path / "circuit.safetensors")
+    again = load_intervention(path)
+    assert isinstance(again, EdgeMask) and again.graph == graph and again.kept == mask.kept
+    with pytest.raises(InterventionError, match="needs the corrupted run"), apply(gpt2, mask):
+        pass
+    short = node_outputs(gpt2, graph, random_tokens(2, 5, high=90))
+    with pytest.raises(InterventionError, match="pad both to one shape"):
+        with apply(gpt2, mask.with_corrupted(short)):
+            gpt2(random_tokens(2, 6, high=90))
+    with pytest.raises(InterventionError, match="needs means"):
+        EdgeMask.full(graph, fill="mean")
+    other = Graph.from_model(tiny_model("llama"))
+    assert other == graph  # same shape of graph: a mask of one fits the other
+    with pytest.raises(InterventionError, match="needs 110 weights"):
+        EdgeMask(graph, torch.ones(3))
+
+
+def test_mib_names_round_trip(gpt2):
+    graph = Graph.from_model(gpt2)
+    assert to_mib_name("L0.H1->L1.H2.q") == "a0.h1->a1.h2<q>"
+    assert to_mib_name("input->L1.MLP") == "input->m1"
+    assert to_mib_name("L1.MLP->output") == "m1->logits"
+    assert all(_from_mib_name(to_mib_name(n)) == n for n in graph.edge_names)
