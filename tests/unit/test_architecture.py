@@ -26,6 +26,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "statistics analysis",
         "viz",
         "pruning training",
+        "circuits",
         "methods",
         "cli",
         "__main__",

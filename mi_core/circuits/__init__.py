@@ -1,0 +1,44 @@
+"""Circuits: edge-level graphs, attribution (EAP, EAP-IG, exact patching), evaluation.
+
+The graph and edge masks are interventions (:mod:`mi_core.interventions.edges`, re-exported
+here); this package finds circuits in them and judges them::
+
+    from mi_core.circuits import attribute, faithfulness_curve
+    pairs = ioi_pairs(model.tokenizer, n=64)
+    scores = attribute(model, pairs, method="eap-ig")
+    circuit = scores.circuit(k=500)              # an EdgeMask of the 500 top edges
+"""
+
+from mi_core.circuits.attribution import (
+    ATTRIBUTION_METHODS,
+    EdgeScores,
+    attribute,
+    edge_attribution,
+    exact_patching,
+)
+from mi_core.circuits.metrics import answer_logits, kl_divergence, logit_difference
+from mi_core.interventions.edges import (
+    EdgeMask,
+    Graph,
+    graph_error,
+    node_outputs,
+    sender_means,
+    to_mib_name,
+)
+
+__all__ = [
+    "ATTRIBUTION_METHODS",
+    "EdgeMask",
+    "EdgeScores",
+    "Graph",
+    "answer_logits",
+    "attribute",
+    "edge_attribution",
+    "exact_patching",
+    "graph_error",
+    "kl_divergence",
+    "logit_difference",
+    "node_outputs",
+    "sender_means",
+    "to_mib_name",
+]

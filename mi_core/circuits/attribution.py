@@ -1,0 +1,292 @@
+"""Edge scores: edge attribution patching (EAP), its integrated-gradients variant (EAP-IG), and
+exact activation patching of single edges (the ground truth they approximate).
+
+For an edge from sender ``s`` to receiver ``r``, removing the edge changes ``r``'s input by
+``T(a_s' - a_s)`` (``a_s`` the sender's clean output, ``a_s'`` its fill: the corrupted run's
+output, a mean or zero; ``T`` the identity in a pre-LN decoder, the frozen-scale LayerNorms
+between them in a post-LN encoder, see :mod:`mi_core.interventions.edges`). The first-order
+change of the metric ``m`` is::
+
+    score(s -> r) = T(a_s' - a_s) . dm/d(input of r)
+
+**EAP** (Syed, Rager and Conmy 2023) takes the gradient in the clean run: one corrupted
+forward, one clean forward and one backward score every edge. **EAP-IG** (Hanna, Pezzelle and
+Belinkov 2024) averages the gradient over ``steps`` runs whose input embedding moves from the
+fill's to the clean one (``alpha = k / steps``, ``k = 1..steps``; ``steps = 1`` is EAP).
+Scores are averaged over examples; a negative score means corrupting the edge lowers the
+metric. :func:`exact_patching` measures the same change by running the model with each edge
+removed, one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+
+from mi_core.circuits.metrics import Metric, logit_difference
+from mi_core.data.circuit_pairs import PromptPairs
+from mi_core.errors import ConfigError, InterventionError
+from mi_core.interventions.edges import (
+    FILLS,
+    EdgeMask,
+    Graph,
+    NodeOutputs,
+    _head_results,
+    _through_layer_norm,
+    graph_switches,
+    node_outputs,
+)
+
+__all__ = ["ATTRIBUTION_METHODS", "EdgeScores", "attribute", "edge_attribution", "exact_patching"]
+
+ATTRIBUTION_METHODS = ("eap", "eap-ig", "exact")
+
+
+@dataclass
+class EdgeScores:
+    """A score per edge of ``graph`` (the estimated change of the metric when it is removed)."""
+
+    graph: Graph
+    scores: Float[torch.Tensor, " edge"]
+    method: str
+    n_examples: int
+
+    def top(self, k: int) -> list[tuple[str, float]]:
+        """The ``k`` edges of largest ``|score|``, with their scores."""
+        order = torch.argsort(self.scores.abs(), descending=True, stable=True)[:k]
+        return [(self.graph.edge_names[i], float(self.scores[i])) for i in order.tolist()]
+
+    def circuit(self, k: int, fill: str = "corrupted", **kwargs: Any) -> EdgeMask:
+        """The ``k`` edges of largest ``|score|`` as an edge mask."""
+        return EdgeMask.top_k(self.graph, self.scores, k, fill=fill, **kwargs)
+
+
+def _reference(
+    model: Any,
+    graph: Graph,
+    pairs: PromptPairs,
+    fill: str,
+    means: torch.Tensor | None,
+    like: NodeOutputs | None = None,
+) -> NodeOutputs:
+    """The senders' fill for this batch, ``[sender, batch, pos, d_model]``."""
+    if fill == "corrupted":
+        return node_outputs(model, graph, **pairs.corrupted)
+    shape = (graph.n_senders, *pairs.clean_ids.shape, graph.d_model)
+    if fill == "mean":
+        if means is None:
+            raise InterventionError("fill='mean' needs means (sender_means)")
+        return means[:, None, None, :].expand(shape)
+    return torch.zeros(shape)
+
+
+class _GradientRun:
+    """Hooks of one attribution pass: interpolate the input, keep receiver inputs (for their
+    gradients) and, on the clean pass, the senders' outputs and the LayerNorm scales."""
+
+    def __init__(self, model: Any, graph: Graph, reference_input: torch.Tensor, alpha: float):
+        self.model, self.graph = model, graph
+        self.reference_input, self.alpha = reference_input, alpha
+        self.receivers: list[torch.Tensor] = []  # in hook order
+        self.outputs: list[torch.Tensor] = []  # clean sender outputs, per sender block
+        self.scales: list[torch.Tensor] = []  # post-LN: ln1, ln2 scale of every layer
+
+    def hooks(self) -> list[tuple[str, Callable]]:
+        graph, model = self.graph, self.model
+
+        def start(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            self.outputs.append(x.detach()[None])
+            ref = self.reference_input.to(x)
+            return (ref + self.alpha * (x.detach() - ref)).requires_grad_(True)
+
+        def keep(x: torch.Tensor, hook: Any) -> None:
+            self.receivers.append(x)
+
+        def heads(layer: int) -> Callable:
+            def hook(z: torch.Tensor, hook: Any) -> None:
+                self.outputs.append(_head_results(model, layer, z.detach()).detach())
+
+            return hook
+
+        def record(x: torch.Tensor, hook: Any) -> None:
+            self.outputs.append(x.detach()[None])
+
+        def scale(x: torch.Tensor, hook: Any) -> None:
+            self.scales.append(x.detach())
+
+        hooks: list[tuple[str, Callable]] = [("blocks.0.hook_resid_pre", start)]
+        for layer in range(graph.n_layers):
+            p = f"blocks.{layer}"
+            hooks += [(f"{p}.hook_{kind}_input", keep) for kind in "qkv"]
+            hooks.append((f"{p}.attn.hook_z", heads(layer)))
+            if graph.post_ln:
+                hooks += [
+                    (f"{p}.ln1.hook_scale", scale),
+                    (f"{p}.mlp.hook_pre", keep),
+                    (f"{p}.hook_mlp_out", record),
+                    (f"{p}.ln2.hook_scale", scale),
+                ]
+            else:
+                hooks += [(f"{p}.hook_mlp_in", keep), (f"{p}.hook_mlp_out", record)]
+        out = "hook_normalized_resid_post" if graph.post_ln else "hook_resid_post"
+        hooks.append((f"blocks.{graph.n_layers - 1}.{out}", keep))
+        return hooks
+
+
+def _receiver_gradients(
+    model: Any, graph: Graph, receivers: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """Per receiver point, ``[n_receivers, batch, pos, d_model]``: qkv of layer 0, MLP 0, ...,
+    output. An encoder MLP's gradient comes back from its pre-activation through ``W_in``."""
+    del receivers
+    points: list[torch.Tensor] = []
+    i = 0
+    for layer in range(graph.n_layers):
+        q, k, v = grads[i : i + 3]
+        points.append(torch.cat([q, k, v], dim=2).permute(2, 0, 1, 3))
+        mlp = grads[i + 3]
+        if graph.post_ln:
+            mlp = mlp @ model.blocks[layer].mlp.W_in.detach().T.to(mlp)
+        points.append(mlp[None])
+        i += 4
+    points.append(grads[i][None])
+    return points
+
+
+def _sweep_scores(
+    model: Any,
+    graph: Graph,
+    deltas: list[torch.Tensor],
+    scales: list[torch.Tensor],
+    gradients: list[torch.Tensor],
+) -> Float[torch.Tensor, "sender receiver"]:
+    """``delta . gradient`` for every (sender, receiver) pair, carrying deltas through the
+    frozen-scale LayerNorms of a post-LN model."""
+    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
+    groups: list[tuple[int, torch.Tensor]] = [(0, deltas[0])]
+
+    def score(columns: slice | list[int], grad: torch.Tensor) -> None:
+        for start, delta in groups:
+            block = torch.einsum("sbpd,rbpd->sr", delta.double(), grad.double())
+            scores[start : start + delta.shape[0], columns] += block
+
+    def through(ln: Any, scale: torch.Tensor) -> None:
+        groups[:] = [(s, _through_layer_norm(d, scale, ln.w.detach())) for s, d in groups]
+
+    for layer in range(graph.n_layers):
+        block = model.blocks[layer]
+        score(graph.qkv_receivers(layer), gradients[2 * layer])
+        groups.append((graph.head_sender(layer, 0), deltas[1 + 2 * layer]))
+        if graph.post_ln:
+            through(block.ln1, scales[2 * layer])
+        score([graph.mlp_receiver(layer)], gradients[2 * layer + 1])
+        groups.append((graph.mlp_sender(layer), deltas[2 + 2 * layer]))
+        if graph.post_ln:
+            through(block.ln2, scales[2 * layer + 1])
+    score([graph.output_receiver], gradients[-1])
+    return scores
+
+
+def edge_attribution(
+    model: Any,
+    graph: Graph,
+    pairs: PromptPairs,
+    metric: Metric = logit_difference,
+    steps: int = 1,
+    fill: str = "corrupted",
+    means: torch.Tensor | None = None,
+) -> Float[torch.Tensor, " edge"]:
+    """EAP (``steps=1``) or EAP-IG scores of every edge on one batch (mean over examples)."""
+    if steps < 1:
+        raise ConfigError(f"EAP-IG needs at least one step, not {steps}")
+    if fill not in FILLS:
+        raise ConfigError(f"unknown fill {fill!r}; expected one of {FILLS}")
+    graph.check_model(model)
+    reference = _reference(model, graph, pairs, fill, means)
+    gradients: list[torch.Tensor] | None = None
+    run = None
+    with graph_switches(model):
+        for k in range(1, steps + 1):
+            run = _GradientRun(model, graph, reference[0], k / steps)
+            with torch.enable_grad(), model.hooks(fwd_hooks=run.hooks()):
+                value = metric(model(**pairs.clean), pairs).mean()
+                grads = torch.autograd.grad(value, run.receivers, allow_unused=True)
+            grads = [
+                torch.zeros_like(r) if g is None else g
+                for r, g in zip(run.receivers, grads, strict=True)
+            ]
+            points = _receiver_gradients(model, graph, run.receivers, grads)
+            if gradients is None:
+                gradients = [p / steps for p in points]
+            else:
+                gradients = [a + p / steps for a, p in zip(gradients, points, strict=True)]
+    assert run is not None and gradients is not None
+    clean = run.outputs  # the last pass (alpha = 1) is the clean run
+    deltas = []
+    start = 0
+    for block in clean:
+        deltas.append(reference[start : start + block.shape[0]].to(block) - block)
+        start += block.shape[0]
+    scores = _sweep_scores(model, graph, deltas, run.scales, gradients)
+    return graph.from_dense(scores).float().detach()
+
+
+def exact_patching(
+    model: Any,
+    graph: Graph,
+    pairs: PromptPairs,
+    metric: Metric = logit_difference,
+    edges: Sequence[int] | None = None,
+    fill: str = "corrupted",
+    means: torch.Tensor | None = None,
+) -> Float[torch.Tensor, " edge"]:
+    """The change of the mean metric when each edge alone is removed (NaN for edges not in
+    ``edges``): one forward per edge, the ground truth of EAP on small models."""
+    graph.check_model(model)
+    chosen = range(graph.n_edges) if edges is None else edges
+    reference = _reference(model, graph, pairs, fill, means)
+    mask = EdgeMask.full(graph, fill, means=means if fill == "mean" else None)
+    if fill == "corrupted":
+        mask = mask.with_corrupted(reference)
+    result = torch.full((graph.n_edges,), float("nan"))
+    with torch.no_grad():
+        base = float(metric(model(**pairs.clean), pairs).mean())
+        with graph_switches(model):
+            for edge in chosen:
+                mask.weights = torch.ones(graph.n_edges)
+                mask.weights[edge] = 0.0
+                with model.hooks(fwd_hooks=mask.hooks(model)):
+                    result[edge] = float(metric(model(**pairs.clean), pairs).mean()) - base
+    return result
+
+
+def attribute(
+    model: Any,
+    pairs: PromptPairs,
+    method: str = "eap-ig",
+    metric: Metric = logit_difference,
+    steps: int = 5,
+    batch_size: int = 16,
+    fill: str = "corrupted",
+    means: torch.Tensor | None = None,
+    progress: bool = True,
+) -> EdgeScores:
+    """Score every edge of ``model``'s graph on ``pairs`` with ``method`` (``eap``, ``eap-ig``
+    or ``exact``), batch by batch (scores averaged over examples)."""
+    if method not in ATTRIBUTION_METHODS:
+        raise ConfigError(f"unknown attribution method {method!r}; choose {ATTRIBUTION_METHODS}")
+    graph = Graph.from_model(model)
+    total = torch.zeros(graph.n_edges, dtype=torch.float64)
+    for batch in tqdm(list(pairs.batches(batch_size)), desc=method, disable=not progress):
+        if method == "exact":
+            scores = exact_patching(model, graph, batch, metric, fill=fill, means=means)
+        else:
+            n_steps = 1 if method == "eap" else steps
+            scores = edge_attribution(model, graph, batch, metric, n_steps, fill, means)
+        total += scores.double() * len(batch)
+    return EdgeScores(graph, (total / len(pairs)).float(), method, len(pairs))

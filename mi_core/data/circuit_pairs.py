@@ -1,0 +1,200 @@
+"""Clean and corrupted inputs for circuit discovery: indirect-object identification (IOI).
+
+A circuit is found by comparing a clean run with a corrupted one that differs only in what the
+task needs. :class:`PromptPairs` holds both, token-aligned (same length per example, padded on
+the right), with what the metric reads: the answer token and the distractor at the position
+whose logits count (language models), or the label (classifiers).
+
+``ioi`` (Wang et al. 2022): prompts from templates such as "Then, Mary and John went to the
+store. John gave a drink to", whose answer is the indirect object (" Mary") and distractor the
+subject (" John"). The corrupted prompt keeps the template, place and object and puts three
+other names in the name slots (the "ABC" distribution of Wang et al.), so it says nothing about
+who the indirect object is. Names come from a fixed list, filtered to those the tokenizer keeps
+as one token (with a leading space), so clean and corrupted prompts align token by token.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from jaxtyping import Int
+
+from mi_core.errors import DataError
+
+__all__ = ["IOI_NAMES", "IOI_TEMPLATES", "PromptPairs", "ioi_pairs", "ioi_prompts"]
+
+IOI_NAMES = (
+    "Mary", "John", "Tom", "James", "Dan", "Sid", "Martin", "Amy", "Anna", "Kate", "Alice",
+    "Bob", "Paul", "Sarah", "Laura", "Mike", "Emma", "Jack", "Lisa", "Rose", "David", "Peter",
+    "Steve", "Jane", "Lucy", "Ben", "Sam", "Tim", "Max", "Joe",
+)  # fmt: skip
+_PLACES = ("store", "garden", "restaurant", "school", "hospital", "office", "station", "park")
+_OBJECTS = ("drink", "ring", "kiss", "bone", "basketball", "computer", "necklace", "snack")
+#: ``{A}`` is the indirect object (the answer), ``{B}`` the subject, named twice.
+IOI_TEMPLATES = (
+    "Then, {B} and {A} went to the {PLACE}. {B} gave a {OBJECT} to",
+    "Then, {A} and {B} went to the {PLACE}. {B} gave a {OBJECT} to",
+    "When {B} and {A} got a {OBJECT} at the {PLACE}, {B} decided to give it to",
+    "When {A} and {B} got a {OBJECT} at the {PLACE}, {B} decided to give it to",
+    "After {B} and {A} went to the {PLACE}, {B} gave a {OBJECT} to",
+    "After {A} and {B} went to the {PLACE}, {B} gave a {OBJECT} to",
+    "While {B} and {A} were working at the {PLACE}, {B} gave a {OBJECT} to",
+    "While {A} and {B} were working at the {PLACE}, {B} gave a {OBJECT} to",
+    "Friends {B} and {A} found a {OBJECT} at the {PLACE}. {B} gave it to",
+    "Friends {A} and {B} found a {OBJECT} at the {PLACE}. {B} gave it to",
+)
+
+
+@dataclass(frozen=True)
+class IOIPrompt:
+    """One IOI example: the clean and corrupted text, the answer and the distractor name."""
+
+    clean: str
+    corrupted: str
+    answer: str
+    distractor: str
+
+
+def _single_token_names(tokenizer: Any) -> list[str]:
+    if tokenizer is None:
+        return list(IOI_NAMES)
+    return [
+        n for n in IOI_NAMES if len(tokenizer(" " + n, add_special_tokens=False).input_ids) == 1
+    ]
+
+
+def ioi_prompts(n: int, seed: int = 0, tokenizer: Any = None) -> list[IOIPrompt]:
+    """``n`` IOI prompts (seeded), names restricted to one-token names of ``tokenizer``."""
+    if n <= 0:
+        raise DataError(f"need a positive number of IOI prompts, not {n}")
+    names = _single_token_names(tokenizer)
+    if len(names) < 5:
+        raise DataError(
+            f"the tokenizer keeps only {len(names)} of the IOI names as one token; need 5"
+        )
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        template = rng.choice(IOI_TEMPLATES)
+        place, obj = rng.choice(_PLACES), rng.choice(_OBJECTS)
+        a, b, c, d, e = rng.sample(names, 5)
+        clean = template.format(A=a, B=b, PLACE=place, OBJECT=obj)
+        # ABC: three fresh names; the subject's second mention becomes a third person
+        corrupted = template.replace("{B}", "{E}").replace("{E}", "{B}", 1)
+        corrupted = corrupted.format(A=c, B=d, E=e, PLACE=place, OBJECT=obj)
+        prompts.append(IOIPrompt(clean, corrupted, " " + a, " " + b))
+    return prompts
+
+
+@dataclass(frozen=True)
+class PromptPairs:
+    """Token-aligned clean and corrupted inputs and what a circuit metric reads.
+
+    ``kind``: ``"lm"`` (a language model: the metric reads ``position``'s logits of ``answer``
+    and ``distractor``) or ``"classifier"`` (``answer`` is the label; ``position`` unused).
+    """
+
+    clean_ids: Int[torch.Tensor, "batch pos"]
+    corrupted_ids: Int[torch.Tensor, "batch pos"]
+    attention_mask: Int[torch.Tensor, "batch pos"]
+    answer: Int[torch.Tensor, " batch"]
+    distractor: Int[torch.Tensor, " batch"]
+    position: Int[torch.Tensor, " batch"]
+    kind: str = "lm"
+    token_type_ids: Int[torch.Tensor, "batch pos"] | None = None
+    corrupted_token_type_ids: Int[torch.Tensor, "batch pos"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.clean_ids.shape != self.corrupted_ids.shape:
+            raise DataError(
+                f"clean inputs are {tuple(self.clean_ids.shape)} but corrupted ones "
+                f"{tuple(self.corrupted_ids.shape)}; a corrupted set needs the same examples "
+                "and lengths"
+            )
+
+    def __len__(self) -> int:
+        return int(self.clean_ids.shape[0])
+
+    def _inputs(self, ids: torch.Tensor, types: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        if self.kind == "lm":  # right padding: a causal model's real tokens never see the pads
+            return {"input": ids}
+        inputs = {"input_ids": ids, "attention_mask": self.attention_mask}
+        if types is not None:
+            inputs["token_type_ids"] = types
+        return inputs
+
+    @property
+    def clean(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments of the clean forward."""
+        return self._inputs(self.clean_ids, self.token_type_ids)
+
+    @property
+    def corrupted(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments of the corrupted forward."""
+        return self._inputs(self.corrupted_ids, self.corrupted_token_type_ids)
+
+    def select(self, index: slice | torch.Tensor) -> PromptPairs:
+        """The examples at ``index``."""
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = value[index] if isinstance(value, torch.Tensor) else value
+        return PromptPairs(**values)
+
+    def batches(self, batch_size: int) -> Iterator[PromptPairs]:
+        """Consecutive batches of ``batch_size`` examples."""
+        for start in range(0, len(self), batch_size):
+            yield self.select(slice(start, start + batch_size))
+
+    def split(self, fraction: float = 0.5) -> tuple[PromptPairs, PromptPairs]:
+        """The first ``fraction`` of the examples, and the rest (held out)."""
+        cut = max(1, min(len(self) - 1, round(len(self) * fraction)))
+        return self.select(slice(0, cut)), self.select(slice(cut, None))
+
+    def to(self, device: str | torch.device) -> PromptPairs:
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
+        return PromptPairs(**values)
+
+
+def _encode(tokenizer: Any, texts: list[str], bos: int | None) -> list[list[int]]:
+    encoded = tokenizer(texts, add_special_tokens=False).input_ids
+    return [([bos] if bos is not None else []) + ids for ids in encoded]
+
+
+def ioi_pairs(tokenizer: Any, n: int = 64, seed: int = 0, prepend_bos: bool = True) -> PromptPairs:
+    """``n`` tokenised IOI prompts and their corruptions (see the module docstring)."""
+    prompts = ioi_prompts(n, seed, tokenizer)
+    bos = tokenizer.bos_token_id if prepend_bos else None
+    clean = _encode(tokenizer, [p.clean for p in prompts], bos)
+    corrupted = _encode(tokenizer, [p.corrupted for p in prompts], bos)
+    for i, (a, b) in enumerate(zip(clean, corrupted, strict=True)):
+        if len(a) != len(b):
+            raise DataError(
+                f"IOI prompt {i}: the corrupted prompt has {len(b)} tokens, the clean {len(a)}"
+            )
+
+    def single(text: str) -> int:
+        return tokenizer(text, add_special_tokens=False).input_ids[0]
+
+    width = max(len(ids) for ids in clean)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def padded(rows: list[list[int]]) -> torch.Tensor:
+        return torch.tensor([row + [pad] * (width - len(row)) for row in rows])
+
+    lengths = torch.tensor([len(ids) for ids in clean])
+    return PromptPairs(
+        clean_ids=padded(clean),
+        corrupted_ids=padded(corrupted),
+        attention_mask=(torch.arange(width)[None, :] < lengths[:, None]).long(),
+        answer=torch.tensor([single(p.answer) for p in prompts]),
+        distractor=torch.tensor([single(p.distractor) for p in prompts]),
+        position=lengths - 1,
+    )
