@@ -16,6 +16,15 @@ from mi_core.circuits.attribution import (
     edge_attribution,
     exact_patching,
 )
+from mi_core.circuits.evaluate import (
+    CURVE_FRACTIONS,
+    CircuitScore,
+    curve_area,
+    evaluate_circuit,
+    faithfulness_curve,
+    to_mib,
+    write_mib,
+)
 from mi_core.circuits.metrics import answer_logits, kl_divergence, logit_difference
 from mi_core.interventions.edges import (
     EdgeMask,
@@ -28,6 +37,13 @@ from mi_core.interventions.edges import (
 
 __all__ = [
     "ATTRIBUTION_METHODS",
+    "CURVE_FRACTIONS",
+    "CircuitScore",
+    "curve_area",
+    "evaluate_circuit",
+    "faithfulness_curve",
+    "to_mib",
+    "write_mib",
     "EdgeMask",
     "EdgeScores",
     "Graph",

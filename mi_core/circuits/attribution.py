@@ -167,25 +167,32 @@ def _sweep_scores(
 ) -> Float[torch.Tensor, "sender receiver"]:
     """``delta . gradient`` for every (sender, receiver) pair, carrying deltas through the
     frozen-scale LayerNorms of a post-LN model."""
-    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
-    groups: list[tuple[int, torch.Tensor]] = [(0, deltas[0])]
+    scores = torch.zeros(graph.n_senders, graph.n_receivers)
+    buffer = deltas[0].new_empty((graph.n_senders, *deltas[0].shape[1:]))
+    filled = 0
+
+    def add(start: int, delta: torch.Tensor) -> None:
+        nonlocal filled
+        buffer[start : start + delta.shape[0]] = delta
+        filled = start + delta.shape[0]
 
     def score(columns: slice | list[int], grad: torch.Tensor) -> None:
-        for start, delta in groups:
-            block = torch.einsum("sbpd,rbpd->sr", delta.double(), grad.double())
-            scores[start : start + delta.shape[0], columns] += block
+        flat = buffer[:filled].reshape(filled, -1)  # one matrix product per receiver point
+        block = flat @ grad.reshape(grad.shape[0], -1).T.to(flat)
+        scores[:filled, columns] += block.float().cpu()
 
     def through(ln: Any, scale: torch.Tensor) -> None:
-        groups[:] = [(s, _through_layer_norm(d, scale, ln.w.detach())) for s, d in groups]
+        buffer[:filled] = _through_layer_norm(buffer[:filled], scale, ln.w.detach())
 
+    add(0, deltas[0])
     for layer in range(graph.n_layers):
         block = model.blocks[layer]
         score(graph.qkv_receivers(layer), gradients[2 * layer])
-        groups.append((graph.head_sender(layer, 0), deltas[1 + 2 * layer]))
+        add(graph.head_sender(layer, 0), deltas[1 + 2 * layer])
         if graph.post_ln:
             through(block.ln1, scales[2 * layer])
         score([graph.mlp_receiver(layer)], gradients[2 * layer + 1])
-        groups.append((graph.mlp_sender(layer), deltas[2 + 2 * layer]))
+        add(graph.mlp_sender(layer), deltas[2 + 2 * layer])
         if graph.post_ln:
             through(block.ln2, scales[2 * layer + 1])
     score([graph.output_receiver], gradients[-1])
@@ -222,7 +229,7 @@ def edge_attribution(
             ]
             points = _receiver_gradients(model, graph, run.receivers, grads)
             if gradients is None:
-                gradients = [p / steps for p in points]
+                gradients = points if steps == 1 else [p / steps for p in points]
             else:
                 gradients = [a + p / steps for a, p in zip(gradients, points, strict=True)]
     assert run is not None and gradients is not None

@@ -585,11 +585,15 @@ class EdgeMask:
 
 # --------------------------------------------------------------------- the masked forward
 class _EdgeRun:
-    """Per-forward state of a masked run: the senders' (output - fill) so far, per block.
+    """Per-forward state of a masked run: each sender's ``output - fill`` so far (its *delta*),
+    carried through every LayerNorm since (encoders). A receiver's input loses
+    ``sum over senders of removed[sender, receiver] * delta[sender]``.
 
-    ``deltas`` holds one tensor ``[n, batch, pos, d_model]`` per sender block (the input; each
-    layer's heads; each MLP), carried through every LayerNorm since (encoders). A receiver's
-    input loses ``sum over senders of removed[sender, receiver] * delta[sender]``.
+    Without gradients the deltas live in one preallocated buffer and each receiver point costs
+    one matrix product over only the senders it needs: those with a removed edge into it, or,
+    when fewer, those with a kept edge (``total - kept . delta``, ``total`` the sum of all
+    deltas), so a circuit of few edges and a patch of one edge are both cheap. With gradients
+    (edge pruning) the deltas are a list and :class:`_Correction` keeps autograd's memory linear.
     """
 
     def __init__(
@@ -601,32 +605,71 @@ class _EdgeRun:
     ) -> None:
         self.model, self.graph, self.fill = model, graph, fill
         self.removed = removed
-        self.deltas: list[torch.Tensor] = []
-        self.starts: list[int] = []
+        self.deltas: list[torch.Tensor] = []  # with gradients: one tensor per sender block
+        self.buffer: torch.Tensor | None = None  # without: [sender, batch, pos, d_model]
+        self.total: torch.Tensor | None = None
+        self.n = 0  # senders so far
         self.pending: torch.Tensor | None = None
+
+    def _reset(self, x: torch.Tensor) -> None:
+        self.deltas, self.n, self.pending = [], 0, None
+        differentiable = self.removed.requires_grad or x.requires_grad
+        if torch.is_grad_enabled() and differentiable:
+            self.buffer = self.total = None
+        else:
+            self.buffer = x.new_empty((self.graph.n_senders, *x.shape))
+            self.total = torch.zeros_like(x)
 
     def _append(self, start: int, outputs: torch.Tensor) -> None:
         fill = self.fill(slice(start, start + outputs.shape[0]), outputs)
-        self.deltas.append(outputs if fill is None else outputs - fill)
-        self.starts.append(start)
+        delta = outputs if fill is None else outputs - fill
+        self.n = start + delta.shape[0]
+        if self.buffer is None:
+            self.deltas.append(delta)
+        else:
+            assert self.total is not None
+            self.buffer[start : self.n] = delta
+            self.total += delta.sum(0)
+
+    def _through_layer_norm(self, scale: torch.Tensor, weight: torch.Tensor) -> None:
+        if self.buffer is None:
+            self.deltas = [_through_layer_norm(d, scale, weight) for d in self.deltas]
+        else:
+            assert self.total is not None
+            self.buffer[: self.n] = _through_layer_norm(self.buffer[: self.n], scale, weight)
+            self.total = _through_layer_norm(self.total[None], scale, weight)[0]
 
     def _correction(self, receivers: slice | int) -> torch.Tensor:
         """``[n_receivers, batch, pos, d_model]`` to subtract at ``receivers``."""
-        removed = self.removed.to(self.deltas[0])
+        ref = self.deltas[0] if self.buffer is None else self.buffer
+        removed = self.removed.to(device=ref.device, dtype=ref.dtype)
         columns = removed[:, receivers] if isinstance(receivers, slice) else removed[:, [receivers]]
-        total = None
-        for start, delta in zip(self.starts, self.deltas, strict=True):
-            part = torch.einsum("sbpd,sr->rbpd", delta, columns[start : start + delta.shape[0]])
-            total = part if total is None else total + part
-        assert total is not None
-        return total
+        columns = columns[: self.n]
+        if self.buffer is None:
+            return _Correction.apply(columns, *self.deltas)
+        assert self.total is not None
+        kept = 1.0 - columns
+        rows_removed = columns.any(1).nonzero().flatten()
+        rows_kept = kept.any(1).nonzero().flatten()
+        use_kept = len(rows_kept) < len(rows_removed)
+        rows, weights = (rows_kept, kept) if use_kept else (rows_removed, columns)
+        shape = (columns.shape[1], *self.total.shape)
+        if len(rows) == 0:
+            part = self.total.new_zeros(shape)
+        elif 2 * len(rows) > self.n:  # most senders: no copy, the whole block
+            flat = self.buffer[: self.n].reshape(self.n, -1)
+            part = (weights.T @ flat).reshape(shape)
+        else:
+            flat = self.buffer.index_select(0, rows).reshape(len(rows), -1)
+            part = (weights[rows].T @ flat).reshape(shape)
+        return self.total[None] - part if use_kept else part
 
     def hooks(self) -> list[tuple[str, Callable]]:
         graph, model = self.graph, self.model
         hooks: list[tuple[str, Callable]] = []
 
         def start(x: torch.Tensor, hook: Any) -> None:
-            self.deltas, self.starts, self.pending = [], [], None
+            self._reset(x)
             self._append(0, x[None])
 
         hooks.append(("blocks.0.hook_resid_pre", start))
@@ -674,7 +717,7 @@ class _EdgeRun:
 
             def layer_norm(ln: Any) -> Callable:
                 def hook(scale: torch.Tensor, hook: Any) -> None:
-                    self.deltas = [_through_layer_norm(d, scale, ln.w) for d in self.deltas]
+                    self._through_layer_norm(scale, ln.w)
 
                 return hook
 
@@ -697,13 +740,45 @@ class _EdgeRun:
         return hooks
 
 
+class _Correction(torch.autograd.Function):
+    """``columns.T @ cat(deltas)`` as one matrix product, keeping only references.
+
+    Autograd would otherwise save a concatenated copy of every delta at every receiver point
+    (memory quadratic in depth); this saves the delta blocks themselves, shared by all points,
+    and concatenates again in the backward pass.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, columns: torch.Tensor, *deltas: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(columns, *deltas)
+        stacked = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
+        shape = stacked.shape[1:]
+        out = columns.T @ stacked.reshape(stacked.shape[0], -1)
+        return out.reshape(columns.shape[1], *shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        columns, *deltas = ctx.saved_tensors
+        flat_grad = grad.reshape(grad.shape[0], -1)
+        grad_columns = None
+        if ctx.needs_input_grad[0]:
+            stacked = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
+            grad_columns = stacked.reshape(stacked.shape[0], -1) @ flat_grad.T
+        grad_deltas: list[torch.Tensor | None] = [None] * len(deltas)
+        if any(ctx.needs_input_grad[1:]):
+            flat = (columns @ flat_grad).reshape(columns.shape[0], *grad.shape[1:])
+            grad_deltas = list(torch.split(flat, [d.shape[0] for d in deltas]))
+        return (grad_columns, *grad_deltas)
+
+
 def _through_layer_norm(
     delta: Float[torch.Tensor, "n batch pos d_model"],
     scale: Float[torch.Tensor, "batch pos 1"],
     weight: Float[torch.Tensor, " d_model"],
 ) -> Float[torch.Tensor, "n batch pos d_model"]:
-    """LayerNorm's linear part with the scale frozen: centre, divide by the scale, times w."""
-    return (delta - delta.mean(-1, keepdim=True)) / scale * weight
+    """LayerNorm's linear part with the scale frozen (a constant, also for gradients): centre,
+    divide by the scale, times ``w``."""
+    return (delta - delta.mean(-1, keepdim=True)) * (weight / scale.detach())
 
 
 def graph_error(

@@ -1,0 +1,176 @@
+"""Judging a circuit: faithfulness against size, the area under that curve, MIB export.
+
+Faithfulness of a circuit ``C`` (a set of kept edges) on held-out pairs is the fraction of the
+full model's metric it recovers, measured from the empty circuit (every edge removed, i.e. the
+corrupted / mean-ablated model)::
+
+    faithfulness(C) = (m(C) - m(empty)) / (m(full) - m(empty))
+
+with ``m`` the mean metric (IOI: logit difference). The KL divergence from the full model's
+answer distribution to the circuit's is reported next to it. A faithfulness curve evaluates the
+top-``k`` circuits of a score for growing ``k``; its area (trapezoid over the fraction of edges
+kept, 0 to 1) summarises it in one number, as the MIB circuit-localisation benchmark does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from mi_core.circuits.attribution import EdgeScores
+from mi_core.circuits.metrics import Metric, kl_divergence, logit_difference
+from mi_core.data.circuit_pairs import PromptPairs
+from mi_core.errors import ConfigError
+from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, to_mib_name
+from mi_core.io import write_json
+
+__all__ = [
+    "CURVE_FRACTIONS",
+    "CircuitScore",
+    "curve_area",
+    "evaluate_circuit",
+    "faithfulness_curve",
+    "to_mib",
+    "write_mib",
+]
+
+#: Fractions of edges kept along a faithfulness curve (the MIB benchmark's levels).
+CURVE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class CircuitScore:
+    """One circuit judged on held-out pairs."""
+
+    n_edges: int
+    fraction: float
+    metric: float
+    full: float
+    empty: float
+    faithfulness: float
+    kl: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def _masked_metric(
+    model: Any, mask: EdgeMask, pairs: PromptPairs, metric: Metric, batch_size: int
+) -> tuple[float, float]:
+    """Mean metric and mean KL to the full model of ``mask`` on ``pairs``."""
+    total_metric = total_kl = 0.0
+    with torch.no_grad():
+        for batch in pairs.batches(batch_size):
+            reference = model(**batch.clean)
+            bound = mask.patching(model, **batch.corrupted) if mask.fill == "corrupted" else mask
+            with graph_switches(model), model.hooks(fwd_hooks=bound.hooks(model)):
+                logits = model(**batch.clean)
+            total_metric += float(metric(logits, batch).sum())
+            total_kl += float(kl_divergence(logits, reference, batch).sum())
+    return total_metric / len(pairs), total_kl / len(pairs)
+
+
+def _full_metric(model: Any, pairs: PromptPairs, metric: Metric, batch_size: int) -> float:
+    with torch.no_grad():
+        return sum(float(metric(model(**b.clean), b).sum()) for b in pairs.batches(batch_size)) / (
+            len(pairs)
+        )
+
+
+def evaluate_circuit(
+    model: Any,
+    mask: EdgeMask,
+    pairs: PromptPairs,
+    metric: Metric = logit_difference,
+    batch_size: int = 16,
+    baselines: tuple[float, float] | None = None,
+) -> CircuitScore:
+    """Faithfulness and KL of the circuit ``mask`` on ``pairs`` (held-out examples).
+
+    ``baselines``: the full and empty circuits' metrics, when already known.
+    """
+    if baselines is None:
+        full = _full_metric(model, pairs, metric, batch_size)
+        empty_mask = EdgeMask.empty(mask.graph, mask.fill, means=mask.means)
+        empty, _ = _masked_metric(model, empty_mask, pairs, metric, batch_size)
+    else:
+        full, empty = baselines
+    value, kl = _masked_metric(model, mask, pairs, metric, batch_size)
+    span = full - empty
+    return CircuitScore(
+        n_edges=mask.n_kept,
+        fraction=mask.n_kept / mask.graph.n_edges,
+        metric=value,
+        full=full,
+        empty=empty,
+        faithfulness=(value - empty) / span if span != 0 else float("nan"),
+        kl=kl,
+    )
+
+
+def faithfulness_curve(
+    model: Any,
+    scores: EdgeScores,
+    pairs: PromptPairs,
+    fractions: Sequence[float] = CURVE_FRACTIONS,
+    metric: Metric = logit_difference,
+    fill: str = "corrupted",
+    means: torch.Tensor | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> list[CircuitScore]:
+    """The top-``k`` circuits of ``scores`` (by ``|score|``) judged for each fraction of edges."""
+    if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
+        raise ConfigError(f"curve fractions must lie in [0, 1], got {list(fractions)}")
+    graph = scores.graph
+    full = _full_metric(model, pairs, metric, batch_size)
+    empty, _ = _masked_metric(
+        model, EdgeMask.empty(graph, fill, means=means), pairs, metric, batch_size
+    )
+    rows = []
+    for fraction in tqdm(sorted(fractions), desc="faithfulness", disable=not progress):
+        k = round(fraction * graph.n_edges)
+        mask = EdgeMask.top_k(graph, scores.scores, k, fill=fill, means=means)
+        rows.append(evaluate_circuit(model, mask, pairs, metric, batch_size, (full, empty)))
+    return rows
+
+
+def curve_area(rows: Sequence[CircuitScore], key: str = "faithfulness") -> float:
+    """Trapezoid area under ``key`` against the fraction of edges kept (0 to 1)."""
+    points = sorted((r.fraction, getattr(r, key)) for r in rows)
+    return sum(
+        (x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False)
+    )
+
+
+def to_mib(
+    graph: Graph, scores: torch.Tensor, kept: EdgeMask | None = None, **info: Any
+) -> dict[str, Any]:
+    """A circuit in the MIB circuit-localisation format: every edge by its MIB name
+    (``a0.h1->a2.h5<q>``) with its score and whether it is in the circuit; every node with
+    whether it is in it (a node is in when an edge of the circuit touches it)."""
+    in_graph = kept.weights > 0.5 if kept is not None else torch.ones(graph.n_edges, dtype=bool)
+    edges = {}
+    nodes = {to_mib_name(f"{s}->output").split("->")[0]: False for s in graph.senders}
+    nodes["logits"] = False
+    for i, name in enumerate(graph.edge_names):
+        mib = to_mib_name(name)
+        edges[mib] = {"score": float(scores[i]), "in_graph": bool(in_graph[i])}
+        if in_graph[i]:
+            sender, receiver = mib.split("->")
+            nodes[sender] = True
+            nodes[receiver.split("<")[0]] = True
+    cfg = {"n_layers": graph.n_layers, "n_heads": graph.n_heads, **info}
+    return {"cfg": cfg, "nodes": {k: {"in_graph": v} for k, v in nodes.items()}, "edges": edges}
+
+
+def write_mib(path: str | os.PathLike[str], graph: Graph, scores: torch.Tensor,
+              kept: EdgeMask | None = None, **info: Any) -> Path:  # fmt: skip
+    """Write :func:`to_mib` as JSON, atomically."""
+    return write_json(path, to_mib(graph, scores, kept, **info))
