@@ -1,0 +1,232 @@
+"""Edge pruning (Bhaskar, Wettig, Friedman and Chen 2024): hard-concrete masks over every edge.
+
+Each edge gets a hard-concrete gate (:mod:`mi_core.pruning.hard_concrete`); a step samples
+the gates, runs the model with those edge weights (removed edges fed the corrupted run's
+activation, the mean or zero; :class:`~mi_core.interventions.edges.EdgeMask`), and descends on
+
+    KL(full model || masked model) + lambda1 (t - s) + lambda2 (t - s)^2
+
+with ``t`` the sampled edge sparsity (``1 - sum(z) / n_edges``, as the authors' code measures
+it), ``s`` the target ramped linearly over ``sparsity_warmup_steps``, and the lambdas ascended
+(the Lagrangian controller of :mod:`mi_core.pruning.lagrangian`). The defaults are the
+authors' IOI recipe (``princeton-nlp/Edge-Pruning``, ``run_scripts/ioi_sweep.sh``): log_alpha
+from N(10, 0.01), AdamW (weight decay 0.01) with learning rate 0.8 for the gates and the
+lambdas, decayed linearly to 0, 3,000 steps of 32 with the target reached at step 2,500. The
+circuit is then discretised *exactly*: the ``round((1 - s) * n_edges)`` edges of highest
+log_alpha are kept.
+
+With ``checkpoint_dir`` the run saves its state (gates, lambdas, optimizer moments, step)
+every ``checkpoint_every`` steps and resumes from there; random draws and the data order are
+functions of (seed, step), so a resumed run takes the same steps as one never stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+
+from mi_core.circuits.metrics import answer_logits, kl_divergence
+from mi_core.config import Config, option
+from mi_core.data.circuit_pairs import PromptPairs
+from mi_core.errors import ConfigError, InterventionError
+from mi_core.interventions.edges import FILLS, EdgeMask, Graph, graph_switches, node_outputs
+from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
+from mi_core.pruning.hard_concrete import sample_hard_concrete
+from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
+from mi_core.pruning.schedule import lr_factor, target_sparsity_at
+
+__all__ = ["EdgePruneResult", "EdgePruneSettings", "prune_edges"]
+
+_STATE = "edge_prune_state.safetensors"
+_PROGRESS = "edge_prune_state.json"
+
+
+@dataclass(kw_only=True)
+class EdgePruneSettings(Config):
+    """The edge-pruning recipe (defaults: the Edge Pruning authors' IOI runs)."""
+
+    sparsity: float = 0.95
+    """Target fraction of edges removed."""
+    steps: int = 3000
+    """Optimisation steps."""
+    sparsity_warmup_steps: int = 2500
+    """Steps over which the target rises linearly from 0 to ``sparsity``."""
+    batch_size: int = 32
+    """Examples per step."""
+    lr: float = 0.8
+    """Learning rate of the gates' log_alpha (decays linearly to 0)."""
+    lr_lambda: float = 0.8
+    """Learning rate of the Lagrangian lambdas (ascent)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay on log_alpha and the lambdas (torch's AdamW default, as the authors)."""
+    init_mean: float = 10.0
+    """Mean of the initial log_alpha."""
+    init_std: float = 0.01
+    """Standard deviation of the initial log_alpha."""
+    fill: str = option("corrupted", choices=FILLS)
+    """What a removed edge carries: the corrupted run's activation, the mean, or zero."""
+    seed: int = 0
+    """Seed of the gates' initialisation, their samples and the data order."""
+    checkpoint_every: int = 100
+    """Save the run's state every this many steps (with a checkpoint folder)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 < self.sparsity < 1.0:
+            raise ConfigError(f"sparsity must lie strictly between 0 and 1, not {self.sparsity}")
+        if self.steps < 1 or self.batch_size < 1 or self.checkpoint_every < 1:
+            raise ConfigError("steps, batch_size and checkpoint_every must be at least 1")
+        if not 0 <= self.sparsity_warmup_steps <= self.steps:
+            raise ConfigError(
+                f"sparsity_warmup_steps must lie in [0, steps], not {self.sparsity_warmup_steps}"
+            )
+
+
+@dataclass
+class EdgePruneResult:
+    """The pruned circuit, its gates and the run's trace."""
+
+    circuit: EdgeMask
+    log_alpha: Float[torch.Tensor, " edge"]
+    history: list[dict[str, float]]
+
+    @property
+    def sparsity(self) -> float:
+        return self.circuit.sparsity
+
+
+def _batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
+    """The examples of ``step``: consecutive slices of a per-epoch permutation."""
+    per_epoch = max(1, n // batch_size)
+    epoch, offset = divmod(step, per_epoch)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    if batch_size >= n:
+        return order
+    return order[offset * batch_size : (offset + 1) * batch_size]
+
+
+def _save_state(folder: Path, step: int, log_alpha, controller, optimizer, history, config):
+    tensors = {"log_alpha": log_alpha.detach(), "lambda_1": controller.lambda_1.detach(),
+               "lambda_2": controller.lambda_2.detach()}  # fmt: skip
+    for group, params in enumerate(optimizer.param_groups):
+        for i, p in enumerate(params["params"]):
+            state = optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                if key in state:
+                    tensors[f"optim.{group}.{i}.{key}"] = torch.as_tensor(state[key]).float()
+    write_safetensors(folder / _STATE, tensors, {"step": str(step)})
+    write_json(folder / _PROGRESS, {"step": step, "config": config.to_dict(), "history": history})
+
+
+def _load_state(folder: Path, log_alpha, controller, optimizer, config) -> tuple[int, list]:
+    progress = read_json(folder / _PROGRESS)
+    if progress.get("config") != config.to_dict():
+        raise ConfigError(
+            f"{folder} holds an edge-pruning run with other settings; use another folder or "
+            "delete it to start over"
+        )
+    tensors, _ = read_safetensors(folder / _STATE)
+    with torch.no_grad():
+        log_alpha.copy_(tensors["log_alpha"])
+        controller.lambda_1.copy_(tensors["lambda_1"])
+        controller.lambda_2.copy_(tensors["lambda_2"])
+    for group, params in enumerate(optimizer.param_groups):
+        for i, p in enumerate(params["params"]):
+            if f"optim.{group}.{i}.exp_avg" in tensors:
+                optimizer.state[p] = {
+                    "step": tensors[f"optim.{group}.{i}.step"].reshape(()),
+                    "exp_avg": tensors[f"optim.{group}.{i}.exp_avg"].to(p),
+                    "exp_avg_sq": tensors[f"optim.{group}.{i}.exp_avg_sq"].to(p),
+                }
+    return int(progress["step"]), list(progress["history"])
+
+
+def prune_edges(
+    model: Any,
+    pairs: PromptPairs,
+    config: EdgePruneSettings | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    means: torch.Tensor | None = None,
+    progress: bool = True,
+) -> EdgePruneResult:
+    """Learn an edge circuit of ``model`` on ``pairs`` (see the module docstring)."""
+    config = config or EdgePruneSettings()
+    graph = Graph.from_model(model)
+    if config.fill == "mean" and means is None:
+        raise InterventionError("fill='mean' needs means (sender_means)")
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(config.seed)
+    log_alpha = torch.nn.Parameter(
+        (torch.randn(graph.n_edges, generator=generator) * config.init_std + config.init_mean).to(
+            device
+        )
+    )
+    controller = LagrangianController().to(device)
+    optimizer = pruning_optimizer(
+        [log_alpha], controller, config.lr, config.lr_lambda, weight_decay=config.weight_decay
+    )
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    start, history = 0, []
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        if (folder / _PROGRESS).exists() and (folder / _STATE).exists():
+            start, history = _load_state(folder, log_alpha, controller, optimizer, config)
+    with torch.no_grad():  # the full model's answers, once
+        reference = torch.cat(
+            [answer_logits(model(**b.clean), b).float() for b in pairs.batches(64)]
+        )
+    for p in model.parameters():
+        p.requires_grad_(False)
+    bar = tqdm(range(start, config.steps), desc="edge pruning", disable=not progress)
+    with graph_switches(model):
+        for step in bar:
+            index = _batch_indices(len(pairs), config.batch_size, config.seed, step)
+            batch = pairs.select(index)
+            target = target_sparsity_at(step, config.sparsity, config.sparsity_warmup_steps)
+            step_gen = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step)
+            z = sample_hard_concrete(log_alpha, generator=step_gen)
+            mask = EdgeMask(graph, z, config.fill, means if config.fill == "mean" else None)
+            if config.fill == "corrupted":
+                mask = mask.with_corrupted(node_outputs(model, graph, **batch.corrupted))
+            with model.hooks(fwd_hooks=mask.hooks(model)):
+                logits = answer_logits(model(**batch.clean), batch)
+            kl = kl_divergence(logits, reference[index.to(reference.device)], batch).mean()
+            sparsity = sampled_sparsity(z)
+            loss = kl + controller.penalty(sparsity, target)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            factor = lr_factor(step, 0, config.steps, "linear")
+            for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
+                group["lr"] = lr * factor
+            optimizer.step()
+            history.append(
+                {
+                    "step": step,
+                    "kl": kl.item(),
+                    "sparsity": sparsity.item(),
+                    "target": target,
+                    "lambda_1": controller.lambda_1.item(),
+                }
+            )
+            bar.set_postfix(kl=f"{kl.item():.3f}", sparsity=f"{sparsity.item():.3f}")
+            done = step + 1
+            if folder is not None and (done % config.checkpoint_every == 0 or done == config.steps):
+                _save_state(folder, done, log_alpha, controller, optimizer, history, config)
+    keep = round((1.0 - config.sparsity) * graph.n_edges)
+    circuit = EdgeMask.top_k(
+        graph, log_alpha.detach().cpu(), keep, fill=config.fill, absolute=False,
+        means=means if config.fill == "mean" else None,
+    )  # fmt: skip
+    return EdgePruneResult(circuit, log_alpha.detach().cpu(), history)
+
+
+def load_edge_prune_history(folder: str | os.PathLike[str]) -> list[dict[str, float]]:
+    """The trace of a checkpointed run (``kl``, ``sparsity``, ``target``, ``lambda_1``)."""
+    return list(read_json(Path(folder) / _PROGRESS)["history"])
