@@ -29,6 +29,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "effective_size",
     "heuristic_core",
     "separability",
+    "circuit",
 )
 
 

@@ -11,6 +11,13 @@ subject (" John"). The corrupted prompt keeps the template, place and object and
 other names in the name slots (the "ABC" distribution of Wang et al.), so it says nothing about
 who the indirect object is. Names come from a fixed list, filtered to those the tokenizer keeps
 as one token (with a leading space), so clean and corrupted prompts align token by token.
+
+``hans-pairs:<subcase>`` (NLI classifiers): HANS pairs of one subcase, each with a minimal
+counterpart in which the hypothesis is the premise itself (same words in the premise's roles:
+for ``ln_subject/object_swap``, "The lawyer saw the doctor ." becomes "The doctor saw the
+lawyer ."), kept where both tokenise to the same length. The metric reads the entailment
+label's logit against the others: the lexical-overlap heuristic is the model calling both
+entailment.
 """
 
 from __future__ import annotations
@@ -25,7 +32,18 @@ from jaxtyping import Int
 
 from mi_core.errors import DataError
 
-__all__ = ["IOI_NAMES", "IOI_TEMPLATES", "PromptPairs", "ioi_pairs", "ioi_prompts"]
+__all__ = [
+    "CIRCUIT_DATA",
+    "IOI_NAMES",
+    "IOI_TEMPLATES",
+    "PromptPairs",
+    "hans_pairs",
+    "ioi_pairs",
+    "ioi_prompts",
+]
+
+#: Circuit data specs: ``ioi`` (language models), ``hans-pairs:<subcase>`` (NLI classifiers).
+CIRCUIT_DATA = ("ioi", "hans-pairs:<subcase>")
 
 IOI_NAMES = (
     "Mary", "John", "Tom", "James", "Dan", "Sid", "Martin", "Amy", "Anna", "Kate", "Alice",
@@ -197,4 +215,53 @@ def ioi_pairs(tokenizer: Any, n: int = 64, seed: int = 0, prepend_bos: bool = Tr
         answer=torch.tensor([single(p.answer) for p in prompts]),
         distractor=torch.tensor([single(p.distractor) for p in prompts]),
         position=lengths - 1,
+    )
+
+
+def hans_pairs(
+    tokenizer: Any,
+    subcase: str,
+    label_names: list[str],
+    n: int = 64,
+    data_dir: str | None = None,
+    max_length: int = 128,
+) -> PromptPairs:
+    """HANS pairs of ``subcase`` and their identity counterparts (see the module docstring)."""
+    from mi_core.data.pairs import load_pairs
+
+    names = [name.lower() for name in label_names]
+    if "entailment" not in names:
+        raise DataError(f"hans-pairs needs an NLI classifier with an entailment label, not {names}")
+    dataset = load_pairs(f"hans:{subcase}", data_dir=data_dir)
+    clean = tokenizer(list(dataset.text_a), list(dataset.text_b), truncation=True,
+                      max_length=max_length)  # fmt: skip
+    corrupt = tokenizer(list(dataset.text_a), list(dataset.text_a), truncation=True,
+                        max_length=max_length)  # fmt: skip
+    keep = [i for i in range(len(dataset))
+            if len(clean.input_ids[i]) == len(corrupt.input_ids[i])][:n]  # fmt: skip
+    if not keep:
+        raise DataError(
+            f"hans-pairs:{subcase}: no pair whose identity counterpart has its length; use a "
+            "subcase whose hypothesis reorders the premise (ln_subject/object_swap)"
+        )
+    width = max(len(clean.input_ids[i]) for i in keep)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def padded(rows: list[list[int]], value: int) -> torch.Tensor:
+        return torch.tensor([row + [value] * (width - len(row)) for row in rows])
+
+    lengths = torch.tensor([len(clean.input_ids[i]) for i in keep])
+    types = "token_type_ids" in clean
+    return PromptPairs(
+        clean_ids=padded([clean.input_ids[i] for i in keep], pad),
+        corrupted_ids=padded([corrupt.input_ids[i] for i in keep], pad),
+        attention_mask=(torch.arange(width)[None, :] < lengths[:, None]).long(),
+        answer=torch.full((len(keep),), names.index("entailment")),
+        distractor=torch.full((len(keep),), -1),
+        position=torch.zeros(len(keep), dtype=torch.long),
+        kind="classifier",
+        token_type_ids=padded([clean.token_type_ids[i] for i in keep], 0) if types else None,
+        corrupted_token_type_ids=(
+            padded([corrupt.token_type_ids[i] for i in keep], 0) if types else None
+        ),
     )

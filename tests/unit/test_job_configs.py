@@ -9,6 +9,7 @@ import json
 import pytest
 
 from mi_core.cli import build_parser
+from mi_core.circuits.job import AttributeConfig, CircuitPruneConfig
 from mi_core.cli.flags import flag_name
 from mi_core.config import field_docs
 from mi_core.errors import ConfigError
@@ -61,13 +62,15 @@ JOBS = [
         SeparabilityConfig,
         {"model": "smollm2", "focus": "text:wikitext", "cripple": "text:python"},
     ),
+    ("circuit attribute", "circuit", AttributeConfig, {"model": "smollm2", "out": "c"}),
+    ("circuit prune", "circuit", CircuitPruneConfig, {"model": "smollm2", "out": "c"}),
 ]
 IDS = [job[0] for job in JOBS]
 
 
 def _argv(command: str, cls: type, values: dict) -> list[str]:
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    argv = [command]
+    argv = command.split()
     for name, value in values.items():
         flag = flag_name(fields[name])
         if isinstance(value, list):
@@ -92,7 +95,9 @@ def test_every_field_has_a_documented_flag_and_round_trips(command, module, cls,
     config = cls(**required)
     assert cls.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     parser = build_parser()
-    sub = parser._subparsers._group_actions[0].choices[command]  # noqa: SLF001
+    sub = parser
+    for word in command.split():  # nested commands: mi-core circuit attribute
+        sub = sub._subparsers._group_actions[0].choices[word]  # noqa: SLF001
     flags = {s for action in sub._actions for s in action.option_strings}  # noqa: SLF001
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):

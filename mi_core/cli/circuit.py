@@ -1,0 +1,88 @@
+"""``mi-core circuit attribute`` and ``mi-core circuit prune``: edge-level circuits."""
+
+from __future__ import annotations
+
+import argparse
+
+from mi_core.circuits.job import (
+    AttributeConfig,
+    CircuitPruneConfig,
+    run_attribute_job,
+    run_circuit_prune_job,
+)
+from mi_core.cli.flags import add_config_flags, given_values
+from mi_core.errors import MiCoreError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "circuit",
+        help="find edge-level circuits (EAP, EAP-IG, exact patching, edge pruning)",
+        description="Find a circuit of edges between the input, heads, MLPs and the output, "
+        "and judge it on held-out clean / corrupted pairs (ioi for language models, "
+        "hans-pairs:<subcase> for NLI classifiers).",
+    )
+    p.set_defaults(func=_choose)
+    commands = p.add_subparsers(dest="circuit_command", parser_class=type(p))
+    attribute = commands.add_parser(
+        "attribute",
+        help="score every edge (eap, eap-ig, exact) and judge the top-k circuits",
+        description="Score every edge by EAP, EAP-IG or exact patching, then evaluate the top-k "
+        "circuits' faithfulness on held-out pairs; write scores, the circuit, MIB JSON, the "
+        "faithfulness curve and an interactive graph.",
+    )
+    add_config_flags(attribute, AttributeConfig)
+    attribute.set_defaults(func=run_attribute)
+    prune = commands.add_parser(
+        "prune",
+        help="learn an edge circuit by edge pruning (resumable)",
+        description="Edge pruning: hard-concrete gates on every edge, KL to the full model, the "
+        "Lagrangian sparsity controller; the circuit keeps exactly (1 - sparsity) of the edges. "
+        "A re-run with the same --out resumes.",
+    )
+    add_config_flags(prune, CircuitPruneConfig)
+    prune.set_defaults(func=run_prune)
+
+
+def _choose(args: argparse.Namespace) -> None:
+    raise MiCoreError(
+        "circuit: choose what to do: mi-core circuit attribute or mi-core circuit prune"
+    )
+
+
+def attribute_config_from_args(args: argparse.Namespace) -> AttributeConfig:
+    return AttributeConfig.from_dict(given_values(args, AttributeConfig), source="command line")
+
+
+def prune_config_from_args(args: argparse.Namespace) -> CircuitPruneConfig:
+    return CircuitPruneConfig.from_dict(
+        given_values(args, CircuitPruneConfig), source="command line"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> AttributeConfig | CircuitPruneConfig:
+    """The config of the circuit command given (attribute or prune)."""
+    if args.circuit_command == "prune":
+        return prune_config_from_args(args)
+    return attribute_config_from_args(args)
+
+
+def _report(summary: dict, out: str) -> None:
+    circuit = summary["circuit"]
+    print(
+        f"{summary['graph']}: circuit of {circuit['n_edges']} edges recovers "
+        f"{circuit['faithfulness']:.1%} of the full model's metric on {summary['n_held_out']} "
+        f"held-out pairs (KL {circuit['kl']:.3g}) -> {out}"
+    )
+    if "curve_area" in summary:
+        print(f"area under the faithfulness curve: {summary['curve_area']:.3f}")
+
+
+def run_attribute(args: argparse.Namespace) -> None:
+    config = attribute_config_from_args(args)
+    _report(run_attribute_job(config), config.out)
+
+
+def run_prune(args: argparse.Namespace) -> None:
+    config = prune_config_from_args(args)
+    _report(run_circuit_prune_job(config), config.out)

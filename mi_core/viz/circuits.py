@@ -1,0 +1,169 @@
+"""Circuits as pictures: the edge graph (interactive, offline) and faithfulness curves.
+
+:func:`circuit_graph_figure` lays the graph out by layer (input at the bottom, each layer's
+heads in a row with its MLP above them, the output at the top) and draws the circuit's edges,
+wider for larger ``|score|``, blue where removing the edge lowers the metric and red where it
+raises it; hovering an edge or a node names it. Edges into a head's query, key or value input
+end at the head and are dotted, dashed or solid respectively.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+import torch
+
+from mi_core.interventions.edges import EdgeMask, Graph
+
+__all__ = ["circuit_graph_figure", "circuit_graph_html", "faithfulness_figure"]
+
+_DASH = {"q": "dot", "k": "dash", "v": "solid", "": "solid"}
+
+
+def _node_xy(graph: Graph) -> dict[str, tuple[float, float]]:
+    spread = max(graph.n_heads - 1, 1)
+    xy = {"input": (spread / 2, -1.0), "output": (spread / 2, 2.0 * graph.n_layers)}
+    for layer in range(graph.n_layers):
+        for head in range(graph.n_heads):
+            xy[f"L{layer}.H{head}"] = (float(head), 2.0 * layer)
+        xy[f"L{layer}.MLP"] = (spread / 2, 2.0 * layer + 1)
+    return xy
+
+
+def circuit_graph_figure(
+    graph: Graph,
+    scores: torch.Tensor,
+    circuit: EdgeMask | None = None,
+    max_edges: int = 400,
+    title: str | None = None,
+) -> go.Figure:
+    """The circuit's edges (at most ``max_edges``, the largest ``|score|`` first) on the graph."""
+    kept = circuit.weights > 0.5 if circuit is not None else torch.ones(graph.n_edges, dtype=bool)
+    index = kept.nonzero().flatten()
+    order = torch.argsort(scores[index].abs(), descending=True, stable=True)[:max_edges]
+    chosen = index[order].tolist()
+    xy = _node_xy(graph)
+    top = float(scores[chosen].abs().max()) if chosen else 1.0
+    fig = go.Figure()
+    used: set[str] = set()
+    mids_x, mids_y, mids_text = [], [], []
+    # one trace per (sign, input kind, width bin): few traces, so large circuits stay fast
+    groups: dict[tuple[bool, str, int], tuple[list, list]] = {}
+    for edge in chosen:
+        name = graph.edge_names[edge]
+        sender, receiver = name.split("->")
+        kind = receiver.rsplit(".", 1)[1] if receiver.endswith((".q", ".k", ".v")) else ""
+        node = receiver[:-2] if kind else receiver
+        used.update((sender, node))
+        (x0, y0), (x1, y1) = xy[sender], xy[node]
+        value = float(scores[edge])
+        width_bin = min(3, int(4 * abs(value) / top)) if top > 0 else 0
+        xs, ys = groups.setdefault((value < 0, kind, width_bin), ([], []))
+        xs += [x0, x1, None]
+        ys += [y0, y1, None]
+        mids_x.append((x0 + x1) / 2)
+        mids_y.append((y0 + y1) / 2)
+        mids_text.append(f"{name}<br>score {value:+.4g}")
+    for (negative, kind, width_bin), (xs, ys) in sorted(groups.items()):
+        fig.add_trace(
+            go.Scatter(
+                x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                line={"width": 0.6 + 1.6 * width_bin, "dash": _DASH[kind],
+                      "color": "rgba(31,119,180,0.6)" if negative else "rgba(214,39,40,0.6)"},
+            )
+        )  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=mids_x, y=mids_y, mode="markers", text=mids_text, hoverinfo="text",
+            marker={"size": 6, "opacity": 0.0}, showlegend=False, name="edges",
+        )
+    )  # fmt: skip
+    names = list(xy)
+    fig.add_trace(
+        go.Scatter(
+            x=[xy[n][0] for n in names],
+            y=[xy[n][1] for n in names],
+            mode="markers+text",
+            text=[n if n in used and ("H" not in n or graph.n_heads <= 12) else "" for n in names],
+            textposition="middle right",
+            textfont={"size": 9},
+            hovertext=names,
+            hoverinfo="text",
+            marker={
+                "size": [11 if n in used else 6 for n in names],
+                "color": ["#333" if n in used else "#ccc" for n in names],
+                "symbol": ["square" if n.endswith("MLP") else "circle" for n in names],
+            },
+            showlegend=False,
+            name="nodes",
+        )
+    )
+    shown = len(chosen)
+    total = int(kept.sum())
+    fig.update_layout(
+        title=title
+        or f"Circuit: {shown} of {total} kept edges shown ({graph.n_edges} in the graph)",
+        xaxis={"visible": False},
+        yaxis={
+            "title": "layer",
+            "tickvals": [-1, *[2 * l for l in range(graph.n_layers)], 2 * graph.n_layers],
+            "ticktext": ["input", *[f"L{l}" for l in range(graph.n_layers)], "output"],
+        },
+        height=max(500, 45 * graph.n_layers + 200),
+        width=1100,
+        plot_bgcolor="white",
+    )
+    return fig
+
+
+def circuit_graph_html(
+    graph: Graph,
+    scores: torch.Tensor,
+    circuit: EdgeMask | None = None,
+    title: str = "circuit",
+    max_edges: int = 400,
+) -> str:
+    """A standalone offline HTML page (plotly.js inlined) with the circuit graph and a key."""
+    fig = circuit_graph_figure(graph, scores, circuit, max_edges, title=title)
+    body = fig.to_html(include_plotlyjs=True, full_html=False)
+    key = (
+        "<p>Edge width: |score|. Blue: removing the edge lowers the metric; red: raises it. "
+        "Into a head: dotted = query, dashed = key, solid = value input. Hover for names.</p>"
+    )
+    return (
+        f"<!DOCTYPE html>\n<html>\n<head>\n<meta charset='utf-8'>\n<title>{html.escape(title)}"
+        f"</title>\n</head>\n<body>\n<h2>{html.escape(title)}</h2>\n{key}\n{body}\n</body>\n"
+        "</html>\n"
+    )
+
+
+def faithfulness_figure(
+    curves: Mapping[str, Sequence[Any]], title: str = "Faithfulness against circuit size"
+) -> go.Figure:
+    """One line per method: faithfulness of its top-k circuits against the fraction of edges
+    kept (log axis), with the full model (1) and the empty circuit (0) marked."""
+    fig = go.Figure()
+    for name, rows in curves.items():
+        rows = sorted(rows, key=lambda r: r.fraction)
+        fig.add_trace(
+            go.Scatter(
+                x=[r.fraction for r in rows if r.fraction > 0],
+                y=[r.faithfulness for r in rows if r.fraction > 0],
+                mode="lines+markers",
+                name=name,
+                hovertext=[f"{r.n_edges} edges, KL {r.kl:.3g}" for r in rows if r.fraction > 0],
+            )
+        )
+    for level, label in ((1.0, "full model"), (0.0, "empty circuit")):
+        fig.add_hline(y=level, line_dash="dot", line_color="grey", annotation_text=label)
+    fig.update_layout(
+        title=title,
+        xaxis={"title": "fraction of edges kept", "type": "log"},
+        yaxis={"title": "faithfulness (fraction of the metric recovered)"},
+        width=900,
+        height=500,
+    )
+    return fig

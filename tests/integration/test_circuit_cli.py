@@ -1,0 +1,71 @@
+"""``mi-core circuit``: attribution and edge pruning end to end on tiny checkpoints."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from mi_core.cli import main
+from mi_core.interventions import EdgeMask, load_intervention
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_checkpoints):
+    out = tmp_path / "eap"
+    argv = ["circuit", "attribute", "--model", str(tiny_checkpoints["gpt2-lm"]), "--method",
+            "eap", "--n-examples", "16", "--fractions", "0,0.05,0.2,1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "recovers" in capsys.readouterr().out
+    rows = list(csv.DictReader((out / "faithfulness.csv").open()))
+    assert [float(r["fraction"]) for r in rows] == [0.0, pytest.approx(0.05, abs=0.01),
+                                                    pytest.approx(0.2, abs=0.01), 1.0]  # fmt: skip
+    # no edge: the corrupted model (0); every edge: the full model (1)
+    assert float(rows[0]["faithfulness"]) == pytest.approx(0.0, abs=1e-4)
+    assert float(rows[-1]["faithfulness"]) == pytest.approx(1.0, abs=1e-4)
+    assert float(rows[-1]["kl"]) == pytest.approx(0.0, abs=1e-5)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_find"] == summary["n_held_out"] == 8
+    circuit = load_intervention(out / "circuit.safetensors")
+    assert isinstance(circuit, EdgeMask) and circuit.n_kept == round(0.05 * 262) == 13
+    mib = json.loads((out / "mib.json").read_text())
+    assert len(mib["edges"]) == 262 and "a0.h1->a2.h3<q>" in mib["edges"]
+    assert sum(e["in_graph"] for e in mib["edges"].values()) == 13
+    head = (out / "circuit.html").read_text().split("</head>")[0]
+    assert "<title>eap circuit of" in head
+
+
+def test_prune_a_classifier_on_hans_pairs_and_resume(tmp_path, capsys, tiny_checkpoints, data_dir):
+    out = tmp_path / "pruned"
+    argv = ["circuit", "prune", "--model", str(tiny_checkpoints["bert-cls"]), "--task", "mnli",
+            "--data", "hans-pairs:ln_subject/object_swap", "--n-examples", "16", "--steps", "12",
+            "--sparsity-warmup-steps", "6", "--batch-size", "8", "--checkpoint-every", "5",
+            "--sparsity", "0.9", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    first = load_intervention(out / "circuit.safetensors")
+    assert first.n_kept == round(0.1 * 262)
+    history = (out / "history.csv").read_text()
+    assert main(argv) == 0  # a re-run finds the finished state and does no step again
+    assert (out / "history.csv").read_text() == history
+    assert load_intervention(out / "circuit.safetensors").kept == first.kept
+    scores = load_intervention(out / "circuit.safetensors")
+    assert torch.equal(scores.weights, first.weights)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--data", "ioi"], "ioi is a language-model task"),
+        (["--data", "squad"], "unknown circuit data"),
+        (["--held-out", "1.5"], "held_out must lie strictly between 0 and 1"),
+    ],
+)
+def test_bad_circuit_input_is_one_line(tmp_path, capsys, tiny_checkpoints, extra, says):
+    argv = ["circuit", "attribute", "--model", str(tiny_checkpoints["bert-cls"]), "--task",
+            "mnli", "--out", str(tmp_path / "o"), *extra]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
