@@ -16,8 +16,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_checkpoints):
     out = tmp_path / "eap"
-    argv = ["circuit", "attribute", "--model", str(tiny_checkpoints["gpt2-lm"]), "--method",
-            "eap", "--n-examples", "16", "--fractions", "0,0.05,0.2,1", "--out", str(out)]  # fmt: skip
+    model = str(tiny_checkpoints["gpt2-lm"])
+    argv = ["circuit", "attribute", "--model", model, "--method", "eap", "--n-examples", "16",
+            "--fractions", "0,0.05,0.2,1", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     assert "recovers" in capsys.readouterr().out
     rows = list(csv.DictReader((out / "faithfulness.csv").open()))

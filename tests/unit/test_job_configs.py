@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from mi_core.cli import build_parser
 from mi_core.circuits.job import AttributeConfig, CircuitPruneConfig
+from mi_core.cli import build_parser
 from mi_core.cli.flags import flag_name
 from mi_core.config import field_docs
 from mi_core.errors import ConfigError
