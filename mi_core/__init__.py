@@ -4,7 +4,7 @@ The names a notebook needs, importable from here::
 
     from mi_core import load_model, load_pairs, pair_batches, evaluate
     from mi_core import ComponentMask, Subnetwork, apply, compute_means, prune, sweep
-    from mi_core import heuristic_core, separability, viz   # the methods and the figures
+    from mi_core import heuristic_core, separability, circuits, viz   # methods and figures
 
 Everything is imported lazily: ``import mi_core`` is instant, and the first use of a name
 imports its module (TransformerLens takes seconds), so the command line fails fast.
@@ -47,6 +47,11 @@ _NAMES: dict[str, str] = {
     "SeparabilityConfig": "mi_core.methods.separability",
     "run_separability": "mi_core.methods.separability",
     "attention_view_html": "mi_core.viz",
+    # circuits
+    "Graph": "mi_core.interventions",
+    "EdgeMask": "mi_core.interventions",
+    "ioi_pairs": "mi_core.data.circuit_pairs",
+    "hans_pairs": "mi_core.data.circuit_pairs",
     "make_tiny_checkpoint": "mi_core.testing",
 }
 #: Subpackages reachable as attributes (``mi_core.viz.subcase_bars``).
@@ -57,6 +62,7 @@ _MODULES: dict[str, str] = {
     "pruning": "mi_core.pruning",
     "statistics": "mi_core.statistics",
     "viz": "mi_core.viz",
+    "circuits": "mi_core.circuits",
     "heuristic_core": "mi_core.methods.heuristic_core",
     "separability": "mi_core.methods.separability",
 }

@@ -9,12 +9,14 @@ here); this package finds circuits in them and judges them::
     circuit = scores.circuit(k=500)              # an EdgeMask of the 500 top edges
 """
 
+from mi_core.circuits.analysis import circuit_overlap, edges_touching
 from mi_core.circuits.attribution import (
     ATTRIBUTION_METHODS,
     EdgeScores,
     attribute,
     edge_attribution,
     exact_patching,
+    select_circuit,
 )
 from mi_core.circuits.evaluate import (
     CURVE_FRACTIONS,
@@ -26,6 +28,7 @@ from mi_core.circuits.evaluate import (
     write_mib,
 )
 from mi_core.circuits.metrics import answer_logits, kl_divergence, logit_difference
+from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
 from mi_core.interventions.edges import (
     EdgeMask,
     Graph,
@@ -39,18 +42,24 @@ __all__ = [
     "ATTRIBUTION_METHODS",
     "CURVE_FRACTIONS",
     "CircuitScore",
+    "circuit_overlap",
+    "edges_touching",
     "curve_area",
     "evaluate_circuit",
     "faithfulness_curve",
     "to_mib",
     "write_mib",
     "EdgeMask",
+    "EdgePruneResult",
+    "EdgePruneSettings",
     "EdgeScores",
+    "prune_edges",
     "Graph",
     "answer_logits",
     "attribute",
     "edge_attribution",
     "exact_patching",
+    "select_circuit",
     "graph_error",
     "kl_divergence",
     "logit_difference",

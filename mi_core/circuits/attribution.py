@@ -42,9 +42,30 @@ from mi_core.interventions.edges import (
     node_outputs,
 )
 
-__all__ = ["ATTRIBUTION_METHODS", "EdgeScores", "attribute", "edge_attribution", "exact_patching"]
+__all__ = [
+    "ATTRIBUTION_METHODS",
+    "SELECTIONS",
+    "EdgeScores",
+    "attribute",
+    "edge_attribution",
+    "exact_patching",
+    "select_circuit",
+]
 
 ATTRIBUTION_METHODS = ("eap", "eap-ig", "exact")
+#: How a circuit of k edges is chosen from scores.
+SELECTIONS = ("greedy", "top-k")
+
+
+def select_circuit(
+    graph: Graph, scores: torch.Tensor, k: int, selection: str = "greedy", **kwargs: Any
+) -> EdgeMask:
+    """``k`` edges by ``|score|``: ``greedy`` (connected to the output) or ``top-k``."""
+    if selection == "greedy":
+        return EdgeMask.greedy(graph, scores, k, **kwargs)
+    if selection == "top-k":
+        return EdgeMask.top_k(graph, scores, k, **kwargs)
+    raise ConfigError(f"unknown circuit selection {selection!r}; choose one of {SELECTIONS}")
 
 
 @dataclass
@@ -61,9 +82,12 @@ class EdgeScores:
         order = torch.argsort(self.scores.abs(), descending=True, stable=True)[:k]
         return [(self.graph.edge_names[i], float(self.scores[i])) for i in order.tolist()]
 
-    def circuit(self, k: int, fill: str = "corrupted", **kwargs: Any) -> EdgeMask:
-        """The ``k`` edges of largest ``|score|`` as an edge mask."""
-        return EdgeMask.top_k(self.graph, self.scores, k, fill=fill, **kwargs)
+    def circuit(
+        self, k: int, fill: str = "corrupted", selection: str = "greedy", **kwargs: Any
+    ) -> EdgeMask:
+        """A circuit of ``k`` edges chosen by ``|score|``: ``greedy`` (connected, grown from the
+        output; :meth:`EdgeMask.greedy`) or ``top-k`` (the ``k`` largest, wherever they are)."""
+        return select_circuit(self.graph, self.scores, k, selection, fill=fill, **kwargs)
 
 
 def _reference(

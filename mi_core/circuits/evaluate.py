@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mi_core.circuits.attribution import EdgeScores
+from mi_core.circuits.attribution import EdgeScores, select_circuit
 from mi_core.circuits.metrics import Metric, kl_divergence, logit_difference
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
@@ -124,8 +124,10 @@ def faithfulness_curve(
     means: torch.Tensor | None = None,
     batch_size: int = 16,
     progress: bool = True,
+    selection: str = "greedy",
 ) -> list[CircuitScore]:
-    """The top-``k`` circuits of ``scores`` (by ``|score|``) judged for each fraction of edges."""
+    """Circuits of ``scores`` (``selection``: ``greedy`` or ``top-k`` by ``|score|``) judged for
+    each fraction of edges."""
     if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
         raise ConfigError(f"curve fractions must lie in [0, 1], got {list(fractions)}")
     graph = scores.graph
@@ -136,7 +138,7 @@ def faithfulness_curve(
     rows = []
     for fraction in tqdm(sorted(fractions), desc="faithfulness", disable=not progress):
         k = round(fraction * graph.n_edges)
-        mask = EdgeMask.top_k(graph, scores.scores, k, fill=fill, means=means)
+        mask = select_circuit(graph, scores.scores, k, selection, fill=fill, means=means)
         rows.append(evaluate_circuit(model, mask, pairs, metric, batch_size, (full, empty)))
     return rows
 

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from mi_core.circuits.attribution import ATTRIBUTION_METHODS, EdgeScores, attribute
+from mi_core.circuits.attribution import ATTRIBUTION_METHODS, SELECTIONS, EdgeScores, attribute
 from mi_core.circuits.evaluate import (
     CURVE_FRACTIONS,
     curve_area,
@@ -110,6 +110,8 @@ class AttributeConfig(CircuitData):
     """Fractions of edges kept along the faithfulness curve (comma separated)."""
     circuit_fraction: float = 0.05
     """Fraction of edges in the circuit written to circuit.safetensors and mib.json."""
+    selection: str = option("greedy", choices=SELECTIONS)
+    """How circuits are chosen from the scores: greedy (connected to the output) or top-k."""
 
     def validate(self) -> None:
         super().validate()
@@ -176,10 +178,10 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     )  # fmt: skip
     rows = faithfulness_curve(
         model, scores, judge, config.fractions, metric, config.fill, means, config.batch_size,
-        progress=progress,
+        progress=progress, selection=config.selection,
     )  # fmt: skip
-    circuit = scores.circuit(round(config.circuit_fraction * scores.graph.n_edges), config.fill,
-                             means=means)  # fmt: skip
+    k = round(config.circuit_fraction * scores.graph.n_edges)
+    circuit = scores.circuit(k, config.fill, config.selection, means=means)
     judged = evaluate_circuit(model, circuit, judge, metric, config.batch_size,
                               (rows[0].full, rows[0].empty))  # fmt: skip
     summary = {

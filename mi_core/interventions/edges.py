@@ -210,6 +210,16 @@ class Graph:
         return [f"{self.senders[s]}->{self.receivers[r]}" for s, r in self.edges.tolist()]
 
     @cached_property
+    def incoming_edges(self) -> dict[str, list[int]]:
+        """Edge ids into each node (a head's q, k and v inputs all count as the head's)."""
+        into: dict[str, list[int]] = {}
+        for edge, (_, receiver) in enumerate(self.edges.tolist()):
+            name = self.receivers[receiver]
+            node = name[:-2] if name.endswith((".q", ".k", ".v")) else name
+            into.setdefault(node, []).append(edge)
+        return into
+
+    @cached_property
     def _edge_id(self) -> torch.Tensor:
         ids = torch.full(self.exists.shape, -1, dtype=torch.long)
         ids[self.exists] = torch.arange(self.n_edges)
@@ -447,6 +457,48 @@ class EdgeMask:
         weights[torch.argsort(key.detach().cpu().float(), descending=True, stable=True)[:k]] = 1.0
         return cls(graph, weights, fill, **kwargs)
 
+    @classmethod
+    def greedy(
+        cls,
+        graph: Graph,
+        scores: Float[torch.Tensor, " edge"],
+        k: int,
+        fill: str = "corrupted",
+        absolute: bool = True,
+        **kwargs: Any,
+    ) -> EdgeMask:
+        """Grow a connected circuit of ``k`` edges backwards from the output.
+
+        Start with the output node; repeatedly keep the highest-scoring edge (``|score|`` if
+        ``absolute``) into a node already in the circuit, and add its sender. Every kept edge
+        then lies on a path to the output, which top-k does not promise (the greedy selection
+        of Hanna et al.'s EAP-IG code).
+        """
+        import heapq
+
+        if not 0 <= k <= graph.n_edges:
+            raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
+        key = (scores.abs() if absolute else scores).detach().cpu().double().tolist()
+        incoming = graph.incoming_edges
+        heap: list[tuple[float, int]] = []
+        active: set[str] = set()
+
+        def activate(node: str) -> None:
+            if node not in active:
+                active.add(node)
+                for edge in incoming.get(node, ()):
+                    heapq.heappush(heap, (-key[edge], edge))
+
+        activate("output")
+        weights = torch.zeros(graph.n_edges)
+        chosen = 0
+        while heap and chosen < k:
+            _, edge = heapq.heappop(heap)
+            weights[edge] = 1.0
+            chosen += 1
+            activate(graph.senders[int(graph.edges[edge, 0])])
+        return cls(graph, weights, fill, **kwargs)
+
     # ---------------------------------------------------------------------- views
     @property
     def kept(self) -> list[str]:
@@ -607,6 +659,7 @@ class _EdgeRun:
         self.removed = removed
         self.deltas: list[torch.Tensor] = []  # with gradients: one tensor per sender block
         self.buffer: torch.Tensor | None = None  # without: [sender, batch, pos, d_model]
+        self.side_by_side: torch.Tensor | None = None  # with, decoders: detached copies
         self.total: torch.Tensor | None = None
         self.n = 0  # senders so far
         self.pending: torch.Tensor | None = None
@@ -614,8 +667,11 @@ class _EdgeRun:
     def _reset(self, x: torch.Tensor) -> None:
         self.deltas, self.n, self.pending = [], 0, None
         differentiable = self.removed.requires_grad or x.requires_grad
+        self.side_by_side = None
         if torch.is_grad_enabled() and differentiable:
             self.buffer = self.total = None
+            if not self.graph.post_ln:  # rows never change after writing: no concatenation
+                self.side_by_side = x.new_empty((self.graph.n_senders, *x.shape))
         else:
             self.buffer = x.new_empty((self.graph.n_senders, *x.shape))
             self.total = torch.zeros_like(x)
@@ -626,6 +682,8 @@ class _EdgeRun:
         self.n = start + delta.shape[0]
         if self.buffer is None:
             self.deltas.append(delta)
+            if self.side_by_side is not None:
+                self.side_by_side[start : self.n] = delta.detach()
         else:
             assert self.total is not None
             self.buffer[start : self.n] = delta
@@ -646,7 +704,8 @@ class _EdgeRun:
         columns = removed[:, receivers] if isinstance(receivers, slice) else removed[:, [receivers]]
         columns = columns[: self.n]
         if self.buffer is None:
-            return _Correction.apply(columns, *self.deltas)
+            stacked = None if self.side_by_side is None else self.side_by_side[: self.n]
+            return _Correction.apply(columns, stacked, *self.deltas)
         assert self.total is not None
         kept = 1.0 - columns
         rows_removed = columns.any(1).nonzero().flatten()
@@ -749,9 +808,16 @@ class _Correction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, columns: torch.Tensor, *deltas: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, columns: torch.Tensor, stacked: torch.Tensor | None, *deltas: torch.Tensor
+    ) -> torch.Tensor:
+        # ``stacked``: the deltas already side by side (a detached view of a buffer whose rows
+        # are never written again, decoders), or None to concatenate them here and again in
+        # the backward pass
         ctx.save_for_backward(columns, *deltas)
-        stacked = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
+        ctx.stacked = stacked
+        if stacked is None:
+            stacked = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
         shape = stacked.shape[1:]
         out = columns.T @ stacked.reshape(stacked.shape[0], -1)
         return out.reshape(columns.shape[1], *shape)
@@ -762,13 +828,15 @@ class _Correction(torch.autograd.Function):
         flat_grad = grad.reshape(grad.shape[0], -1)
         grad_columns = None
         if ctx.needs_input_grad[0]:
-            stacked = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
+            stacked = ctx.stacked
+            if stacked is None:
+                stacked = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
             grad_columns = stacked.reshape(stacked.shape[0], -1) @ flat_grad.T
         grad_deltas: list[torch.Tensor | None] = [None] * len(deltas)
-        if any(ctx.needs_input_grad[1:]):
+        if any(ctx.needs_input_grad[2:]):
             flat = (columns @ flat_grad).reshape(columns.shape[0], *grad.shape[1:])
             grad_deltas = list(torch.split(flat, [d.shape[0] for d in deltas]))
-        return (grad_columns, *grad_deltas)
+        return (grad_columns, None, *grad_deltas)
 
 
 def _through_layer_norm(

@@ -5,6 +5,7 @@ from mi_core.viz.attention_html import (
     attention_view_html,
     write_attention_html,
 )
+from mi_core.viz.circuits import circuit_graph_figure, circuit_graph_html, faithfulness_figure
 from mi_core.viz.figures import (
     accuracy_vs_sparsity,
     attention_class_chart,
@@ -23,7 +24,10 @@ __all__ = [
     "attention_class_chart",
     "attention_view_fragment",
     "attention_view_html",
+    "circuit_graph_figure",
+    "circuit_graph_html",
     "effective_size_over_training",
+    "faithfulness_figure",
     "frequency_heatmap_figure",
     "id_vs_ood_scatter",
     "score_distribution_figure",

@@ -195,3 +195,22 @@ def test_mib_names_round_trip(gpt2):
     assert to_mib_name("input->L1.MLP") == "input->m1"
     assert to_mib_name("L1.MLP->output") == "m1->logits"
     assert all(_from_mib_name(to_mib_name(n)) == n for n in graph.edge_names)
+
+
+def test_greedy_circuits_are_connected_to_the_output_and_top_k_need_not_be(gpt2):
+    graph = Graph.from_model(gpt2)
+    scores = torch.zeros(graph.n_edges)
+    scores[graph.edge_index("input->L0.H1.q")] = 5.0  # large, but L0.H1 reaches nothing kept
+    scores[graph.edge_index("L1.MLP->output")] = 1.0
+    scores[graph.edge_index("L0.H2->L1.MLP")] = 0.5
+    top = EdgeMask.top_k(graph, scores, 2)
+    assert top.kept == ["input->L0.H1.q", "L1.MLP->output"]
+    greedy = EdgeMask.greedy(graph, scores, 3)
+    # output <- L1.MLP <- L0.H2, then (all else 0) the first edge into L0.H2; L0.H1 never joins
+    assert set(greedy.kept) == {"L1.MLP->output", "L0.H2->L1.MLP", "input->L0.H2.q"}
+    # every kept edge ends at the output or at a node some kept edge leaves from
+    senders = {name.split("->")[0] for name in greedy.kept}
+    for name in greedy.kept:
+        receiver = name.split("->")[1]
+        node = receiver[:-2] if receiver.endswith((".q", ".k", ".v")) else receiver
+        assert node == "output" or node in senders

@@ -1,0 +1,166 @@
+"""Edge methods against their own lower bounds, side by side on one model and batch.
+
+1. EAP over every edge vs the bare 2 forward + 1 backward passes of the same model on the same
+   batch (the method's own lower bound): target ratio <= 1.3.
+2. One edge-pruning step (sampled edge gates, corrupted fill, KL, backward) vs one node-pruning
+   step (sampled head / MLP gates at hook_z / hook_mlp_out, KL, backward): target <= 3.
+3. Peak memory (RSS above the loaded model, each in a fresh process) of EAP vs a plain forward
+   with ``run_with_cache``: target <= 2.
+
+Runs interleave (A, B, A, B, ...) so background load hits both alike.
+
+    python benchmarks/bench_circuits.py [--model smollm2] [--batch 8] [--tokens 64] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from mi_core.circuits import Graph, edge_attribution
+from mi_core.data.circuit_pairs import PromptPairs
+from mi_core.interventions import EdgeMask, graph_switches, node_outputs
+from mi_core.models import load_model
+from mi_core.pruning.hard_concrete import sample_hard_concrete
+
+
+def _pairs(model, batch: int, tokens: int) -> PromptPairs:
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.cfg.d_vocab
+    ids = torch.randint(100, vocab - 1, (2, batch, tokens), generator=gen)
+    return PromptPairs(
+        clean_ids=ids[0],
+        corrupted_ids=ids[1],
+        attention_mask=torch.ones(batch, tokens, dtype=torch.long),
+        answer=torch.randint(100, vocab - 1, (batch,), generator=gen),
+        distractor=torch.randint(100, vocab - 1, (batch,), generator=gen),
+        position=torch.full((batch,), tokens - 1),
+    )
+
+
+def _metric(logits, pairs):
+    rows = torch.arange(logits.shape[0])
+    last = logits[rows, pairs.position]
+    return last[rows, pairs.answer] - last[rows, pairs.distractor]
+
+
+def bare(model, pairs: PromptPairs) -> None:
+    """2 forwards + 1 backward, nothing else."""
+    with torch.no_grad():
+        model(pairs.corrupted_ids)
+    _metric(model(pairs.clean_ids), pairs).mean().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def node_step(model, pairs: PromptPairs, log_alpha: torch.Tensor, reference) -> None:
+    cfg = model.cfg
+    z = sample_hard_concrete(log_alpha)
+    heads = z[: cfg.n_layers * cfg.n_heads].view(cfg.n_layers, cfg.n_heads)
+    mlps = z[cfg.n_layers * cfg.n_heads :]
+    hooks = []
+    for layer in range(cfg.n_layers):
+        hooks.append((f"blocks.{layer}.attn.hook_z", lambda x, hook, l=layer: x * heads[l, :, None]))
+        hooks.append((f"blocks.{layer}.hook_mlp_out", lambda x, hook, l=layer: x * mlps[l]))
+    with model.hooks(fwd_hooks=hooks):
+        logits = model(pairs.clean_ids)[:, -1]
+    F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
+
+
+def edge_step(model, graph, pairs: PromptPairs, log_alpha: torch.Tensor, reference) -> None:
+    z = sample_hard_concrete(log_alpha)
+    mask = EdgeMask(graph, z).with_corrupted(node_outputs(model, graph, pairs.corrupted_ids))
+    with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+        logits = model(pairs.clean_ids)[:, -1]
+    F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
+
+
+def _timed(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def _memory(args) -> None:
+    """In a fresh process: peak RSS growth (MiB) of one EAP or one run_with_cache."""
+    model = load_model(args.model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    pairs = _pairs(model, args.batch, args.tokens)
+    graph = Graph.from_model(model)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if args.measure == "eap":
+        edge_attribution(model, graph, pairs, _metric)
+    else:
+        with torch.no_grad():
+            model.run_with_cache(pairs.clean_ids)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"mib": (after - before) / 1024}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--measure", choices=["eap", "cache"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.measure:
+        _memory(args)
+        return
+
+    model = load_model(args.model)
+    pairs = _pairs(model, args.batch, args.tokens)
+    graph = Graph.from_model(model)
+    print(f"{args.model}: {graph}; batch {args.batch} x {args.tokens} tokens")
+
+    # 1. EAP vs its lower bound (parameters keep requires_grad, as a user's model does)
+    bare(model, pairs)
+    edge_attribution(model, graph, pairs, _metric)
+    t_bare = t_eap = 0.0
+    for _ in range(args.repeats):
+        t_bare += _timed(bare, model, pairs)
+        t_eap += _timed(edge_attribution, model, graph, pairs, _metric)
+    print(f"EAP {t_eap / args.repeats:.2f} s vs 2 fwd + 1 bwd {t_bare / args.repeats:.2f} s: "
+          f"ratio {t_eap / t_bare:.2f} (target <= 1.3)")  # fmt: skip
+
+    # 2. one edge-pruning step vs one node-pruning step
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        reference = model(pairs.clean_ids)[:, -1].log_softmax(-1)
+    n_nodes = model.cfg.n_layers * (model.cfg.n_heads + 1)
+    node_alpha = torch.full((n_nodes,), 3.0, requires_grad=True)
+    edge_alpha = torch.full((graph.n_edges,), 3.0, requires_grad=True)
+    node_step(model, pairs, node_alpha, reference)
+    edge_step(model, graph, pairs, edge_alpha, reference)
+    t_node = t_edge = 0.0
+    for _ in range(args.repeats):
+        t_node += _timed(node_step, model, pairs, node_alpha, reference)
+        t_edge += _timed(edge_step, model, graph, pairs, edge_alpha, reference)
+    print(f"edge-pruning step {t_edge / args.repeats:.2f} s vs node-pruning step "
+          f"{t_node / args.repeats:.2f} s: ratio {t_edge / t_node:.2f} (target <= 3)")  # fmt: skip
+
+    # 3. memory, each in a fresh process
+    base = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch),
+            "--tokens", str(args.tokens)]  # fmt: skip
+    mib = {}
+    for what in ("cache", "eap"):
+        out = subprocess.run([*base, "--measure", what], capture_output=True, text=True, check=True)
+        mib[what] = json.loads(out.stdout.strip().splitlines()[-1])["mib"]
+    print(f"peak memory above the model: EAP {mib['eap']:.0f} MiB vs run_with_cache "
+          f"{mib['cache']:.0f} MiB: ratio {mib['eap'] / mib['cache']:.2f} (target <= 2)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
