@@ -66,8 +66,10 @@ def node_step(model, pairs: PromptPairs, log_alpha: torch.Tensor, reference) -> 
     mlps = z[cfg.n_layers * cfg.n_heads :]
     hooks = []
     for layer in range(cfg.n_layers):
-        hooks.append((f"blocks.{layer}.attn.hook_z", lambda x, hook, l=layer: x * heads[l, :, None]))
-        hooks.append((f"blocks.{layer}.hook_mlp_out", lambda x, hook, l=layer: x * mlps[l]))
+        hooks.append(
+            (f"blocks.{layer}.attn.hook_z", lambda x, hook, i=layer: x * heads[i, :, None])
+        )
+        hooks.append((f"blocks.{layer}.hook_mlp_out", lambda x, hook, i=layer: x * mlps[i]))
     with model.hooks(fwd_hooks=hooks):
         logits = model(pairs.clean_ids)[:, -1]
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
@@ -158,8 +160,9 @@ def main() -> None:
     for what in ("cache", "eap"):
         out = subprocess.run([*base, "--measure", what], capture_output=True, text=True, check=True)
         mib[what] = json.loads(out.stdout.strip().splitlines()[-1])["mib"]
+    ratio = mib["eap"] / mib["cache"]
     print(f"peak memory above the model: EAP {mib['eap']:.0f} MiB vs run_with_cache "
-          f"{mib['cache']:.0f} MiB: ratio {mib['eap'] / mib['cache']:.2f} (target <= 2)")  # fmt: skip
+          f"{mib['cache']:.0f} MiB: ratio {ratio:.2f} (target <= 2)")  # fmt: skip
 
 
 if __name__ == "__main__":

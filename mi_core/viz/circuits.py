@@ -1,8 +1,8 @@
 """Circuits as pictures: the edge graph (interactive, offline) and faithfulness curves.
 
 :func:`circuit_graph_figure` lays the graph out by layer (input at the bottom, each layer's
-heads in a row with its MLP above them, the output at the top) and draws the circuit's edges,
-wider for larger ``|score|``, blue where removing the edge lowers the metric and red where it
+heads in a row, its MLP in a column of its own to the right, the output at the top) and draws
+the circuit's edges, wider for larger ``|score|``, blue where removing the edge lowers the metric and red where it
 raises it; hovering an edge or a node names it. Edges into a head's query, key or value input
 end at the head and are dotted, dashed or solid respectively.
 """
@@ -29,7 +29,7 @@ def _node_xy(graph: Graph) -> dict[str, tuple[float, float]]:
     for layer in range(graph.n_layers):
         for head in range(graph.n_heads):
             xy[f"L{layer}.H{head}"] = (float(head), 2.0 * layer)
-        xy[f"L{layer}.MLP"] = (spread / 2, 2.0 * layer + 1)
+        xy[f"L{layer}.MLP"] = (graph.n_heads + 0.5, 2.0 * layer + 1)  # a column of its own
     return xy
 
 

@@ -90,3 +90,17 @@ def test_the_report_renders_offline_with_its_figures(tiny_checkpoints, data_dir,
     assert any(t.startswith("Figure 2") for t in titles) and any("Figure 5" in t for t in titles)
     drawn = dom.count('<div class="plot-container plotly" ')  # the bundle's source has none
     assert drawn == len(titles) >= 5  # every figure drew, each with its title
+
+
+def test_a_circuit_graph_renders_offline(tmp_path):
+    from mi_core.interventions import EdgeMask, Graph
+    from mi_core.io import write_text
+    from mi_core.viz import circuit_graph_html
+
+    graph = Graph(n_layers=2, n_heads=4, d_model=8)
+    scores = torch.linspace(-1, 1, graph.n_edges)
+    page = circuit_graph_html(graph, scores, EdgeMask.top_k(graph, scores, 12), title="IOI circuit")
+    dom = rendered(write_text(tmp_path / "circuit.html", page))
+    assert "<title>IOI circuit</title>" in dom
+    assert plotly_titles(dom) == ["IOI circuit"]
+    assert "L1.MLP" in dom  # node labels drawn
