@@ -2,9 +2,9 @@
 
 :func:`circuit_graph_figure` lays the graph out by layer (input at the bottom, each layer's
 heads in a row, its MLP in a column of its own to the right, the output at the top) and draws
-the circuit's edges, wider for larger ``|score|``, blue where removing the edge lowers the metric and red where it
-raises it; hovering an edge or a node names it. Edges into a head's query, key or value input
-end at the head and are dotted, dashed or solid respectively.
+the circuit's edges, wider for larger ``|score|``, blue where removing the edge lowers the
+metric and red where it raises it; hovering an edge or a node names it. Edges into a head's
+query, key or value input end at the head and are dotted, dashed or solid respectively.
 """
 
 from __future__ import annotations
