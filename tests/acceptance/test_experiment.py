@@ -181,6 +181,7 @@ def test_stage_keys_follow_the_settings_they_depend_on(tmp_path):
         "effective_size",
         "grid",
         "core_before",
+        "core_edges",
     ]
     ray = ExperimentConfig.from_dict(
         minimal(pruning={"sparsities": [0.3, 0.5], "seeds": "1-4", "executor": "ray"})
@@ -220,6 +221,7 @@ def tiny_config(model_path) -> dict:
         "effective_size": {"enabled": True, "sparsities": [0.3], "seeds": 1},
         "core_before": {"enabled": True},
         "grid": {"enabled": True, "sparsities": [0.2, 0.4], "seeds": [1]},
+        "core_edges": {"enabled": True, "n_examples": 8, "per_group": 1},
     }
 
 
@@ -244,6 +246,10 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
     assert "Subnetworks of grid/ (2 sparsities x 1 seeds)" in markdown
     assert "## The core before generalisation" in markdown
     assert (out / "core_before" / "summary.json").is_file()
+    assert "## Edges around the core (circuits)" in markdown
+    edges = pd.read_csv(out / "core_edges" / "edges.csv")
+    assert set(edges["group"]) == {"generalising", "not generalising"}
+    assert set(edges["direction"]) <= {"into", "out of", "within"} and len(edges) > 0
     findings = pd.read_csv(out / "findings.csv")
     assert len(findings) >= 8 and set(findings["verdict"]) <= {
         "reproduced",

@@ -256,6 +256,33 @@ class CoreBeforeSettings(Config):
 
 
 @dataclass
+class CoreEdgesSettings(Config):
+    """Edges into and out of the core heads (circuits): edge scores on clean / corrupted pairs
+    with each chosen subnetwork of the sweep applied (mean-ablated), for the subnetworks that
+    generalise best and worst out of domain."""
+
+    enabled: bool = False
+    data: str = "hans-pairs:ln_subject/object_swap"
+    """Circuit data: hans-pairs:<subcase> (HANS pairs and their identity counterparts)."""
+    n_examples: int = 32
+    """Pairs to score on."""
+    method: str = option("eap", choices=("eap", "eap-ig"))
+    """Edge attribution method."""
+    steps: int = 5
+    """EAP-IG interpolation steps."""
+    per_group: int = 2
+    """Subnetworks per group: the best and the worst out-of-domain accuracy."""
+    batch_size: int = 16
+    """Examples per forward pass."""
+
+    def validate(self) -> None:
+        if not self.data.startswith("hans-pairs:"):
+            raise ConfigError(f"core_edges.data must be hans-pairs:<subcase>, not {self.data!r}")
+        if self.n_examples < 1 or self.per_group < 1 or self.steps < 1 or self.batch_size < 1:
+            raise ConfigError("core_edges: n_examples, per_group, steps, batch_size must be >= 1")
+
+
+@dataclass
 class ExperimentConfig(Config):
     """The whole heuristic-core experiment (see the module docstring)."""
 
@@ -278,6 +305,7 @@ class ExperimentConfig(Config):
     effective_size: EffectiveSizeSettings = field(default_factory=EffectiveSizeSettings)
     core_before: CoreBeforeSettings = field(default_factory=CoreBeforeSettings)
     grid: GridSettings = field(default_factory=GridSettings)
+    core_edges: CoreEdgesSettings = field(default_factory=CoreEdgesSettings)
 
     def validate(self) -> None:
         if self.task not in TASKS:

@@ -114,6 +114,21 @@ class ExperimentLayout:
         return self.core_before / SUMMARY
 
     @property
+    def core_edges(self) -> Path:
+        return self.root / "core_edges"
+
+    @property
+    def core_edges_table(self) -> Path:
+        """Every edge touching the core, per subnetwork: ``subnetwork, group, ood_accuracy,
+        edge, sender, receiver, direction, score``."""
+        return self.core_edges / "edges.csv"
+
+    @property
+    def core_edges_summary(self) -> Path:
+        """Per subnetwork and direction (into / out of / within the core): ``sum |score|``."""
+        return self.core_edges / "summary.csv"
+
+    @property
     def report_html(self) -> Path:
         return self.root / "report.html"
 

@@ -491,6 +491,53 @@ class HeuristicCoreExperiment:
             )
         write_json(self.layout.core_before_summary, summary)
 
+    def _run_core_edges(self) -> None:
+        """Edge scores touching the core heads, with the best and worst generalising
+        subnetworks applied (mean-ablated), on HANS minimal pairs."""
+        import pandas as pd
+
+        from mi_core.circuits import attribute, edges_touching
+        from mi_core.circuits.job import CircuitData, load_circuit_pairs
+        from mi_core.interventions import Subnetwork, apply
+        from mi_core.io import write_csv
+
+        e = self.config.core_edges
+        heads, reason = self.chosen_heads()
+        results = self.load_sweep()
+        ood = [n for n in results.eval_names if n != results.eval_names[0]] or results.eval_names
+        runs = results.runs.assign(
+            ood_accuracy=results.runs[[f"acc_{n}" for n in ood]].mean(axis=1)
+        ).reset_index(drop=True)
+        order = runs.sort_values("ood_accuracy", ascending=False, kind="stable").index.tolist()
+        chosen = [(i, "generalising") for i in order[: e.per_group]]
+        chosen += [(i, "not generalising") for i in order[::-1][: e.per_group] if i not in
+                   order[: e.per_group]]  # fmt: skip
+        spec = CircuitData(model="-", data=e.data, n_examples=max(2, e.n_examples), out="-")
+        pairs = load_circuit_pairs(self.model, spec)
+        tables = []
+        for index, group in chosen:
+            row = runs.iloc[index]
+            subnetwork = Subnetwork(results.masks[index], "mean", self.means)
+            with apply(self.model, subnetwork):
+                scores = attribute(self.model, pairs, e.method, steps=e.steps,
+                                   batch_size=e.batch_size, progress=False)  # fmt: skip
+            table = edges_touching(scores, heads)
+            table.insert(0, "ood_accuracy", float(row["ood_accuracy"]))
+            table.insert(0, "group", group)
+            table.insert(0, "subnetwork", row["subnetwork"])
+            tables.append(table)
+        edges = pd.concat(tables, ignore_index=True)
+        edges.insert(3, "heads_chosen_as", reason)
+        summary = (
+            edges.assign(abs_score=edges["score"].abs())
+            .groupby(["subnetwork", "group", "ood_accuracy", "direction"], sort=False)["abs_score"]
+            .sum()
+            .reset_index()
+        )
+        self.path("core_edges").mkdir(parents=True, exist_ok=True)
+        write_csv(self.layout.core_edges_table, edges)
+        write_csv(self.layout.core_edges_summary, summary)
+
     def _run_report(self) -> None:
         from mi_core.methods.heuristic_core.report import write_report
 

@@ -573,6 +573,25 @@ def _core_before_section(root: Path) -> ReportSection | None:
     return section
 
 
+def _core_edges_section(root: Path) -> ReportSection | None:
+    layout = ExperimentLayout(root)
+    summary = _csv(layout.core_edges_summary)
+    if summary is None or summary.empty:
+        return None
+    section = ReportSection("Edges around the core (circuits)")
+    section.text(
+        "Edge-attribution scores (the estimated change of the entailment logit when an edge "
+        "carries the corrupted pair's activation) of every edge into or out of the core heads, "
+        "with each subnetwork applied: total |score| per direction, for the subnetworks that "
+        "generalise best and worst out of domain (core_edges/edges.csv has every edge)."
+    )
+    wide = summary.pivot_table(
+        index=["subnetwork", "group", "ood_accuracy"], columns="direction", values="abs_score"
+    ).reset_index()
+    section.table(wide, "Sum of |score| over the edges touching the core, per direction.")
+    return section
+
+
 def _findings_section(root: Path) -> ReportSection | None:
     from mi_core.methods.heuristic_core.findings import heuristic_core_findings
 
@@ -598,6 +617,7 @@ def _files_section(root: Path) -> ReportSection:
         "ablation/*.csv",
         "effective_size/*.csv",
         "effective_size/*.html",
+        "core_edges/*.csv",
         "finetune/metrics.csv",
         "finetune/training_dynamics.html",
         "sweep/subnetworks.csv",
@@ -623,6 +643,7 @@ def build_report(root: str | os.PathLike[str]) -> tuple[str, list[ReportSection]
         _ablation_section(root),
         _effective_size_section(root),
         _core_before_section(root),
+        _core_edges_section(root),
     ):
         if part is not None:
             sections.append(part)

@@ -123,6 +123,14 @@ STAGE_SPECS: tuple[Stage, ...] = (
         lambda c: c.core_before.enabled,
     ),
     Stage(
+        "core_edges",
+        "edges into and out of the core heads, in subnetworks that generalise and that do not",
+        ("analysis", "means"),
+        ("core_edges/",),
+        lambda c: (asdict(c.core_edges),),
+        lambda c: c.core_edges.enabled,
+    ),
+    Stage(
         "report",
         "the self-contained HTML report, its Markdown twin and the findings table",
         (
@@ -135,6 +143,7 @@ STAGE_SPECS: tuple[Stage, ...] = (
             "effective_size",
             "grid",
             "core_before",
+            "core_edges",
         ),
         ("report.html", "report.md", "findings.csv"),
         lambda c: (),
