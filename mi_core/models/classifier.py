@@ -17,7 +17,12 @@ from typing import Protocol, runtime_checkable
 import torch
 from jaxtyping import Float, Int
 from torch import nn
-from transformer_lens import HookedEncoder, HookedTransformer, HookedTransformerConfig
+from transformer_lens import (
+    ActivationCache,
+    HookedEncoder,
+    HookedTransformer,
+    HookedTransformerConfig,
+)
 
 from mi_core.errors import ConfigError, DataError
 from mi_core.models.dropout import DropoutRates
@@ -126,6 +131,43 @@ class HookedClassifier:
         return heads + [f"L{l}.MLP" for l in range(self.cfg.n_layers)]
 
 
+_POST_LN = (
+    "the residual stream of a post-LayerNorm encoder (BERT, RoBERTa, MiniLM) is not a sum of "
+    "component outputs: LayerNorm rescales it after every attention and MLP sublayer, so "
+    "{name} would attribute to components what the LayerNorms did. Read hook_resid_pre / "
+    "hook_resid_mid / hook_resid_post directly, or use mi_core.circuits.Graph, which carries "
+    "each component's output through the LayerNorms with their scales frozen (exact for the run)"
+)
+
+
+class PostLNActivationCache(ActivationCache):
+    """A TransformerLens cache of a post-LayerNorm encoder.
+
+    Everything works as in TL, except the methods that treat the residual stream as a sum of
+    component outputs (``decompose_resid``, ``accumulated_resid``, ``apply_ln_to_stack``,
+    ``get_full_resid_decomposition``, ``logit_attrs``): they raise one clear error instead of
+    returning numbers that do not mean what they mean for a pre-LN model.
+    """
+
+    def _refuse(self, name: str):
+        raise ConfigError(_POST_LN.format(name=name))
+
+    def decompose_resid(self, *args, **kwargs):  # noqa: D102
+        self._refuse("decompose_resid")
+
+    def accumulated_resid(self, *args, **kwargs):  # noqa: D102
+        self._refuse("accumulated_resid")
+
+    def apply_ln_to_stack(self, *args, **kwargs):  # noqa: D102
+        self._refuse("apply_ln_to_stack")
+
+    def get_full_resid_decomposition(self, *args, **kwargs):  # noqa: D102
+        self._refuse("get_full_resid_decomposition")
+
+    def logit_attrs(self, *args, **kwargs):  # noqa: D102
+        self._refuse("logit_attrs")
+
+
 class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
     """A BERT/RoBERTa sequence classifier: hooked encoder + dense-tanh-out head on token 0."""
 
@@ -169,6 +211,15 @@ class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
                 "encoder blocks (TransformerLens's BertBlock) have no hook_attn_in; use "
                 "set_use_split_qkv_input(True) for per-head query / key / value inputs"
             )
+
+    def run_with_cache(self, *args, return_cache_object: bool = True, **kwargs):
+        """TL's ``run_with_cache``; the cache object is a :class:`PostLNActivationCache`."""
+        out, cache = super().run_with_cache(
+            *args, return_cache_object=return_cache_object, **kwargs
+        )
+        if return_cache_object:
+            cache.__class__ = PostLNActivationCache
+        return out, cache
 
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
         """Token + position + token-type embeddings after the embedding LayerNorm."""
