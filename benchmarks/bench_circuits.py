@@ -89,21 +89,42 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
+
+
 def _memory(args) -> None:
-    """In a fresh process: peak RSS growth (MiB) of one EAP or one run_with_cache."""
+    """In a fresh process: peak RSS growth (MiB) during one EAP or one run_with_cache, sampled
+    every millisecond from /proc (the process's lifetime peak is the model loading's)."""
+    import gc
+    import threading
+
     model = load_model(args.model)
     for p in model.parameters():
         p.requires_grad_(False)
     pairs = _pairs(model, args.batch, args.tokens)
     graph = Graph.from_model(model)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gc.collect()
+    before = peak = _rss_mib()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _rss_mib())
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     if args.measure == "eap":
         edge_attribution(model, graph, pairs, _metric)
     else:
         with torch.no_grad():
             model.run_with_cache(pairs.clean_ids)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"mib": (after - before) / 1024}))
+    done.set()
+    sampler.join()
+    print(json.dumps({"mib": peak - before}))
 
 
 def main() -> None:
