@@ -28,6 +28,7 @@ from mi_core.errors import ConfigError, DataError
 from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
+from mi_core.models.text import encode_pairs, pad_token_id
 
 Ids = Int[torch.Tensor, "batch pos"]
 #: Keys of an mi_core batch that ``forward`` accepts and ignores (``model(**batch)``).
@@ -91,21 +92,79 @@ class HookedClassifier:
         self.setup()
         enable_fast_paths(self)
 
+    # ------------------------------------------------------------ strings, the TL way
+    def to_tokens(
+        self,
+        premise: str | list[str],
+        hypothesis: str | list[str] | None = None,
+        max_length: int = 128,
+    ) -> dict[str, torch.Tensor]:
+        """Token ids, attention mask and token type ids of sentence pairs (or single texts),
+        right-padded, exactly as mi_core's data pipeline makes them: ``model(**tokens)``."""
+        if self.tokenizer is None:
+            raise ConfigError("this classifier has no tokenizer; pass token ids instead")
+        premises = [premise] if isinstance(premise, str) else list(premise)
+        if hypothesis is None:
+            enc = self.tokenizer(premises, truncation=True, max_length=max_length)
+            ids = [list(x) for x in enc["input_ids"]]
+            types = [list(x) for x in enc.get("token_type_ids", [[0] * len(i) for i in ids])]
+        else:
+            hypotheses = [hypothesis] if isinstance(hypothesis, str) else list(hypothesis)
+            if len(hypotheses) != len(premises):
+                raise DataError(
+                    f"{len(premises)} premises but {len(hypotheses)} hypotheses; give one each"
+                )
+            ids, types, _ = encode_pairs(self.tokenizer, premises, hypotheses, max_length)
+        width = max(len(x) for x in ids)
+        pad = pad_token_id(self.tokenizer)
+        device = self.cfg.device
+        return {
+            "input_ids": torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device),
+            "attention_mask": torch.tensor(
+                [[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device
+            ),
+            "token_type_ids": torch.tensor(
+                [t + [0] * (width - len(t)) for t in types], device=device
+            ),
+        }
+
+    def to_str_tokens(
+        self, premise: str | list[str], hypothesis: str | list[str] | None = None
+    ) -> list[str] | list[list[str]]:
+        """The tokens of a pair (a list of strings), or of each pair of lists, pads left out."""
+        tokens = self.to_tokens(premise, hypothesis)
+        rows = [
+            self.tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
+            for ids, mask in zip(tokens["input_ids"], tokens["attention_mask"], strict=True)
+        ]
+        return rows[0] if isinstance(premise, str) else rows
+
     def forward(
         self,
-        input_ids: Ids,
-        attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+        input_ids: Ids | str | list[str],
+        attention_mask: Int[torch.Tensor, "batch pos"] | str | list[str] | None = None,
         token_type_ids: Ids | None = None,
         return_type: str | None = "logits",
         **batch_keys: object,
     ) -> Float[torch.Tensor, "batch label"] | None:
-        """Class logits for a batch of token ids (right-padded).
+        """Class logits for a batch of token ids (right-padded), or for sentence pairs given as
+        strings: ``model(premise, hypothesis)`` (lists of strings for a batch) tokenises them
+        with :meth:`to_tokens`, so ``run_with_cache(premise, hypothesis)`` works too.
 
         ``return_type``: ``"logits"`` (the default) or None (run the model for its hooks and
         return nothing). The other keys of an mi_core batch (``labels``, ``index``) may be
         passed along (``model(**batch)``) and are ignored; any other keyword is refused, so a
         misspelt ``attention_mask`` cannot silently drop the mask.
         """
+        if isinstance(input_ids, str) or (
+            isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], str)
+        ):
+            hypothesis = attention_mask
+            if hypothesis is not None and not isinstance(hypothesis, (str, list)):
+                raise TypeError("with a premise string, the second argument is the hypothesis")
+            tokens = self.to_tokens(input_ids, hypothesis)  # type: ignore[arg-type]
+            input_ids = tokens["input_ids"]
+            attention_mask, token_type_ids = tokens["attention_mask"], tokens["token_type_ids"]
         unknown = sorted(set(batch_keys) - IGNORED_BATCH_KEYS)
         if unknown:
             known = ["attention_mask", "token_type_ids", "return_type", *IGNORED_BATCH_KEYS]

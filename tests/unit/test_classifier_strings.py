@@ -1,0 +1,56 @@
+"""Classifiers take sentence pairs as strings, the TransformerLens way, exactly as the data
+pipeline tokenises them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mi_core.data import PairDataset, pair_batches
+from mi_core.errors import DataError
+from mi_core.models import load_model
+
+PREMISES = ["The doctor saw the lawyer .", "A man is sleeping on the sofa in the afternoon ."]
+HYPOTHESES = ["The lawyer saw the doctor .", "Nobody sleeps ."]
+
+
+def _batch(model):
+    data = PairDataset(
+        name="two", task="mnli", text_a=PREMISES, text_b=HYPOTHESES, labels=[0, 1],
+        num_labels=3, label_names=["entailment", "neutral", "contradiction"],
+        prediction_map=[0, 1, 2],
+    )  # fmt: skip
+    return next(iter(pair_batches(data, model.tokenizer, batch_size=2)))
+
+
+@pytest.fixture(scope="module")
+def gpt2_cls(tiny_checkpoints):
+    return load_model(tiny_checkpoints["gpt2-cls"], task="mnli")
+
+
+@pytest.mark.parametrize("which", ["tiny", "gpt2_cls"])
+def test_strings_are_tokenised_as_the_data_pipeline_does(which, request):
+    model = request.getfixturevalue(which)
+    batch = _batch(model)
+    tokens = model.to_tokens(PREMISES, HYPOTHESES)
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        assert torch.equal(tokens[key], batch[key]), key
+    expected = model(**batch)
+    torch.testing.assert_close(model(PREMISES, HYPOTHESES), expected, atol=0, rtol=0)
+    torch.testing.assert_close(model(PREMISES[0], HYPOTHESES[0]), expected[:1], atol=1e-6, rtol=0)
+    logits, cache = model.run_with_cache(PREMISES, HYPOTHESES)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)  # TL path vs fused
+    assert cache["blocks.0.attn.hook_pattern"].shape[-1] == batch["input_ids"].shape[1]
+
+
+def test_str_tokens_show_the_pair_template(tiny):
+    tokens = tiny.to_str_tokens(PREMISES[0], HYPOTHESES[0])
+    assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2 and "doctor" in tokens
+    assert len(tiny.to_str_tokens(PREMISES, HYPOTHESES)) == 2
+    single = tiny.to_tokens("just one sentence .")
+    assert single["token_type_ids"].sum() == 0 and single["input_ids"].shape[0] == 1
+
+
+def test_a_premise_without_its_hypothesis_is_refused(tiny):
+    with pytest.raises(DataError, match="2 premises but 1 hypotheses"):
+        tiny(PREMISES, HYPOTHESES[:1])
