@@ -10,8 +10,8 @@ import torch
 from helpers import REAL_DATA_DIR, word_tokenizer
 
 from mi_core.data import PairDataset, load_pairs, pair_batches, tokenize_pairs
-from mi_core.models.text import _keep_longest_first
 from mi_core.errors import DataError
+from mi_core.models.text import _keep_longest_first
 
 transformers = pytest.importorskip("transformers")
 
