@@ -239,6 +239,8 @@ def edge_attribution(
         raise ConfigError(f"unknown fill {fill!r}; expected one of {FILLS}")
     graph.check_model(model)
     reference = _reference(model, graph, pairs, fill, means)
+    if not graph.post_ln:
+        return _decoder_attribution(model, graph, pairs, metric, steps, reference)
     gradients: list[torch.Tensor] | None = None
     run = None
     with graph_switches(model):
@@ -265,6 +267,129 @@ def edge_attribution(
         start += block.shape[0]
     scores = _sweep_scores(model, graph, deltas, run.scales, gradients)
     return graph.from_dense(scores).float().detach()
+
+
+def _decoder_attribution(
+    model: Any,
+    graph: Graph,
+    pairs: PromptPairs,
+    metric: Metric,
+    steps: int,
+    reference: NodeOutputs,
+) -> Float[torch.Tensor, " edge"]:
+    """EAP / EAP-IG of a pre-LN decoder, scoring inside the backward pass.
+
+    The senders' differences (fill - clean) fill one buffer (the fill's own tensor, updated in
+    place); each receiver's gradient is turned into its scores the moment backward reaches it
+    and then freed, so no receiver gradient is kept (841 of them for SmolLM2).
+    """
+    deltas = reference.clone() if reference.stride(1) == 0 else reference  # mean: a view
+    start_input = reference[0].clone()
+    scores = torch.zeros(graph.n_senders, graph.n_receivers)
+    weight = 1.0 / steps
+
+    def subtract(start: int) -> Callable:
+        def hook(x: torch.Tensor, hook: Any) -> None:
+            deltas[start : start + 1] -= x.detach()[None].to(deltas)
+
+        return hook
+
+    def record_clean() -> list[tuple[str, Callable]]:
+        hooks: list[tuple[str, Callable]] = [("blocks.0.hook_resid_pre", subtract(0))]
+        for layer in range(graph.n_layers):
+
+            def heads(z: torch.Tensor, hook: Any, layer: int = layer) -> None:
+                out = _head_results(model, layer, z.detach()).detach()
+                first = graph.head_sender(layer, 0)
+                deltas[first : first + graph.n_heads] -= out.to(deltas)
+
+            hooks += [
+                (f"blocks.{layer}.attn.hook_z", heads),
+                (f"blocks.{layer}.hook_mlp_out", subtract(graph.mlp_sender(layer))),
+            ]
+        return hooks
+
+    # Receivers are scored in groups that read the same senders, one matrix product each:
+    # group l holds layer l's q, k, v inputs and layer l-1's MLP input (senders before layer l's
+    # heads; the MLP's own row is not an edge and is dropped later); the last group holds the
+    # last MLP and the output. Backward reaches a group's members one after another; the
+    # product runs when the last one arrives.
+    groups: list[tuple[int, list[int]]] = []  # (senders read, receiver columns)
+    for layer in range(graph.n_layers):
+        qkv = graph.qkv_receivers(layer)
+        columns = list(range(qkv.start, qkv.stop))
+        if layer > 0:
+            columns = [graph.mlp_receiver(layer - 1), *columns]
+        groups.append((graph.head_sender(layer, 0), columns))
+    groups.append(
+        (graph.n_senders, [graph.mlp_receiver(graph.n_layers - 1), graph.output_receiver])
+    )
+    pending: dict[int, dict[int, torch.Tensor]] = {}
+    sizes = [len(cols) for _, cols in groups]
+
+    def flush(group: int) -> None:
+        parts = pending.pop(group, {})
+        if not parts:
+            return
+        upto = groups[group][0]
+        chosen = sorted(parts)
+        ordered = [parts[c] for c in chosen]  # [1, batch, pos, d] each, in column order
+        grads = torch.cat(ordered) if len(ordered) > 1 else ordered[0]
+        flat = deltas[:upto].reshape(upto, -1)
+        block = flat @ grads.reshape(grads.shape[0], -1).T.to(flat)
+        scores[:upto, chosen] += weight * block.float().cpu()
+
+    def arrive(group: int, first_column: int) -> Callable:
+        def on_grad(grad: torch.Tensor) -> None:
+            rows = grad.permute(2, 0, 1, 3) if grad.dim() == 4 else grad[None]
+            for i in range(rows.shape[0]):
+                pending.setdefault(group, {})[first_column + i] = rows[i : i + 1]
+            if len(pending[group]) == sizes[group]:
+                flush(group)
+
+        return on_grad
+
+    leaf: dict[str, torch.Tensor] = {}
+
+    def receiver_hooks(alpha: float, record: bool) -> list[tuple[str, Callable]]:
+        def start(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            ref = start_input.to(x)
+            leaf["x"] = (ref + alpha * (x.detach() - ref)).requires_grad_(True)
+            return leaf["x"]
+
+        def keep(group: int, first_column: int) -> Callable:
+            def hook(x: torch.Tensor, hook: Any) -> None:
+                x.register_hook(arrive(group, first_column))
+
+            return hook
+
+        hooks: list[tuple[str, Callable]] = record_clean() if record else []
+        hooks.append(("blocks.0.hook_resid_pre", start))  # after the recording hook
+        for layer in range(graph.n_layers):
+            qkv = graph.qkv_receivers(layer)
+            for i, kind in enumerate("qkv"):
+                first = qkv.start + i * graph.n_heads
+                hooks.append((f"blocks.{layer}.hook_{kind}_input", keep(layer, first)))
+            hooks.append(
+                (f"blocks.{layer}.hook_mlp_in", keep(layer + 1, graph.mlp_receiver(layer)))
+            )
+        last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
+        hooks.append((last, keep(graph.n_layers, graph.output_receiver)))
+        return hooks
+
+    with graph_switches(model):
+        if steps > 1:  # the clean outputs first: every step's backward needs the differences
+            with torch.no_grad(), model.hooks(fwd_hooks=record_clean()):
+                model(**pairs.clean)
+        for k in range(1, steps + 1):
+            record = steps == 1  # EAP: the one clean pass records as it goes
+            with torch.enable_grad(), model.hooks(fwd_hooks=receiver_hooks(k / steps, record)):
+                value = metric(model(**pairs.clean), pairs).mean()
+                # the receivers' hooks score as backward passes them; no parameter gradient
+                torch.autograd.grad(value, leaf["x"])
+            for group in list(pending):  # receivers backward never reached (no gradient)
+                flush(group)
+    return graph.from_dense(scores).detach()
 
 
 def exact_patching(
