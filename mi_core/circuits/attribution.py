@@ -102,11 +102,12 @@ def _reference(
     if fill == "corrupted":
         return node_outputs(model, graph, **pairs.corrupted)
     shape = (graph.n_senders, *pairs.clean_ids.shape, graph.d_model)
+    param = next(model.parameters())
     if fill == "mean":
         if means is None:
             raise InterventionError("fill='mean' needs means (sender_means)")
-        return means[:, None, None, :].expand(shape)
-    return torch.zeros(shape)
+        return means.to(param)[:, None, None, :].expand(shape)
+    return torch.zeros(shape, device=param.device, dtype=param.dtype)
 
 
 class _GradientRun:

@@ -8,8 +8,9 @@ corrupted / mean-ablated model)::
 
 with ``m`` the mean metric (IOI: logit difference). The KL divergence from the full model's
 answer distribution to the circuit's is reported next to it. A faithfulness curve evaluates the
-top-``k`` circuits of a score for growing ``k``; its area (trapezoid over the fraction of edges
-kept, 0 to 1) summarises it in one number, as the MIB circuit-localisation benchmark does.
+circuits of a score for growing ``k``; its area (trapezoid over the fraction of edges kept,
+between the smallest and the largest fraction evaluated: 0.001 to 1 by default) summarises it in
+one number, as the MIB circuit-localisation benchmark does.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def faithfulness_curve(
 
 
 def curve_area(rows: Sequence[CircuitScore], key: str = "faithfulness") -> float:
-    """Trapezoid area under ``key`` against the fraction of edges kept (0 to 1)."""
+    """Trapezoid area under ``key`` against the fraction of edges kept, over the fractions
+    evaluated (add 0 and 1 to the fractions for the whole range)."""
     points = sorted((r.fraction, getattr(r, key)) for r in rows)
     return sum(
         (x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False)

@@ -148,11 +148,16 @@ def _prepare(config: CircuitData) -> tuple[Any, PromptPairs, PromptPairs, torch.
 
     model = load_model(config.model, task=config.task)
     pairs = load_circuit_pairs(model, config)
+    if len(pairs) < 2:
+        raise DataError(f"{config.data} gave {len(pairs)} pair(s); a circuit job needs at least 2")
     find, judge = pairs.split(1.0 - config.held_out)
     means = None
-    if config.fill == "mean":  # the mean over the finding part's clean inputs
+    if config.fill == "mean":  # the mean over the finding part's clean inputs, pads left out
         graph = Graph.from_model(model)
-        means = sender_means(model, graph, [b.clean for b in find.batches(config.batch_size)])
+        batches = list(find.batches(config.batch_size))
+        means = sender_means(
+            model, graph, [b.clean for b in batches], masks=[b.attention_mask for b in batches]
+        )
     return model, find, judge, means
 
 

@@ -22,7 +22,9 @@ functions of (seed, step), so a resumed run takes the same steps as one never st
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,10 +184,11 @@ def prune_edges(
         reference = torch.cat(
             [answer_logits(model(**b.clean), b).float() for b in pairs.batches(64)]
         )
-    for p in model.parameters():
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:  # the weights stay frozen while the gates learn; restored at the end
         p.requires_grad_(False)
     bar = tqdm(range(start, config.steps), desc="edge pruning", disable=not progress)
-    with graph_switches(model):
+    with graph_switches(model), _restored(trainable):
         for step in bar:
             index = _batch_indices(len(pairs), config.batch_size, config.seed, step)
             batch = pairs.select(index)
@@ -225,6 +228,15 @@ def prune_edges(
         means=means if config.fill == "mean" else None,
     )  # fmt: skip
     return EdgePruneResult(circuit, log_alpha.detach().cpu(), history)
+
+
+@contextlib.contextmanager
+def _restored(parameters: list[torch.nn.Parameter]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for p in parameters:
+            p.requires_grad_(True)
 
 
 def load_edge_prune_history(folder: str | os.PathLike[str]) -> list[dict[str, float]]:

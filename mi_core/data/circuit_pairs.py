@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Int
 
 from mi_core.errors import DataError
+from mi_core.models.text import encode_pairs, pad_token_id
 
 __all__ = [
     "CIRCUIT_DATA",
@@ -233,35 +234,32 @@ def hans_pairs(
     if "entailment" not in names:
         raise DataError(f"hans-pairs needs an NLI classifier with an entailment label, not {names}")
     dataset = load_pairs(f"hans:{subcase}", data_dir=data_dir)
-    clean = tokenizer(list(dataset.text_a), list(dataset.text_b), truncation=True,
-                      max_length=max_length)  # fmt: skip
-    corrupt = tokenizer(list(dataset.text_a), list(dataset.text_a), truncation=True,
-                        max_length=max_length)  # fmt: skip
-    keep = [i for i in range(len(dataset))
-            if len(clean.input_ids[i]) == len(corrupt.input_ids[i])][:n]  # fmt: skip
+    # the pairs as the classifier was trained on them (mi_core's one pair encoding)
+    clean_ids, clean_types, _ = encode_pairs(tokenizer, dataset.text_a, dataset.text_b, max_length)
+    corrupt_ids, corrupt_types, _ = encode_pairs(
+        tokenizer, dataset.text_a, dataset.text_a, max_length
+    )
+    keep = [i for i in range(len(dataset)) if len(clean_ids[i]) == len(corrupt_ids[i])][:n]
     if not keep:
         raise DataError(
             f"hans-pairs:{subcase}: no pair whose identity counterpart has its length; use a "
             "subcase whose hypothesis reorders the premise (ln_subject/object_swap)"
         )
-    width = max(len(clean.input_ids[i]) for i in keep)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    width = max(len(clean_ids[i]) for i in keep)
+    pad = pad_token_id(tokenizer)
 
     def padded(rows: list[list[int]], value: int) -> torch.Tensor:
         return torch.tensor([row + [value] * (width - len(row)) for row in rows])
 
-    lengths = torch.tensor([len(clean.input_ids[i]) for i in keep])
-    types = "token_type_ids" in clean
+    lengths = torch.tensor([len(clean_ids[i]) for i in keep])
     return PromptPairs(
-        clean_ids=padded([clean.input_ids[i] for i in keep], pad),
-        corrupted_ids=padded([corrupt.input_ids[i] for i in keep], pad),
+        clean_ids=padded([clean_ids[i] for i in keep], pad),
+        corrupted_ids=padded([corrupt_ids[i] for i in keep], pad),
         attention_mask=(torch.arange(width)[None, :] < lengths[:, None]).long(),
         answer=torch.full((len(keep),), names.index("entailment")),
         distractor=torch.full((len(keep),), -1),
         position=torch.zeros(len(keep), dtype=torch.long),
         kind="classifier",
-        token_type_ids=padded([clean.token_type_ids[i] for i in keep], 0) if types else None,
-        corrupted_token_type_ids=(
-            padded([corrupt.token_type_ids[i] for i in keep], 0) if types else None
-        ),
+        token_type_ids=padded([clean_types[i] for i in keep], 0),
+        corrupted_token_type_ids=padded([corrupt_types[i] for i in keep], 0),
     )

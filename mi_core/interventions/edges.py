@@ -365,18 +365,22 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
 
 
 def sender_means(
-    model: Any, graph: Graph, batches: Iterator[dict[str, torch.Tensor]] | Sequence[dict[str, Any]]
+    model: Any,
+    graph: Graph,
+    batches: Iterator[dict[str, torch.Tensor]] | Sequence[dict[str, Any]],
+    masks: Sequence[torch.Tensor] | None = None,
 ) -> Float[torch.Tensor, "sender d_model"]:
     """Each sender's mean output over the real tokens of ``batches`` (the ``mean`` fill).
 
-    A batch is the keyword arguments of a forward; its ``attention_mask`` (if any) marks the
-    tokens that count.
+    A batch is the keyword arguments of a forward. The tokens that count are marked by
+    ``masks`` (one ``[batch, pos]`` mask per batch: a language model's right-padded prompts run
+    without an attention mask), else by the batch's own ``attention_mask``, else all of them.
     """
     total = torch.zeros(graph.n_senders, graph.d_model, dtype=torch.float64)
     count = 0
-    for batch in batches:
+    for i, batch in enumerate(batches):
         outputs = node_outputs(model, graph, **batch).double().cpu()
-        mask = batch.get("attention_mask")
+        mask = masks[i] if masks is not None else batch.get("attention_mask")
         if mask is None:
             weights = torch.ones(outputs.shape[1:3], dtype=torch.float64)
         else:
@@ -552,6 +556,12 @@ class EdgeMask:
         The model must have the graph's switches on (:func:`apply` does it).
         """
         self.graph.check_model(model)
+        cfg = model.cfg
+        if not (cfg.use_split_qkv_input and (self.graph.post_ln or cfg.use_hook_mlp_in)):
+            raise InterventionError(
+                "an edge mask needs per-head query / key / value inputs and the MLP-input hook: "
+                "use apply(model, mask), or wrap the run in graph_switches(model)"
+            )
         if self.fill == "corrupted" and self.corrupted is None:
             raise InterventionError(
                 "a corrupted-fill edge mask needs the corrupted run: "
@@ -645,7 +655,10 @@ class _EdgeRun:
     one matrix product over only the senders it needs: those with a removed edge into it, or,
     when fewer, those with a kept edge (``total - kept . delta``, ``total`` the sum of all
     deltas), so a circuit of few edges and a patch of one edge are both cheap. With gradients
-    (edge pruning) the deltas are a list and :class:`_Correction` keeps autograd's memory linear.
+    (edge pruning) the deltas are a list and :class:`_Correction` keeps autograd from copying
+    them at every receiver point: memory linear in depth for decoders. For post-LN encoders
+    every LayerNorm makes new (transformed) deltas that later points keep, so memory grows with
+    depth squared: fine for MiniLM, heavy for BERT-large.
     """
 
     def __init__(

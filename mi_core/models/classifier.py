@@ -98,9 +98,16 @@ class HookedClassifier:
         premise: str | list[str],
         hypothesis: str | list[str] | None = None,
         max_length: int = 128,
+        **tl_keywords: object,
     ) -> dict[str, torch.Tensor]:
         """Token ids, attention mask and token type ids of sentence pairs (or single texts),
-        right-padded, exactly as mi_core's data pipeline makes them: ``model(**tokens)``."""
+        right-padded, exactly as mi_core's data pipeline makes them: ``model(**tokens)``.
+
+        Called with TransformerLens's own keywords (``prepend_bos``, ``padding_side``,
+        ``move_to_device``, ``truncate``), as TL's helpers call it, it is TL's ``to_tokens``.
+        """
+        if tl_keywords:
+            return super().to_tokens(premise, **tl_keywords)  # type: ignore[misc]
         if self.tokenizer is None:
             raise ConfigError("this classifier has no tokenizer; pass token ids instead")
         premises = [premise] if isinstance(premise, str) else list(premise)
@@ -131,7 +138,14 @@ class HookedClassifier:
     def to_str_tokens(
         self, premise: str | list[str], hypothesis: str | list[str] | None = None
     ) -> list[str] | list[list[str]]:
-        """The tokens of a pair (a list of strings), or of each pair of lists, pads left out."""
+        """The tokens of a pair (a list of strings), or of each pair of lists, pads left out.
+
+        Token ids (a tensor or a list of ints) are turned into tokens as TL does.
+        """
+        if not isinstance(premise, str) and not (
+            isinstance(premise, list) and premise and isinstance(premise[0], str)
+        ):
+            return super().to_str_tokens(premise)  # type: ignore[misc]
         tokens = self.to_tokens(premise, hypothesis)
         rows = [
             self.tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
@@ -203,9 +217,10 @@ class PostLNActivationCache(ActivationCache):
     """A TransformerLens cache of a post-LayerNorm encoder.
 
     Everything works as in TL, except the methods that treat the residual stream as a sum of
-    component outputs (``decompose_resid``, ``accumulated_resid``, ``apply_ln_to_stack``,
-    ``get_full_resid_decomposition``, ``logit_attrs``): they raise one clear error instead of
-    returning numbers that do not mean what they mean for a pre-LN model.
+    component outputs (``decompose_resid``, ``apply_ln_to_stack``,
+    ``get_full_resid_decomposition``, ``logit_attrs``, ``accumulated_resid(apply_ln=True)``):
+    they raise one clear error instead of returning numbers that do not mean what they mean for
+    a pre-LN model. ``accumulated_resid()`` stacks the real residual streams, as TL does.
     """
 
     def _refuse(self, name: str):
@@ -214,8 +229,10 @@ class PostLNActivationCache(ActivationCache):
     def decompose_resid(self, *args, **kwargs):  # noqa: D102
         self._refuse("decompose_resid")
 
-    def accumulated_resid(self, *args, **kwargs):  # noqa: D102
-        self._refuse("accumulated_resid")
+    def accumulated_resid(self, *args, apply_ln: bool = False, **kwargs):  # noqa: D102
+        if apply_ln:  # stacking the real resid_pre / mid values is fine; "applying LN" is not
+            self._refuse("accumulated_resid(apply_ln=True)")
+        return super().accumulated_resid(*args, apply_ln=apply_ln, **kwargs)
 
     def apply_ln_to_stack(self, *args, **kwargs):  # noqa: D102
         self._refuse("apply_ln_to_stack")
@@ -317,6 +334,8 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         HookedTransformer.__init__(self, cfg, tokenizer=None, move_to_device=False)
         # Set directly: TL's set_tokenizer would re-load it with add_bos_token=True.
         self.tokenizer = tokenizer
+        if tokenizer is not None:  # what TL's own to_tokens and its helpers need to know
+            cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
         del self.unembed
         self._init_classifier(
             LinearClassificationHead(cfg.d_model, num_labels), num_labels, task, label_names

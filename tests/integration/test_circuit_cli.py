@@ -70,3 +70,23 @@ def test_bad_circuit_input_is_one_line(tmp_path, capsys, tiny_checkpoints, extra
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["bert-cls", "gpt2-cls"])
+def test_hans_pairs_are_encoded_as_the_classifier_was_trained(kind, tiny_checkpoints, data_dir):
+    from mi_core.data.circuit_pairs import hans_pairs
+    from mi_core.data.pairs import MNLI_LABELS
+    from mi_core.models import load_model
+
+    model = load_model(tiny_checkpoints[kind], task="mnli")
+    pairs = hans_pairs(model.tokenizer, "ln_subject/object_swap", list(MNLI_LABELS), n=3)
+    premise, hypothesis = "The doctor saw the lawyer .", "The lawyer saw the doctor ."
+    from mi_core.data import load_pairs
+
+    data = load_pairs("hans:ln_subject/object_swap", max_examples=1)
+    premise, hypothesis = data.text_a[0], data.text_b[0]
+    tokens = model.to_tokens(premise, hypothesis)
+    width = int(tokens["attention_mask"].sum())
+    assert pairs.clean_ids[0, :width].tolist() == tokens["input_ids"][0, :width].tolist()
+    same = model.to_tokens(premise, premise)
+    assert pairs.corrupted_ids[0, :width].tolist() == same["input_ids"][0, :width].tolist()

@@ -155,6 +155,11 @@ def test_mean_fill_is_the_corrupted_fill_with_means_as_the_corrupted_run(gpt2):
         atol=1e-5,
         rtol=0,
     )
+    # a mask leaves pads out: the mean over padded batches is the mean over the real tokens
+    padded = {"input": torch.cat([data[0]["input"], data[0]["input"][:, :2]], dim=1)}
+    mask = torch.cat([torch.ones(4, 6), torch.zeros(4, 2)], dim=1)
+    without_pads = sender_means(gpt2, graph, [data[0]])
+    torch.testing.assert_close(sender_means(gpt2, graph, [padded], masks=[mask]), without_pads)
     clean = random_tokens(2, 6, seed=9, high=90)
     half = EdgeMask.top_k(graph, torch.arange(graph.n_edges).float(), 55, fill="mean", means=means)
     as_corrupt = EdgeMask(graph, half.weights).with_corrupted(
@@ -183,6 +188,9 @@ def test_edge_mask_saves_loads_and_refuses_what_it_cannot_do(gpt2, tmp_path):
             gpt2(random_tokens(2, 6, high=90))
     with pytest.raises(InterventionError, match="needs means"):
         EdgeMask.full(graph, fill="mean")
+    bound = mask.with_corrupted(node_outputs(gpt2, graph, random_tokens(2, 6, high=90)))
+    with pytest.raises(InterventionError, match="use apply"):  # switches off: refused, not wrong
+        gpt2.run_with_hooks(random_tokens(2, 6, high=90), fwd_hooks=bound.hooks(gpt2))
     other = Graph.from_model(tiny_model("llama"))
     assert other == graph  # same shape of graph: a mask of one fits the other
     with pytest.raises(InterventionError, match="needs 110 weights"):

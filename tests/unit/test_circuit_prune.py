@@ -70,6 +70,7 @@ def test_edge_pruning_reaches_its_target_exactly_and_learns():
     model = tiny_model("gpt2")
     config = EdgePruneSettings(sparsity=0.8, steps=150, sparsity_warmup_steps=100, batch_size=12)
     result = prune_edges(model, _pairs(), config, progress=False)
+    assert all(p.requires_grad for p in model.parameters())  # the caller's model is left as is
     graph = Graph.from_model(model)
     assert result.circuit.n_kept == round(0.2 * graph.n_edges) == 22
     assert result.sparsity == pytest.approx(0.8)

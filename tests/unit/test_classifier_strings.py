@@ -54,3 +54,11 @@ def test_str_tokens_show_the_pair_template(tiny):
 def test_a_premise_without_its_hypothesis_is_refused(tiny):
     with pytest.raises(DataError, match="2 premises but 1 hypotheses"):
         tiny(PREMISES, HYPOTHESES[:1])
+
+
+def test_transformer_lens_helpers_still_work_on_a_decoder_classifier(gpt2_cls):
+    ids = gpt2_cls.to_tokens(PREMISES[0])["input_ids"]
+    assert gpt2_cls.to_str_tokens(ids[0]) == gpt2_cls.tokenizer.convert_ids_to_tokens(ids[0])
+    # TL's own keywords reach TL's to_tokens (its helpers call it so): a tensor, not a dict
+    tl_tokens = gpt2_cls.to_tokens(PREMISES[0], prepend_bos=False)
+    assert isinstance(tl_tokens, torch.Tensor) and tl_tokens.dim() == 2

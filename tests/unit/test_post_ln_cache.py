@@ -14,7 +14,6 @@ from mi_core.models.classifier import PostLNActivationCache
     "method",
     [
         "decompose_resid",
-        "accumulated_resid",
         "apply_ln_to_stack",
         "get_full_resid_decomposition",
         "logit_attrs",
