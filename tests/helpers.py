@@ -89,3 +89,18 @@ def word_tokenizer(words: list[str]):
         bos_token="<|endoftext|>",
         unk_token="[UNK]",
     )
+
+
+def random_prompt_pairs(n: int = 8, pos: int = 6, high: int = VOCAB):
+    """Random clean / corrupted language-model prompts with random answers and distractors."""
+    from mi_core.data.circuit_pairs import PromptPairs
+
+    gen = torch.Generator().manual_seed(5)
+    return PromptPairs(
+        clean_ids=random_tokens(n, pos, seed=1, high=high),
+        corrupted_ids=random_tokens(n, pos, seed=2, high=high),
+        attention_mask=torch.ones(n, pos, dtype=torch.long),
+        answer=torch.randint(0, high, (n,), generator=gen),
+        distractor=torch.randint(0, high, (n,), generator=gen),
+        position=torch.full((n,), pos - 1),
+    )

@@ -164,11 +164,10 @@ class _GradientRun:
 
 
 def _receiver_gradients(
-    model: Any, graph: Graph, receivers: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
+    model: Any, graph: Graph, grads: Sequence[torch.Tensor]
 ) -> list[torch.Tensor]:
     """Per receiver point, ``[n_receivers, batch, pos, d_model]``: qkv of layer 0, MLP 0, ...,
     output. An encoder MLP's gradient comes back from its pre-activation through ``W_in``."""
-    del receivers
     points: list[torch.Tensor] = []
     i = 0
     for layer in range(graph.n_layers):
@@ -254,7 +253,7 @@ def edge_attribution(
                 torch.zeros_like(r) if g is None else g
                 for r, g in zip(run.receivers, grads, strict=True)
             ]
-            points = _receiver_gradients(model, graph, run.receivers, grads)
+            points = _receiver_gradients(model, graph, grads)
             if gradients is None:
                 gradients = points if steps == 1 else [p / steps for p in points]
             else:

@@ -392,6 +392,11 @@ def sender_means(
     return (total / count).float()
 
 
+def _check_k(graph: Graph, k: int) -> None:
+    if not 0 <= k <= graph.n_edges:
+        raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
+
+
 # ------------------------------------------------------------------------------ edge masks
 @dataclass(eq=False)
 class EdgeMask:
@@ -454,8 +459,7 @@ class EdgeMask:
         **kwargs: Any,
     ) -> EdgeMask:
         """Keep the ``k`` edges of highest score (of highest ``|score|`` if ``absolute``)."""
-        if not 0 <= k <= graph.n_edges:
-            raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
+        _check_k(graph, k)
         key = scores.abs() if absolute else scores
         weights = torch.zeros(graph.n_edges)
         weights[torch.argsort(key.detach().cpu().float(), descending=True, stable=True)[:k]] = 1.0
@@ -480,8 +484,7 @@ class EdgeMask:
         """
         import heapq
 
-        if not 0 <= k <= graph.n_edges:
-            raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
+        _check_k(graph, k)
         key = (scores.abs() if absolute else scores).detach().cpu().double().tolist()
         incoming = graph.incoming_edges
         heap: list[tuple[float, int]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_tokens, tiny_model
+from helpers import random_prompt_pairs, random_tokens, tiny_model
 from scipy.stats import spearmanr
 
 from mi_core.circuits import Graph, attribute, edge_attribution, exact_patching, logit_difference
@@ -16,15 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _lm_pairs(n: int = 8, pos: int = 6, high: int = 90) -> PromptPairs:
-    gen = torch.Generator().manual_seed(5)
-    return PromptPairs(
-        clean_ids=random_tokens(n, pos, seed=1, high=high),
-        corrupted_ids=random_tokens(n, pos, seed=2, high=high),
-        attention_mask=torch.ones(n, pos, dtype=torch.long),
-        answer=torch.randint(0, high, (n,), generator=gen),
-        distractor=torch.randint(0, high, (n,), generator=gen),
-        position=torch.full((n,), pos - 1),
-    )
+    return random_prompt_pairs(n, pos, high)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_tokens, tiny_model
+from helpers import random_prompt_pairs, tiny_model
 
 from mi_core.circuits.prune import EdgePruneSettings, load_edge_prune_history, prune_edges
 from mi_core.data.circuit_pairs import PromptPairs
@@ -16,15 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _pairs(n: int = 24, pos: int = 6) -> PromptPairs:
-    gen = torch.Generator().manual_seed(5)
-    return PromptPairs(
-        clean_ids=random_tokens(n, pos, seed=1, high=90),
-        corrupted_ids=random_tokens(n, pos, seed=2, high=90),
-        attention_mask=torch.ones(n, pos, dtype=torch.long),
-        answer=torch.randint(0, 90, (n,), generator=gen),
-        distractor=torch.randint(0, 90, (n,), generator=gen),
-        position=torch.full((n,), pos - 1),
-    )
+    return random_prompt_pairs(n, pos, high=90)
 
 
 def test_the_correction_has_the_gradients_of_the_plain_product():
