@@ -180,8 +180,9 @@ def test_edge_mask_saves_loads_and_refuses_what_it_cannot_do(gpt2, tmp_path):
     path = mask.save(tmp_path / "circuit.safetensors")
     again = load_intervention(path)
     assert isinstance(again, EdgeMask) and again.graph == graph and again.kept == mask.kept
-    with pytest.raises(InterventionError, match="needs the corrupted run"), apply(gpt2, mask):
-        pass
+    with pytest.raises(InterventionError, match="needs the corrupted run"):
+        with apply(gpt2, mask):  # refused on entering, before any forward
+            gpt2(random_tokens(2, 6, high=90))
     short = node_outputs(gpt2, graph, random_tokens(2, 5, high=90))
     with pytest.raises(InterventionError, match="pad both to one shape"):
         with apply(gpt2, mask.with_corrupted(short)):
