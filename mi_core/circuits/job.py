@@ -36,7 +36,9 @@ from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
 from mi_core.errors import ConfigError, DataError
 from mi_core.interventions.edges import FILLS, EdgeMask, Graph, sender_means
-from mi_core.io import write_csv, write_json, write_safetensors, write_text
+from mi_core.io import read_json, write_csv, write_json, write_safetensors, write_text
+from mi_core.pruning.profiles import parse_seed_spec, parse_sparsity_spec
+from mi_core.pruning.sweep import run_dir_for
 from mi_core.tasks import TASKS
 from mi_core.viz.circuits import circuit_graph_html
 
@@ -44,9 +46,11 @@ __all__ = [
     "AttributeConfig",
     "CircuitData",
     "CircuitPruneConfig",
+    "CircuitSweepConfig",
     "load_circuit_pairs",
     "run_attribute_job",
     "run_circuit_prune_job",
+    "run_circuit_sweep_job",
 ]
 
 
@@ -128,6 +132,41 @@ class CircuitPruneConfig(EdgePruneSettings, CircuitData):
     """``mi-core circuit prune``: learn an edge circuit by edge pruning (resumable)."""
 
 
+@dataclass(kw_only=True)
+class CircuitSweepConfig(EdgePruneSettings, CircuitData):
+    """``mi-core circuit sweep``: one edge-pruning run per (sparsity, seed), in
+    ``out/s{sparsity}/seed{seed}`` (the layout of ``mi-core sweep``); finished runs are skipped,
+    an interrupted one resumes. ``sparsity`` and ``seed`` are taken from the lists."""
+
+    sparsity: float = option(0.95, cli=False)
+    """Set per run from ``sparsities``."""
+    seed: int = option(0, cli=False)
+    """Set per run from ``seeds``."""
+    sparsities: list[float] = option(parse=parse_sparsity_spec, metavar="SPEC")
+    """Target edge sparsities, e.g. 0.9,0.95 or 0.9:0.98:0.02."""
+    seeds: list[int] = option(parse=parse_seed_spec, metavar="SPEC")
+    """Seeds: 1-3 or 1,2,5 name them; a bare count N means seeds 0 to N-1."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.sparsities or not self.seeds:
+            raise ConfigError("a circuit sweep needs at least one sparsity and one seed")
+        for sparsity in self.sparsities:
+            EdgePruneSettings(**{**self._settings(), "sparsity": sparsity})  # each run valid
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            k: v for k, v in self.to_dict().items() if k in EdgePruneSettings.__dataclass_fields__
+        }
+
+    def run_config(self, sparsity: float, seed: int) -> CircuitPruneConfig:
+        """The config of one run of the sweep."""
+        values = {k: v for k, v in self.to_dict().items() if k not in ("sparsities", "seeds")}
+        out = run_dir_for(self.out, sparsity, seed)
+        return CircuitPruneConfig.from_dict({**values, "sparsity": sparsity, "seed": seed,
+                                             "out": str(out)})  # fmt: skip
+
+
 def load_circuit_pairs(model: Any, config: CircuitData) -> PromptPairs:
     """The pairs of ``config.data`` for ``model``."""
     if config.data == "ioi":
@@ -207,8 +246,39 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
 
 def run_circuit_prune_job(config: CircuitPruneConfig, *, progress: bool = True) -> dict[str, Any]:
     """Edge-prune on the finding pairs (resumable in ``out``), judge on the held-out ones."""
-    out = Path(config.out)
+    return _prune_one(config, *_prepare(config), progress=progress)
+
+
+def run_circuit_sweep_job(config: CircuitSweepConfig, *, progress: bool = True) -> pd.DataFrame:
+    """Every (sparsity, seed) run of the sweep on one loaded model; finished runs (with their
+    ``summary.json``) are read, not re-run. Returns and writes ``out/circuits.csv``."""
     model, find, judge, means = _prepare(config)
+    rows = []
+    for sparsity in config.sparsities:
+        for seed in config.seeds:
+            run = config.run_config(sparsity, seed)
+            done = Path(run.out) / "summary.json"
+            if done.is_file():
+                summary = read_json(done)
+            else:
+                summary = _prune_one(run, model, find, judge, means, progress=progress)
+            rows.append({"sparsity": sparsity, "seed": seed, **summary["circuit"],
+                         "run_dir": run.out})  # fmt: skip
+    table = pd.DataFrame(rows)
+    write_csv(Path(config.out) / "circuits.csv", table)
+    return table
+
+
+def _prune_one(
+    config: CircuitPruneConfig,
+    model: Any,
+    find: PromptPairs,
+    judge: PromptPairs,
+    means: torch.Tensor | None,
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
+    out = Path(config.out)
     settings = EdgePruneSettings.from_dict(
         {k: v for k, v in config.to_dict().items() if k in EdgePruneSettings.__dataclass_fields__}
     )

@@ -1,4 +1,4 @@
-"""``mi-core circuit attribute`` and ``mi-core circuit prune``: edge-level circuits."""
+"""``mi-core circuit attribute | prune | sweep``: edge-level circuits."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import argparse
 from mi_core.circuits.job import (
     AttributeConfig,
     CircuitPruneConfig,
+    CircuitSweepConfig,
     run_attribute_job,
     run_circuit_prune_job,
+    run_circuit_sweep_job,
 )
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.errors import MiCoreError
@@ -42,12 +44,19 @@ def add_parser(subparsers) -> None:
     )
     add_config_flags(prune, CircuitPruneConfig)
     prune.set_defaults(func=run_prune)
+    sweep = commands.add_parser(
+        "sweep",
+        help="one edge-pruning run per (sparsity, seed); skips finished runs",
+        description="Edge pruning at every sparsity and seed, on one loaded model, into "
+        "OUT/s{sparsity}/seed{seed}; a re-run skips finished runs and resumes an interrupted "
+        "one. OUT/circuits.csv lists each circuit's size and held-out faithfulness.",
+    )
+    add_config_flags(sweep, CircuitSweepConfig)
+    sweep.set_defaults(func=run_sweep)
 
 
 def _choose(args: argparse.Namespace) -> None:
-    raise MiCoreError(
-        "circuit: choose what to do: mi-core circuit attribute or mi-core circuit prune"
-    )
+    raise MiCoreError("circuit: choose what to do: mi-core circuit attribute, prune or sweep")
 
 
 def attribute_config_from_args(args: argparse.Namespace) -> AttributeConfig:
@@ -60,10 +69,16 @@ def prune_config_from_args(args: argparse.Namespace) -> CircuitPruneConfig:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> AttributeConfig | CircuitPruneConfig:
-    """The config of the circuit command given (attribute or prune)."""
+def config_from_args(
+    args: argparse.Namespace,
+) -> AttributeConfig | CircuitPruneConfig | CircuitSweepConfig:
+    """The config of the circuit command given (attribute, prune or sweep)."""
     if args.circuit_command == "prune":
         return prune_config_from_args(args)
+    if args.circuit_command == "sweep":
+        return CircuitSweepConfig.from_dict(
+            given_values(args, CircuitSweepConfig), source="command line"
+        )
     return attribute_config_from_args(args)
 
 
@@ -81,6 +96,17 @@ def _report(summary: dict, out: str) -> None:
 def run_attribute(args: argparse.Namespace) -> None:
     config = attribute_config_from_args(args)
     _report(run_attribute_job(config), config.out)
+
+
+def run_sweep(args: argparse.Namespace) -> None:
+    config = config_from_args(args)
+    table = run_circuit_sweep_job(config)
+    for row in table.itertuples():
+        print(
+            f"sparsity {row.sparsity:g} seed {row.seed}: {row.n_edges} edges, faithfulness "
+            f"{row.faithfulness:.1%} (KL {row.kl:.3g})"
+        )
+    print(f"-> {config.out}/circuits.csv")
 
 
 def run_prune(args: argparse.Namespace) -> None:

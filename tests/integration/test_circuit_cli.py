@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from mi_core.cli import main
 from mi_core.interventions import EdgeMask, load_intervention
@@ -54,6 +55,28 @@ def test_prune_a_classifier_on_hans_pairs_and_resume(tmp_path, capsys, tiny_chec
     assert load_intervention(out / "circuit.safetensors").kept == first.kept
     scores = load_intervention(out / "circuit.safetensors")
     assert torch.equal(scores.weights, first.weights)
+
+
+def test_a_circuit_sweep_runs_each_sparsity_and_seed_once(tmp_path, capsys, tiny_checkpoints):
+    out = tmp_path / "sweep"
+    argv = ["circuit", "sweep", "--model", str(tiny_checkpoints["gpt2-lm"]), "--n-examples",
+            "16", "--steps", "6", "--sparsity-warmup-steps", "3", "--batch-size", "8",
+            "--sparsities", "0.8,0.9", "--seeds", "1-2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    table = list(csv.DictReader((out / "circuits.csv").open()))
+    assert [(float(r["sparsity"]), int(r["seed"])) for r in table] == [
+        (0.8, 1), (0.8, 2), (0.9, 1), (0.9, 2)
+    ]  # fmt: skip
+    assert [int(r["n_edges"]) for r in table] == [round(0.2 * 262)] * 2 + [round(0.1 * 262)] * 2
+    one = load_intervention(out / "s0.80" / "seed2" / "circuit.safetensors")
+    stamp = (out / "s0.80" / "seed2" / "summary.json").stat().st_mtime_ns
+    assert main(argv) == 0  # finished runs are read back, not run again
+    assert (out / "s0.80" / "seed2" / "summary.json").stat().st_mtime_ns == stamp
+    assert load_intervention(out / "s0.80" / "seed2" / "circuit.safetensors").kept == one.kept
+    # each seed draws its own gates: the runs' log_alpha differ
+    first, second = (load_file(out / "s0.90" / f"seed{s}" / "scores.safetensors")["scores"]
+                     for s in (1, 2))  # fmt: skip
+    assert not torch.equal(first, second)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mi_core.circuits.job import AttributeConfig, CircuitPruneConfig
+from mi_core.circuits.job import AttributeConfig, CircuitPruneConfig, CircuitSweepConfig
 from mi_core.cli import build_parser
 from mi_core.cli.flags import flag_name
 from mi_core.config import field_docs
@@ -64,6 +64,12 @@ JOBS = [
     ),
     ("circuit attribute", "circuit", AttributeConfig, {"model": "smollm2", "out": "c"}),
     ("circuit prune", "circuit", CircuitPruneConfig, {"model": "smollm2", "out": "c"}),
+    (
+        "circuit sweep",
+        "circuit",
+        CircuitSweepConfig,
+        {"model": "smollm2", "out": "c", "sparsities": [0.9, 0.95], "seeds": [1, 2]},
+    ),
 ]
 IDS = [job[0] for job in JOBS]
 
