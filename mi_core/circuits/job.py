@@ -14,7 +14,7 @@ Files written to ``out`` (atomically):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -151,13 +151,8 @@ class CircuitSweepConfig(EdgePruneSettings, CircuitData):
         super().validate()
         if not self.sparsities or not self.seeds:
             raise ConfigError("a circuit sweep needs at least one sparsity and one seed")
-        for sparsity in self.sparsities:
-            EdgePruneSettings(**{**self._settings(), "sparsity": sparsity})  # each run valid
-
-    def _settings(self) -> dict[str, Any]:
-        return {
-            k: v for k, v in self.to_dict().items() if k in EdgePruneSettings.__dataclass_fields__
-        }
+        for sparsity in self.sparsities:  # every run's recipe is valid before any runs
+            _edge_prune_settings(self, sparsity=sparsity)
 
     def run_config(self, sparsity: float, seed: int) -> CircuitPruneConfig:
         """The config of one run of the sweep."""
@@ -165,6 +160,12 @@ class CircuitSweepConfig(EdgePruneSettings, CircuitData):
         out = run_dir_for(self.out, sparsity, seed)
         return CircuitPruneConfig.from_dict({**values, "sparsity": sparsity, "seed": seed,
                                              "out": str(out)})  # fmt: skip
+
+
+def _edge_prune_settings(config: EdgePruneSettings, **changes: Any) -> EdgePruneSettings:
+    """The edge-pruning recipe of a job config, as a plain :class:`EdgePruneSettings`."""
+    values = {f.name: getattr(config, f.name) for f in fields(EdgePruneSettings)}
+    return EdgePruneSettings(**{**values, **changes})
 
 
 def load_circuit_pairs(model: Any, config: CircuitData) -> PromptPairs:
@@ -279,9 +280,7 @@ def _prune_one(
     progress: bool = True,
 ) -> dict[str, Any]:
     out = Path(config.out)
-    settings = EdgePruneSettings.from_dict(
-        {k: v for k, v in config.to_dict().items() if k in EdgePruneSettings.__dataclass_fields__}
-    )
+    settings = _edge_prune_settings(config)
     result = prune_edges(model, find, settings, out / "state", means=means, progress=progress)
     judged = evaluate_circuit(model, result.circuit, judge, get_metric(config.metric),
                               config.batch_size)  # fmt: skip

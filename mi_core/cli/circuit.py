@@ -59,27 +59,16 @@ def _choose(args: argparse.Namespace) -> None:
     raise MiCoreError("circuit: choose what to do: mi-core circuit attribute, prune or sweep")
 
 
-def attribute_config_from_args(args: argparse.Namespace) -> AttributeConfig:
-    return AttributeConfig.from_dict(given_values(args, AttributeConfig), source="command line")
-
-
-def prune_config_from_args(args: argparse.Namespace) -> CircuitPruneConfig:
-    return CircuitPruneConfig.from_dict(
-        given_values(args, CircuitPruneConfig), source="command line"
-    )
+#: The config of each circuit command.
+CONFIGS = {"attribute": AttributeConfig, "prune": CircuitPruneConfig, "sweep": CircuitSweepConfig}
 
 
 def config_from_args(
     args: argparse.Namespace,
 ) -> AttributeConfig | CircuitPruneConfig | CircuitSweepConfig:
     """The config of the circuit command given (attribute, prune or sweep)."""
-    if args.circuit_command == "prune":
-        return prune_config_from_args(args)
-    if args.circuit_command == "sweep":
-        return CircuitSweepConfig.from_dict(
-            given_values(args, CircuitSweepConfig), source="command line"
-        )
-    return attribute_config_from_args(args)
+    cls = CONFIGS[args.circuit_command]
+    return cls.from_dict(given_values(args, cls), source="command line")
 
 
 def _report(summary: dict, out: str) -> None:
@@ -94,7 +83,7 @@ def _report(summary: dict, out: str) -> None:
 
 
 def run_attribute(args: argparse.Namespace) -> None:
-    config = attribute_config_from_args(args)
+    config = config_from_args(args)
     _report(run_attribute_job(config), config.out)
 
 
@@ -110,5 +99,5 @@ def run_sweep(args: argparse.Namespace) -> None:
 
 
 def run_prune(args: argparse.Namespace) -> None:
-    config = prune_config_from_args(args)
+    config = config_from_args(args)
     _report(run_circuit_prune_job(config), config.out)

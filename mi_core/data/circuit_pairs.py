@@ -156,13 +156,16 @@ class PromptPairs:
         """Keyword arguments of the corrupted forward."""
         return self._inputs(self.corrupted_ids, self.corrupted_token_type_ids)
 
+    def _map(self, fn: Any) -> PromptPairs:
+        """The same pairs with ``fn`` applied to every tensor."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return PromptPairs(
+            **{k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+        )
+
     def select(self, index: slice | torch.Tensor) -> PromptPairs:
         """The examples at ``index``."""
-        values = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            values[f.name] = value[index] if isinstance(value, torch.Tensor) else value
-        return PromptPairs(**values)
+        return self._map(lambda t: t[index])
 
     def batches(self, batch_size: int) -> Iterator[PromptPairs]:
         """Consecutive batches of ``batch_size`` examples."""
@@ -175,11 +178,8 @@ class PromptPairs:
         return self.select(slice(0, cut)), self.select(slice(cut, None))
 
     def to(self, device: str | torch.device) -> PromptPairs:
-        values = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            values[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
-        return PromptPairs(**values)
+        """The pairs on ``device``."""
+        return self._map(lambda t: t.to(device))
 
 
 def _encode(tokenizer: Any, texts: list[str], bos: int | None) -> list[list[int]]:
