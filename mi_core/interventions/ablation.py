@@ -98,20 +98,28 @@ def mask_hooks(
         means.check_model(model, fingerprint=False)
     if skip_unmasked:
         heads_on = _layers_needing_hooks(mask.heads)
-        mlps_on = _layers_needing_hooks(mask.mlps[:, None])
+        mlps_on = _layers_needing_hooks(mask.mlps[..., None])
     else:
         heads_on = mlps_on = [True] * mask.n_layers
 
     def head_hook(layer: int) -> Hook:
         def hook(x: Float[torch.Tensor, "batch pos n_heads d_head"], hook: Any) -> torch.Tensor:
-            keep = mask.heads[layer].to(x.device, x.dtype)[:, None]
+            values = mask.heads
+            if values.ndim == 3:  # one mask per example
+                keep = _per_example(values, x)[:, layer, None, :, None]
+            else:
+                keep = values[layer].to(x.device, x.dtype)[:, None]
             return interpolate(x, keep, head_fill_values(means, ablation, layer, x))
 
         return hook
 
     def mlp_hook(layer: int) -> Hook:
         def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> torch.Tensor:
-            keep = mask.mlps[layer].to(x.device, x.dtype)
+            values = mask.mlps
+            if values.ndim == 2:  # one mask per example
+                keep = _per_example(values, x)[:, layer, None, None]
+            else:
+                keep = values[layer].to(x.device, x.dtype)
             return interpolate(x, keep, mlp_fill_values(means, ablation, layer, x))
 
         return hook
@@ -145,7 +153,12 @@ def removal_claims(model: Any, mask: ComponentMask, fill: str) -> Iterator[None]
     to run last. Nesting the same fill is allowed.
     """
     active: dict[Any, list] = model.__dict__.setdefault(_REMOVED, {})
-    removed = mask.removed() if not mask.heads.requires_grad else []
+    if mask.heads.requires_grad:
+        removed = []
+    elif mask.batch_size is not None:  # a component removed for any example
+        removed = list(dict.fromkeys(c for row in mask.unstack() for c in row.removed()))
+    else:
+        removed = mask.removed()
     clash = [c for c in removed if c in active and active[c][0] != fill]
     if clash:
         names = ", ".join(str(c) for c in clash)
@@ -186,7 +199,18 @@ def ablate(
         yield model
 
 
-def _layers_needing_hooks(values: Float[torch.Tensor, "n_layers n"]) -> list[bool]:
+def _per_example(values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-example mask's values for the batch ``x``, checked against its size."""
+    if values.shape[0] != x.shape[0]:
+        raise InterventionError(
+            f"the per-example mask holds {values.shape[0]} masks but the batch has "
+            f"{x.shape[0]} examples; stack the masks with sizes that add up to the batch"
+        )
+    return values.to(x.device, x.dtype)
+
+
+def _layers_needing_hooks(values: Float[torch.Tensor, "*batch n_layers n"]) -> list[bool]:
+    n_layers = values.shape[-2]
     if values.requires_grad:
-        return [True] * values.shape[0]
-    return (values.detach() != 1).any(dim=1).tolist()
+        return [True] * n_layers
+    return (values.detach() != 1).reshape(-1, n_layers, values.shape[-1]).any(dim=(0, 2)).tolist()

@@ -9,11 +9,22 @@ A mask is plain data (pyvene style): save it, load it, print it, apply it to a f
 Entry 1 keeps a component, 0 removes it (replaces its output by the fill, see
 :mod:`mi_core.interventions.ablation`), values in between interpolate. The tensors may require
 grad: a pruning loop sets them to hard-concrete samples and gradients reach them.
+
+A mask may also hold one mask per example (``heads [batch, n_layers, n_heads]``, ``mlps
+[batch, n_layers]``): :meth:`ComponentMask.stack` builds one from several masks, and inside
+:func:`~mi_core.interventions.ablation.ablate` example ``i`` of the batch sees row ``i``. Many
+subnetworks then run in one forward pass over the repeated inputs (what a batched pruning sweep
+does)::
+
+    per_example = ComponentMask.stack([mask_a, mask_b], sizes=[8, 8])
+    with ablate(model, per_example, means):
+        logits = model(**batch_of_16)          # rows 0-7 under mask_a, rows 8-15 under mask_b
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,16 +50,21 @@ _FORMAT_VERSION = "1"
 class ComponentMask:
     """Per-head values ``heads[layer, head]`` and per-MLP values ``mlps[layer]`` in [0, 1]."""
 
-    heads: Float[torch.Tensor, "n_layers n_heads"]
-    mlps: Float[torch.Tensor, "n_layers"]
+    heads: Float[torch.Tensor, "*batch n_layers n_heads"]
+    mlps: Float[torch.Tensor, "*batch n_layers"]
 
     def __post_init__(self) -> None:
         self.heads = _as_float(self.heads, "heads")
         self.mlps = _as_float(self.mlps, "mlps")
-        if self.heads.ndim != 2 or self.mlps.ndim != 1 or self.mlps.shape[0] != self.heads.shape[0]:
+        if (
+            self.heads.ndim not in (2, 3)
+            or self.mlps.ndim != self.heads.ndim - 1
+            or self.mlps.shape != self.heads.shape[:-1]
+        ):
             raise InterventionError(
                 f"mask shapes do not fit: heads {list(self.heads.shape)} and mlps "
-                f"{list(self.mlps.shape)}; expected heads [n_layers, n_heads] and mlps [n_layers]"
+                f"{list(self.mlps.shape)}; expected heads [n_layers, n_heads] and mlps [n_layers] "
+                "(or one mask per example: [batch, n_layers, n_heads] and [batch, n_layers])"
             )
         for name, values in (("heads", self.heads), ("mlps", self.mlps)):
             bad = ~((values >= 0) & (values <= 1))
@@ -93,8 +109,37 @@ class ComponentMask:
         """Remove everything except ``kept`` (``"L2.H5,L7.MLP"`` or a list of names)."""
         return cls.from_removed(cfg_or_model, kept).complement()
 
+    @classmethod
+    def stack(
+        cls, masks: Sequence[ComponentMask], sizes: Sequence[int] | None = None
+    ) -> ComponentMask:
+        """One mask per example: ``masks[k]`` repeated ``sizes[k]`` times (default once each),
+        in order, along a leading batch axis. Differentiable (gradients reach each mask)."""
+        if not masks:
+            raise InterventionError("stack needs at least one mask")
+        sizes = [1] * len(masks) if sizes is None else [int(n) for n in sizes]
+        if len(sizes) != len(masks) or any(n < 0 for n in sizes):
+            raise InterventionError(
+                f"stack needs one non-negative size per mask; got {len(sizes)} sizes for "
+                f"{len(masks)} masks"
+            )
+        shapes = {tuple(m.heads.shape) for m in masks}
+        if len(shapes) != 1 or any(m.batch_size is not None for m in masks):
+            raise InterventionError(f"stack needs single masks of one shape; got {sorted(shapes)}")
+        repeats = torch.tensor(sizes, device=masks[0].heads.device)
+        heads = torch.stack([m.heads for m in masks]).repeat_interleave(repeats, dim=0)
+        mlps = torch.stack([m.mlps for m in masks]).repeat_interleave(repeats, dim=0)
+        return cls(heads, mlps)
+
+    def unstack(self) -> list[ComponentMask]:
+        """The mask of every example of a per-example mask, in order."""
+        if self.batch_size is None:
+            raise InterventionError("unstack needs a per-example mask (see ComponentMask.stack)")
+        return [ComponentMask(h, m) for h, m in zip(self.heads, self.mlps, strict=True)]
+
     # --------------------------------------------------------------------------- combine
     def _binary_pair(self, other: ComponentMask, op: str) -> tuple[torch.Tensor, ...]:
+        self._single(f"the {op} of masks")
         if not isinstance(other, ComponentMask):
             raise InterventionError(f"cannot take the {op} of a mask and {type(other).__name__}")
         if self.heads.shape != other.heads.shape:
@@ -124,6 +169,7 @@ class ComponentMask:
 
     def complement(self) -> ComponentMask:
         """Keep what this mask removes (binary masks only)."""
+        self._single("the complement")
         if not self.is_binary():
             raise InterventionError("the complement of a mask is defined for binary masks only")
         d = self.detach()
@@ -137,16 +183,28 @@ class ComponentMask:
     # ----------------------------------------------------------------------------------- read
     @property
     def n_layers(self) -> int:
-        return int(self.heads.shape[0])
+        return int(self.heads.shape[-2])
 
     @property
     def n_heads(self) -> int:
-        return int(self.heads.shape[1])
+        return int(self.heads.shape[-1])
+
+    @property
+    def batch_size(self) -> int | None:
+        """The number of examples of a per-example mask; None for one mask for every example."""
+        return int(self.heads.shape[0]) if self.heads.ndim == 3 else None
 
     @property
     def n_components(self) -> int:
-        """Heads plus MLP layers."""
-        return self.heads.numel() + self.mlps.numel()
+        """Heads plus MLP layers (of one mask)."""
+        return self.n_layers * (self.n_heads + 1)
+
+    def _single(self, what: str) -> None:
+        if self.batch_size is not None:
+            raise InterventionError(
+                f"{what} is defined for one mask, not a per-example mask of {self.batch_size} "
+                "examples; take one of mask.unstack()"
+            )
 
     def removed(self) -> list[Component]:
         """Components whose value is exactly 0."""
@@ -162,6 +220,7 @@ class ComponentMask:
 
     def sparsity(self) -> float:
         """Fraction of components removed, counting a partial value v as 1 - v."""
+        self._single("sparsity")
         total = float((1 - self.heads.detach()).sum() + (1 - self.mlps.detach()).sum())
         return total / self.n_components
 
@@ -194,6 +253,11 @@ class ComponentMask:
         )
 
     def __str__(self) -> str:
+        if self.batch_size is not None:
+            return (
+                f"ComponentMask(per example: {self.batch_size} x {self.n_layers} layers x "
+                f"{self.n_heads} heads)"
+            )
         removed = self.removed()
         listed = format_components(removed[:12]) + (",..." if len(removed) > 12 else "")
         text = (
@@ -210,6 +274,7 @@ class ComponentMask:
     # ----------------------------------------------------------------------------------- save
     def to_json(self) -> dict[str, Any]:
         """Readable form: shape, removed components, and any value strictly between 0 and 1."""
+        self._single("saving")
         out: dict[str, Any] = {
             "kind": MASK_KIND,
             "n_layers": self.n_layers,
@@ -248,6 +313,7 @@ class ComponentMask:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``.safetensors`` (exact tensors) or ``.json`` (readable), atomically."""
+        self._single("saving")
         suffix = Path(path).suffix.lower()
         if suffix == ".json":
             return write_json(path, self.to_json())
@@ -289,6 +355,7 @@ class ComponentMask:
         return cls(tensors["heads"], tensors["mlps"])
 
     def _items(self) -> list[tuple[Component, float]]:
+        self._single("listing components")
         heads = self.heads.detach().cpu().tolist()
         mlps = self.mlps.detach().cpu().tolist()
         items: list[tuple[Component, float]] = []

@@ -85,10 +85,13 @@ from mi_core.pruning.reference_logits import (  # noqa: E402
 )
 from mi_core.pruning.run import (  # noqa: E402
     PruneResult,
+    StepMember,
     frozen,
+    group_pruning_step,
     is_complete,
     length_grouped_batches,
     prune,
+    prune_group,
     prune_run,
     pruning_step,
     step_seed,
@@ -96,6 +99,7 @@ from mi_core.pruning.run import (  # noqa: E402
 from mi_core.pruning.sweep import (  # noqa: E402
     SweepResult,
     SweepRun,
+    auto_group_size,
     collect_subnetworks,
     load_sweep,
     plan_sweep,
@@ -108,6 +112,9 @@ __all__ += [
     "PruningLoss",
     "frozen",
     "pruning_step",
+    "group_pruning_step",
+    "prune_group",
+    "StepMember",
     "SweepResult",
     "SweepRun",
     "collect_subnetworks",
@@ -124,6 +131,7 @@ __all__ += [
     "reference_logits",
     "run_dir_for",
     "run_sweep",
+    "auto_group_size",
     "step_seed",
 ]
 # The in-memory sweep() is mi_core.pruning.sweep.sweep (``from mi_core import sweep``): the

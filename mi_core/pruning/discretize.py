@@ -61,17 +61,19 @@ def flatten_components(heads: torch.Tensor, mlps: torch.Tensor) -> torch.Tensor:
 
 
 def unflatten_components(
-    flat: torch.Tensor, n_layers: int, n_heads: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split a flat component vector back into ``(heads [n_layers, n_heads], mlps [n_layers])``."""
+    flat: Float[torch.Tensor, "*batch components"], n_layers: int, n_heads: int
+) -> tuple[Float[torch.Tensor, "*batch n_layers n_heads"], Float[torch.Tensor, "*batch n_layers"]]:
+    """Split a flat component vector back into ``(heads [n_layers, n_heads], mlps [n_layers])``
+    (a leading batch axis, one vector per example, is kept)."""
     expected = n_layers * n_heads + n_layers
-    if flat.ndim != 1 or flat.shape[0] != expected:
+    if flat.ndim not in (1, 2) or flat.shape[-1] != expected:
         raise InterventionError(
             f"expected a flat vector of {expected} components ({n_layers} layers x {n_heads} "
             f"heads + {n_layers} MLPs), got shape {tuple(flat.shape)}"
         )
     n_head_entries = n_layers * n_heads
-    return flat[:n_head_entries].reshape(n_layers, n_heads), flat[n_head_entries:]
+    heads = flat[..., :n_head_entries].reshape(*flat.shape[:-1], n_layers, n_heads)
+    return heads, flat[..., n_head_entries:]
 
 
 def mask_sparsity(

@@ -31,6 +31,7 @@ from mi_core.pruning.sweep import EXECUTORS, run_sweep
 from mi_core.tasks import TASKS
 
 __all__ = [
+    "EXECUTION_FIELDS",
     "PruneJobSettings",
     "PruneRunConfig",
     "SweepConfig",
@@ -42,14 +43,38 @@ __all__ = [
 
 @dataclass(kw_only=True)
 class SweepExecution(Config):
-    """Where the runs of a sweep execute: here one after another, or as Ray tasks."""
+    """Where and how the runs of a sweep execute: here one after another, here in batched
+    groups trained together, or as Ray tasks. Changes where runs compute, never what."""
 
     executor: str = option("local", choices=EXECUTORS)
-    """local: one run after another here; ray: each run a Ray task."""
+    """local: one run after another here; batched: --group-size runs trained together through
+    one forward / backward pass here; ray: each run (or group of --group-size runs) a Ray task."""
+    group_size: int | None = None
+    """Runs trained together by the batched executor (default: as many as memory allows) or per
+    Ray task (default 1)."""
     ray_address: str | None = None
     """Ray cluster address (default: a local Ray instance)."""
     num_cpus_per_run: float = 1.0
-    """Ray CPUs per run."""
+    """Ray CPUs per task."""
+    num_gpus_per_run: float = 0.0
+    """Ray GPUs per task (fractions share a GPU)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.group_size is not None and self.group_size < 1:
+            raise ConfigError(f"group_size must be at least 1, got {self.group_size}")
+        if self.group_size not in (None, 1) and self.executor == "local":
+            raise ConfigError("group_size needs executor batched or ray (local runs one by one)")
+        if self.num_cpus_per_run <= 0 or self.num_gpus_per_run < 0:
+            raise ConfigError("num_cpus_per_run must be > 0 and num_gpus_per_run >= 0")
+
+    def execution(self) -> dict[str, Any]:
+        """These settings as keyword arguments of :func:`~mi_core.pruning.sweep.run_sweep`."""
+        return {f: getattr(self, f) for f in EXECUTION_FIELDS}
+
+
+#: The fields of :class:`SweepExecution` (they change where runs execute, not their results).
+EXECUTION_FIELDS = ("executor", "group_size", "ray_address", "num_cpus_per_run", "num_gpus_per_run")
 
 
 @dataclass(kw_only=True)
@@ -147,8 +172,6 @@ def run_sweep_job(config: SweepConfig, *, progress: bool | None = None) -> pd.Da
         task=config.task,
         max_train_examples=config.max_train_examples,
         max_eval_examples=config.max_eval_examples,
-        executor=config.executor,
-        ray_address=config.ray_address,
-        num_cpus_per_run=config.num_cpus_per_run,
         progress=progress,
+        **config.execution(),
     )

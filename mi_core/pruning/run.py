@@ -61,6 +61,7 @@ from mi_core.pruning.reference_logits import (
     compute_reference_logits,
     load_reference_logits,
     reference_logits,
+    reference_metadata,
 )
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
 
@@ -328,6 +329,86 @@ def _sparsity_weights(model: Any, weighting: str) -> torch.Tensor | None:
     )
 
 
+@dataclass
+class StepMember:
+    """One run's part of a (batched) pruning step: its gates, lambdas, target and noise."""
+
+    gates: HardConcrete
+    controller: LagrangianController
+    target_sparsity: float
+    """This step's target (ramped: :func:`~mi_core.pruning.schedule.target_sparsity_at`)."""
+    noise: torch.Generator | None = None
+    sparsity_estimate: str = "sampled"
+
+
+def group_pruning_step(
+    model: Any,
+    mask: ComponentMask,
+    members: Sequence[StepMember],
+    batches: Sequence[Mapping[str, torch.Tensor]],
+    sizes: Sequence[Sequence[int]],
+    reference: torch.Tensor,
+    weights: torch.Tensor | None = None,
+) -> list[dict[str, float]]:
+    """One step of several pruning runs through one forward / backward per micro-batch.
+
+    ``batches[m]`` holds micro-batch ``m`` of every run, concatenated along the batch axis:
+    ``sizes[m][k]`` examples of run ``k`` in turn. Each run draws its gates from its own noise;
+    with more than one run the mask holds one row per example (:meth:`ComponentMask.stack`), so
+    every example runs under its own run's sample. Run ``k``'s loss is the KL of its examples
+    plus its Lagrangian term, and the losses are summed before the backward pass: examples do not
+    interact inside the frozen model, so each run's gradient is the one it would get alone.
+    Gradients are accumulated (mean over micro-batches); no optimizer step here. Returns each
+    run's ``log.csv`` values for the step (see :func:`pruning_step`).
+    """
+    device = reference.device
+    n_layers, n_heads = mask.n_layers, mask.n_heads
+    stats = [dict.fromkeys(("loss", "kl", "penalty", "sampled_sparsity"), 0.0) for _ in members]
+    expected: list[torch.Tensor] = []
+    for batch, split in zip(batches, sizes, strict=True):
+        if len(split) != len(members):
+            raise ConfigError(f"{len(split)} sizes for {len(members)} runs in a pruning step")
+        zs = [m.gates.sample(m.noise) for m in members]
+        if len(members) == 1:
+            mask.heads, mask.mlps = unflatten_components(zs[0], n_layers, n_heads)
+        else:
+            rows = torch.stack(zs).repeat_interleave(torch.tensor(split, device=device), dim=0)
+            mask.heads, mask.mlps = unflatten_components(rows, n_layers, n_heads)
+        inputs = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
+        logits = model(**inputs)
+        index = batch["index"].to(device)
+        total = logits.new_zeros(())
+        parts = zip(members, zs, logits.split(list(split)), index.split(list(split)), strict=True)
+        expected = []
+        for k, (member, z, part, rows_k) in enumerate(parts):
+            t_sampled = sampled_sparsity(z, weights)
+            t_expected = expected_sparsity(member.gates.prob_nonzero(), weights)
+            expected.append(t_expected)
+            t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
+            loss = pruning_loss(
+                reference[rows_k], part, member.controller, t, member.target_sparsity
+            )
+            total = total + loss.total
+            for key, value in (
+                ("loss", loss.total),
+                ("kl", loss.kl),
+                ("penalty", loss.penalty),
+                ("sampled_sparsity", t_sampled),
+            ):
+                stats[k][key] += value.item() / len(batches)
+        (total / len(batches)).backward()
+    return [
+        {
+            **row,
+            "expected_sparsity": t_expected.item(),
+            "target_sparsity": member.target_sparsity,
+            "lambda_1": member.controller.lambda_1.item(),
+            "lambda_2": member.controller.lambda_2.item(),
+        }
+        for row, member, t_expected in zip(stats, members, expected, strict=True)
+    ]
+
+
 def pruning_step(
     model: Any,
     mask: ComponentMask,
@@ -348,52 +429,58 @@ def pruning_step(
     measures the sparsity of that micro-batch's sample (``sparsity_estimate="sampled"``, the
     authors) or the expected L0 (``"expected"``, CoFi). No optimizer step here. Returns the
     step's mean loss, KL, penalty and sampled sparsity, the expected sparsity and the lambdas.
+    (:func:`group_pruning_step` with one run.)
     """
-    device = reference.device
-    n_layers, n_heads = mask.n_layers, mask.n_heads
-    total = kl = penalty = sampled = 0.0
-    for batch in batches:
-        z = gates.sample(noise)
-        mask.heads, mask.mlps = unflatten_components(z, n_layers, n_heads)
-        t_sampled = sampled_sparsity(z, weights)
-        t_expected = expected_sparsity(gates.prob_nonzero(), weights)
-        t = t_sampled if sparsity_estimate == "sampled" else t_expected
-        inputs = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
-        loss = pruning_loss(
-            reference[batch["index"].to(device)], model(**inputs), controller, t, target_sparsity
-        )
-        (loss.total / len(batches)).backward()
-        total += loss.total.item() / len(batches)
-        kl += loss.kl.item() / len(batches)
-        penalty += loss.penalty.item() / len(batches)
-        sampled += t_sampled.item() / len(batches)
-    return {
-        "loss": total,
-        "kl": kl,
-        "penalty": penalty,
-        "expected_sparsity": t_expected.item(),
-        "sampled_sparsity": sampled,
-        "target_sparsity": target_sparsity,
-        "lambda_1": controller.lambda_1.item(),
-        "lambda_2": controller.lambda_2.item(),
-    }
+    member = StepMember(gates, controller, target_sparsity, noise, sparsity_estimate)
+    sizes = [[len(b["index"])] for b in batches]
+    return group_pruning_step(model, mask, [member], batches, sizes, reference, weights)[0]
 
 
-def _train(
+@dataclass
+class _RunState:
+    """One run's training state: gates, lambdas, optimizer, data order, log and files."""
+
+    cfg: PruneConfig
+    run_dir: Path | None
+    gates: HardConcrete
+    controller: LagrangianController
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]
+    schedule: _Schedule
+    start: int
+    rows: list[dict[str, float]]
+    last_good: int | None
+    callback: StepCallback | None = None
+    error: TrainingError | None = None
+
+    @property
+    def checkpoint(self) -> Path | None:
+        return None if self.run_dir is None else self.run_dir / "checkpoint.safetensors"
+
+    @property
+    def log_path(self) -> Path | None:
+        return None if self.run_dir is None else self.run_dir / "log.csv"
+
+    @property
+    def trained(self) -> list[torch.Tensor]:
+        return [self.gates.log_alpha, *self.controller.parameters()]
+
+    def log(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(LOG_COLUMNS))
+
+
+def _start_run(
     model: Any,
-    means: ComponentMeans | None,
     tokenized: TokenizedPairs,
-    targets: torch.Tensor,
     cfg: PruneConfig,
     run_dir: Path | None,
-    progress: bool | None,
     callback: StepCallback | None,
-) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
+) -> _RunState:
+    """A run's fresh state, or its state at its last checkpoint in ``run_dir``."""
     dims = model_dims(model)
-    n_layers, n_heads = dims.n_layers, dims.n_heads
     device = next(model.parameters()).device
     gates = HardConcrete(
-        n_layers * n_heads + n_layers,
+        dims.n_layers * dims.n_heads + dims.n_layers,
         cfg.beta,
         init_mean=cfg.log_alpha_init,
         init_std=cfg.log_alpha_init_std,
@@ -408,99 +495,178 @@ def _train(
         cfg.weight_decay,
         cfg.lambda_weight_decay,
     )
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
-    trained = [gates.log_alpha, *controller.parameters()]
+    state = _RunState(
+        cfg,
+        run_dir,
+        gates,
+        controller,
+        optimizer,
+        [group["lr"] for group in optimizer.param_groups],
+        _Schedule(tokenized, cfg.batch_size, cfg.seed),
+        start=0,
+        rows=[],
+        last_good=None,
+        callback=callback,
+    )
+    checkpoint = state.checkpoint
+    if checkpoint is not None and checkpoint.is_file():
+        state.start = load_checkpoint(checkpoint, gates, controller, optimizer)
+        if state.log_path.is_file() and state.start > 0:
+            log = pd.read_csv(state.log_path)
+            state.rows = log[log["step"] < state.start].to_dict("records")
+        state.last_good = state.start
+        logger.info("resuming %s from step %d", run_dir, state.start)
+    return state
+
+
+#: Configuration fields that may differ between the runs trained together in one group.
+GROUP_VARYING = ("target_sparsity", "seed")
+
+
+def _check_group(configs: Sequence[PruneConfig]) -> None:
+    first = configs[0].to_dict()
+    for cfg in configs[1:]:
+        other = cfg.to_dict()
+        differ = sorted(k for k in first if k not in GROUP_VARYING and first[k] != other[k])
+        if differ:
+            raise ConfigError(
+                "runs trained together must differ only in target sparsity and seed; "
+                f"{', '.join(differ)} differ"
+            )
+
+
+def _train_group(
+    model: Any,
+    means: ComponentMeans | None,
+    tokenized: TokenizedPairs,
+    targets: torch.Tensor,
+    runs: Sequence[_RunState],
+    progress: bool | None,
+) -> None:
+    """Train ``runs`` together from their own start steps to the end (see
+    :func:`group_pruning_step`); each run's state, log and checkpoints are updated in place.
+
+    A run whose loss becomes non-finite gets its ``error`` set and leaves the group (its last
+    checkpoint stays); the others go on. With dropout on, the dropout noise of a step is drawn
+    for the whole concatenated batch from the first active run's seed: identical to a run alone
+    for a group of one, and otherwise a function of the group.
+    """
+    cfg = runs[0].cfg
+    _check_group([r.cfg for r in runs])
+    device = next(model.parameters()).device
     rng_devices = [device] if device.type == "cuda" else []
     weights = _sparsity_weights(model, cfg.sparsity_weighting)
     weights = None if weights is None else weights.to(device)
     targets = targets.to(device)
-    checkpoint = None if run_dir is None else run_dir / "checkpoint.safetensors"
-    log_path = None if run_dir is None else run_dir / "log.csv"
-
-    start = 0
-    rows: list[dict[str, float]] = []
-    if checkpoint is not None and checkpoint.is_file():
-        start = load_checkpoint(checkpoint, gates, controller, optimizer)
-        if log_path.is_file() and start > 0:
-            rows = pd.read_csv(log_path).query("step < @start").to_dict("records")
-        logger.info("resuming %s from step %d", run_dir, start)
-    resumed_from = start if start > 0 else None
-    last_good = start if checkpoint is not None and checkpoint.is_file() else None
-
-    schedule = _Schedule(tokenized, cfg.batch_size, cfg.seed)
     accumulation = cfg.grad_accumulation
-    mask = ComponentMask.ones(model, device=device)
+    first = min(r.start for r in runs)
+    desc = (
+        f"prune s={cfg.target_sparsity:g} seed={cfg.seed}"
+        if len(runs) == 1
+        else f"prune {len(runs)} runs together"
+    )
     bar = tqdm(
-        range(start, cfg.steps),
-        initial=start,
+        range(first, cfg.steps),
+        initial=first,
         total=cfg.steps,
-        desc=f"prune s={cfg.target_sparsity:g} seed={cfg.seed}",
+        desc=desc,
         disable=None if progress is None else not progress,
         leave=False,
     )
+    mask = ComponentMask.ones(model, device=device)
     with (
         frozen(model),
         ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
         train_dropout(model, cfg.dropout),
     ):
         for step in bar:
-            noise = torch.Generator(device=device).manual_seed(step_seed(cfg.seed, step))
-            target = target_sparsity_at(step, cfg.target_sparsity, cfg.warmup_steps)
-            factor = lr_factor(step, cfg.lr_warmup_steps, cfg.steps, cfg.lr_schedule)
-            for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
-                group["lr"] = base * factor
-            batches = [
-                tokenized.collate(schedule.indices(step * accumulation + micro))
-                for micro in range(accumulation)
-            ]
-            optimizer.zero_grad(set_to_none=True)
+            active = [r for r in runs if r.start <= step and r.error is None]
+            if not active:
+                continue
+            members, factors = [], []
+            for r in active:
+                factor = lr_factor(step, r.cfg.lr_warmup_steps, r.cfg.steps, r.cfg.lr_schedule)
+                for group, base in zip(r.optimizer.param_groups, r.base_lrs, strict=True):
+                    group["lr"] = base * factor
+                r.optimizer.zero_grad(set_to_none=True)
+                factors.append(factor)
+                members.append(
+                    StepMember(
+                        r.gates,
+                        r.controller,
+                        target_sparsity_at(step, r.cfg.target_sparsity, r.cfg.warmup_steps),
+                        torch.Generator(device=device).manual_seed(step_seed(r.cfg.seed, step)),
+                        r.cfg.sparsity_estimate,
+                    )
+                )
+            batches, sizes = [], []
+            for micro in range(accumulation):
+                parts = [r.schedule.indices(step * accumulation + micro) for r in active]
+                batches.append(tokenized.collate([i for part in parts for i in part]))
+                sizes.append([len(part) for part in parts])
             with torch.random.fork_rng(devices=rng_devices, enabled=cfg.dropout):
                 if cfg.dropout:
-                    torch.manual_seed(step_seed(cfg.seed, step, "dropout"))
-                row = pruning_step(
-                    model,
-                    mask,
-                    gates,
-                    controller,
-                    batches,
-                    targets,
-                    target,
-                    noise,
-                    weights,
-                    cfg.sparsity_estimate,
+                    torch.manual_seed(step_seed(active[0].cfg.seed, step, "dropout"))
+                rows = group_pruning_step(model, mask, members, batches, sizes, targets, weights)
+            for r, row, factor in zip(active, rows, factors, strict=True):
+                _finish_step(r, step, row, factor)
+            shown = active[0].rows[-1] if active[0].rows else None
+            if shown is not None:
+                bar.set_postfix(
+                    kl=f"{shown['kl']:.4f}", sparsity=f"{shown['expected_sparsity']:.3f}"
                 )
-            norm = torch.nn.utils.clip_grad_norm_(
-                trained, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-            )
-            row.update(lr_factor=factor, grad_norm=float(norm))
-            total = row["loss"]
-            if not math.isfinite(total):
-                where = (
-                    f"the last good checkpoint (step {last_good}) is kept in {checkpoint}"
-                    if last_good is not None
-                    else "no checkpoint had been written yet"
-                )
-                raise TrainingError(
-                    f"pruning loss became {'NaN' if math.isnan(total) else total} at step {step}; "
-                    f"stopped; {where}; lower "
-                    "--lr-log-alpha / --lr-lambda or check the means and data"
-                )
-            row = {"step": step, **row}
-            optimizer.step()
-            rows.append(row)
-            done = step + 1
-            if checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-                save_checkpoint(checkpoint, done, cfg.seed, gates, controller, optimizer)
-                write_csv(log_path, pd.DataFrame(rows, columns=list(LOG_COLUMNS)))
-                last_good = done
-            bar.set_postfix(kl=f"{row['kl']:.4f}", sparsity=f"{row['expected_sparsity']:.3f}")
-            if callback is not None:
-                callback(step, row)
     bar.close()
+
+
+def _finish_step(r: _RunState, step: int, row: dict[str, float], factor: float) -> None:
+    """Clip, check, take the optimizer step, log and checkpoint one run after a step."""
+    cfg = r.cfg
+    norm = torch.nn.utils.clip_grad_norm_(
+        r.trained, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+    )
+    row.update(lr_factor=factor, grad_norm=float(norm))
+    total = row["loss"]
+    if not math.isfinite(total):
+        where = (
+            f"the last good checkpoint (step {r.last_good}) is kept in {r.checkpoint}"
+            if r.last_good is not None
+            else "no checkpoint had been written yet"
+        )
+        r.error = TrainingError(
+            f"pruning loss became {'NaN' if math.isnan(total) else total} at step {step}; "
+            f"stopped; {where}; lower "
+            "--lr-log-alpha / --lr-lambda or check the means and data"
+        )
+        return
+    r.optimizer.step()
+    r.rows.append({"step": step, **row})
+    done = step + 1
+    if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+        save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer)
+        write_csv(r.log_path, r.log())
+        r.last_good = done
+    if r.callback is not None:
+        r.callback(step, r.rows[-1])
+
+
+def _train(
+    model: Any,
+    means: ComponentMeans | None,
+    tokenized: TokenizedPairs,
+    targets: torch.Tensor,
+    cfg: PruneConfig,
+    run_dir: Path | None,
+    progress: bool | None,
+    callback: StepCallback | None,
+) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
+    state = _start_run(model, tokenized, cfg, run_dir, callback)
+    _train_group(model, means, tokenized, targets, [state], progress)
+    if state.error is not None:
+        raise state.error
     return (
-        gates.log_alpha.detach().cpu().clone(),
-        pd.DataFrame(rows, columns=list(LOG_COLUMNS)),
-        (resumed_from),
+        state.gates.log_alpha.detach().cpu().clone(),
+        state.log(),
+        state.start if state.start > 0 else None,
     )
 
 
@@ -588,48 +754,16 @@ def prune(
             reference,
         )
 
-    identity = {  # what a run folder must match to be resumed
-        "prune": config.to_dict(),
-        "model_fingerprint": weights_fingerprint(model),
-        "train": {"name": train_set.name, "n_examples": len(train_set)},
-        "means": _means_identity(means_obj),
-    }
-    run_config = {
-        **identity,
-        "model": model_spec,
-        "task": task,
-        "means_path": None if means is None or isinstance(means, ComponentMeans) else str(means),
-        "eval": names,
-        "max_eval_examples": max_eval_examples,
-        "reference_logits": None if reference_logits_path is None else str(reference_logits_path),
-    }
-    config_path = run_dir / "config.json"
-    if config_path.is_file():
-        old = read_json(config_path)
-        differ = sorted(k for k in identity if old.get(k) != identity[k])
-        if differ:
-            raise ConfigError(
-                f"{run_dir} already holds a run with other settings ({', '.join(differ)} differ); "
-                "use another --out or delete it"
-            )
-    else:
-        write_json(config_path, run_config)
-
+    _claim_run_dir(
+        run_dir, config, model, model_spec, task, train_set, means, means_obj, names,
+        max_eval_examples, reference_logits_path,
+    )  # fmt: skip
     if is_complete(run_dir):
         return _report_complete(model, means_obj, config, run_dir, evals, full_accuracy)
 
     started = time.perf_counter()
     tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
-    ref_path = Path(reference_logits_path or run_dir / "reference_logits.safetensors")
-    if reference_logits_path is not None:
-        if not ref_path.is_file():
-            raise ConfigError(f"reference logits {ref_path} do not exist")
-        targets = load_reference_logits(ref_path, model, tokenized)
-    else:
-        targets = reference_logits(
-            model, tokenized, ref_path, config.eval_batch_size, bool(progress)
-        )
-
+    targets = _run_targets(model, tokenized, config, run_dir, reference_logits_path, progress)
     log_alpha, log, resumed_from = _train(
         model, means_obj, tokenized, targets, config, run_dir, progress, callback
     )
@@ -646,6 +780,156 @@ def prune(
     )
     result.resumed_from = resumed_from
     return result
+
+
+def _claim_run_dir(
+    run_dir: Path,
+    config: PruneConfig,
+    model: Any,
+    model_spec: str,
+    task: str | None,
+    train_set: PairDataset,
+    means: Any,
+    means_obj: ComponentMeans | None,
+    names: Sequence[str],
+    max_eval_examples: int | None,
+    reference_logits_path: str | os.PathLike[str] | None,
+) -> None:
+    """Write ``config.json`` in a new run folder, or check that an existing one is this run."""
+    identity = {  # what a run folder must match to be resumed
+        "prune": config.to_dict(),
+        "model_fingerprint": weights_fingerprint(model),
+        "train": {"name": train_set.name, "n_examples": len(train_set)},
+        "means": _means_identity(means_obj),
+    }
+    run_config = {
+        **identity,
+        "model": model_spec,
+        "task": task,
+        "means_path": None if means is None or isinstance(means, ComponentMeans) else str(means),
+        "eval": list(names),
+        "max_eval_examples": max_eval_examples,
+        "reference_logits": None if reference_logits_path is None else str(reference_logits_path),
+    }
+    config_path = run_dir / "config.json"
+    if config_path.is_file():
+        old = read_json(config_path)
+        differ = sorted(k for k in identity if old.get(k) != identity[k])
+        if differ:
+            raise ConfigError(
+                f"{run_dir} already holds a run with other settings ({', '.join(differ)} differ); "
+                "use another --out or delete it"
+            )
+    else:
+        write_json(config_path, run_config)
+
+
+def _run_targets(
+    model: Any,
+    tokenized: TokenizedPairs,
+    config: PruneConfig,
+    run_dir: Path,
+    reference_logits_path: str | os.PathLike[str] | None,
+    progress: bool | None,
+) -> torch.Tensor:
+    """The full model's logits on the training set: shared ones, or the run's own (cached)."""
+    if reference_logits_path is not None:
+        ref_path = Path(reference_logits_path)
+        if not ref_path.is_file():
+            raise ConfigError(f"reference logits {ref_path} do not exist")
+        return load_reference_logits(ref_path, model, tokenized)
+    ref_path = run_dir / "reference_logits.safetensors"
+    return reference_logits(model, tokenized, ref_path, config.eval_batch_size, bool(progress))
+
+
+def prune_group(
+    model: Any,
+    train: str | os.PathLike[str] | PairDataset,
+    means: str | os.PathLike[str] | ComponentMeans | None,
+    configs: Sequence[PruneConfig],
+    run_dirs: Sequence[str | os.PathLike[str]],
+    *,
+    eval_sets: Sequence[str | PairDataset] = (),
+    task: str | None = None,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    reference_logits_path: str | os.PathLike[str] | None = None,
+    full_accuracy: Mapping[str, float] | None = None,
+    progress: bool | None = None,
+) -> list[PruneResult]:
+    """Several pruning runs trained together, each with its files in its own folder.
+
+    The runs (``configs[k]`` in ``run_dirs[k]``, differing only in target sparsity and seed)
+    share one forward / backward pass per micro-batch (:func:`group_pruning_step`): the frozen
+    model and the reference logits are shared, while each run keeps its own gates, lambdas,
+    optimizer, target schedule, noise and data order, so every run ends as it would alone (up
+    to float rounding from padding the concatenated batch; with dropout on, the dropout noise is
+    drawn per group). Each folder is a :func:`prune_run` folder: finished runs only report,
+    unfinished ones resume from their own checkpoint, and a run can later be resumed alone. A run
+    whose loss becomes non-finite stops; the others finish, then :class:`TrainingError` names it.
+    Without ``reference_logits_path`` the logits are computed once and cached in every folder.
+    """
+    if len(configs) != len(run_dirs) or not configs:
+        raise ConfigError(f"prune_group needs one folder per config; got {len(configs)} configs "
+                          f"and {len(run_dirs)} folders")  # fmt: skip
+    _check_group(configs)
+    dirs = [Path(d) for d in run_dirs]
+    if len(set(dirs)) != len(dirs):
+        raise ConfigError("the runs of a group need distinct folders")
+    model, model_spec = _load_model(model, task)
+    task = getattr(model, "task", None) or task
+    means_obj = _load_means(means, model, configs[0].ablation)
+    train_set = _load_data(train, task, max_train_examples, "training")
+    evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
+    names = [d.name for d in evals]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"eval sets must differ; got {names}")
+    for cfg, run_dir in zip(configs, dirs, strict=True):
+        _claim_run_dir(
+            run_dir, cfg, model, model_spec, task, train_set, means, means_obj, names,
+            max_eval_examples, reference_logits_path,
+        )  # fmt: skip
+    results: dict[int, PruneResult] = {}
+    pending = []
+    for k, (cfg, run_dir) in enumerate(zip(configs, dirs, strict=True)):
+        if is_complete(run_dir):
+            results[k] = _report_complete(model, means_obj, cfg, run_dir, evals, full_accuracy)
+        else:
+            pending.append(k)
+    failures: list[str] = []
+    if pending:
+        started = time.perf_counter()
+        tokenized = tokenize_pairs(train_set, model.tokenizer, configs[0].max_length)
+        targets = _run_targets(
+            model, tokenized, configs[0], dirs[pending[0]], reference_logits_path, progress
+        )
+        if reference_logits_path is None:  # every folder keeps its logits, as a run alone does
+            for k in pending[1:]:
+                path = dirs[k] / "reference_logits.safetensors"
+                if not path.is_file():
+                    write_safetensors(
+                        path, {"logits": targets.cpu()}, reference_metadata(model, tokenized)
+                    )
+        states = [_start_run(model, tokenized, configs[k], dirs[k], None) for k in pending]
+        _train_group(model, means_obj, tokenized, targets, states, progress)
+        seconds = (time.perf_counter() - started) / len(pending)
+        for k, state in zip(pending, states, strict=True):
+            if state.error is not None:
+                failures.append(f"{dirs[k]}: {state.error}")
+                continue
+            log_alpha = state.gates.log_alpha.detach().cpu().clone()
+            result = _finish(
+                model, means_obj, configs[k], dirs[k], log_alpha, state.log(), evals,
+                full_accuracy, seconds,
+            )  # fmt: skip
+            result.resumed_from = state.start if state.start > 0 else None
+            results[k] = result
+    if failures:
+        raise TrainingError(
+            f"{len(failures)} of {len(configs)} runs trained together failed (first: "
+            f"{failures[0]}); the others finished"
+        )
+    return [results[k] for k in range(len(configs))]
 
 
 def prune_run(

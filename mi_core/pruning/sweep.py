@@ -8,8 +8,15 @@ A sweep directory holds one run directory per pair (``SWEEP/s0.50/seed42/``, see
 vs out-of-domain accuracy per subnetwork, the full model as lines).
 
 Runs whose ``metrics.json`` exists are skipped, so re-running a sweep after a crash finishes
-only what is missing. With ``executor="ray"`` every missing run is a Ray task that calls
-:func:`prune_run` with paths; results are files, so the driver only waits and collects.
+only what is missing. Executors:
+
+* ``local``: the missing runs one after another in this process;
+* ``batched``: groups of ``group_size`` runs trained together through one forward / backward
+  pass per micro-batch (:func:`~mi_core.pruning.run.prune_group`; the default group size is
+  what memory allows, :func:`auto_group_size`); the folders are the ``local`` executor's;
+* ``ray``: every missing run (or every group of ``group_size`` runs) is a Ray task that calls
+  :func:`prune_run` (or :func:`prune_group`) with paths; results are files, so the driver only
+  waits and collects.
 """
 
 from __future__ import annotations
@@ -42,12 +49,15 @@ from mi_core.pruning.run import (
     _load_model,
     is_complete,
     prune,
+    prune_group,
     prune_run,
 )
 
 logger = logging.getLogger(__name__)
 
-EXECUTORS = ("local", "ray")
+EXECUTORS = ("local", "batched", "ray")
+#: The most runs one batched group trains together when the size is chosen from memory.
+MAX_AUTO_GROUP = 32
 #: Environment variables a Ray worker needs to find data and stay offline like the driver.
 _WORKER_ENV = ("MI_CORE_DATA_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME")
 
@@ -338,8 +348,15 @@ def plan_sweep(
 
 
 def _ray_prune(kwargs: dict[str, Any], env: dict[str, str]) -> str:
-    """What a Ray worker runs: set the driver's data/offline environment, then one run."""
+    """What a Ray worker runs: set the driver's data/offline environment, then one run or one
+    group of runs trained together (``kwargs["configs"]`` and ``kwargs["run_dirs"]``)."""
     os.environ.update(env)
+    if "configs" in kwargs:
+        kwargs = dict(kwargs)
+        configs, dirs = kwargs.pop("configs"), kwargs.pop("run_dirs")
+        model, train, means = kwargs.pop("model"), kwargs.pop("train"), kwargs.pop("means")
+        results = prune_group(model, train, means, configs, dirs, **kwargs)
+        return ", ".join(str(r.run_dir) for r in results)
     return str(prune_run(**kwargs).run_dir)
 
 
@@ -354,23 +371,33 @@ def _import_ray():
 
 
 def _run_with_ray(
-    pending: Sequence[SweepRun],
+    groups: Sequence[Sequence[SweepRun]],
     common: dict[str, Any],
     ray_address: str | None,
     num_cpus_per_run: float,
+    num_gpus_per_run: float = 0.0,
 ) -> list[str]:
-    """Run ``pending`` as Ray tasks and wait for all; returns the failed runs' messages."""
+    """Run each group of ``groups`` as a Ray task (a group of one: :func:`prune_run`; more: the
+    runs trained together) and wait for all; returns the failed tasks' messages."""
     ray = _import_ray()
     started_here = False
     if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
         started_here = True
     try:
-        task = ray.remote(num_cpus=num_cpus_per_run)(_ray_prune)
+        task = ray.remote(num_cpus=num_cpus_per_run, num_gpus=num_gpus_per_run)(_ray_prune)
         env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}
-        refs = [
-            task.remote({**common, "out": str(r.run_dir), "config": r.config}, env) for r in pending
-        ]
+        refs = []
+        for group in groups:
+            if len(group) == 1:
+                kwargs = {**common, "out": str(group[0].run_dir), "config": group[0].config}
+            else:
+                kwargs = {
+                    **common,
+                    "configs": [r.config for r in group],
+                    "run_dirs": [str(r.run_dir) for r in group],
+                }
+            refs.append(task.remote(kwargs, env))
         failures: list[str] = []
         remaining = list(refs)
         while remaining:
@@ -384,6 +411,44 @@ def _run_with_ray(
     finally:
         if started_here:
             ray.shutdown()
+
+
+def training_bytes_per_example(model: Any, max_length: int) -> int:
+    """A generous estimate of the memory one training example of a pruning step holds until
+    the backward pass (float32 activations at ``max_length`` tokens): per layer and token, about
+    16 residual-width vectors (residual copies, q / k / v, z, hook outputs, LayerNorm), 3
+    MLP-width ones and 4 attention rows (scores, probabilities, dropout, masks)."""
+    from mi_core.interventions.components import model_dims
+
+    dims = model_dims(model)
+    cfg = model.cfg
+    d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * dims.d_model)
+    per_token = 16 * dims.d_model + 3 * d_mlp + 4 * dims.n_heads * max_length
+    return 4 * dims.n_layers * max_length * per_token
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes on ``device``: CUDA's free memory, or the machine's available RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def auto_group_size(model: Any, cfg: PruneConfig, n_runs: int, fraction: float = 0.5) -> int:
+    """How many runs one batched group trains together: all ``n_runs`` when ``fraction`` of the
+    free memory holds their micro-batches (:func:`training_bytes_per_example` at
+    ``cfg.max_length``), else as many as it does (at least 1, at most :data:`MAX_AUTO_GROUP`)."""
+    device = next(model.parameters()).device
+    per_run = training_bytes_per_example(model, cfg.max_length) * cfg.batch_size
+    fits = int(available_memory(device) * fraction // max(per_run, 1))
+    return max(1, min(n_runs, fits, MAX_AUTO_GROUP))
 
 
 def _full_model_accuracy(
@@ -441,19 +506,27 @@ def run_sweep(
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
     executor: str = "local",
+    group_size: int | None = None,
     ray_address: str | None = None,
     num_cpus_per_run: float = 1.0,
+    num_gpus_per_run: float = 0.0,
     progress: bool | None = None,
 ) -> pd.DataFrame:
     """Prune at every sparsity with every seed under ``out``; return the subnetworks table.
 
-    Missing runs only are run (``executor`` ``"local"``: one after another here; ``"ray"``: as
-    Ray tasks on ``ray_address``, or on a local Ray instance when None and none is running).
-    Reference logits and full-model accuracies are computed once here and shared by every run.
-    The ray executor needs ``model``, ``train``, ``means`` and ``eval_sets`` as paths / specs.
+    Missing runs only are run (``executor`` ``"local"``: one after another here; ``"batched"``:
+    ``group_size`` runs at a time trained together here, by default as many as memory allows;
+    ``"ray"``: as Ray tasks on ``ray_address``, or on a local Ray instance when None and none is
+    running, one run per task or ``group_size`` runs trained together per task). Reference
+    logits and full-model accuracies are computed once here and shared by every run. The ray
+    executor needs ``model``, ``train``, ``means`` and ``eval_sets`` as paths / specs.
     """
     if executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {executor!r}; choose one of {EXECUTORS}")
+    if group_size is not None and group_size < 1:
+        raise ConfigError(f"--group-size must be at least 1, got {group_size}")
+    if group_size is not None and executor == "local" and group_size != 1:
+        raise ConfigError("--group-size needs --executor batched or ray (local runs one by one)")
     sweep_dir = Path(out)
     runs = plan_sweep(sweep_dir, sparsities, seeds, profile, overrides)
     cfg = runs[0].config
@@ -503,6 +576,27 @@ def run_sweep(
             except MiCoreError as exc:  # a failed run: finish the others, report at the end
                 logger.warning("%s failed: %s", r.run_dir, exc)
                 failures.append(f"{r.run_dir}: {exc}")
+    elif executor == "batched" and pending:
+        size = group_size or auto_group_size(model_obj, cfg, len(pending))
+        logger.info("sweep %s: groups of %d runs trained together", sweep_dir, size)
+        for start in range(0, len(pending), size):
+            group = pending[start : start + size]
+            try:
+                prune_group(
+                    model_obj,
+                    train_set,
+                    means_obj,
+                    [r.config for r in group],
+                    [r.run_dir for r in group],
+                    eval_sets=evals,
+                    task=task,
+                    reference_logits_path=ref_path,
+                    full_accuracy=full,
+                    progress=progress,
+                )
+            except MiCoreError as exc:  # a failed group: finish the others, report at the end
+                logger.warning("a group of %d runs failed: %s", len(group), exc)
+                failures.append(str(exc))
     elif pending:
         common = {
             "model": os.fspath(model),
@@ -516,7 +610,9 @@ def run_sweep(
             "full_accuracy": full,
             "progress": False,
         }
-        failures = _run_with_ray(pending, common, ray_address, num_cpus_per_run)
+        size = group_size or 1
+        groups = [pending[i : i + size] for i in range(0, len(pending), size)]
+        failures = _run_with_ray(groups, common, ray_address, num_cpus_per_run, num_gpus_per_run)
 
     table = collect_subnetworks(runs, eval_names)
     write_csv(sweep_dir / "subnetworks.csv", table)

@@ -40,6 +40,7 @@ from mi_core.config import Config, option
 from mi_core.errors import ConfigError
 from mi_core.interventions.means import MeansSettings
 from mi_core.methods.heuristic_core.effective_size import EffectiveSizeOptions
+from mi_core.pruning.jobs import SweepExecution
 from mi_core.pruning.profiles import (
     PROFILES,
     make_prune_config,
@@ -125,8 +126,9 @@ class ExperimentMeansSettings(MeansSettings):
 
 
 @dataclass
-class PruningSettings(Config):
-    """The pruning sweep: one run per (sparsity, seed)."""
+class PruningSettings(SweepExecution):
+    """The pruning sweep: one run per (sparsity, seed); where it runs (``executor``,
+    ``group_size``, ...) as in :class:`~mi_core.pruning.jobs.SweepExecution`."""
 
     sparsities: list[float] = option(parse=parse_sparsity_spec)
     """Target sparsities: a list, or a range like "0.05:0.7:0.05"."""
@@ -139,15 +141,11 @@ class PruningSettings(Config):
     """Defaults to ``data.max_train_examples``."""
     max_eval_examples: int | None = None
     """Defaults to ``data.max_eval_examples``."""
-    executor: str = "local"
-    ray_address: str | None = None
-    num_cpus_per_run: float = 1.0
 
     def validate(self) -> None:
+        super().validate()
         if self.profile not in PROFILES:
             raise ConfigError(f"pruning.profile must be one of {PROFILES}, got {self.profile!r}")
-        if self.executor not in ("local", "ray"):
-            raise ConfigError(f"pruning.executor must be local or ray, got {self.executor!r}")
         _positive_or_none("pruning.max_train_examples", self.max_train_examples)
         _positive_or_none("pruning.max_eval_examples", self.max_eval_examples)
         for s in self.sparsities:  # builds and validates every run's PruneConfig

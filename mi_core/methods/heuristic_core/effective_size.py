@@ -146,8 +146,10 @@ def run_effective_size(
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
     executor: str = "local",
+    group_size: int | None = None,
     ray_address: str | None = None,
     num_cpus_per_run: float = 1.0,
+    num_gpus_per_run: float = 0.0,
     device: str = "cpu",
     progress: bool | None = None,
     groups: Mapping[str, Sequence[str]] | None = None,
@@ -214,8 +216,10 @@ def run_effective_size(
             max_train_examples=max_train_examples,
             max_eval_examples=max_eval_examples,
             executor=executor,
+            group_size=group_size,
             ray_address=ray_address,
             num_cpus_per_run=num_cpus_per_run,
+            num_gpus_per_run=num_gpus_per_run,
             progress=progress,
         )
         full = read_json(sweep_dir / "full_model.json")
@@ -422,10 +426,8 @@ def run_effective_size_job(
         max_checkpoints=config.max_checkpoints,
         max_train_examples=config.max_train_examples,
         max_eval_examples=config.max_eval_examples,
-        executor=config.executor,
-        ray_address=config.ray_address,
-        num_cpus_per_run=config.num_cpus_per_run,
         device=config.device,
+        **config.execution(),
         progress=progress,
         groups=config.groups,
     )

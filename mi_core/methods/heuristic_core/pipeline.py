@@ -322,10 +322,8 @@ class HeuristicCoreExperiment:
             task=self.config.task,
             max_train_examples=self.train_cap,
             max_eval_examples=self.eval_cap,
-            executor=p.executor,
-            ray_address=p.ray_address,
-            num_cpus_per_run=p.num_cpus_per_run,
             progress=self.progress,
+            **p.execution(),
         )
 
     def load_sweep(self):
@@ -434,10 +432,8 @@ class HeuristicCoreExperiment:
             max_checkpoints=es.max_checkpoints,
             max_train_examples=self.train_cap,
             max_eval_examples=self.eval_cap,
-            executor=c.pruning.executor,
-            ray_address=c.pruning.ray_address,
-            num_cpus_per_run=c.pruning.num_cpus_per_run,
             device=self.device,
+            **c.pruning.execution(),
             progress=self.progress,
             groups=es.groups,
         )

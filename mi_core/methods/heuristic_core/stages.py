@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mi_core.methods.heuristic_core.config import ExperimentConfig
+from mi_core.pruning.jobs import EXECUTION_FIELDS
 
 #: Pruning settings that change where a run executes, not what it computes (not in keys).
-_EXECUTION = ("executor", "ray_address", "num_cpus_per_run")
+_EXECUTION = EXECUTION_FIELDS
 
 
 def _pruning(c: ExperimentConfig) -> dict[str, Any]:

@@ -1,0 +1,238 @@
+"""Many pruning runs per forward pass: per-example masks, the batched pruning step, runs trained
+together (``prune_group``) against the same runs alone, per-run resume, the ``batched`` sweep
+executor and the memory-based group size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mi_core.data import load_pairs, pair_batches
+from mi_core.data.batches import tokenize_pairs
+from mi_core.errors import ConfigError, InterventionError
+from mi_core.interventions import ComponentMask, ablate, compute_means
+from mi_core.io import read_json
+from mi_core.models import load_model
+from mi_core.pruning import make_prune_config, prune_run, run_dir_for, run_sweep
+from mi_core.pruning.hard_concrete import HardConcrete
+from mi_core.pruning.lagrangian import LagrangianController
+from mi_core.pruning.run import StepMember, group_pruning_step, prune_group
+from mi_core.pruning.sweep import auto_group_size, training_bytes_per_example
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def train(data_dir):
+    return load_pairs("mnli:train", max_examples=48)
+
+
+@pytest.fixture(scope="module", params=["bert-cls", "gpt2-cls"])
+def classifier(request, tiny_checkpoints):
+    return load_model(tiny_checkpoints[request.param], task="mnli")
+
+
+@pytest.fixture(scope="module")
+def means(tiny, train):
+    return compute_means(tiny, pair_batches(train, tiny.tokenizer, batch_size=16))
+
+
+def recipe(sparsity=0.5, seed=1, **overrides):
+    """The paper's recipe (sampled sparsity, AdamW with weight decay, clipping, warm-up), short,
+    with dropout off unless asked for."""
+    values = dict(
+        steps=20,
+        batch_size=8,
+        grad_accumulation=2,
+        checkpoint_every=5,
+        eval_batch_size=16,
+        dropout=False,
+        log_alpha_init=3.0,
+        warmup_steps=10,
+        lr_warmup_steps=4,
+    )
+    values.update(overrides)
+    return make_prune_config("paper", sparsity, seed, **values)
+
+
+# ----------------------------------------------------------------------- per-example masks
+def test_a_stacked_mask_gives_each_example_its_own_masks_output(classifier, train):
+    model = classifier
+    batch = next(iter(pair_batches(train, model.tokenizer, batch_size=6)))
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    a = ComponentMask.from_removed(model, "L0.H1,L1.MLP")
+    b = ComponentMask.from_removed(model, "L1.H0,L0.MLP")
+    with ablate(model, a, None, "zero"):
+        want_a = model(**inputs)
+    with ablate(model, b, None, "zero"):
+        want_b = model(**inputs)
+    both = {k: torch.cat([v, v]) for k, v in inputs.items()}
+    stacked = ComponentMask.stack([a, b], sizes=[6, 6])
+    assert stacked.batch_size == 12 and stacked.n_layers == a.n_layers
+    with ablate(model, stacked, None, "zero"):
+        got = model(**both)
+    assert torch.allclose(got[:6], want_a, atol=1e-5)
+    assert torch.allclose(got[6:], want_b, atol=1e-5)
+    assert not torch.allclose(want_a, want_b, atol=1e-3)  # the two masks do differ
+    assert stacked.unstack()[0] == a and stacked.unstack()[11] == b
+    with pytest.raises(InterventionError, match="12 masks but the batch has 6"):
+        with ablate(model, stacked, None, "zero"):
+            model(**inputs)
+    with pytest.raises(InterventionError, match="per-example mask of 12"):
+        stacked.removed()
+    with pytest.raises(InterventionError, match="one non-negative size per mask"):
+        ComponentMask.stack([a, b], sizes=[1])
+
+
+# ------------------------------------------------------------------------- batched step
+def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train, means):
+    tokenized = tokenize_pairs(train, tiny.tokenizer, 128)
+    with torch.no_grad():
+        reference = torch.randn(len(train), 3, generator=torch.Generator().manual_seed(0))
+    n = tiny.cfg.n_layers * (tiny.cfg.n_heads + 1)
+
+    def member(seed, target):
+        gates = HardConcrete(n, init_mean=2.0, init_std=0.5,
+                             generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        return StepMember(gates, LagrangianController(), target,
+                          torch.Generator().manual_seed(100 + seed))  # fmt: skip
+
+    parts = [[0, 1, 2, 3, 4], [10, 11, 12, 13, 14, 15, 16]]  # different lengths and sizes
+    alone = []
+    for seed, target, idx in ((1, 0.3, parts[0]), (2, 0.6, parts[1])):
+        m = member(seed, target)
+        mask = ComponentMask.ones(tiny)
+        with ablate(tiny, mask, means, skip_unmasked=False):
+            row = group_pruning_step(
+                tiny, mask, [m], [tokenized.collate(idx)], [[len(idx)]], reference
+            )[0]
+        alone.append((m, row))
+    together = [member(1, 0.3), member(2, 0.6)]
+    mask = ComponentMask.ones(tiny)
+    with ablate(tiny, mask, means, skip_unmasked=False):
+        rows = group_pruning_step(
+            tiny, mask, together, [tokenized.collate(parts[0] + parts[1])], [[5, 7]], reference
+        )
+    for (m, row), t, row_t in zip(alone, together, rows, strict=True):
+        assert row_t["kl"] == pytest.approx(row["kl"], abs=1e-6)
+        assert row_t["sampled_sparsity"] == pytest.approx(row["sampled_sparsity"], abs=1e-7)
+        assert torch.allclose(t.gates.log_alpha.grad, m.gates.log_alpha.grad, atol=1e-6)
+        assert torch.allclose(t.controller.lambda_1.grad, m.controller.lambda_1.grad, atol=1e-6)
+    assert not torch.allclose(rows[0]["kl"] * torch.ones(1), rows[1]["kl"] * torch.ones(1))
+
+
+# -------------------------------------------------------------------------- whole runs
+@pytest.mark.slow
+def test_runs_trained_together_equal_the_runs_alone(tiny, train, means, tmp_path):
+    configs = [recipe(0.3, 1), recipe(0.3, 2), recipe(0.6, 1)]
+    alone = [
+        prune_run(tiny, train, tmp_path / "alone" / str(k), c, means=means)
+        for k, c in enumerate(configs)
+    ]
+    dirs = [tmp_path / "together" / str(k) for k in range(3)]
+    together = prune_group(tiny, train, means, configs, dirs)
+    for a, t in zip(alone, together, strict=True):
+        assert (t.log_alpha - a.log_alpha).abs().max() < 1e-4
+        assert t.mask == a.mask
+        assert t.log.kl.tolist() == pytest.approx(a.log.kl.tolist(), abs=1e-5)
+        assert sorted(p.name for p in t.run_dir.iterdir()) == sorted(
+            p.name for p in a.run_dir.iterdir()
+        )
+    assert together[0].log_alpha.sub(together[1].log_alpha).abs().max() > 0.01  # seeds differ
+    # finished runs only report when the group is run again
+    again = prune_group(tiny, train, means, configs, dirs)
+    assert all(r.already_complete for r in again)
+
+
+@pytest.mark.slow
+def test_a_group_resumes_each_run_from_its_own_checkpoint(tiny, train, means, tmp_path):
+    configs = [recipe(0.4, 1), recipe(0.4, 2)]
+    dirs = [tmp_path / "a", tmp_path / "b"]
+
+    def stop_at(n):
+        def callback(step, row):
+            if step + 1 == n:
+                raise KeyboardInterrupt
+
+        return callback
+
+    # run a is killed after 10 steps, run b was never started: the group resumes a at 10
+    with pytest.raises(KeyboardInterrupt):
+        prune_run(tiny, train, dirs[0], configs[0], means=means, callback=stop_at(10))
+    assert read_json(dirs[0] / "config.json")["prune"]["seed"] == 1
+    results = prune_group(tiny, train, means, configs, dirs)
+    assert results[0].resumed_from == 10 and results[1].resumed_from is None
+    straight = [prune_run(tiny, train, tmp_path / f"s{k}", c, means=means)
+                for k, c in enumerate(configs)]  # fmt: skip
+    for r, s in zip(results, straight, strict=True):
+        assert (r.log_alpha - s.log_alpha).abs().max() < 1e-4
+        assert len(r.log) == 20
+
+
+@pytest.mark.slow
+def test_with_dropout_a_group_is_reproducible_but_not_the_runs_alone(tiny, train, means, tmp_path):
+    configs = [recipe(0.5, 1, dropout=True), recipe(0.5, 2, dropout=True)]
+    alone = prune_run(tiny, train, tmp_path / "a", configs[1], means=means)
+    first = prune_group(tiny, train, means, configs, [tmp_path / "t0", tmp_path / "t1"])
+    second = prune_group(tiny, train, means, configs, [tmp_path / "u0", tmp_path / "u1"])
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a.log_alpha, b.log_alpha)  # the group's dropout noise is seeded
+    # the whole batch's dropout is drawn from the first run's seed, so run 2 differs from alone
+    assert (first[1].log_alpha - alone.log_alpha).abs().max() > 1e-3
+
+
+def test_a_group_refuses_runs_that_differ_in_more_than_sparsity_and_seed(
+    tiny, train, means, tmp_path
+):
+    with pytest.raises(ConfigError, match="differ only in target sparsity and seed; steps"):
+        prune_group(tiny, train, means, [recipe(0.3), recipe(0.5, steps=10)],
+                    [tmp_path / "a", tmp_path / "b"])  # fmt: skip
+
+
+# -------------------------------------------------------------------------------- sweep
+@pytest.mark.slow
+def test_the_batched_executor_writes_the_local_executors_sweep(
+    tiny_checkpoints, means, tmp_path, data_dir
+):
+    model = load_model(tiny_checkpoints["bert-cls"], task="mnli")
+    means_path = means.save(tmp_path / "means.safetensors")
+    common = dict(
+        means=str(means_path), eval_sets=["mnli:validation_matched"], profile="paper",
+        overrides={k: v for k, v in recipe().to_dict().items()
+                   if k not in ("profile", "target_sparsity", "seed")},
+        max_train_examples=32, max_eval_examples=16, progress=False,
+    )  # fmt: skip
+    local = run_sweep(model, "mnli:train", tmp_path / "local", [0.3, 0.6], [1, 2], **common)
+    batched = run_sweep(
+        model, "mnli:train", tmp_path / "batched", [0.3, 0.6], [1, 2],
+        executor="batched", group_size=3, **common,
+    )  # fmt: skip
+    assert len(batched) == 4
+    for s in (0.3, 0.6):
+        for seed in (1, 2):
+            a = ComponentMask.load(run_dir_for(tmp_path / "local", s, seed) / "mask.safetensors")
+            b = ComponentMask.load(run_dir_for(tmp_path / "batched", s, seed) / "mask.safetensors")
+            assert a == b
+    assert batched.drop(columns="run_dir").equals(local.drop(columns="run_dir"))
+    assert (tmp_path / "batched" / "subnetworks.csv").is_file()
+
+
+def test_group_size_is_chosen_from_memory(tiny, monkeypatch):
+    from mi_core.pruning import sweep as sweep_module
+
+    cfg = recipe()
+    per_run = training_bytes_per_example(tiny, cfg.max_length) * cfg.batch_size
+    # hand count for the tiny BERT: 4 * n_layers * L * (16 d + 3 d_mlp + 4 heads L)
+    c = tiny.cfg
+    expected = 4 * c.n_layers * 128 * (16 * c.d_model + 3 * c.d_mlp + 4 * c.n_heads * 128)
+    assert training_bytes_per_example(tiny, 128) == expected
+    monkeypatch.setattr(sweep_module, "available_memory", lambda device: 10 * per_run)
+    assert auto_group_size(tiny, cfg, 8) == 5  # half the memory
+    assert auto_group_size(tiny, cfg, 3) == 3
+    monkeypatch.setattr(sweep_module, "available_memory", lambda device: per_run)
+    assert auto_group_size(tiny, cfg, 8) == 1
+
+
+def test_group_size_needs_a_grouping_executor(tmp_path):
+    with pytest.raises(ConfigError, match="needs --executor batched or ray"):
+        run_sweep("x", "mnli:train", tmp_path, [0.5], [1], executor="local", group_size=4)
