@@ -27,6 +27,16 @@ def kl_to_reference(
     return F.kl_div(log_p_masked, log_p_full, reduction="batchmean", log_target=True)
 
 
+def kl_per_example(
+    reference_logits: Float[torch.Tensor, "batch label"],
+    masked_logits: Float[torch.Tensor, "batch label"],
+) -> Float[torch.Tensor, " batch"]:
+    """``KL(full || masked)`` of every example (:func:`kl_to_reference` is their mean)."""
+    log_p_full = F.log_softmax(reference_logits.to(masked_logits.dtype), dim=-1)
+    log_p_masked = F.log_softmax(masked_logits, dim=-1)
+    return F.kl_div(log_p_masked, log_p_full, reduction="none", log_target=True).sum(-1)
+
+
 @dataclass(frozen=True)
 class PruningLoss:
     """The total loss and its parts (all scalar tensors; ``total`` carries the gradient)."""

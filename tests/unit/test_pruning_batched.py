@@ -16,7 +16,7 @@ from mi_core.models import load_model
 from mi_core.pruning import make_prune_config, prune_run, run_dir_for, run_sweep
 from mi_core.pruning.hard_concrete import HardConcrete
 from mi_core.pruning.lagrangian import LagrangianController
-from mi_core.pruning.run import StepMember, group_pruning_step, prune_group
+from mi_core.pruning.run import StepMember, group_pruning_step, length_chunks, prune_group
 from mi_core.pruning.sweep import auto_group_size, training_bytes_per_example
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -85,7 +85,14 @@ def test_a_stacked_mask_gives_each_example_its_own_masks_output(classifier, trai
 
 
 # ------------------------------------------------------------------------- batched step
-def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train, means):
+def test_length_chunks_cut_longest_first():
+    chunks = length_chunks([5, 9, 7, 9, 2], 2)
+    assert [c.tolist() for c in chunks] == [[1, 3], [2, 0], [4]]
+    assert [c.tolist() for c in length_chunks([5, 9, 7], None)] == [[1, 2, 0]]
+
+
+@pytest.mark.parametrize("max_chunk", [None, 3])
+def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train, means, max_chunk):
     tokenized = tokenize_pairs(train, tiny.tokenizer, 128)
     with torch.no_grad():
         reference = torch.randn(len(train), 3, generator=torch.Generator().manual_seed(0))
@@ -111,8 +118,9 @@ def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train,
     mask = ComponentMask.ones(tiny)
     with ablate(tiny, mask, means, skip_unmasked=False):
         rows = group_pruning_step(
-            tiny, mask, together, [tokenized.collate(parts[0] + parts[1])], [[5, 7]], reference
-        )
+            tiny, mask, together, [tokenized.collate(parts[0] + parts[1])], [[5, 7]], reference,
+            None, max_chunk,
+        )  # fmt: skip
     for (m, row), t, row_t in zip(alone, together, rows, strict=True):
         assert row_t["kl"] == pytest.approx(row["kl"], abs=1e-6)
         assert row_t["sampled_sparsity"] == pytest.approx(row["sampled_sparsity"], abs=1e-7)

@@ -1,0 +1,114 @@
+"""Wall-clock of a pruning sweep: runs one after another (``local``) vs trained together
+(``batched``), side by side in one process, with the masks compared.
+
+The sweep of issue 14: MiniLM (the embedded all-MiniLM-L6-v2 with a seeded MNLI head), the
+``quick`` profile (the authors' recipe, 600 steps of 16), 2 sparsities x 4 seeds = 8 runs, each
+evaluated on MNLI matched at the end. ``local`` trains the 8 runs one after another, ``batched``
+trains them as one group of ``--group-size`` runs (one forward / backward per micro-batch through
+the shared frozen model). Both sweeps share the model, the means and the cached full-model logits;
+each writes its own folder. Prints both times, the ratio local / batched (target >= 1.5 on 2 CPU
+cores, >= 5 on a GPU), and how far the runs are apart: the largest |log_alpha| difference and the
+number of components whose kept / removed state differs, over all runs.
+
+Dropout is off by default, so the two executors should give the same masks (the equivalence the
+issue asks for); ``--dropout`` keeps the recipe's dropout, where a group's dropout noise is drawn
+for the whole batch and the runs can only come close::
+
+    python benchmarks/bench_sweep.py                    # the full quick runs (about an hour)
+    python benchmarks/bench_sweep.py --steps 60         # a 60-step slice of each run
+    python benchmarks/bench_sweep.py --steps 60 --dropout --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    from mi_core.data import load_pairs, pair_batches
+    from mi_core.interventions import ComponentMask, compute_means
+    from mi_core.io import read_safetensors
+    from mi_core.models import load_model
+    from mi_core.pruning import run_dir_for, run_sweep
+    from mi_core.pruning.profiles import make_prune_config
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 600)")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--train-examples", type=int, default=4000)
+    parser.add_argument("--eval-examples", type=int, default=300)
+    parser.add_argument("--dropout", action="store_true", help="keep the recipe's dropout")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    sparsities, seeds = [0.3, 0.5], [1, 2, 3, 4]
+    overrides = {"dropout": args.dropout, "checkpoint_every": 10_000}
+    if args.steps is not None:
+        # a slice of the quick schedule: the same warm-ups, so the first steps are the real ones
+        quick = make_prune_config("quick", 0.5, 0)
+        overrides.update(
+            steps=args.steps, warmup_steps=quick.warmup_steps, lr_warmup_steps=quick.lr_warmup_steps
+        )
+        if args.steps <= quick.warmup_steps:
+            overrides["warmup_steps"] = max(1, args.steps // 2)
+        if args.steps <= quick.lr_warmup_steps:
+            overrides["lr_warmup_steps"] = max(1, args.steps // 4)
+    model = load_model("minilm", task="mnli", seed=0, device=args.device)
+    train = load_pairs("mnli:train", max_examples=args.train_examples)
+    means = compute_means(model, pair_batches(train, model.tokenizer, batch_size=64))
+    cfg = make_prune_config("quick", 0.5, 0, **overrides)
+    print(
+        f"MiniLM on {args.device} ({torch.get_num_threads()} threads), quick profile: "
+        f"{cfg.steps} steps of {cfg.batch_size} x {cfg.grad_accumulation}, dropout "
+        f"{'on' if cfg.dropout else 'off'}; {len(sparsities)} sparsities x {len(seeds)} seeds"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        means_path = means.save(Path(tmp) / "means.safetensors")
+        common = dict(
+            means=str(means_path),
+            eval_sets=["mnli:validation_matched"],
+            profile="quick",
+            overrides=overrides,
+            max_eval_examples=args.eval_examples,
+            progress=False,
+        )
+        times = {}
+        for name, extra in (
+            ("local", {}),
+            ("batched", {"executor": "batched", "group_size": args.group_size}),
+        ):
+            # both sweeps compute their own reference logits and full-model accuracy once
+            started = time.perf_counter()
+            run_sweep(model, train, Path(tmp) / name, sparsities, seeds, **common, **extra)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            times[name] = time.perf_counter() - started
+            print(f"{name:>8}: {times[name]:8.1f} s")
+        print(f"local / batched: {times['local'] / times['batched']:.2f}x "
+              f"(group of {args.group_size})")  # fmt: skip
+
+        worst, differ, total = 0.0, 0, 0
+        for s in sparsities:
+            for seed in seeds:
+                dirs = [run_dir_for(Path(tmp) / n, s, seed) for n in ("local", "batched")]
+                a, b = (ComponentMask.load(d / "mask.safetensors") for d in dirs)
+                la, lb = (read_safetensors(d / "checkpoint.safetensors")[0]["log_alpha"]
+                          for d in dirs)  # fmt: skip
+                worst = max(worst, float((la - lb).abs().max()))
+                differ += int((a.heads != b.heads).sum() + (a.mlps != b.mlps).sum())
+                total += a.n_components
+        n_runs = len(sparsities) * len(seeds)
+        print(f"max |log_alpha local - batched|: {worst:.2e}; components differing: {differ} "
+              f"of {total} ({n_runs} runs)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
