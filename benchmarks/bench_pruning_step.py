@@ -21,6 +21,11 @@ gradient clipping, and the Hugging Face models run in train mode::
     python benchmarks/bench_pruning_step.py              # 8 distinct batches x 2 rounds
     python benchmarks/bench_pruning_step.py --threads 1 --rounds 5
     python benchmarks/bench_pruning_step.py --dropout    # the paper recipe's step
+    python benchmarks/bench_pruning_step.py --dropout --bert-base --device cuda   # issue 14
+
+``--bert-base`` swaps MiniLM for a BERT-base-sized classifier with random weights (12 layers x 12
+heads, d_model 768, MiniLM's tokenizer), written to a temporary folder; ``--device cuda`` runs
+all three on the GPU (synchronised before each clock reading) and also prints steps per second.
 """
 
 from __future__ import annotations
@@ -65,30 +70,40 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="passes over the batches")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--dropout", action="store_true", help="the paper recipe: train mode")
+    parser.add_argument("--bert-base", action="store_true", help="a random BERT-base instead")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
 
-    ours = load_model("minilm", task="mnli", seed=0)
-    full_copy = load_model("minilm", task="mnli", seed=0)  # the reference recipe's second model
-    hf, _, _ = load_hf_classifier("minilm", task="mnli", seed=0)
+    name = "minilm"
+    if args.bert_base:
+        name = _random_bert_base()
+    ours = load_model(name, task="mnli", seed=0, device=args.device)
+    # the reference recipe's second model
+    full_copy = load_model(name, task="mnli", seed=0, device=args.device)
+    hf, _, _ = load_hf_classifier(name, task="mnli", seed=0)
+    hf.to(device)
     n_layers, n_heads = ours.cfg.n_layers, ours.cfg.n_heads
 
     data = load_pairs("mnli:train", max_examples=32 * args.batches)
     tokenized = tokenize_pairs(data, ours.tokenizer, 128)
     # training batches as a pruning run draws them: random, grouped by length, padded per batch
     order = length_grouped_batches(tokenized.lengths, 32, seed=0, epoch=0)
-    batches = [tokenized.collate(indices) for indices in order]
-    reference = compute_reference_logits(ours, tokenized)  # once, as a pruning run does
+    batches = [
+        {k: v.to(device) for k, v in tokenized.collate(indices).items()} for indices in order
+    ]
+    reference = compute_reference_logits(ours, tokenized).to(device)  # once, as a run does
     means = compute_means(ours, batches[:2])
     pad_id = tokenized.pad_token_id
     widths = [b["input_ids"].shape[1] for b in batches]
 
-    gates = HardConcrete(n_layers * n_heads + n_layers)
-    controller = LagrangianController()
+    gates = HardConcrete(n_layers * n_heads + n_layers).to(device)
+    controller = LagrangianController().to(device)
     optimizer = pruning_optimizer(gates.parameters(), controller, 0.1, 1.0)
-    mask = ComponentMask.ones(ours)
-    noise = torch.Generator().manual_seed(0)
+    mask = ComponentMask.ones(ours, device=device)
+    noise = torch.Generator(device=device).manual_seed(0)
 
     estimate = "sampled" if args.dropout else "expected"
     trained = [gates.log_alpha, *controller.parameters()]
@@ -114,7 +129,7 @@ def main() -> None:
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
 
-    head_mult = torch.ones(n_layers, n_heads, requires_grad=True)
+    head_mult = torch.ones(n_layers, n_heads, requires_grad=True, device=device)
 
     def pre_hook(layer):
         def hook(module, inputs):
@@ -151,18 +166,22 @@ def main() -> None:
             step(batches[0])
         for _ in range(args.rounds):
             for batch in batches:
-                for name, step in steps.items():  # interleaved: load changes hit all three
+                for label, step in steps.items():  # interleaved: load changes hit all three
+                    _sync(device)
                     start = time.perf_counter()
                     step(batch)
-                    times[name].append(time.perf_counter() - start)
+                    _sync(device)
+                    times[label].append(time.perf_counter() - start)
     for handle in handles:
         handle.remove()
 
-    ms = {name: 1000 * statistics.median(values) for name, values in times.items()}
+    ms = {label: 1000 * statistics.median(values) for label, values in times.items()}
     recipe = "paper recipe (dropout on, train mode)" if args.dropout else "no dropout"
+    model_name = "random BERT-base" if args.bert_base else "MiniLM"
     print(
-        f"MiniLM, MNLI batches of 32 (widths {min(widths)}-{max(widths)} tokens, "
-        f"{torch.get_num_threads()} threads, {recipe}), median of {len(times['ours'])} steps each:"
+        f"{model_name} on {device}, MNLI batches of 32 (widths {min(widths)}-{max(widths)} "
+        f"tokens, {torch.get_num_threads()} threads, {recipe}), median of "
+        f"{len(times['ours'])} steps each:"
     )
     print(f"  ours      (cached KL target, per-batch padding, heads+MLPs) {ms['ours']:8.1f} ms")
     print(f"  plain HF  (pre-hook head multiplier, cached KL target)      {ms['plain']:8.1f} ms")
@@ -171,6 +190,30 @@ def main() -> None:
     ratio_reference = ms["reference"] / ms["ours"]
     print(f"ours / plain HF     = {ratio_plain:.2f}  (target <= 1.2)")
     print(f"reference / ours    = {ratio_reference:.2f}  (target >= 2)")
+    print(f"steps/s: ours {1000 / ms['ours']:.2f}, reference {1000 / ms['reference']:.2f}")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _random_bert_base() -> str:
+    """A BERT-base-sized sequence classifier with random weights and MiniLM's tokenizer, saved
+    to a temporary folder (no hub): its path."""
+    import tempfile
+    from pathlib import Path
+
+    import transformers
+
+    from mi_core.models.embedded import minilm_path
+
+    folder = Path(tempfile.mkdtemp(prefix="bert-base-random-"))
+    config = transformers.BertConfig(num_labels=3)  # the defaults are BERT-base's sizes
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(minilm_path()).save_pretrained(folder)
+    return str(folder)
 
 
 if __name__ == "__main__":

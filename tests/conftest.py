@@ -73,3 +73,16 @@ def smollm2():
     from mi_core.models import load_model
 
     return load_model("smollm2")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run only where torch sees a CUDA GPU; elsewhere they are skipped
+    with the reason (they still run on a GPU machine: ``pytest -m gpu``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -31,9 +31,10 @@ from mi_core.circuits.evaluate import (
 )
 from mi_core.circuits.metrics import METRICS, get_metric
 from mi_core.circuits.prune import EdgePruneSettings, prune_edges
-from mi_core.config import Config, option
+from mi_core.config import option
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
+from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError, DataError
 from mi_core.interventions.edges import FILLS, EdgeMask, Graph, sender_means
 from mi_core.io import read_json, write_csv, write_json, write_safetensors, write_text
@@ -64,7 +65,7 @@ def _parse_fractions(value: Any, where: str) -> tuple[float, ...]:
 
 
 @dataclass(kw_only=True)
-class CircuitData(Config):
+class CircuitData(DeviceOption):
     """Which model and which clean / corrupted pairs a circuit job works on."""
 
     model: str
@@ -186,8 +187,8 @@ def load_circuit_pairs(model: Any, config: CircuitData) -> PromptPairs:
 def _prepare(config: CircuitData) -> tuple[Any, PromptPairs, PromptPairs, torch.Tensor | None]:
     from mi_core.models import load_model
 
-    model = load_model(config.model, task=config.task)
-    pairs = load_circuit_pairs(model, config)
+    model = load_model(config.model, task=config.task, device=str(config.torch_device()))
+    pairs = load_circuit_pairs(model, config).to(next(model.parameters()).device)
     if len(pairs) < 2:
         raise DataError(f"{config.data} gave {len(pairs)} pair(s); a circuit job needs at least 2")
     find, judge = pairs.split(1.0 - config.held_out)

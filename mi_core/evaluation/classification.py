@@ -11,8 +11,9 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from mi_core.config import Config, option
+from mi_core.config import option
 from mi_core.data import PairDataset, pair_batches
+from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
 from mi_core.tasks import TASKS
 
@@ -76,7 +77,14 @@ def predict_logits(
 ) -> Float[torch.Tensor, "n label"]:
     """Class logits for every example, put back in data set order by each batch's ``index``."""
     out: torch.Tensor | None = None
-    forward = forward or (lambda batch: _logits(model(**model_inputs(model, batch))))
+    if forward is None:
+        from mi_core.devices import to_device
+
+        device = next(model.parameters()).device
+
+        def forward(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            return _logits(model(**to_device(model_inputs(model, batch), device)))
+
     for batch in tqdm(batches, desc=progress, disable=progress is None, leave=False):
         logits = forward(batch).float().cpu()
         if out is None:
@@ -147,7 +155,7 @@ __all__ = ["EvalResult", "evaluate", "model_inputs", "predict_logits", "results_
 
 
 @dataclass(kw_only=True)
-class EvalConfig(Config):
+class EvalConfig(DeviceOption):
     """The evaluation job (``mi-core eval``): accuracy on data sets, optionally of a
     subnetwork (components ablated by a mask file or by name)."""
 
@@ -195,7 +203,9 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
     from mi_core.models import load_model
 
     datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
-    model = load_model(config.model, task=config.task or datasets[0].task)
+    model = load_model(
+        config.model, task=config.task or datasets[0].task, device=str(config.torch_device())
+    )
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")

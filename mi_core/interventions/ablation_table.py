@@ -30,7 +30,8 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from mi_core.config import Config, option
+from mi_core.config import option
+from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.ablation import Ablation, ablate, head_fill_values, interpolate
 from mi_core.interventions.components import (
@@ -476,7 +477,7 @@ def ablation_table(
 
 
 @dataclass(kw_only=True)
-class AblationTableConfig(Config):
+class AblationTableConfig(DeviceOption):
     """The ablation-table job (``mi-core ablate``; the paper's Tables 3, 4 and 8)."""
 
     model: str
@@ -527,7 +528,9 @@ def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) ->
     from mi_core.models import load_model
 
     datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
-    model = load_model(config.model, task=config.task or datasets[0].task)
+    model = load_model(
+        config.model, task=config.task or datasets[0].task, device=str(config.torch_device())
+    )
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")

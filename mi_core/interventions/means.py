@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
 from mi_core.config import Config, option
+from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError, DataError, InterventionError
 from mi_core.interventions.components import model_dims
 from mi_core.io import read_safetensors, write_safetensors
@@ -239,7 +240,7 @@ class MeansSettings(Config):
 
 
 @dataclass(kw_only=True)
-class MeansConfig(MeansSettings):
+class MeansConfig(MeansSettings, DeviceOption):
     """The means job (``mi-core means``): a model's mean activations written to a file."""
 
     model: str
@@ -260,7 +261,7 @@ def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
     from mi_core.data import load_pairs, pair_batches
     from mi_core.models import load_model
 
-    model = load_model(config.model, task=config.task)
+    model = load_model(config.model, task=config.task, device=str(config.torch_device()))
     task = getattr(model, "task", None)
     if not config.data and not task:
         raise ConfigError(

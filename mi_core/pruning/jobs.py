@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from mi_core.config import Config, option
+from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
 from mi_core.pruning.profiles import (
     PROFILES,
@@ -78,7 +79,7 @@ EXECUTION_FIELDS = ("executor", "group_size", "ray_address", "num_cpus_per_run",
 
 
 @dataclass(kw_only=True)
-class PruneJobSettings(Config):
+class PruneJobSettings(DeviceOption):
     """What every pruning job names: the model, its means, the data and the recipe."""
 
     model: str
@@ -154,6 +155,7 @@ def run_prune_job(config: PruneRunConfig, *, progress: bool | None = None) -> Pr
         max_train_examples=config.max_train_examples,
         max_eval_examples=config.max_eval_examples,
         progress=progress,
+        device=config.device,
     )
 
 
@@ -173,5 +175,6 @@ def run_sweep_job(config: SweepConfig, *, progress: bool | None = None) -> pd.Da
         max_train_examples=config.max_train_examples,
         max_eval_examples=config.max_eval_examples,
         progress=progress,
+        device=config.device,
         **config.execution(),
     )

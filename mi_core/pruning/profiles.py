@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mi_core.config import Config, option
+from mi_core.devices import PRECISIONS
 from mi_core.errors import ConfigError
 from mi_core.pruning.discretize import DISCRETIZE_RULES
 from mi_core.pruning.hard_concrete import (
@@ -110,6 +111,9 @@ class PruneConfig(Config):
     discretize: str = option("reference", choices=DISCRETIZE_RULES)
     """``"reference"``: the authors' per-module rounding and threshold grid; ``"exact"``: remove
     exactly ``round(target * n)`` components by ``log_alpha``."""
+    precision: str = option("fp32", choices=PRECISIONS)
+    """Autocast of the pruned model's forward pass: fp32 (none), bf16 or fp16 (with loss
+    scaling); gates, lambdas and optimizer state stay float32."""
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, load_pairs
 from mi_core.data.batches import TokenizedPairs, tokenize_pairs
+from mi_core.devices import autocast, grad_scaler, to_device
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, ablate, load_means
@@ -149,11 +150,13 @@ def is_complete(run_dir: str | os.PathLike[str]) -> bool:
 
 
 # ------------------------------------------------------------------------------------ inputs
-def _load_model(model: Any, task: str | None) -> tuple[Any, str]:
+def _load_model(model: Any, task: str | None, device: str = "auto") -> tuple[Any, str]:
+    """A loaded model as given, or the model at a path / spec loaded on ``device``."""
     if isinstance(model, (str, os.PathLike)):
+        from mi_core.devices import resolve_device
         from mi_core.models import load_model
 
-        return load_model(model, task=task), os.fspath(model)
+        return load_model(model, task=task, device=str(resolve_device(device))), os.fspath(model)
     if not hasattr(model, "cfg") or not hasattr(model, "tokenizer"):
         raise ConfigError("model must be a hooked classifier or a checkpoint path / model name")
     return model, str(getattr(model, "model_name", "") or "model")
@@ -353,6 +356,10 @@ def length_chunks(
     return list(order.split(max_chunk))
 
 
+def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
+    (loss if scaler is None else scaler.scale(loss)).backward()
+
+
 def default_chunk(model: Any, cfg: PruneConfig) -> int | None:
     """Examples per forward pass of a batched group: the runs' micro-batch size on a CPU
     (compute-bound: padding costs what it pads; measured on MiniLM, 8 runs of 16, 2 cores:
@@ -371,6 +378,8 @@ def group_pruning_step(
     reference: torch.Tensor,
     weights: torch.Tensor | None = None,
     max_chunk: int | None = None,
+    precision: str = "fp32",
+    scaler: torch.amp.GradScaler | None = None,
 ) -> list[dict[str, float]]:
     """One step of several pruning runs, the runs sharing each forward / backward pass.
 
@@ -382,11 +391,15 @@ def group_pruning_step(
     are not padded to another run's long ones. Run ``k``'s loss is the mean KL of its examples
     plus its Lagrangian term; the losses are summed before one backward pass per micro-batch:
     examples do not interact inside the frozen model, so each run gets the gradient it would get
-    alone. Gradients are accumulated (mean over micro-batches); no optimizer step here. Returns
-    each run's ``log.csv`` values for the step (see :func:`pruning_step`).
+    alone. Gradients are accumulated (mean over micro-batches); no optimizer step here. The
+    forward passes run under ``precision`` autocast, the losses in float32, and the backward
+    pass goes through ``scaler`` when given (fp16). Returns each run's ``log.csv`` values for
+    the step (see :func:`pruning_step`).
     """
     if len(members) == 1:
-        return [_single_step(model, mask, members[0], batches, reference, weights)]
+        return [
+            _single_step(model, mask, members[0], batches, reference, weights, precision, scaler)
+        ]
     device = reference.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
     n_runs = len(members)
@@ -399,7 +412,7 @@ def group_pruning_step(
         owner = torch.repeat_interleave(torch.arange(n_runs, device=device), counts)
         zs = [m.gates.sample(m.noise) for m in members]
         rows = torch.stack(zs)[owner]
-        inputs = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
+        inputs = to_device(model_inputs(model, batch), device)
         index = batch["index"].to(device)
         lengths = batch["attention_mask"].sum(dim=1)
         kl_sums = rows.new_zeros(n_runs)
@@ -407,8 +420,9 @@ def group_pruning_step(
             width = int(lengths[chunk].max())
             chunk_d = chunk.to(device)
             mask.heads, mask.mlps = unflatten_components(rows[chunk_d], n_layers, n_heads)
-            logits = model(**{k: v[chunk_d, :width] for k, v in inputs.items()})
-            kl = kl_per_example(reference[index[chunk_d]], logits)
+            with autocast(device, precision):
+                logits = model(**{k: v[chunk_d, :width] for k, v in inputs.items()})
+            kl = kl_per_example(reference[index[chunk_d]], logits.float())
             kl_sums = kl_sums.index_add(0, owner[chunk_d], kl)
         kls = kl_sums / counts
         total = kls.sum()
@@ -427,7 +441,7 @@ def group_pruning_step(
                 ("sampled_sparsity", t_sampled),
             ):
                 stats[k][key] += value.item() / len(batches)
-        (total / len(batches)).backward()
+        _backward(total / len(batches), scaler)
     return [
         {
             **row,
@@ -447,6 +461,8 @@ def _single_step(
     batches: Sequence[Mapping[str, torch.Tensor]],
     reference: torch.Tensor,
     weights: torch.Tensor | None,
+    precision: str = "fp32",
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
     """One run's step: one forward per micro-batch, the mask one sample for all examples."""
     device = reference.device
@@ -458,15 +474,17 @@ def _single_step(
         t_sampled = sampled_sparsity(z, weights)
         t_expected = expected_sparsity(member.gates.prob_nonzero(), weights)
         t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
-        inputs = {k: v.to(device) for k, v in model_inputs(model, batch).items()}
+        inputs = to_device(model_inputs(model, batch), device)
+        with autocast(device, precision):
+            logits = model(**inputs)
         loss = pruning_loss(
             reference[batch["index"].to(device)],
-            model(**inputs),
+            logits if precision == "fp32" else logits.float(),
             member.controller,
             t,
             member.target_sparsity,
         )
-        (loss.total / len(batches)).backward()
+        _backward(loss.total / len(batches), scaler)
         total += loss.total.item() / len(batches)
         kl += loss.kl.item() / len(batches)
         penalty += loss.penalty.item() / len(batches)
@@ -593,6 +611,8 @@ def _start_run(
     return state
 
 
+#: PruneConfig fields added after runs were first written, with the value older runs used.
+_DEFAULTS_SINCE: dict[str, Any] = {"precision": "fp32"}
 #: Configuration fields that may differ between the runs trained together in one group.
 GROUP_VARYING = ("target_sparsity", "seed")
 
@@ -649,6 +669,7 @@ def _train_group(
         leave=False,
     )
     mask = ComponentMask.ones(model, device=device)
+    scaler = grad_scaler(device, cfg.precision)
     with (
         frozen(model),
         ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
@@ -683,10 +704,13 @@ def _train_group(
                 if cfg.dropout:
                     torch.manual_seed(step_seed(active[0].cfg.seed, step, "dropout"))
                 rows = group_pruning_step(
-                    model, mask, members, batches, sizes, targets, weights, max_chunk
-                )
+                    model, mask, members, batches, sizes, targets, weights, max_chunk,
+                    cfg.precision, scaler,
+                )  # fmt: skip
             for r, row, factor in zip(active, rows, factors, strict=True):
-                _finish_step(r, step, row, factor)
+                _finish_step(r, step, row, factor, scaler)
+            if scaler is not None:
+                scaler.update()
             shown = active[0].rows[-1] if active[0].rows else None
             if shown is not None:
                 bar.set_postfix(
@@ -695,9 +719,17 @@ def _train_group(
     bar.close()
 
 
-def _finish_step(r: _RunState, step: int, row: dict[str, float], factor: float) -> None:
+def _finish_step(
+    r: _RunState,
+    step: int,
+    row: dict[str, float],
+    factor: float,
+    scaler: torch.amp.GradScaler | None = None,
+) -> None:
     """Clip, check, take the optimizer step, log and checkpoint one run after a step."""
     cfg = r.cfg
+    if scaler is not None:
+        scaler.unscale_(r.optimizer)
     norm = torch.nn.utils.clip_grad_norm_(
         r.trained, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
     )
@@ -715,7 +747,10 @@ def _finish_step(r: _RunState, step: int, row: dict[str, float], factor: float) 
             "--lr-log-alpha / --lr-lambda or check the means and data"
         )
         return
-    r.optimizer.step()
+    if scaler is None:
+        r.optimizer.step()
+    else:  # skipped when the scaled gradients overflowed
+        scaler.step(r.optimizer)
     r.rows.append({"step": step, **row})
     done = step + 1
     if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
@@ -792,6 +827,7 @@ def prune(
     full_accuracy: Mapping[str, float] | None = None,
     progress: bool | None = None,
     callback: StepCallback | None = None,
+    device: str = "auto",
 ) -> PruneResult:
     """Prune ``model`` to ``config.target_sparsity`` on ``train``; return the subnetwork.
 
@@ -806,10 +842,11 @@ def prune(
     already known per eval set name, which are then not recomputed; ``reference`` gives the
     reference logits themselves (in memory only, e.g. shared by the runs of a sweep).
     ``callback(step, row)`` runs after every step (an exception raised there stops the run like
-    a kill; with a ``checkpoint_dir`` the next call resumes).
+    a kill; with a ``checkpoint_dir`` the next call resumes). ``device``: where a model given
+    as a path is loaded (``auto``: CUDA when present); a loaded model stays where it is.
     """
     run_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
-    model, model_spec = _load_model(model, task)
+    model, model_spec = _load_model(model, task, device)
     task = getattr(model, "task", None) or task
     means_obj = _load_means(means, model, config.ablation)
     train_set = _load_data(train, task, max_train_examples, "training")
@@ -891,6 +928,9 @@ def _claim_run_dir(
     config_path = run_dir / "config.json"
     if config_path.is_file():
         old = read_json(config_path)
+        if isinstance(old.get("prune"), dict):  # a field added since: its default was implied
+            added = {k: v for k, v in _DEFAULTS_SINCE.items() if k not in old["prune"]}
+            old["prune"] = {**old["prune"], **added}
         differ = sorted(k for k in identity if old.get(k) != identity[k])
         if differ:
             raise ConfigError(
@@ -934,6 +974,7 @@ def prune_group(
     full_accuracy: Mapping[str, float] | None = None,
     progress: bool | None = None,
     max_chunk: int | None | str = "auto",
+    device: str = "auto",
 ) -> list[PruneResult]:
     """Several pruning runs trained together, each with its files in its own folder.
 
@@ -946,6 +987,8 @@ def prune_group(
     unfinished ones resume from their own checkpoint, and a run can later be resumed alone. A run
     whose loss becomes non-finite stops; the others finish, then :class:`TrainingError` names it.
     Without ``reference_logits_path`` the logits are computed once and cached in every folder.
+    ``max_chunk``: examples per forward pass (:func:`default_chunk` when ``"auto"``);
+    ``device``: where a model given as a path is loaded.
     """
     if len(configs) != len(run_dirs) or not configs:
         raise ConfigError(f"prune_group needs one folder per config; got {len(configs)} configs "
@@ -954,7 +997,7 @@ def prune_group(
     dirs = [Path(d) for d in run_dirs]
     if len(set(dirs)) != len(dirs):
         raise ConfigError("the runs of a group need distinct folders")
-    model, model_spec = _load_model(model, task)
+    model, model_spec = _load_model(model, task, device)
     task = getattr(model, "task", None) or task
     means_obj = _load_means(means, model, configs[0].ablation)
     train_set = _load_data(train, task, max_train_examples, "training")

@@ -511,6 +511,7 @@ def run_sweep(
     num_cpus_per_run: float = 1.0,
     num_gpus_per_run: float = 0.0,
     progress: bool | None = None,
+    device: str = "auto",
 ) -> pd.DataFrame:
     """Prune at every sparsity with every seed under ``out``; return the subnetworks table.
 
@@ -520,6 +521,8 @@ def run_sweep(
     running, one run per task or ``group_size`` runs trained together per task). Reference
     logits and full-model accuracies are computed once here and shared by every run. The ray
     executor needs ``model``, ``train``, ``means`` and ``eval_sets`` as paths / specs.
+    ``device``: where a model given as a path is loaded, here and in every Ray task (``auto``:
+    CUDA when the machine has one).
     """
     if executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {executor!r}; choose one of {EXECUTORS}")
@@ -542,7 +545,7 @@ def run_sweep(
                 "the ray executor needs the model, data and means as paths or specs, not objects"
             )
 
-    model_obj, _ = _load_model(model, task)
+    model_obj, _ = _load_model(model, task, device)
     task = getattr(model_obj, "task", None) or task
     means_obj = _load_means(means, model_obj, cfg.ablation)
     train_set = _load_data(train, task, max_train_examples, "training")
@@ -609,6 +612,7 @@ def run_sweep(
             "reference_logits_path": str(ref_path),
             "full_accuracy": full,
             "progress": False,
+            "device": device,
         }
         size = group_size or 1
         groups = [pending[i : i + size] for i in range(0, len(pending), size)]

@@ -25,6 +25,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from mi_core.config import Config, option
 from mi_core.data import load_pairs, pair_batches
+from mi_core.devices import PRECISIONS, DeviceOption, autocast, grad_scaler, to_device
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.io import read_json, write_csv, write_json
@@ -78,6 +79,9 @@ class FinetuneSettings(Config):
     save_total_limit: int | None = None
     """Keep only the newest this many checkpoints (default: all of them, as effective size
     over training needs). The optimizer state is kept in the newest two only."""
+    precision: str = option("fp32", choices=PRECISIONS)
+    """Autocast of the forward pass: fp32 (none), bf16 or fp16 (with loss scaling); weights and
+    optimizer state stay float32."""
 
     def validate(self) -> None:
         super().validate()
@@ -97,9 +101,9 @@ class FinetuneSettings(Config):
 
 
 @dataclass(kw_only=True)
-class FinetuneConfig(FinetuneSettings):
-    """A fine-tuning job: the settings, the model, the data and where to write (saved as
-    ``finetune_config.json``)."""
+class FinetuneConfig(FinetuneSettings, DeviceOption):
+    """A fine-tuning job: the settings, the model, the data, where to write (saved as
+    ``finetune_config.json``) and the device."""
 
     model: str
     """Checkpoint dir, hub name, or minilm."""
@@ -152,7 +156,9 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     in_domain = [evals[0].name] if evals else []
     checkpoints = resumable_checkpoints(out)
     source = str(checkpoints[-1][1]) if checkpoints else cfg.model
+    device = cfg.torch_device()
     model, tokenizer, _ = load_hf_classifier(source, task=cfg.task, seed=cfg.seed)
+    model.to(device)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG, asdict(cfg))
 
@@ -167,6 +173,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         sort_by_length=cfg.group_by_length,
     )
     optimizer, scheduler = _optimizer(model, cfg)
+    scaler = grad_scaler(device, cfg.precision)
     start = 0
     metrics = pd.DataFrame(columns=["step", "dataset", "accuracy"])
     if checkpoints:
@@ -187,17 +194,27 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         epoch, position = divmod(step, per_epoch)
         if position == 0 or not epoch_batches:
             epoch_batches = batches.batch_indices(epoch)
-        batch = batches.tokenized.collate(epoch_batches[position])
+        batch = to_device(batches.tokenized.collate(epoch_batches[position]), device)
         torch.manual_seed(_step_seed(cfg.seed, step))
-        loss = model(**model_inputs(model, batch), labels=batch["labels"]).loss
+        if device.type == "cuda":
+            torch.cuda.manual_seed_all(_step_seed(cfg.seed, step))
+        with autocast(device, cfg.precision):
+            loss = model(**model_inputs(model, batch), labels=batch["labels"]).loss
         if not math.isfinite(loss.item()):
             raise TrainingError(
                 f"loss became {loss.item()} at step {step + 1}; the last good checkpoint is kept "
                 f"in {out} (lower --lr and re-run)"
             )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+        else:  # fp16: scaled loss, unscaled gradients clipped, steps with inf gradients skipped
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         bar.update(1)
@@ -230,6 +247,7 @@ def _resume(checkpoints, cfg: FinetuneConfig, model, optimizer, scheduler):
         step, path = checkpoints[index]
         if index < len(checkpoints) - 1:  # an older checkpoint: its own weights and optimizer
             model, _, _ = load_hf_classifier(str(path), task=cfg.task, seed=cfg.seed)
+            model.to(cfg.torch_device())
             optimizer, scheduler = _optimizer(model, cfg)
         try:
             start = load_training_state(path, optimizer, scheduler)["step"]

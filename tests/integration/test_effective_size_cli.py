@@ -171,3 +171,18 @@ def test_cli_bad_input_is_one_line(checkpoints, data_dir, tmp_path, capsys):
     one_set.remove("hans:so_swap")
     assert main(one_set) == 2
     assert "out-of-domain" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_batched_executor_gives_the_local_executors_effective_sizes(
+    checkpoints, data_dir, tmp_path
+):
+    grid = ("--sparsities", "0.2,0.4", "--seeds", "2", "--dropout", "off")
+    assert main(_args(checkpoints, tmp_path / "local", *grid)) == 0
+    # each checkpoint's whole 2 x 2 grid as one group, its size chosen from memory
+    assert main(_args(checkpoints, tmp_path / "batched", *grid, "--executor", "batched")) == 0
+    for name in ("accuracy.csv", "effective_size.csv"):
+        pd.testing.assert_frame_equal(
+            pd.read_csv(tmp_path / "batched" / name), pd.read_csv(tmp_path / "local" / name)
+        )
+    assert len(list((tmp_path / "batched").glob("checkpoint-*/sweep/s*/seed*/mask.json"))) == 8

@@ -122,18 +122,22 @@ def test_ray_executor_without_ray_is_a_clear_error(model_path, tmp_path, monkeyp
         run_sweep(str(model_path), "mnli:train", tmp_path, [0.5], [1], executor="ray")
 
 
-@pytest.mark.slow
-def test_ray_executor_runs_each_pair_as_a_task(model_path, means_file, tmp_path):
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance with two worker CPUs for the module's Ray tests."""
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        table = run_sweep(
-            str(model_path), "mnli:train", tmp_path, [0.4], [1, 2],
-            means=str(means_file), eval_sets=["mnli:validation_matched"], profile="quick",
-            overrides=SMALL, max_train_examples=16, max_eval_examples=16, executor="ray",
-        )  # fmt: skip
-    finally:
-        ray.shutdown()
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_executor_runs_each_pair_as_a_task(model_path, means_file, tmp_path, local_ray):
+    table = run_sweep(
+        str(model_path), "mnli:train", tmp_path, [0.4], [1, 2],
+        means=str(means_file), eval_sets=["mnli:validation_matched"], profile="quick",
+        overrides=SMALL, max_train_examples=16, max_eval_examples=16, executor="ray",
+    )  # fmt: skip
     assert sorted(table.seed) == [1, 2]
     assert (table.n_removed == 6).all()
     for seed in (1, 2):
@@ -150,6 +154,43 @@ def test_ray_executor_runs_each_pair_as_a_task(model_path, means_file, tmp_path)
     assert ComponentMask.load(run_dir_for(tmp_path, 0.4, 1) / "mask.safetensors") == (
         ComponentMask.load(run_dir_for(tmp_path / "local", 0.4, 1) / "mask.safetensors")
     )
+
+
+@pytest.mark.slow
+def test_ray_tasks_train_groups_and_a_resubmitted_sweep_skips_finished_runs(
+    model_path, means_file, tmp_path, local_ray, monkeypatch
+):
+    common = dict(
+        means=str(means_file), eval_sets=["mnli:validation_matched"], profile="quick",
+        overrides={**SMALL, "dropout": False}, max_train_examples=16, max_eval_examples=16,
+    )  # fmt: skip
+    # 4 runs as 2 Ray tasks of 2 runs trained together, on the 2 worker processes
+    table = run_sweep(str(model_path), "mnli:train", tmp_path / "ray", [0.3, 0.5], [1, 2],
+                      executor="ray", group_size=2, **common)  # fmt: skip
+    assert len(table) == 4
+    run_sweep(str(model_path), "mnli:train", tmp_path / "local", [0.3, 0.5], [1, 2],
+              **common)  # fmt: skip
+    from mi_core.interventions import ComponentMask
+
+    for s in (0.3, 0.5):
+        for seed in (1, 2):
+            a, b = (ComponentMask.load(run_dir_for(tmp_path / n, s, seed) / "mask.safetensors")
+                    for n in ("ray", "local"))  # fmt: skip
+            assert a == b
+    # one run lost (a machine died): re-submitting runs only that one, as a task of its own
+    lost = run_dir_for(tmp_path / "ray", 0.5, 2)
+    (lost / "metrics.json").unlink()
+    submitted = []
+    original = sweep_module._run_with_ray
+    monkeypatch.setattr(
+        sweep_module, "_run_with_ray",
+        lambda groups, *a, **k: submitted.append([[r.run_dir for r in g] for g in groups])
+        or original(groups, *a, **k),
+    )  # fmt: skip
+    again = run_sweep(str(model_path), "mnli:train", tmp_path / "ray", [0.3, 0.5], [1, 2],
+                      executor="ray", group_size=2, **common)  # fmt: skip
+    assert submitted == [[[lost]]]
+    assert len(again) == 4 and (lost / "metrics.json").is_file()
 
 
 def test_in_memory_sweep_equals_the_sweep_on_disk(model_path, means_file, tmp_path):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from mi_core.config import Config, option
+from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
 from mi_core.interventions.means import MeansSettings
 from mi_core.methods.heuristic_core.effective_size import EffectiveSizeOptions
@@ -68,7 +69,6 @@ __all__ = [
     "shipped_configs",
 ]
 
-DEVICES = ("cpu", "cuda", "auto")
 #: Named joint sets of the ablation table: all core heads at once, or the three heads whose
 #: single ablation changes the out-of-domain accuracy most.
 JOINT_SET_NAMES = ("core", "top3")
@@ -281,7 +281,7 @@ class CoreEdgesSettings(Config):
 
 
 @dataclass
-class ExperimentConfig(Config):
+class ExperimentConfig(DeviceOption):
     """The whole heuristic-core experiment (see the module docstring)."""
 
     data: DataSettings
@@ -293,9 +293,6 @@ class ExperimentConfig(Config):
     task: str = "mnli"
     checkpoint: str | None = None
     """An already fine-tuned checkpoint: no fine-tuning stage."""
-    device: str = "cpu"
-    """Where means, pruning, attention and ablations run (``auto``: cuda when available).
-    Fine-tuning runs where :func:`mi_core.training.finetune` puts the model."""
     finetune: FinetuneSettings | None = None
     means: ExperimentMeansSettings = field(default_factory=ExperimentMeansSettings)
     attention: AttentionSettings = field(default_factory=AttentionSettings)
@@ -306,10 +303,9 @@ class ExperimentConfig(Config):
     core_edges: CoreEdgesSettings = field(default_factory=CoreEdgesSettings)
 
     def validate(self) -> None:
+        super().validate()
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {TASKS}, got {self.task!r}")
-        if self.device not in DEVICES:
-            raise ConfigError(f"device must be one of {DEVICES}, got {self.device!r}")
         if (self.checkpoint is None) == (self.finetune is None):
             raise ConfigError(
                 "give either 'finetune' (to fine-tune 'model') or 'checkpoint' (an already "

@@ -29,6 +29,7 @@ import pandas as pd
 
 from mi_core.analysis.effective_size import effective_size, faithfulness_table
 from mi_core.config import Config, option
+from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_csv
 from mi_core.methods.heuristic_core.layout import EFFECTIVE_SIZE_FILES
@@ -150,7 +151,7 @@ def run_effective_size(
     ray_address: str | None = None,
     num_cpus_per_run: float = 1.0,
     num_gpus_per_run: float = 0.0,
-    device: str = "cpu",
+    device: str = "auto",
     progress: bool | None = None,
     groups: Mapping[str, Sequence[str]] | None = None,
 ) -> EffectiveSizeResult:
@@ -166,6 +167,7 @@ def run_effective_size(
     skips every finished pruning run. With the local executor every checkpoint is loaded once,
     on ``device``.
     """
+    from mi_core.devices import resolve_device
     from mi_core.models import load_model
     from mi_core.pruning.sweep import run_sweep
 
@@ -184,6 +186,8 @@ def run_effective_size(
     if not 0 <= margin < 1:
         raise ConfigError(f"--margin must lie in [0, 1) (accuracy fractions), got {margin}")
     chosen = select_checkpoints(find_checkpoints(checkpoints_dir), steps, max_checkpoints)
+    if executor != "ray":
+        device = str(resolve_device(device))
     out = Path(out)
     accuracy_rows: list[dict[str, Any]] = []
     full_rows: list[dict[str, Any]] = []
@@ -191,7 +195,7 @@ def run_effective_size(
         logger.info("effective size: checkpoint %d/%d (step %d)", number, len(chosen), step)
         step_dir = out / f"checkpoint-{step}"
         model: Any = None
-        if executor == "local":
+        if executor != "ray":
             model = load_model(checkpoint, task=task, device=device)
         means_path = _means_for(means, step, len(chosen))
         if means_path is None:
@@ -221,6 +225,7 @@ def run_effective_size(
             num_cpus_per_run=num_cpus_per_run,
             num_gpus_per_run=num_gpus_per_run,
             progress=progress,
+            device=device,
         )
         full = read_json(sweep_dir / "full_model.json")
         names = [c[len("acc_") :] for c in table.columns if c.startswith("acc_")]
@@ -372,7 +377,7 @@ class EffectiveSizeOptions(Config):
 
 
 @dataclass(kw_only=True)
-class EffectiveSizeConfig(EffectiveSizeOptions, SweepExecution):
+class EffectiveSizeConfig(EffectiveSizeOptions, SweepExecution, DeviceOption):
     """The effective-size job (``mi-core effective-size``): every checkpoint of a fine-tuning
     run pruned at every sparsity and seed."""
 
@@ -396,8 +401,6 @@ class EffectiveSizeConfig(EffectiveSizeOptions, SweepExecution):
     """Use only the first training examples."""
     max_eval_examples: int | None = None
     """Use only the first examples of every eval set."""
-    device: str = "cpu"
-    """cpu or cuda (local executor)."""
 
     def validate(self) -> None:
         super().validate()

@@ -83,14 +83,6 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _device(name: str) -> str:
-    if name == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 class HeuristicCoreExperiment:
     """Run the stages of one config under ``out`` (see the module docstring).
 
@@ -111,7 +103,7 @@ class HeuristicCoreExperiment:
         self.layout = ExperimentLayout(self.out)
         self.progress = progress
         self.on_stage = on_stage or (lambda name, status: None)
-        self.device = _device(config.device)
+        self.device = str(config.torch_device())
         self._model: Any = None
         self._means: Any = None
         self._eval_sets: list[Any] | None = None
@@ -263,6 +255,7 @@ class HeuristicCoreExperiment:
                 train=c.data.train,
                 out=str(self.path("finetune")),
                 eval=list(c.data.eval),
+                device=self.device,
             ).replace(
                 max_eval_examples=ft.max_eval_examples or c.data.max_eval_examples,
                 max_train_examples=ft.max_train_examples or c.data.max_train_examples,

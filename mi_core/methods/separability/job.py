@@ -127,7 +127,7 @@ def run_separability_job(
     done = check_state(state_path, config, identity)  # fails fast on a mismatched state
     if done >= 0:
         log.info("resuming %s after step %d of %d", out, done, config.steps)
-    model = load_model(config.model, device=config.device)
+    model = load_model(config.model, device=str(config.torch_device()))
     if not hasattr(model, "unembed") or getattr(model, "tokenizer", None) is None:
         raise ConfigError(f"{config.model} is not a causal language model with a tokenizer")
     focus, cripple = (

@@ -34,7 +34,8 @@ from jaxtyping import Bool, Int
 from transformer_lens import HookedTransformer
 
 from mi_core.analysis.trajectory import MODES, trajectory_areas
-from mi_core.config import Config, option
+from mi_core.config import option
+from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation.next_token import METRICS, evaluate_next_token, most_frequent_tokens
 from mi_core.interventions.neurons import PruneMasks
@@ -100,7 +101,7 @@ JOB_FIELDS = (
 
 
 @dataclass
-class SeparabilityConfig(Config):
+class SeparabilityConfig(DeviceOption):
     """A separability run: what to prune, on which data, and how; defaults are the report's.
 
     :func:`run_separability` reads the pruning options; :func:`run_separability_job` also loads
@@ -174,8 +175,6 @@ class SeparabilityConfig(Config):
     """Tokens per window."""
     text_tokens: int = 1000
     """Tokens per text with eval_protocol texts."""
-    device: str = "cpu"
-    """Torch device."""
 
     def __post_init__(self) -> None:
         if self.scoring is not None:

@@ -1,0 +1,109 @@
+"""Where a job computes: one ``device`` option for every job, and optional mixed precision.
+
+Every job config carries :class:`DeviceOption` (the ``--device`` flag): ``auto`` (the default)
+is CUDA when torch sees a GPU and the CPU otherwise; ``cpu``, ``cuda``, ``cuda:N`` and ``mps``
+name one. Asking for a device torch does not have is a :class:`~mi_core.errors.ConfigError`
+before any work starts.
+
+Fine-tuning and pruning take ``precision``: ``fp32`` (default), ``bf16`` or ``fp16`` autocast
+of the model's forward pass. What is trained stays in float32 (fine-tuned weights, pruning
+gates and lambdas, optimizer state); ``fp16`` adds dynamic loss scaling (:func:`grad_scaler`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from mi_core.config import Config
+from mi_core.errors import ConfigError
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_device_name(name: str) -> str:
+    """``name`` when it is a device mi_core takes (``auto``, ``cpu``, ``cuda``, ``cuda:N``,
+    ``mps``), else :class:`ConfigError`."""
+    if not isinstance(name, str) or not _DEVICE.match(name):
+        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {name!r}")
+    return name
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """The torch device ``name`` means here: ``auto`` is CUDA when available, else the CPU."""
+    if isinstance(name, torch.device):
+        return name
+    check_device_name(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {name} asked for, but torch sees no CUDA GPU here; use --device auto "
+                "or cpu"
+            )
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {name} asked for, but torch sees {torch.cuda.device_count()} CUDA GPU(s)"
+            )
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device mps asked for, but torch sees no Apple GPU here")
+    return torch.device(name)
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` when it is one of :data:`PRECISIONS`, else :class:`ConfigError`."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def autocast(
+    device: torch.device | str, precision: str = "fp32"
+) -> contextlib.AbstractContextManager:
+    """Autocast of the forward pass to ``precision`` on ``device`` (nothing for ``fp32``)."""
+    check_precision(precision)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    device_type = torch.device(device).type
+    return torch.autocast(device_type=device_type, dtype=_DTYPES[precision])
+
+
+def grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler | None:
+    """Dynamic loss scaling for ``fp16`` (None otherwise: bf16 and fp32 need none)."""
+    if check_precision(precision) != "fp16":
+        return None
+    return torch.amp.GradScaler(torch.device(device).type)
+
+
+def to_device(
+    batch: Mapping[str, torch.Tensor], device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """``batch`` on ``device``; to a GPU through pinned memory, without blocking the host."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+
+
+@dataclass(kw_only=True)
+class DeviceOption(Config):
+    """The ``device`` every job takes (see the module docstring)."""
+
+    device: str = "auto"
+    """Where to compute: auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_device_name(self.device)
+
+    def torch_device(self) -> torch.device:
+        """The resolved device (:func:`resolve_device`)."""
+        return resolve_device(self.device)

@@ -1,0 +1,105 @@
+"""On a CUDA GPU (skipped with the reason otherwise): hooked models equal Hugging Face's, a short
+pruning run and a batched group match the CPU's, mixed precision runs, and a short separability
+run gives the CPU's trajectory. Run them on a GPU machine with ``pytest -m gpu``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from helpers import tasks, tiny_model
+
+from mi_core.data import load_pairs, pair_batches
+from mi_core.interventions import compute_means
+from mi_core.models import load_model
+from mi_core.pruning import make_prune_config, prune_group, prune_run
+
+pytestmark = pytest.mark.gpu
+
+PREMISES = ["A man is playing a guitar on stage.", "The cat sat.", "Two dogs run in a field."]
+HYPOTHESES = ["The actor danced.", "Someone plays music.", "Dogs are awake at night, barking."]
+
+
+@pytest.mark.parametrize("kind", ["bert-cls", "roberta-cls", "gpt2-cls"])
+def test_classifier_logits_equal_hugging_face_on_the_gpu(tiny_checkpoints, kind):
+    path = tiny_checkpoints[kind]
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval().cuda()
+    model = load_model(path, task="mnli", device="cuda")
+    batch = model.tokenizer(PREMISES, HYPOTHESES, padding=True, return_tensors="pt").to("cuda")
+    with torch.no_grad():
+        ours = model(**batch)
+        if kind != "bert-cls":
+            del batch["token_type_ids"]
+        theirs = hf(**batch).logits
+    assert ours.device.type == "cuda"
+    assert (ours - theirs).abs().max().item() < 1e-4
+
+
+def test_minilm_equals_hugging_face_on_the_gpu():
+    from mi_core.models import load_hf_classifier
+
+    model = load_model("minilm", task="mnli", seed=0, device="cuda")
+    hf, tokenizer, _ = load_hf_classifier("minilm", task="mnli", seed=0)
+    hf = hf.eval().cuda()
+    batch = tokenizer(PREMISES, HYPOTHESES, padding=True, return_tensors="pt").to("cuda")
+    with torch.no_grad():
+        assert (model(**batch) - hf(**batch).logits).abs().max().item() < 1e-4
+
+
+def _recipe(**overrides):
+    values = dict(steps=10, batch_size=8, grad_accumulation=2, checkpoint_every=5,
+                  eval_batch_size=16, dropout=False, log_alpha_init=3.0, warmup_steps=5,
+                  lr_warmup_steps=2)  # fmt: skip
+    values.update(overrides)
+    return make_prune_config("paper", overrides.pop("sparsity", 0.4), overrides.pop("seed", 1),
+                             **values)  # fmt: skip
+
+
+def test_a_short_prune_on_the_gpu_matches_the_cpu(tiny_checkpoints, data_dir, tmp_path):
+    train = load_pairs("mnli:train", max_examples=48)
+    results = {}
+    for device in ("cpu", "cuda"):
+        model = load_model(tiny_checkpoints["bert-cls"], task="mnli", device=device)
+        means = compute_means(model, pair_batches(train, model.tokenizer, batch_size=16))
+        results[device] = prune_run(model, train, tmp_path / device, _recipe(), means=means)
+    cpu, gpu = results["cpu"], results["cuda"]
+    assert (cpu.log_alpha - gpu.log_alpha).abs().max() < 1e-3
+    assert cpu.mask == gpu.mask
+
+
+def test_a_batched_group_on_the_gpu_equals_its_runs_alone(tiny_checkpoints, data_dir, tmp_path):
+    train = load_pairs("mnli:train", max_examples=48)
+    model = load_model(tiny_checkpoints["bert-cls"], task="mnli", device="cuda")
+    means = compute_means(model, pair_batches(train, model.tokenizer, batch_size=16))
+    configs = [_recipe(), _recipe().replace(seed=2), _recipe().replace(target_sparsity=0.6)]
+    alone = [prune_run(model, train, tmp_path / f"a{k}", c, means=means)
+             for k, c in enumerate(configs)]  # fmt: skip
+    together = prune_group(model, train, means, configs, [tmp_path / f"t{k}" for k in range(3)])
+    for a, t in zip(alone, together, strict=True):
+        assert (a.log_alpha - t.log_alpha).abs().max() < 1e-4
+        assert a.mask == t.mask
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_pruning_on_the_gpu(tiny_checkpoints, data_dir, tmp_path, precision):
+    train = load_pairs("mnli:train", max_examples=48)
+    model = load_model(tiny_checkpoints["bert-cls"], task="mnli", device="cuda")
+    means = compute_means(model, pair_batches(train, model.tokenizer, batch_size=16))
+    result = prune_run(model, train, tmp_path, _recipe(precision=precision), means=means)
+    assert result.log_alpha.dtype == torch.float32
+    assert result.log.kl.notna().all() and (result.log.kl >= -1e-4).all()
+
+
+def test_a_short_separability_run_on_the_gpu_matches_the_cpu():
+    from mi_core.methods.separability.run import SeparabilityConfig, run_separability
+
+    focus, cripple = tasks()
+    config = SeparabilityConfig(steps=2, ff_frac=0.1, attn_frac=0.05, scoring="freq",
+                                batch_size=4, device="cuda")  # fmt: skip
+    cpu = run_separability(tiny_model("llama"), focus, cripple, config)
+    gpu = run_separability(tiny_model("llama").to("cuda"), focus, cripple, config)
+    a, b = cpu.run_frame(), gpu.run_frame()
+    assert a["ff_pruned"].tolist() == b["ff_pruned"].tolist()
+    for column in ("focus_loss", "cripple_loss"):
+        if column in a:
+            assert a[column].to_numpy() == pytest.approx(b[column].to_numpy(), rel=1e-3)

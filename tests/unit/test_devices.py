@@ -1,0 +1,129 @@
+"""One ``device`` option on every job (``auto`` = CUDA when present), a clear error for a device
+torch does not have, and mixed precision in fine-tuning and pruning with what is trained kept
+in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mi_core.cli import main
+from mi_core.data import load_pairs, pair_batches
+from mi_core.devices import DeviceOption, autocast, grad_scaler, resolve_device
+from mi_core.errors import ConfigError
+from mi_core.interventions import compute_means
+from mi_core.pruning import make_prune_config, prune_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_auto_is_cuda_when_present_else_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="torch sees no CUDA GPU here"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto") == torch.device("cuda")
+    with pytest.raises(ConfigError, match="sees 1 CUDA GPU"):
+        resolve_device("cuda:1")
+    with pytest.raises(ConfigError, match="auto, cpu, cuda, cuda:N or mps"):
+        resolve_device("gpu")
+
+
+def test_every_job_takes_the_one_device_option():
+    from test_job_configs import JOBS
+
+    from mi_core.circuits.job import AttributeConfig, CircuitPruneConfig, CircuitSweepConfig
+    from mi_core.methods.heuristic_core.config import ExperimentConfig
+
+    classes = [cls for _, _, cls, _ in JOBS]
+    classes += [AttributeConfig, CircuitPruneConfig, CircuitSweepConfig, ExperimentConfig]
+    for cls in classes:
+        assert issubclass(cls, DeviceOption), cls.__name__
+        assert cls.__dataclass_fields__["device"].default == "auto", cls.__name__
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_a_device_the_machine_lacks_is_one_line_before_any_work(tmp_path, capsys, data_dir):
+    out = tmp_path / "r.csv"
+    code = main(["eval", "--model", "minilm", "--data", "hans:so_swap", "--out", str(out),
+                 "--device", "cuda"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "no CUDA GPU" in err[0], err
+    assert not out.exists()
+
+
+def test_autocast_is_nothing_at_fp32_and_bf16_otherwise():
+    x = torch.randn(4, 4)
+    with autocast("cpu", "fp32"):
+        assert (x @ x).dtype == torch.float32
+    with autocast("cpu", "bf16"):
+        assert (x @ x).dtype == torch.bfloat16
+    assert grad_scaler("cpu", "bf16") is None and grad_scaler("cpu", "fp16") is not None
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        autocast("cpu", "fp8")
+
+
+@pytest.fixture(scope="module")
+def train(data_dir):
+    return load_pairs("mnli:train", max_examples=32)
+
+
+@pytest.fixture(scope="module")
+def means(tiny, train):
+    return compute_means(tiny, pair_batches(train, tiny.tokenizer, batch_size=16))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_pruning_in_mixed_precision_keeps_gates_and_lambdas_in_fp32(
+    tiny, train, means, tmp_path, precision
+):
+    def config(p):
+        return make_prune_config(
+            "paper", 0.5, 1, steps=6, batch_size=8, grad_accumulation=1, checkpoint_every=3,
+            eval_batch_size=16, dropout=False, log_alpha_init=2.0, warmup_steps=3,
+            lr_warmup_steps=1, precision=p,
+        )  # fmt: skip
+
+    full = prune_run(tiny, train, tmp_path / "fp32", config("fp32"), means=means)
+    mixed = prune_run(tiny, train, tmp_path / precision, config(precision), means=means)
+    assert mixed.log_alpha.dtype == torch.float32
+    assert all(torch.isfinite(torch.tensor(mixed.log.kl.tolist())))
+    # the forward pass did run in low precision: the KL differs from fp32's, but not by much
+    kl_full, kl_mixed = full.log.kl.to_numpy(), mixed.log.kl.to_numpy()
+    assert abs(kl_mixed - kl_full).max() > 1e-7
+    assert abs(kl_mixed - kl_full).max() < 0.05 + 0.5 * abs(kl_full).max()
+    assert (mixed.log_alpha - full.log_alpha).abs().max() < 0.5
+
+
+def test_an_old_run_without_a_precision_field_still_resumes(tiny, train, means, tmp_path):
+    from mi_core.io import read_json, write_json
+
+    cfg = make_prune_config("cofi", 0.5, 1, steps=4, batch_size=8, checkpoint_every=2,
+                            eval_batch_size=16)  # fmt: skip
+    first = prune_run(tiny, train, tmp_path, cfg, means=means)
+    saved = read_json(tmp_path / "config.json")
+    del saved["prune"]["precision"]  # as written before the field existed
+    write_json(tmp_path / "config.json", saved)
+    again = prune_run(tiny, train, tmp_path, cfg, means=means)
+    assert again.already_complete and again.mask == first.mask
+    with pytest.raises(ConfigError, match="other settings"):
+        prune_run(tiny, train, tmp_path, cfg.replace(precision="bf16"), means=means)
+
+
+def test_finetuning_in_bf16_keeps_the_weights_in_fp32(tiny_checkpoints, tmp_path, data_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    from mi_core.training import FinetuneConfig, finetune
+
+    common = dict(model=str(tiny_checkpoints["bert-cls"]), task="mnli", train="mnli:train",
+                  steps=3, save_every=3, batch_size=8, max_train_examples=32, lr=1e-3)  # fmt: skip
+    finetune(FinetuneConfig(**common, out=str(tmp_path / "fp32")), progress=False)
+    finetune(FinetuneConfig(**common, out=str(tmp_path / "bf16"), precision="bf16"),
+             progress=False)  # fmt: skip
+    a = AutoModelForSequenceClassification.from_pretrained(tmp_path / "fp32" / "checkpoint-3")
+    b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bf16" / "checkpoint-3")
+    wa, wb = a.classifier.weight.detach(), b.classifier.weight.detach()
+    assert wb.dtype == torch.float32
+    assert 0 < float((wa - wb).abs().max()) < 1e-2  # bf16 forward: close, not equal
