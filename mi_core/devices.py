@@ -7,7 +7,9 @@ before any work starts.
 
 Fine-tuning and pruning take ``precision``: ``fp32`` (default), ``bf16`` or ``fp16`` autocast
 of the model's forward pass. What is trained stays in float32 (fine-tuned weights, pruning
-gates and lambdas, optimizer state); ``fp16`` adds dynamic loss scaling (:func:`grad_scaler`).
+gates and lambdas, optimizer state); ``fp16`` adds dynamic loss scaling (:func:`grad_scaler`),
+whose scale is not checkpointed (a resumed fp16 run starts it afresh) and is shared by the runs
+of a batched group; bf16 needs none.
 """
 
 from __future__ import annotations
@@ -86,11 +88,15 @@ def grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradSca
 def to_device(
     batch: Mapping[str, torch.Tensor], device: torch.device | str
 ) -> dict[str, torch.Tensor]:
-    """``batch`` on ``device``; to a GPU through pinned memory, without blocking the host."""
+    """``batch`` on ``device``; CPU tensors go to a GPU through pinned memory, without blocking
+    the host (tensors already on a GPU are moved as ``Tensor.to`` does)."""
     device = torch.device(device)
     if device.type != "cuda":
         return {k: v.to(device) for k, v in batch.items()}
-    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+    return {
+        k: v.pin_memory().to(device, non_blocking=True) if v.device.type == "cpu" else v.to(device)
+        for k, v in batch.items()
+    }
 
 
 @dataclass(kw_only=True)

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 
 from mi_core.data.batches import PairBatches, TokenizedPairs
 from mi_core.errors import ConfigError
-from mi_core.evaluation import model_inputs, predict_logits
+from mi_core.evaluation import predict_logits
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.fingerprint import weights_fingerprint
 
@@ -69,7 +69,6 @@ def compute_reference_logits(
             batches,
             len(tokenized),
             "reference logits" if progress else None,
-            forward=lambda batch: model(**model_inputs(model, batch)),
         )
     finally:
         model.train(was_training)

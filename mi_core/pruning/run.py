@@ -403,7 +403,8 @@ def group_pruning_step(
     device = reference.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
     n_runs = len(members)
-    stats = [dict.fromkeys(("loss", "kl", "penalty", "sampled_sparsity"), 0.0) for _ in members]
+    keys = ("loss", "kl", "penalty", "sampled_sparsity")
+    sums = torch.zeros(n_runs, len(keys), device=device)  # read once at the end: no syncs
     expected: list[torch.Tensor] = []
     for batch, split in zip(batches, sizes, strict=True):
         if len(split) != n_runs:
@@ -434,23 +435,26 @@ def group_pruning_step(
             t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
             penalty = member.controller.penalty(t, member.target_sparsity)
             total = total + penalty
-            for key, value in (
-                ("loss", kls[k] + penalty),
-                ("kl", kls[k]),
-                ("penalty", penalty),
-                ("sampled_sparsity", t_sampled),
-            ):
-                stats[k][key] += value.item() / len(batches)
+            values = torch.stack([kls[k] + penalty, kls[k], penalty, t_sampled]).detach()
+            sums[k] += values / len(batches)
         _backward(total / len(batches), scaler)
+    ends = torch.stack(
+        [
+            torch.stack(
+                [t.detach(), m.controller.lambda_1.detach(), m.controller.lambda_2.detach()]
+            )
+            for t, m in zip(expected, members, strict=True)
+        ]
+    ).tolist()
     return [
         {
-            **row,
-            "expected_sparsity": t_expected.item(),
+            **dict(zip(keys, row, strict=True)),
+            "expected_sparsity": end[0],
             "target_sparsity": member.target_sparsity,
-            "lambda_1": member.controller.lambda_1.item(),
-            "lambda_2": member.controller.lambda_2.item(),
+            "lambda_1": end[1],
+            "lambda_2": end[2],
         }
-        for row, member, t_expected in zip(stats, members, expected, strict=True)
+        for row, end, member in zip(sums.tolist(), ends, members, strict=True)
     ]
 
 

@@ -530,6 +530,11 @@ def run_sweep(
         raise ConfigError(f"--group-size must be at least 1, got {group_size}")
     if group_size is not None and executor == "local" and group_size != 1:
         raise ConfigError("--group-size needs --executor batched or ray (local runs one by one)")
+    if executor == "ray" and device.startswith("cuda") and num_gpus_per_run <= 0:
+        raise ConfigError(
+            f"--device {device} with --executor ray needs --num-gpus-per-run > 0 (Ray gives a "
+            "task no GPU otherwise); or use --device auto"
+        )
     sweep_dir = Path(out)
     runs = plan_sweep(sweep_dir, sparsities, seeds, profile, overrides)
     cfg = runs[0].config

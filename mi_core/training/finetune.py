@@ -123,7 +123,10 @@ def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
         return
     before = read_json(saved)
     keys = ("model", "task", "train", "lr", "batch_size", "seed", "max_length", "group_by_length")
-    changed = [k for k in keys if before.get(k) != asdict(cfg)[k]]
+    now = asdict(cfg)
+    changed = [k for k in keys if before.get(k) != now[k]]
+    if before.get("precision", "fp32") != cfg.precision:  # written before the field: fp32
+        changed.append("precision")
     if changed:
         raise ConfigError(
             f"{out} holds a run with other settings ({', '.join(changed)}); "

@@ -19,6 +19,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "errors tasks",
         "io",
         "config",
+        "devices",
         "models",
         "data testing",
         "interventions",

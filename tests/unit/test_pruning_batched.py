@@ -104,23 +104,25 @@ def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train,
         return StepMember(gates, LagrangianController(), target,
                           torch.Generator().manual_seed(100 + seed))  # fmt: skip
 
-    parts = [[0, 1, 2, 3, 4], [10, 11, 12, 13, 14, 15, 16]]  # different lengths and sizes
+    # two micro-batches per step; the runs' parts differ in length and size
+    parts = [[[0, 1, 2, 3, 4], [20, 21, 22]], [[10, 11, 12, 13, 14, 15, 16], [30, 31, 32, 33]]]
     alone = []
-    for seed, target, idx in ((1, 0.3, parts[0]), (2, 0.6, parts[1])):
+    for seed, target, micro in ((1, 0.3, parts[0]), (2, 0.6, parts[1])):
         m = member(seed, target)
         mask = ComponentMask.ones(tiny)
         with ablate(tiny, mask, means, skip_unmasked=False):
+            batches = [tokenized.collate(idx) for idx in micro]
             row = group_pruning_step(
-                tiny, mask, [m], [tokenized.collate(idx)], [[len(idx)]], reference
+                tiny, mask, [m], batches, [[len(idx)] for idx in micro], reference
             )[0]
         alone.append((m, row))
     together = [member(1, 0.3), member(2, 0.6)]
     mask = ComponentMask.ones(tiny)
     with ablate(tiny, mask, means, skip_unmasked=False):
+        batches = [tokenized.collate(parts[0][m] + parts[1][m]) for m in range(2)]
         rows = group_pruning_step(
-            tiny, mask, together, [tokenized.collate(parts[0] + parts[1])], [[5, 7]], reference,
-            None, max_chunk,
-        )  # fmt: skip
+            tiny, mask, together, batches, [[5, 7], [3, 4]], reference, None, max_chunk
+        )
     for (m, row), t, row_t in zip(alone, together, rows, strict=True):
         assert row_t["kl"] == pytest.approx(row["kl"], abs=1e-6)
         assert row_t["sampled_sparsity"] == pytest.approx(row["sampled_sparsity"], abs=1e-7)

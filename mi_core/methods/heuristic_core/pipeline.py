@@ -316,6 +316,7 @@ class HeuristicCoreExperiment:
             max_train_examples=self.train_cap,
             max_eval_examples=self.eval_cap,
             progress=self.progress,
+            device=self.config.device,
             **p.execution(),
         )
 
@@ -425,7 +426,7 @@ class HeuristicCoreExperiment:
             max_checkpoints=es.max_checkpoints,
             max_train_examples=self.train_cap,
             max_eval_examples=self.eval_cap,
-            device=self.device,
+            device=c.device,  # resolved where each run executes (a Ray task: on its machine)
             **c.pruning.execution(),
             progress=self.progress,
             groups=es.groups,

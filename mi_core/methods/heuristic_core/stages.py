@@ -23,8 +23,19 @@ def _pruning(c: ExperimentConfig) -> dict[str, Any]:
     return {k: v for k, v in asdict(c.pruning).items() if k not in _EXECUTION}
 
 
+def _finetune_settings(c: ExperimentConfig) -> dict[str, Any] | None:
+    """The fine-tuning settings a key hashes; a field added since with its old default value is
+    left out, so experiments written before it stay finished."""
+    if c.finetune is None:
+        return None
+    settings = asdict(c.finetune)
+    if settings.get("precision") == "fp32":
+        del settings["precision"]
+    return settings
+
+
 def _finetune(c: ExperimentConfig) -> tuple:
-    return (c.model, c.task, c.checkpoint, asdict(c.data), c.finetune and asdict(c.finetune))
+    return (c.model, c.task, c.checkpoint, asdict(c.data), _finetune_settings(c))
 
 
 @dataclass(frozen=True)
@@ -54,13 +65,7 @@ STAGE_SPECS: tuple[Stage, ...] = (
         "fine-tune the pretrained model, saving checkpoints (unless a checkpoint is given)",
         (),
         ("finetune/",),
-        lambda c: (
-            c.model,
-            c.task,
-            c.checkpoint,
-            asdict(c.data),
-            c.finetune and asdict(c.finetune),
-        ),
+        _finetune,
         lambda c: c.finetune is not None,
     ),
     Stage(
