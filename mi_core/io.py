@@ -12,10 +12,10 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors.torch import load_file, save_file
+if TYPE_CHECKING:  # torch is imported where tensors are written: the CLI's help needs none
+    import torch
 
 #: Suffixes that make an output path a file (anything else is a folder of results).
 FILE_SUFFIXES = (".csv", ".json", ".jsonl", ".md", ".html", ".safetensors", ".txt")
@@ -148,6 +148,8 @@ def write_safetensors(
     metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Save tensors (made contiguous) as safetensors atomically, with string metadata."""
+    from safetensors.torch import save_file
+
     with atomic_path(path) as tmp:
         save_file(
             {k: v.detach().contiguous().cpu() for k, v in tensors.items()},
@@ -162,6 +164,7 @@ def read_safetensors(
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Load a safetensors file: its tensors and its metadata."""
     from safetensors import safe_open
+    from safetensors.torch import load_file
 
     with safe_open(str(path), framework="pt") as handle:
         metadata = dict(handle.metadata() or {})

@@ -18,19 +18,43 @@ from collections.abc import Sequence
 from mi_core.errors import MiCoreError
 from mi_core.io import ensure_writable, output_lock
 
-#: Subcommand modules, in the order ``mi-core --help`` lists them.
-SUBCOMMANDS: tuple[str, ...] = (
-    "finetune",
-    "eval",
-    "means",
-    "ablate",
-    "prune",
-    "sweep",
-    "effective_size",
-    "heuristic_core",
-    "separability",
-    "circuit",
-)
+#: Every subcommand: its module under ``mi_core.cli`` and its one-line help, in the order
+#: ``mi-core --help`` lists them. The table lets the top-level help (and a command's own
+#: parsing) import no subcommand module but the one named: their configs pull in torch.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "finetune": (
+        "finetune",
+        "fine-tune a sequence classifier (resumes from the last checkpoint in --out)",
+    ),
+    "eval": ("eval", "evaluate a classifier on one or more data sets"),
+    "means": ("means", "compute mean activations for mean ablation"),
+    "ablate": ("ablate", "accuracy with single heads and head sets ablated (Tables 3, 4, 8)"),
+    "prune": (
+        "prune",
+        "find a subnetwork by L0 pruning (hard-concrete masks, Lagrangian sparsity)",
+    ),
+    "sweep": ("sweep", "one pruning run per (sparsity, seed); skips finished runs"),
+    "effective-size": (
+        "effective_size",
+        "prune every fine-tuning checkpoint at many sparsities; effective size over steps",
+    ),
+    "heuristic-core": (
+        "heuristic_core",
+        "fine-tune, prune with many seeds, find the shared core, report (resumable)",
+    ),
+    "separability": ("separability", "iterative separability pruning (focus vs cripple data set)"),
+    "circuit": (
+        "circuit",
+        "find edge-level circuits (EAP, EAP-IG, exact patching, edge pruning)",
+    ),
+}
+#: The subcommand modules, in order.
+SUBCOMMANDS: tuple[str, ...] = tuple(module for module, _ in COMMANDS.values())
+
+
+def command_help(command: str) -> str:
+    """The one-line help of ``command`` (what ``mi-core --help`` lists)."""
+    return COMMANDS[command][1]
 
 
 #: Arguments that name where results go; each is checked to be writable before a command runs.
@@ -45,15 +69,19 @@ class _Parser(argparse.ArgumentParser):
         raise MiCoreError(f"{command}: {message}" if command else message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level parser with every subcommand that is installed."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand; with ``only`` (a command name), that one is
+    built in full and the others are names with their help, so nothing else is imported."""
     from mi_core import __version__
 
     parser = _Parser(prog="mi-core", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--version", action="version", version=f"mi-core {__version__}")
     subparsers = parser.add_subparsers(dest="command", parser_class=_Parser)
-    for name in SUBCOMMANDS:
+    for command, (name, summary) in COMMANDS.items():
+        if only is not None and command != only:
+            subparsers.add_parser(command, help=summary, add_help=False)
+            continue
         try:
             module = importlib.import_module(f"mi_core.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -64,11 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(argv: Sequence[str]) -> str:
+    """The subcommand ``argv`` names (its first word that is not an option), or ``""``."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mi-core``: run one subcommand, report bad input as one line."""
     try:
-        parser = build_parser()
         argv = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser(only=_command(argv))
         args = parser.parse_args(argv)
         args.argv = argv
         logging.basicConfig(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.interventions.ablation_table import AblationTableConfig, run_ablation_table
 
@@ -11,7 +12,7 @@ from mi_core.interventions.ablation_table import AblationTableConfig, run_ablati
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "ablate",
-        help="accuracy with single heads and head sets ablated (Tables 3, 4, 8)",
+        help=command_help("ablate"),
         description="Write OUT (CSV), and OUT with .md and .html suffixes: one row per listed "
         "head, the full model (None), with --others the average over every unlisted head, each "
         "--joint set and its superadditivity (joint drop - sum of single drops; positive: "

@@ -12,6 +12,7 @@ from mi_core.circuits.job import (
     run_circuit_prune_job,
     run_circuit_sweep_job,
 )
+from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.errors import MiCoreError
 
@@ -19,7 +20,7 @@ from mi_core.errors import MiCoreError
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "circuit",
-        help="find edge-level circuits (EAP, EAP-IG, exact patching, edge pruning)",
+        help=command_help("circuit"),
         description="Find a circuit of edges between the input, heads, MLPs and the output, "
         "and judge it on held-out clean / corrupted pairs (ioi for language models, "
         "hans-pairs:<subcase> for NLI classifiers).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags
 from mi_core.cli.prune import add_recipe_flags, job_values
 from mi_core.methods.heuristic_core.effective_size import EffectiveSizeConfig
@@ -12,7 +13,7 @@ from mi_core.methods.heuristic_core.effective_size import EffectiveSizeConfig
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "effective-size",
-        help="prune every fine-tuning checkpoint at many sparsities; effective size over steps",
+        help=command_help("effective-size"),
         description="For every DIR/checkpoint-<step>: compute means on --train (unless --means), "
         "prune at every sparsity and seed (a sweep under OUT/checkpoint-<step>/sweep, resumable, "
         "local or on Ray), and report the largest sparsity whose mean accuracy over seeds stays "

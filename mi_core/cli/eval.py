@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.evaluation.classification import EvalConfig, results_frame, run_eval
 
@@ -11,7 +12,7 @@ from mi_core.evaluation.classification import EvalConfig, results_frame, run_eva
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "eval",
-        help="evaluate a classifier on one or more data sets",
+        help=command_help("eval"),
         description="Write OUT (columns dataset, n, accuracy) and optionally per-example "
         "predictions; --mask / --ablate evaluate a subnetwork (mean ablation needs --means).",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.training import FinetuneConfig, finetune
 
@@ -11,7 +12,7 @@ from mi_core.training import FinetuneConfig, finetune
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "finetune",
-        help="fine-tune a sequence classifier (resumes from the last checkpoint in --out)",
+        help=command_help("finetune"),
         description="Fine-tune MODEL on a pair task with AdamW and a linear schedule. Writes "
         "OUT/checkpoint-{step}/ (Hugging Face directories), OUT/metrics.csv and "
         "OUT/training_dynamics.html. Re-running the same command resumes.",

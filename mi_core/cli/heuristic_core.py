@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mi_core.cli import command_help
+
 
 def add_parser(subparsers) -> None:
     from mi_core.methods.heuristic_core.config import shipped_configs
@@ -12,7 +14,7 @@ def add_parser(subparsers) -> None:
 
     p = subparsers.add_parser(
         "heuristic-core",
-        help="fine-tune, prune with many seeds, find the shared core, report (resumable)",
+        help=command_help("heuristic-core"),
         description="Run the heuristic-core experiment of CONFIG under REPORT, stage by stage: "
         + "; ".join(f"{s.name} ({s.description})" for s in STAGE_SPECS)
         + ". Re-running skips finished stages. Shipped configs: "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.interventions.means import MeansConfig, run_means
 
@@ -11,7 +12,7 @@ from mi_core.interventions.means import MeansConfig, run_means
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "means",
-        help="compute mean activations for mean ablation",
+        help=command_help("means"),
         description="Average every head's hook_z and every layer's hook_mlp_out per token over "
         "the non-padding tokens of a data set (float64, streamed) and write them, with the "
         "model's name and weight fingerprint, to a .safetensors file.",

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.pruning.jobs import PruneRunConfig
 from mi_core.pruning.profiles import PruneConfig
@@ -29,7 +30,7 @@ def job_values(args: argparse.Namespace, job: type) -> dict[str, Any]:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "prune",
-        help="find a subnetwork by L0 pruning (hard-concrete masks, Lagrangian sparsity)",
+        help=command_help("prune"),
         description="Learn a mask over attention heads and MLPs that keeps the model's class "
         "distribution (KL to the full model) at a target sparsity. Writes OUT/config.json, "
         "OUT/log.csv, OUT/mask.safetensors, OUT/mask.json and OUT/metrics.json. Re-running the "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from mi_core.cli import command_help
 from mi_core.errors import ConfigError
 
 
@@ -20,7 +21,7 @@ def add_parser(subparsers) -> None:
 
     p = subparsers.add_parser(
         "separability",
-        help="iterative separability pruning (focus vs cripple data set)",
+        help=command_help("separability"),
         description="Iterative separability pruning: remove the neurons the cripple data set "
         "uses more than the focus data set, step by step, and measure both.",
     )

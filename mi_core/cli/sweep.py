@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags
 from mi_core.cli.prune import add_recipe_flags, job_values
 from mi_core.pruning.jobs import SweepConfig
@@ -12,7 +13,7 @@ from mi_core.pruning.jobs import SweepConfig
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "sweep",
-        help="one pruning run per (sparsity, seed); skips finished runs",
+        help=command_help("sweep"),
         description="Run mi-core prune for every sparsity and seed under OUT/s{sparsity}/"
         "seed{seed}/, sharing the full model's logits and accuracies, then write "
         "OUT/subnetworks.csv and OUT/subnetworks.html (in-domain vs out-of-domain accuracy per "

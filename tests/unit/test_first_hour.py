@@ -39,6 +39,35 @@ def test_version_and_one_line_errors_with_the_prefix_once(capsys):
     assert err[0].count("mi-core") == 1 and "Traceback" not in err[0]
 
 
+def test_top_level_help_imports_no_subcommand_and_no_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from mi_core.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mi_core.cli.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    assert "sweep" in done.stdout and "heuristic-core" in done.stdout  # every command listed
+    assert done.stdout.strip().splitlines()[-1] == "[]"  # nothing heavy imported
+
+
+def test_a_command_builds_only_its_own_parser():
+    import sys
+
+    from mi_core.cli import COMMANDS, build_parser
+
+    parser = build_parser(only="eval")
+    assert "mi_core.cli.eval" in sys.modules
+    args = parser.parse_args(["eval", "--model", "m", "--data", "hans:so_swap", "--out", "r.csv"])
+    assert args.command == "eval" and args.model == "m"
+    listed = parser._subparsers._group_actions[0].choices  # every command is still a choice
+    assert list(listed) == list(COMMANDS)
+
+
 def test_classifier_forward_refuses_unknown_keywords(tiny):
     ids = torch.tensor([[101, 2023, 2003, 102, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 0]])
