@@ -21,7 +21,11 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# Without a data directory, the demo's data sets are fetched from the hub once (the only step
+# that goes online); with no network that fails at once, saying which file to place where.
 demo: install
+	@test -d "$(MI_CORE_DATA_DIR)/mnli" || env -u HF_HUB_OFFLINE -u HF_DATASETS_OFFLINE \
+		$(BIN)/mi-core data fetch --to "$(MI_CORE_DATA_DIR)" --sets mnli hans
 	$(BIN)/mi-core heuristic-core --config minilm-mnli-quick --out $(DEMO_OUT)/report
 
 test: install

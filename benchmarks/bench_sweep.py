@@ -17,6 +17,7 @@ for the whole batch and the runs can only come close::
     python benchmarks/bench_sweep.py                    # the full quick runs (about an hour)
     python benchmarks/bench_sweep.py --steps 60         # a 60-step slice of each run
     python benchmarks/bench_sweep.py --steps 60 --dropout --device cuda
+    python benchmarks/bench_sweep.py --seeds 1              # 2 full quick runs each way
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 600)")
     parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--sparsities", default="0.3,0.5", help="comma-separated")
+    parser.add_argument("--seeds", type=int, default=4, help="seeds 1..N")
     parser.add_argument("--train-examples", type=int, default=4000)
     parser.add_argument("--eval-examples", type=int, default=300)
     parser.add_argument("--dropout", action="store_true", help="keep the recipe's dropout")
@@ -49,7 +52,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    sparsities, seeds = [0.3, 0.5], [1, 2, 3, 4]
+    sparsities = [float(x) for x in args.sparsities.split(",")]
+    seeds = list(range(1, args.seeds + 1))
     overrides = {"dropout": args.dropout, "checkpoint_every": 10_000}
     if args.steps is not None:
         # a slice of the quick schedule: the same warm-ups, so the first steps are the real ones

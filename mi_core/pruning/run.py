@@ -1159,6 +1159,7 @@ def _finish(
         "accuracy": accuracy,
         "full_accuracy": full,
         "eval_examples": sizes,
+        "chance_accuracy": {d.name: 1.0 / d.num_labels for d in evals},
         "seconds": round(seconds, 2),
     }
     if run_dir is not None:
@@ -1185,6 +1186,9 @@ def _report_complete(
         metrics["accuracy"].update(accuracy)
         metrics["full_accuracy"].update(full)
         metrics["eval_examples"].update(sizes)
+        metrics.setdefault("chance_accuracy", {}).update(
+            {d.name: 1.0 / d.num_labels for d in missing}
+        )
         write_json(run_dir / "metrics.json", metrics)
     checkpoint = run_dir / "checkpoint.safetensors"
     log_alpha = read_safetensors(checkpoint)[0]["log_alpha"] if checkpoint.is_file() else None

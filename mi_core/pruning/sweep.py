@@ -627,7 +627,14 @@ def run_sweep(
     write_csv(sweep_dir / "subnetworks.csv", table)
     from mi_core.viz.figures import subnetworks_figure, write_figure_html
 
-    write_figure_html(subnetworks_figure(table, eval_names, full), sweep_dir / "subnetworks.html")
+    figure = subnetworks_figure(
+        table,
+        eval_names,
+        full,
+        n={d.name: len(d) for d in evals},
+        chance={d.name: 1.0 / d.num_labels for d in evals},
+    )
+    write_figure_html(figure, sweep_dir / "subnetworks.html")
     incomplete = [str(r.run_dir) for r in runs if not is_complete(r.run_dir)]
     if incomplete:
         first = failures[0] if failures else incomplete[0]

@@ -187,7 +187,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         log.info("resuming %s from step %d", out, start)
     elif evals:
         metrics = _record(metrics, 0, _evaluate_all(model, tokenizer, evals, cfg))
-        _write_metrics(out, metrics, in_domain)
+        _write_metrics(out, metrics, in_domain, evals)
 
     per_epoch = len(batches)
     epoch_batches: list[list[int]] = []
@@ -236,7 +236,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
                 {"seed": cfg.seed, "loss": loss.item()},
             )
             prune_training_states(out, cfg.save_total_limit)
-            _write_metrics(out, metrics, in_domain)
+            _write_metrics(out, metrics, in_domain, evals)
             model.train()
     bar.close()
     return metrics
@@ -303,12 +303,18 @@ def _record(metrics: pd.DataFrame, step: int, accuracies: dict[str, float]) -> p
     return rows if metrics.empty else pd.concat([metrics, rows], ignore_index=True)
 
 
-def _write_metrics(out: Path, metrics: pd.DataFrame, in_domain: list[str]) -> None:
-    """metrics.csv, and the figure of in-domain (first --eval set) vs out-of-domain accuracy."""
+def _write_metrics(out: Path, metrics: pd.DataFrame, in_domain: list[str], evals) -> None:
+    """metrics.csv, and the figure of in-domain (first --eval set) vs out-of-domain accuracy
+    (each set with its n and chance level)."""
     write_csv(out / METRICS, metrics)
     if metrics.empty:
         return
     from mi_core.viz.figures import training_dynamics, write_figure_html
 
-    figure = training_dynamics(metrics, id_datasets=in_domain)
+    figure = training_dynamics(
+        metrics,
+        id_datasets=in_domain,
+        n={d.name: len(d) for d in evals},
+        chance={d.name: 1.0 / d.num_labels for d in evals},
+    )
     write_figure_html(figure, out / "training_dynamics.html")

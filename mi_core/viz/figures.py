@@ -37,6 +37,8 @@ __all__ = [
     "attention_class_chart",
     "training_dynamics",
     "write_figure_html",
+    "add_chance_lines",
+    "with_n",
 ]
 
 
@@ -55,6 +57,65 @@ def _step_col(frame: pd.DataFrame, step_col: str | None) -> str:
     raise ConfigError(f"need a 'step' or 'checkpoint' column; have {list(frame.columns)}")
 
 
+#: Per data set, a number (the same for every data set) or nothing.
+PerSet = Mapping[str, float] | float | None
+
+
+def _per_set(values: PerSet, name: str) -> float | None:
+    if values is None:
+        return None
+    if isinstance(values, Mapping):
+        value = values.get(name)
+        return None if value is None else float(value)
+    return float(values)
+
+
+def with_n(name: str, n: Mapping[str, int] | int | None) -> str:
+    """``name (n=300)``: a data set's name with its number of examples, when known."""
+    count = _per_set(n, name)
+    return str(name) if count is None else f"{name} (n={int(count):,})"
+
+
+def _chance_text(value: float) -> str:
+    k = round(1 / value) if value > 0 else 0
+    return f"chance 1/{k}" if k and abs(1 / k - value) < 1e-9 else f"chance {value:.3g}"
+
+
+def add_chance_lines(
+    fig: go.Figure,
+    chance: PerSet,
+    names: Sequence[str],
+    *,
+    axis: str = "y",
+    percent: bool = False,
+) -> go.Figure:
+    """Grey lines at the chance accuracy of ``names`` (1 / the classes a data set is scored on;
+    one line per distinct level), horizontal for ``axis="y"`` and vertical for ``"x"``."""
+    levels: dict[float, list[str]] = {}
+    for name in names:
+        value = _per_set(chance, name)
+        if value is not None:
+            levels.setdefault(value, []).append(str(name))
+    for value, sets in sorted(levels.items()):
+        where = value * (100.0 if percent else 1.0)
+        text = _chance_text(value)
+        if len(levels) > 1:  # several levels: say whose each one is
+            text += f" ({', '.join(sets)})"
+        style = dict(line_dash="dashdot", line_color="grey", line_width=1)
+        if axis == "y":
+            fig.add_hline(y=where, annotation_text=text, annotation_position="bottom right",
+                          **style)  # fmt: skip
+        else:
+            fig.add_vline(x=where, annotation_text=text, annotation_position="top left",
+                          **style)  # fmt: skip
+    return fig
+
+
+def _is_percent(*values: Any) -> bool:
+    finite = [float(v) for v in np.concatenate([np.ravel(v) for v in values]) if np.isfinite(v)]
+    return bool(finite) and max(finite) > 1.0
+
+
 def _accuracy_range(*values: Any) -> list[float]:
     """The whole accuracy scale, fractions or percent, so that a small change looks small."""
     finite = [float(v) for v in np.concatenate([np.ravel(v) for v in values]) if np.isfinite(v)]
@@ -70,10 +131,13 @@ def id_vs_ood_scatter(
     *,
     label_col: str | None = None,
     title: str | None = None,
+    n: Mapping[str, int] | int | None = None,
+    chance: PerSet = None,
 ) -> go.Figure:
     """Figure 2: one marker trace per OOD column (x = ID accuracy, y = OOD accuracy, one dot per
     row/subnetwork); the full model's ID accuracy as a vertical dashed line and each OOD accuracy
-    as a horizontal dotted line (layout shapes)."""
+    as a horizontal dotted line (layout shapes). ``n`` (examples per data set) goes into the axis
+    title and the legend; ``chance`` (accuracy per data set) draws the chance lines."""
     ood_cols = [ood_cols] if isinstance(ood_cols, str) else list(ood_cols)
     _need(subnetworks_df, [id_col, *ood_cols], "id_vs_ood_scatter")
     text = subnetworks_df[label_col].astype(str) if label_col else None
@@ -84,7 +148,7 @@ def id_vs_ood_scatter(
                 x=subnetworks_df[id_col],
                 y=subnetworks_df[col],
                 mode="markers",
-                name=col,
+                name=with_n(col, n),
                 text=text,
                 hovertemplate=f"{id_col}=%{{x:.3f}}<br>{col}=%{{y:.3f}}<br>%{{text}}<extra></extra>",
             )
@@ -97,12 +161,13 @@ def id_vs_ood_scatter(
         for col in ood_cols:
             if col in full_model_acc:
                 fig.add_hline(y=full_model_acc[col], line_dash="dot", annotation_text=f"full {col}")
-    scale = _accuracy_range(
-        subnetworks_df[[id_col, *ood_cols]].to_numpy(), list((full_model_acc or {}).values())
-    )
+    values = (subnetworks_df[[id_col, *ood_cols]].to_numpy(), list((full_model_acc or {}).values()))
+    scale = _accuracy_range(*values)
+    add_chance_lines(fig, chance, [id_col], axis="x", percent=_is_percent(*values))
+    add_chance_lines(fig, chance, ood_cols, axis="y", percent=_is_percent(*values))
     fig.update_layout(
         title=title or "In-domain vs out-of-domain accuracy of subnetworks",
-        xaxis_title=f"{id_col} accuracy (in-domain)",
+        xaxis_title=f"{with_n(id_col, n)} accuracy (in-domain)",
         yaxis_title="out-of-domain accuracy",
         xaxis_range=scale,
         yaxis_range=scale,
@@ -119,25 +184,30 @@ def subcase_bars(
     value_col: str = "accuracy",
     full_model_acc: Mapping[str, float] | None = None,
     title: str | None = None,
+    n: Mapping[str, int] | int | None = None,
+    chance: PerSet = None,
 ) -> go.Figure:
     """Figure 3: grouped bars, x = subcase, one bar trace per subnetwork (tidy input: one row
     per subnetwork and subcase), plus a "full model" trace when ``full_model_acc`` (subcase ->
-    accuracy) is given."""
+    accuracy) is given. ``n`` labels each subcase with its examples; ``chance`` draws the
+    chance lines."""
     _need(df, [subnetwork_col, subcase_col, value_col], "subcase_bars")
     subcases = list(dict.fromkeys(df[subcase_col]))
+    labels = [with_n(s, n) for s in subcases]
     fig = go.Figure()
     for name, group in df.groupby(subnetwork_col, sort=False):
         values = group.set_index(subcase_col)[value_col].reindex(subcases)
-        fig.add_trace(go.Bar(x=subcases, y=values.to_numpy(), name=f"{subnetwork_col} {name}"))
+        fig.add_trace(go.Bar(x=labels, y=values.to_numpy(), name=f"{subnetwork_col} {name}"))
     if full_model_acc:
         fig.add_trace(
             go.Bar(
-                x=subcases,
+                x=labels,
                 y=[full_model_acc.get(s, np.nan) for s in subcases],
                 name="full model",
                 marker_color="black",
             )
         )
+    add_chance_lines(fig, chance, subcases, percent=_is_percent(df[value_col].to_numpy(), [0.0]))
     fig.update_layout(
         barmode="group",
         title=title or "Accuracy per subcase",
@@ -158,9 +228,12 @@ def accuracy_vs_sparsity(
     value_col: str = "accuracy",
     full_model_acc: Mapping[str, float] | None = None,
     title: str | None = None,
+    n: Mapping[str, int] | int | None = None,
+    chance: PerSet = None,
 ) -> go.Figure:
     """Figure 4: per dataset, the mean over seeds (rows) at each sparsity with std error bars;
-    the full model's accuracy per dataset as horizontal dotted lines when given."""
+    the full model's accuracy per dataset as horizontal dotted lines when given; ``n`` in each
+    data set's name, ``chance`` as chance lines."""
     _need(df, [sparsity_col, dataset_col, value_col], "accuracy_vs_sparsity")
     fig = go.Figure()
     for name, group in df.groupby(dataset_col, sort=False):
@@ -171,11 +244,15 @@ def accuracy_vs_sparsity(
                 y=stats["mean"].to_numpy(),
                 error_y={"type": "data", "array": stats["std"].fillna(0).to_numpy()},
                 mode="lines+markers",
-                name=str(name),
+                name=with_n(str(name), n),
             )
         )
     for name, acc in (full_model_acc or {}).items():
         fig.add_hline(y=acc, line_dash="dot", annotation_text=f"full {name}")
+    add_chance_lines(
+        fig, chance, [str(d) for d in dict.fromkeys(df[dataset_col])],
+        percent=_is_percent(df[value_col].to_numpy(), [0.0]),
+    )  # fmt: skip
     fig.update_layout(
         title=title or "Accuracy vs sparsity (mean ± std over seeds)",
         xaxis_title="sparsity",
@@ -320,29 +397,38 @@ def training_dynamics(
     step_col: str | None = None,
     value_col: str = "accuracy",
     title: str | None = None,
+    n: Mapping[str, int] | int | None = None,
+    chance: PerSet = None,
 ) -> go.Figure:
     """Accuracy per dataset over fine-tuning steps (a metrics.csv with step, dataset,
     accuracy): one line per dataset; with ``id_datasets``, names get "(ID)"/"(OOD)" and OOD lines
-    are dashed."""
+    are dashed; ``n`` in the names, ``chance`` as chance lines; the whole accuracy scale."""
     step = _step_col(metrics_df, step_col)
     _need(metrics_df, [step, "dataset", value_col], "training_dynamics")
     fig = go.Figure()
     for name, group in metrics_df.groupby("dataset", sort=False):
         group = group.dropna(subset=[value_col]).sort_values(step)
-        label, dash = str(name), "solid"
+        label, dash = with_n(str(name), n), "solid"
         if id_datasets is not None:
             in_domain = name in id_datasets
-            label = f"{name} ({'ID' if in_domain else 'OOD'})"
+            label = f"{label} ({'ID' if in_domain else 'OOD'})"
             dash = "solid" if in_domain else "dash"
         fig.add_trace(
             go.Scatter(
                 x=group[step], y=group[value_col], mode="lines+markers", name=label, line_dash=dash
             )
         )
+    values = metrics_df[value_col].to_numpy()
+    add_chance_lines(
+        fig, chance, [str(d) for d in dict.fromkeys(metrics_df["dataset"])],
+        percent=_is_percent(values, [0.0]),
+    )  # fmt: skip
     fig.update_layout(
         title=title or "In-domain and out-of-domain accuracy during fine-tuning",
         xaxis_title="training step",
         yaxis_title=value_col,
+        yaxis_range=_accuracy_range(values, [0.0]),
+        showlegend=True,
     )
     return fig
 
@@ -367,17 +453,26 @@ def write_figure_html(
     return write_text(path, page)
 
 
-def subnetworks_figure(table: pd.DataFrame, eval_names: Sequence[str], full: Mapping[str, float]):
+def subnetworks_figure(
+    table: pd.DataFrame,
+    eval_names: Sequence[str],
+    full: Mapping[str, float],
+    *,
+    n: Mapping[str, int] | None = None,
+    chance: Mapping[str, float] | None = None,
+) -> go.Figure:
     """Figure 2 (ID vs OOD accuracy per subnetwork) when there are >= 2 eval sets; with one, its
-    accuracy against sparsity; with none, the achieved sparsity against the target."""
+    accuracy against sparsity; with none, the achieved sparsity against the target. ``n`` and
+    ``chance`` (per eval set) label the sets and draw the chance lines."""
     if len(eval_names) >= 2:
         frame = table.rename(columns={f"acc_{n}": n for n in eval_names})
         frame["run"] = [
             f"s={s:g} seed={seed}" for s, seed in zip(frame.sparsity, frame.seed, strict=True)
         ]
         return id_vs_ood_scatter(
-            frame, dict(full), eval_names[0], list(eval_names[1:]), label_col="run"
-        )
+            frame, dict(full), eval_names[0], list(eval_names[1:]), label_col="run", n=n,
+            chance=chance,
+        )  # fmt: skip
     if len(eval_names) == 1:
         long = pd.DataFrame(
             {
@@ -386,7 +481,7 @@ def subnetworks_figure(table: pd.DataFrame, eval_names: Sequence[str], full: Map
                 "accuracy": table[f"acc_{eval_names[0]}"],
             }
         )
-        return accuracy_vs_sparsity(long, full_model_acc=dict(full))
+        return accuracy_vs_sparsity(long, full_model_acc=dict(full), n=n, chance=chance)
     fig = go.Figure(go.Scatter(x=table["sparsity"], y=table["achieved_sparsity"], mode="markers"))
     return fig.update_layout(
         title="Achieved vs target sparsity (no eval sets given)",

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
-from mi_core.viz.figures import accuracy_vs_sparsity, id_vs_ood_scatter, subcase_bars
+from mi_core.viz.figures import (
+    accuracy_vs_sparsity,
+    id_vs_ood_scatter,
+    subcase_bars,
+    training_dynamics,
+)
 from mi_core.viz.separability import trajectory_figure
 
 
@@ -42,3 +48,42 @@ def test_the_separability_figure_fits_1400_pixels_and_names_each_areas_metric():
     expected = {f"{m}: {metric} area " for m in ("freq", "random") for metric in
                 ("top1", "top10", "skip50_top1", "skip50_top10", "loss")}  # fmt: skip
     assert {name.rsplit("area ", 1)[0] + "area " for name in names} == expected
+
+
+def _lines(fig, axis):
+    """(position, annotation) of the layout lines along ``axis`` ("y": horizontal)."""
+    texts = [a.text for a in fig.layout.annotations]
+    shapes = [s for s in fig.layout.shapes if (s.y0 == s.y1 if axis == "y" else s.x0 == s.x1)]
+    return [(s.y0 if axis == "y" else s.x0, t) for s, t in zip(shapes, texts, strict=False)]
+
+
+def test_accuracy_axes_state_n_and_draw_the_chance_line():
+    long = pd.DataFrame({"sparsity": [0.3, 0.5] * 2, "dataset": ["mnli"] * 2 + ["so_swap"] * 2,
+                         "accuracy": [0.7, 0.6, 0.1, 0.2]})  # fmt: skip
+    n, chance = {"mnli": 300, "so_swap": 1000}, {"mnli": 1 / 3, "so_swap": 1 / 2}
+    fig = accuracy_vs_sparsity(long, n=n, chance=chance)
+    assert [t.name for t in fig.data] == ["mnli (n=300)", "so_swap (n=1,000)"]
+    lines = _lines(fig, "y")
+    assert (pytest.approx(1 / 3), "chance 1/3 (mnli)") in lines
+    assert (0.5, "chance 1/2 (so_swap)") in lines
+    without = accuracy_vs_sparsity(long)  # nothing known, nothing drawn
+    assert [t.name for t in without.data] == ["mnli", "so_swap"] and not without.layout.shapes
+    scatter = id_vs_ood_scatter(
+        pd.DataFrame({"mnli": [0.80, 0.81], "so_swap": [0.1, 0.5]}), None, "mnli", "so_swap",
+        n=n, chance=chance,
+    )  # fmt: skip
+    assert scatter.layout.xaxis.title.text == "mnli (n=300) accuracy (in-domain)"
+    assert scatter.data[0].name == "so_swap (n=1,000)"
+    assert _lines(scatter, "x")[0][0] == pytest.approx(1 / 3)
+    bars = subcase_bars(
+        pd.DataFrame({"subnetwork": [1], "subcase": ["so_swap"], "accuracy": [40.0]}),
+        n=n, chance=chance,
+    )  # fmt: skip
+    assert list(bars.data[0].x) == ["so_swap (n=1,000)"]
+    assert _lines(bars, "y") == [(50.0, "chance 1/2")]  # a percent scale gets a percent line
+    dynamics = training_dynamics(
+        pd.DataFrame({"step": [0, 100], "dataset": ["mnli"] * 2, "accuracy": [0.33, 0.34]}),
+        n=n, chance=chance,
+    )  # fmt: skip
+    assert dynamics.data[0].name == "mnli (n=300)"
+    assert list(dynamics.layout.yaxis.range) == [0.0, 1.02]

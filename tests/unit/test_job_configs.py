@@ -12,6 +12,7 @@ from mi_core.circuits.job import AttributeConfig, CircuitPruneConfig, CircuitSwe
 from mi_core.cli import build_parser
 from mi_core.cli.flags import flag_name
 from mi_core.config import field_docs
+from mi_core.data.fetch import FetchConfig
 from mi_core.errors import ConfigError
 from mi_core.evaluation import EvalConfig
 from mi_core.interventions.ablation_table import AblationTableConfig
@@ -70,6 +71,7 @@ JOBS = [
         CircuitSweepConfig,
         {"model": "smollm2", "out": "c", "sparsities": [0.9, 0.95], "seeds": [1, 2]},
     ),
+    ("data fetch", "data", FetchConfig, {}),
 ]
 IDS = [job[0] for job in JOBS]
 

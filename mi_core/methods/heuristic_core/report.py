@@ -255,6 +255,26 @@ def _eval_names(subnetworks: pd.DataFrame) -> list[str]:
     return [c[len("acc_") :] for c in subnetworks.columns if c.startswith("acc_")]
 
 
+def _eval_meta(root: Path, pretty: bool = False) -> tuple[dict[str, int], dict[str, float]]:
+    """Examples and chance accuracy per eval set, as a pruning run of the sweep recorded them
+    (``metrics.json``: ``eval_examples``, ``chance_accuracy``); keyed by display name when
+    ``pretty``. Empty when no run says (e.g. runs written before the fields existed)."""
+    runs = _csv(ExperimentLayout(root).analysis / COMPARISON_FILES["subnetworks"])
+    n: dict[str, int] = {}
+    chance: dict[str, float] = {}
+    for run_dir in [] if runs is None or "run_dir" not in runs else runs["run_dir"].dropna():
+        path = Path(str(run_dir)) / "metrics.json"
+        if path.is_file():
+            metrics = read_json(path)
+            n = {k: int(v) for k, v in metrics.get("eval_examples", {}).items()}
+            chance = {k: float(v) for k, v in metrics.get("chance_accuracy", {}).items()}
+            break
+    if pretty:
+        n = {display_name(k): v for k, v in n.items()}
+        chance = {display_name(k): v for k, v in chance.items()}
+    return n, chance
+
+
 def _overview(root: Path, config: dict[str, Any] | None) -> ReportSection:
     section = ReportSection("Overview")
     if config:
@@ -296,8 +316,9 @@ def _finetune_section(root: Path) -> ReportSection | None:
     in_domain = display_name(str(metrics["dataset"].iloc[0]))  # fine-tuning evaluates ID first
     pretty = metrics.assign(dataset=metrics["dataset"].map(display_name))
     section = ReportSection("Fine-tuning")
+    n, chance = _eval_meta(root, pretty=True)
     section.figure(
-        training_dynamics(pretty, id_datasets=[in_domain]),
+        training_dynamics(pretty, id_datasets=[in_domain], n=n, chance=chance),
         "In-domain and out-of-domain accuracy of the full model during fine-tuning "
         "(finetune/metrics.csv).",
     )
@@ -333,6 +354,8 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
     names = _eval_names(runs)
     pretty = {n: display_name(n) for n in names}
     full = {n: float(runs[f"full_acc_{n}"].iloc[0]) for n in names if f"full_acc_{n}" in runs}
+    sizes, chance = _eval_meta(root)
+    sizes_p, chance_p = _eval_meta(root, pretty=True)
     sections = []
 
     gen = ReportSection("Subnetworks: in-domain vs out-of-domain (Figures 2-4)")
@@ -347,7 +370,7 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
         "Accuracy of every subnetwork (analysis/subnetworks.csv); the first row is the full model.",
     )
     gen.figure(
-        subnetworks_figure(runs, names, full).update_layout(
+        subnetworks_figure(runs, names, full, n=sizes, chance=chance).update_layout(
             title="Figure 2: in-domain vs out-of-domain accuracy per subnetwork"
         ),
         f"x: {pretty[names[0]]} accuracy; y: each out-of-domain set; lines: the full model.",
@@ -367,6 +390,8 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
                     full_model_acc={pretty[n]: full[n] for n in names[1:] if n in full},
                     title=f"Figure 3: out-of-domain accuracy per subnetwork at sparsity "
                     f"{sparsity:g}",
+                    n=sizes_p,
+                    chance=chance_p,
                 ),
                 "Different subnetworks of one sparsity generalize to different subcases.",
             )
@@ -384,6 +409,8 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
             long,
             full_model_acc={pretty[n]: a for n, a in full.items()},
             title="Figure 4: accuracy vs sparsity (mean ± std over seeds)",
+            n=sizes_p,
+            chance=chance_p,
         ),
         f"Subnetworks of {where} ({source['sparsity'].nunique()} sparsities x "
         f"{source['seed'].nunique()} seeds). Dotted lines: the full model.",
