@@ -35,11 +35,12 @@ from mi_core.config import option
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
 from mi_core.devices import DeviceOption
-from mi_core.errors import ConfigError, DataError
+from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.interventions.edges import FILLS, EdgeMask, Graph, sender_means
 from mi_core.io import read_json, write_csv, write_json, write_safetensors, write_text
+from mi_core.pruning.jobs import EXECUTION_FIELDS, SweepExecution
 from mi_core.pruning.profiles import parse_seed_spec, parse_sparsity_spec
-from mi_core.pruning.sweep import run_dir_for
+from mi_core.pruning.sweep import run_dir_for, run_ray_tasks
 from mi_core.tasks import TASKS
 from mi_core.viz.circuits import circuit_graph_html
 
@@ -134,10 +135,11 @@ class CircuitPruneConfig(EdgePruneSettings, CircuitData):
 
 
 @dataclass(kw_only=True)
-class CircuitSweepConfig(EdgePruneSettings, CircuitData):
+class CircuitSweepConfig(EdgePruneSettings, CircuitData, SweepExecution):
     """``mi-core circuit sweep``: one edge-pruning run per (sparsity, seed), in
     ``out/s{sparsity}/seed{seed}`` (the layout of ``mi-core sweep``); finished runs are skipped,
-    an interrupted one resumes. ``sparsity`` and ``seed`` are taken from the lists."""
+    an interrupted one resumes. ``sparsity`` and ``seed`` are taken from the lists. Runs execute
+    here one after another (``executor`` local) or each as a Ray task (ray)."""
 
     sparsity: float = option(0.95, cli=False)
     """Set per run from ``sparsities``."""
@@ -152,12 +154,23 @@ class CircuitSweepConfig(EdgePruneSettings, CircuitData):
         super().validate()
         if not self.sparsities or not self.seeds:
             raise ConfigError("a circuit sweep needs at least one sparsity and one seed")
+        if self.executor == "batched" or self.group_size not in (None, 1):
+            raise ConfigError(
+                "a circuit sweep runs one run per task (executor local or ray); edge pruning has "
+                "no batched groups"
+            )
+        if self.executor == "ray" and self.device.startswith("cuda") and self.num_gpus_per_run <= 0:
+            raise ConfigError(
+                f"device {self.device} with executor ray needs num_gpus_per_run > 0 (Ray gives a "
+                "task no GPU otherwise); or use device auto"
+            )
         for sparsity in self.sparsities:  # every run's recipe is valid before any runs
             _edge_prune_settings(self, sparsity=sparsity)
 
     def run_config(self, sparsity: float, seed: int) -> CircuitPruneConfig:
         """The config of one run of the sweep."""
-        values = {k: v for k, v in self.to_dict().items() if k not in ("sparsities", "seeds")}
+        sweep_only = ("sparsities", "seeds", *EXECUTION_FIELDS)
+        values = {k: v for k, v in self.to_dict().items() if k not in sweep_only}
         out = run_dir_for(self.out, sparsity, seed)
         return CircuitPruneConfig.from_dict({**values, "sparsity": sparsity, "seed": seed,
                                              "out": str(out)})  # fmt: skip
@@ -252,23 +265,43 @@ def run_circuit_prune_job(config: CircuitPruneConfig, *, progress: bool = True) 
 
 
 def run_circuit_sweep_job(config: CircuitSweepConfig, *, progress: bool = True) -> pd.DataFrame:
-    """Every (sparsity, seed) run of the sweep on one loaded model; finished runs (with their
-    ``summary.json``) are read, not re-run. Returns and writes ``out/circuits.csv``."""
-    model, find, judge, means = _prepare(config)
+    """Every (sparsity, seed) run of the sweep: on one loaded model here, or each run a Ray task
+    (``config.executor``); finished runs (with their ``summary.json``) are read, not re-run.
+    Returns and writes ``out/circuits.csv`` (the finished runs; a run that failed is named in
+    the error raised after the others finished)."""
+    runs = [config.run_config(s, seed) for s in config.sparsities for seed in config.seeds]
+    pending = [r for r in runs if not (Path(r.out) / "summary.json").is_file()]
+    failures: list[str] = []
+    if pending and config.executor == "ray":
+        payloads = [{"config": r.to_dict()} for r in pending]
+        failures = run_ray_tasks(_circuit_prune_task, payloads, config.ray_address,
+                                 config.num_cpus_per_run, config.num_gpus_per_run)  # fmt: skip
+    elif pending:
+        model, find, judge, means = _prepare(config)
+        for run in pending:
+            _prune_one(run, model, find, judge, means, progress=progress)
     rows = []
-    for sparsity in config.sparsities:
-        for seed in config.seeds:
-            run = config.run_config(sparsity, seed)
-            done = Path(run.out) / "summary.json"
-            if done.is_file():
-                summary = read_json(done)
-            else:
-                summary = _prune_one(run, model, find, judge, means, progress=progress)
-            rows.append({"sparsity": sparsity, "seed": seed, **summary["circuit"],
-                         "run_dir": run.out})  # fmt: skip
+    for run in runs:
+        done = Path(run.out) / "summary.json"
+        if done.is_file():
+            rows.append({"sparsity": run.sparsity, "seed": run.seed,
+                         **read_json(done)["circuit"], "run_dir": run.out})  # fmt: skip
     table = pd.DataFrame(rows)
     write_csv(Path(config.out) / "circuits.csv", table)
+    if len(rows) < len(runs):
+        first = failures[0] if failures else "?"
+        raise TrainingError(
+            f"{len(runs) - len(rows)} of {len(runs)} circuit runs did not finish (first: "
+            f"{first}); circuits.csv lists the finished ones; re-run the sweep to retry the rest"
+        )
     return table
+
+
+def _circuit_prune_task(config: dict[str, Any]) -> str:
+    """One Ray task of a circuit sweep: the edge-pruning run of ``config`` (resumable)."""
+    run = CircuitPruneConfig.from_dict(config)
+    run_circuit_prune_job(run, progress=False)
+    return run.out
 
 
 def _prune_one(

@@ -347,17 +347,21 @@ def plan_sweep(
     ]
 
 
-def _ray_prune(kwargs: dict[str, Any], env: dict[str, str]) -> str:
-    """What a Ray worker runs: set the driver's data/offline environment, then one run or one
-    group of runs trained together (``kwargs["configs"]`` and ``kwargs["run_dirs"]``)."""
-    os.environ.update(env)
+def _prune_task(**kwargs: Any) -> str:
+    """One Ray task of a sweep: one run, or a group of runs trained together
+    (``kwargs["configs"]`` and ``kwargs["run_dirs"]``)."""
     if "configs" in kwargs:
-        kwargs = dict(kwargs)
         configs, dirs = kwargs.pop("configs"), kwargs.pop("run_dirs")
         model, train, means = kwargs.pop("model"), kwargs.pop("train"), kwargs.pop("means")
         results = prune_group(model, train, means, configs, dirs, **kwargs)
         return ", ".join(str(r.run_dir) for r in results)
     return str(prune_run(**kwargs).run_dir)
+
+
+def _ray_call(function: Any, kwargs: dict[str, Any], env: dict[str, str]) -> Any:
+    """What a Ray worker runs: the driver's data / offline environment, then ``function``."""
+    os.environ.update(env)
+    return function(**kwargs)
 
 
 def _import_ray():
@@ -370,36 +374,26 @@ def _import_ray():
     return ray
 
 
-def _run_with_ray(
-    groups: Sequence[Sequence[SweepRun]],
-    common: dict[str, Any],
-    ray_address: str | None,
-    num_cpus_per_run: float,
-    num_gpus_per_run: float = 0.0,
+def run_ray_tasks(
+    function: Any,
+    payloads: Sequence[dict[str, Any]],
+    ray_address: str | None = None,
+    num_cpus_per_task: float = 1.0,
+    num_gpus_per_task: float = 0.0,
 ) -> list[str]:
-    """Run each group of ``groups`` as a Ray task (a group of one: :func:`prune_run`; more: the
-    runs trained together) and wait for all; returns the failed tasks' messages."""
+    """``function(**payload)`` for every payload as a Ray task (on ``ray_address``, or a local
+    Ray instance when none is running), with the driver's data / offline environment; waits for
+    all and returns the failed tasks' messages (the others finish)."""
     ray = _import_ray()
     started_here = False
     if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
         started_here = True
     try:
-        task = ray.remote(num_cpus=num_cpus_per_run, num_gpus=num_gpus_per_run)(_ray_prune)
+        task = ray.remote(num_cpus=num_cpus_per_task, num_gpus=num_gpus_per_task)(_ray_call)
         env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}
-        refs = []
-        for group in groups:
-            if len(group) == 1:
-                kwargs = {**common, "out": str(group[0].run_dir), "config": group[0].config}
-            else:
-                kwargs = {
-                    **common,
-                    "configs": [r.config for r in group],
-                    "run_dirs": [str(r.run_dir) for r in group],
-                }
-            refs.append(task.remote(kwargs, env))
+        remaining = [task.remote(function, dict(payload), env) for payload in payloads]
         failures: list[str] = []
-        remaining = list(refs)
         while remaining:
             done, remaining = ray.wait(remaining, num_returns=1)
             try:
@@ -411,6 +405,25 @@ def _run_with_ray(
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _run_with_ray(
+    groups: Sequence[Sequence[SweepRun]],
+    common: dict[str, Any],
+    ray_address: str | None,
+    num_cpus_per_run: float,
+    num_gpus_per_run: float = 0.0,
+) -> list[str]:
+    """Run each group of ``groups`` as a Ray task (a group of one: :func:`prune_run`; more: the
+    runs trained together) and wait for all; returns the failed tasks' messages."""
+    payloads = []
+    for group in groups:
+        if len(group) == 1:
+            payloads.append({**common, "out": str(group[0].run_dir), "config": group[0].config})
+        else:
+            payloads.append({**common, "configs": [r.config for r in group],
+                             "run_dirs": [str(r.run_dir) for r in group]})  # fmt: skip
+    return run_ray_tasks(_prune_task, payloads, ray_address, num_cpus_per_run, num_gpus_per_run)
 
 
 def training_bytes_per_example(model: Any, max_length: int) -> int:

@@ -79,6 +79,25 @@ def test_a_circuit_sweep_runs_each_sparsity_and_seed_once(tmp_path, capsys, tiny
     assert not torch.equal(first, second)
 
 
+@pytest.mark.slow
+def test_a_circuit_sweep_on_ray_gives_the_local_circuits(tmp_path, tiny_checkpoints):
+    ray = pytest.importorskip("ray")
+    common = ["circuit", "sweep", "--model", str(tiny_checkpoints["gpt2-lm"]), "--n-examples",
+              "16", "--steps", "4", "--sparsity-warmup-steps", "2", "--batch-size", "8",
+              "--sparsities", "0.9", "--seeds", "1-2"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # two worker processes
+    try:
+        assert main([*common, "--out", str(tmp_path / "ray"), "--executor", "ray"]) == 0
+    finally:
+        ray.shutdown()
+    for seed in (1, 2):
+        a, b = (load_file(tmp_path / where / "s0.90" / f"seed{seed}" / "scores.safetensors")
+                for where in ("local", "ray"))  # fmt: skip
+        assert torch.equal(a["scores"], b["scores"])
+    assert len(list(csv.DictReader((tmp_path / "ray" / "circuits.csv").open()))) == 2
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
