@@ -67,6 +67,23 @@ def tiny(tiny_checkpoints):
     return load_model(tiny_checkpoints["bert-cls"], task="mnli")
 
 
+@pytest.fixture(scope="module")
+def train(data_dir):
+    """48 MNLI training pairs: the pruning tests' training set."""
+    from mi_core.data import load_pairs
+
+    return load_pairs("mnli:train", max_examples=48)
+
+
+@pytest.fixture(scope="module")
+def means(tiny, train):
+    """The tiny classifier's mean activations on ``train``."""
+    from mi_core.data import pair_batches
+    from mi_core.interventions import compute_means
+
+    return compute_means(tiny, pair_batches(train, tiny.tokenizer, batch_size=16))
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded SmolLM2-135M-Instruct (processed weights cached in MI_CORE_CACHE_DIR)."""

@@ -32,7 +32,7 @@ from typing import Any
 
 from mi_core.config import Config, option
 from mi_core.data._sources import hub_load
-from mi_core.data.pairs import HANS_FILE, PAWS_FILE
+from mi_core.data.pairs import HANS_FILE, PAWS_FILE, _hub_rows
 from mi_core.errors import DataError
 from mi_core.io import atomic_path, write_text
 
@@ -86,16 +86,9 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def _rows(dataset: Any) -> list[dict[str, Any]]:
-    columns = dataset.to_dict()
-    keys = list(columns)
-    n = len(columns[keys[0]]) if keys else 0
-    return [{k: columns[k][i] for k in keys} for i in range(n)]
-
-
 def _hub(spec: str, rel: str, root: Path, args: tuple, kwargs: dict) -> list[dict[str, Any]]:
     how = f"or place {rel} under {root} yourself (see the data README for its columns)"
-    return _rows(hub_load(spec, rel, root, args, kwargs, how))
+    return _hub_rows(hub_load(spec, rel, root, args, kwargs, how))
 
 
 def _glue(family: str, root: Path, overwrite: bool) -> list[Path]:

@@ -22,9 +22,16 @@ def kl_to_reference(
     masked_logits: Float[torch.Tensor, "batch label"],
 ) -> Float[torch.Tensor, ""]:
     """``KL(full || masked) = sum_c p_full (log p_full - log p_masked)``, batch-averaged."""
-    log_p_full = F.log_softmax(reference_logits.to(masked_logits.dtype), dim=-1)
-    log_p_masked = F.log_softmax(masked_logits, dim=-1)
+    log_p_full, log_p_masked = _log_probs(reference_logits, masked_logits)
     return F.kl_div(log_p_masked, log_p_full, reduction="batchmean", log_target=True)
+
+
+def _log_probs(
+    reference_logits: torch.Tensor, masked_logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both class log-distributions, in the masked logits' dtype."""
+    log_p_full = F.log_softmax(reference_logits.to(masked_logits.dtype), dim=-1)
+    return log_p_full, F.log_softmax(masked_logits, dim=-1)
 
 
 def kl_per_example(
@@ -32,8 +39,7 @@ def kl_per_example(
     masked_logits: Float[torch.Tensor, "batch label"],
 ) -> Float[torch.Tensor, " batch"]:
     """``KL(full || masked)`` of every example (:func:`kl_to_reference` is their mean)."""
-    log_p_full = F.log_softmax(reference_logits.to(masked_logits.dtype), dim=-1)
-    log_p_masked = F.log_softmax(masked_logits, dim=-1)
+    log_p_full, log_p_masked = _log_probs(reference_logits, masked_logits)
     return F.kl_div(log_p_masked, log_p_full, reduction="none", log_target=True).sum(-1)
 
 

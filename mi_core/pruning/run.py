@@ -617,8 +617,10 @@ def _start_run(
 
 #: PruneConfig fields added after runs were first written, with the value older runs used.
 _DEFAULTS_SINCE: dict[str, Any] = {"precision": "fp32"}
-#: Configuration fields that may differ between the runs trained together in one group.
-GROUP_VARYING = ("target_sparsity", "seed")
+#: Configuration fields that may differ between the runs trained together in one group: the
+#: target and the seed, and the schedules derived from the target (the paper's step counts and
+#: warm-ups grow with the sparsity).
+GROUP_VARYING = ("target_sparsity", "seed", "steps", "warmup_steps", "lr_warmup_steps")
 
 
 def _check_group(configs: Sequence[PruneConfig]) -> None:
@@ -628,7 +630,8 @@ def _check_group(configs: Sequence[PruneConfig]) -> None:
         differ = sorted(k for k in first if k not in GROUP_VARYING and first[k] != other[k])
         if differ:
             raise ConfigError(
-                "runs trained together must differ only in target sparsity and seed; "
+                "runs trained together must differ only in target sparsity, seed and the "
+                f"schedules derived from them ({', '.join(GROUP_VARYING)}); "
                 f"{', '.join(differ)} differ"
             )
 
@@ -642,7 +645,7 @@ def _train_group(
     progress: bool | None,
     max_chunk: int | None = None,
 ) -> None:
-    """Train ``runs`` together from their own start steps to the end (see
+    """Train ``runs`` together, each from its own start step to its own last step (see
     :func:`group_pruning_step`); each run's state, log and checkpoints are updated in place.
 
     A run whose loss becomes non-finite gets its ``error`` set and leaves the group (its last
@@ -659,15 +662,16 @@ def _train_group(
     targets = targets.to(device)
     accumulation = cfg.grad_accumulation
     first = min(r.start for r in runs)
+    last = max(r.cfg.steps for r in runs)
     desc = (
         f"prune s={cfg.target_sparsity:g} seed={cfg.seed}"
         if len(runs) == 1
         else f"prune {len(runs)} runs together"
     )
     bar = tqdm(
-        range(first, cfg.steps),
+        range(first, last),
         initial=first,
-        total=cfg.steps,
+        total=last,
         desc=desc,
         disable=None if progress is None else not progress,
         leave=False,
@@ -680,7 +684,7 @@ def _train_group(
         train_dropout(model, cfg.dropout),
     ):
         for step in bar:
-            active = [r for r in runs if r.start <= step and r.error is None]
+            active = [r for r in runs if r.start <= step < r.cfg.steps and r.error is None]
             if not active:
                 continue
             members, factors = [], []
@@ -982,7 +986,8 @@ def prune_group(
 ) -> list[PruneResult]:
     """Several pruning runs trained together, each with its files in its own folder.
 
-    The runs (``configs[k]`` in ``run_dirs[k]``, differing only in target sparsity and seed)
+    The runs (``configs[k]`` in ``run_dirs[k]``, differing only in target sparsity, seed and the
+    schedules that follow from them, :data:`GROUP_VARYING`)
     share one forward / backward pass per micro-batch (:func:`group_pruning_step`): the frozen
     model and the reference logits are shared, while each run keeps its own gates, lambdas,
     optimizer, target schedule, noise and data order, so every run ends as it would alone (up
@@ -1021,7 +1026,7 @@ def prune_group(
             results[k] = _report_complete(model, means_obj, cfg, run_dir, evals, full_accuracy)
         else:
             pending.append(k)
-    failures: list[str] = []
+    failures: list[TrainingError] = []
     if pending:
         started = time.perf_counter()
         tokenized = tokenize_pairs(train_set, model.tokenizer, configs[0].max_length)
@@ -1042,7 +1047,7 @@ def prune_group(
         seconds = (time.perf_counter() - started) / len(pending)
         for k, state in zip(pending, states, strict=True):
             if state.error is not None:
-                failures.append(f"{dirs[k]}: {state.error}")
+                failures.append(state.error)
                 continue
             log_alpha = state.gates.log_alpha.detach().cpu().clone()
             result = _finish(
@@ -1051,10 +1056,13 @@ def prune_group(
             )  # fmt: skip
             result.resumed_from = state.start if state.start > 0 else None
             results[k] = result
+    if len(configs) == 1 and failures:  # a run alone fails as prune_run does
+        raise failures[0]
     if failures:
+        first = next(k for k in pending if k not in results)
         raise TrainingError(
             f"{len(failures)} of {len(configs)} runs trained together failed (first: "
-            f"{failures[0]}); the others finished"
+            f"{dirs[first]}: {failures[0]}); the others finished"
         )
     return [results[k] for k in range(len(configs))]
 

@@ -579,27 +579,14 @@ def run_sweep(
     pending = [r for r in runs if not is_complete(r.run_dir)]
     logger.info("sweep %s: %d of %d runs to do", sweep_dir, len(pending), len(runs))
     failures: list[str] = []
-    if executor == "local":
-        for r in pending:
-            try:
-                prune_run(
-                    model_obj,
-                    train_set,
-                    r.run_dir,
-                    r.config,
-                    means=means_obj,
-                    eval_sets=evals,
-                    task=task,
-                    reference_logits_path=ref_path,
-                    full_accuracy=full,
-                    progress=progress,
-                )
-            except MiCoreError as exc:  # a failed run: finish the others, report at the end
-                logger.warning("%s failed: %s", r.run_dir, exc)
-                failures.append(f"{r.run_dir}: {exc}")
-    elif executor == "batched" and pending:
-        size = group_size or auto_group_size(model_obj, cfg, len(pending))
-        logger.info("sweep %s: groups of %d runs trained together", sweep_dir, size)
+    if executor in ("local", "batched") and pending:  # local: groups of one run
+        size = (
+            1
+            if executor == "local"
+            else group_size or auto_group_size(model_obj, cfg, len(pending))
+        )
+        if size > 1:
+            logger.info("sweep %s: groups of %d runs trained together", sweep_dir, size)
         for start in range(0, len(pending), size):
             group = pending[start : start + size]
             try:
@@ -615,9 +602,10 @@ def run_sweep(
                     full_accuracy=full,
                     progress=progress,
                 )
-            except MiCoreError as exc:  # a failed group: finish the others, report at the end
-                logger.warning("a group of %d runs failed: %s", len(group), exc)
-                failures.append(str(exc))
+            except MiCoreError as exc:  # a failed run or group: finish the others, report
+                where = f"{group[0].run_dir}: " if len(group) == 1 else ""
+                logger.warning("%s%s", where or "a group failed: ", exc)
+                failures.append(f"{where}{exc}")
     elif pending:
         common = {
             "model": os.fspath(model),

@@ -91,13 +91,13 @@ def test_sweep_runs_every_pair_then_only_what_is_missing(
     assert config["reference_logits"] == str(out / "reference_logits.safetensors")
 
     calls: list[Path] = []
-    real = sweep_module.prune_run
+    real = sweep_module.prune_group  # the local executor runs groups of one
 
-    def counting(model, train, run_dir, *args, **kwargs):
-        calls.append(Path(run_dir))
-        return real(model, train, run_dir, *args, **kwargs)
+    def counting(model, train, means, configs, run_dirs, **kwargs):
+        calls.extend(Path(d) for d in run_dirs)
+        return real(model, train, means, configs, run_dirs, **kwargs)
 
-    monkeypatch.setattr(sweep_module, "prune_run", counting)
+    monkeypatch.setattr(sweep_module, "prune_group", counting)
     assert main(args) == 0
     assert calls == []
     (out / "s0.50" / "seed1" / "metrics.json").unlink()

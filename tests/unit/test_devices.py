@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from mi_core.cli import main
-from mi_core.data import load_pairs, pair_batches
 from mi_core.devices import DeviceOption, autocast, grad_scaler, resolve_device
 from mi_core.errors import ConfigError
-from mi_core.interventions import compute_means
 from mi_core.pruning import make_prune_config, prune_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,16 +79,6 @@ def test_autocast_is_nothing_at_fp32_and_bf16_otherwise():
     assert grad_scaler("cpu", "bf16") is None and grad_scaler("cpu", "fp16") is not None
     with pytest.raises(ConfigError, match="precision must be one of"):
         autocast("cpu", "fp8")
-
-
-@pytest.fixture(scope="module")
-def train(data_dir):
-    return load_pairs("mnli:train", max_examples=32)
-
-
-@pytest.fixture(scope="module")
-def means(tiny, train):
-    return compute_means(tiny, pair_batches(train, tiny.tokenizer, batch_size=16))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

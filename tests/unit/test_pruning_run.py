@@ -35,16 +35,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def train(data_dir):
-    return load_pairs("mnli:train", max_examples=48)
-
-
-@pytest.fixture(scope="module")
-def means(tiny, train):
-    return compute_means(tiny, pair_batches(train, tiny.tokenizer, batch_size=16))
-
-
-@pytest.fixture(scope="module")
 def means_file(means, tmp_path_factory):
     return means.save(tmp_path_factory.mktemp("means") / "means.safetensors")
 
