@@ -40,7 +40,7 @@ from mi_core.interventions.edges import FILLS, EdgeMask, Graph, sender_means
 from mi_core.io import read_json, write_csv, write_json, write_safetensors, write_text
 from mi_core.pruning.jobs import EXECUTION_FIELDS, SweepExecution
 from mi_core.pruning.profiles import parse_seed_spec, parse_sparsity_spec
-from mi_core.pruning.sweep import run_dir_for, run_ray_tasks
+from mi_core.pruning.sweep import check_ray_gpus, run_dir_for, run_ray_tasks
 from mi_core.tasks import TASKS
 from mi_core.viz.circuits import circuit_graph_html
 
@@ -159,11 +159,7 @@ class CircuitSweepConfig(EdgePruneSettings, CircuitData, SweepExecution):
                 "a circuit sweep runs one run per task (executor local or ray); edge pruning has "
                 "no batched groups"
             )
-        if self.executor == "ray" and self.device.startswith("cuda") and self.num_gpus_per_run <= 0:
-            raise ConfigError(
-                f"device {self.device} with executor ray needs num_gpus_per_run > 0 (Ray gives a "
-                "task no GPU otherwise); or use device auto"
-            )
+        check_ray_gpus(self.executor, self.device, self.num_gpus_per_run)
         for sparsity in self.sparsities:  # every run's recipe is valid before any runs
             _edge_prune_settings(self, sparsity=sparsity)
 

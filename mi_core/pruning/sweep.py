@@ -374,6 +374,15 @@ def _import_ray():
     return ray
 
 
+def check_ray_gpus(executor: str, device: str, num_gpus_per_run: float) -> None:
+    """Refuse a CUDA device for Ray tasks that ask for no GPU (Ray would hide it from them)."""
+    if executor == "ray" and device.startswith("cuda") and num_gpus_per_run <= 0:
+        raise ConfigError(
+            f"--device {device} with --executor ray needs --num-gpus-per-run > 0 (Ray gives a "
+            "task no GPU otherwise); or use --device auto"
+        )
+
+
 def run_ray_tasks(
     function: Any,
     payloads: Sequence[dict[str, Any]],
@@ -543,11 +552,7 @@ def run_sweep(
         raise ConfigError(f"--group-size must be at least 1, got {group_size}")
     if group_size is not None and executor == "local" and group_size != 1:
         raise ConfigError("--group-size needs --executor batched or ray (local runs one by one)")
-    if executor == "ray" and device.startswith("cuda") and num_gpus_per_run <= 0:
-        raise ConfigError(
-            f"--device {device} with --executor ray needs --num-gpus-per-run > 0 (Ray gives a "
-            "task no GPU otherwise); or use --device auto"
-        )
+    check_ray_gpus(executor, device, num_gpus_per_run)
     sweep_dir = Path(out)
     runs = plan_sweep(sweep_dir, sparsities, seeds, profile, overrides)
     cfg = runs[0].config
