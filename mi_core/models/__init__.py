@@ -4,6 +4,7 @@ from mi_core.models.classifier import (
     HookedClassifier,
     HookedDecoderClassifier,
     HookedEncoderClassifier,
+    PairTokens,
     StagedClassifier,
 )
 from mi_core.models.embedded import EMBEDDED_MODELS
@@ -25,6 +26,7 @@ __all__ = [
     "HookedClassifier",
     "HookedDecoderClassifier",
     "HookedEncoderClassifier",
+    "PairTokens",
     "SUPPORTED_ARCHITECTURES",
     "StagedClassifier",
     "TASK_LABEL_NAMES",

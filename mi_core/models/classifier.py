@@ -35,6 +35,34 @@ Ids = Int[torch.Tensor, "batch pos"]
 IGNORED_BATCH_KEYS = frozenset({"labels", "index"})
 Resid = Float[torch.Tensor, "batch pos d_model"]
 
+_AS_IDS = (
+    "{what}: a classifier's to_tokens gives a dict of input_ids, attention_mask and "
+    "token_type_ids, not a tensor. Where TransformerLens wants a token tensor (its patching "
+    "functions, run_with_hooks), pass tokens['input_ids']: the classifier rebuilds the mask and "
+    "the token types from the ids, as the tokenizer made them. For head detection on sentence "
+    "pairs use mi_core.analysis.score_attention_patterns (attention mass on the previous, next, "
+    "separator, first and own token, and on overlapping words, per head); TransformerLens's "
+    "detect_head assumes one text of a causal language model"
+)
+
+
+class PairTokens(dict):
+    """What a classifier's ``to_tokens`` returns: ``input_ids``, ``attention_mask`` and
+    ``token_type_ids``, for ``model(**tokens)``.
+
+    A dict (like Hugging Face's ``BatchEncoding``) with ``.to(device)``; asked for a tensor's
+    attribute (``.shape``, as TransformerLens's helpers do), it says what to pass instead.
+    """
+
+    def to(self, device: torch.device | str) -> PairTokens:
+        """Every tensor moved to ``device``."""
+        return PairTokens({key: value.to(device) for key, value in self.items()})
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(_AS_IDS.format(what=f"PairTokens has no attribute {name!r}"))
+
 
 @runtime_checkable
 class StagedClassifier(Protocol):
@@ -99,9 +127,10 @@ class HookedClassifier:
         hypothesis: str | list[str] | None = None,
         max_length: int = 128,
         **tl_keywords: object,
-    ) -> dict[str, torch.Tensor]:
+    ) -> PairTokens:
         """Token ids, attention mask and token type ids of sentence pairs (or single texts),
         right-padded, exactly as mi_core's data pipeline makes them: ``model(**tokens)``.
+        ``tokens["input_ids"]`` alone is enough too: :meth:`forward` rebuilds the rest from it.
 
         Called with TransformerLens's own keywords (``prepend_bos``, ``padding_side``,
         ``move_to_device``, ``truncate``), as TL's helpers call it, it is TL's ``to_tokens``.
@@ -125,7 +154,7 @@ class HookedClassifier:
         width = max(len(x) for x in ids)
         pad = pad_token_id(self.tokenizer)
         device = self.cfg.device
-        return {
+        return PairTokens({
             "input_ids": torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device),
             "attention_mask": torch.tensor(
                 [[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device
@@ -133,7 +162,7 @@ class HookedClassifier:
             "token_type_ids": torch.tensor(
                 [t + [0] * (width - len(t)) for t in types], device=device
             ),
-        }
+        })  # fmt: skip
 
     def to_str_tokens(
         self, premise: str | list[str], hypothesis: str | list[str] | None = None
@@ -165,6 +194,10 @@ class HookedClassifier:
         strings: ``model(premise, hypothesis)`` (lists of strings for a batch) tokenises them
         with :meth:`to_tokens`, so ``run_with_cache(premise, hypothesis)`` works too.
 
+        Token ids given alone (as TransformerLens's helpers give them: ``run_with_hooks(ids)``)
+        get the attention mask and token type ids the tokenizer made with them: see
+        :meth:`infer_inputs`.
+
         ``return_type``: ``"logits"`` (the default) or None (run the model for its hooks and
         return nothing). The other keys of an mi_core batch (``labels``, ``index``) may be
         passed along (``model(**batch)``) and are ignored; any other keyword is refused, so a
@@ -192,10 +225,42 @@ class HookedClassifier:
             raise ValueError(
                 f"return_type must be 'logits' or None for a classifier, not {return_type!r}"
             )
+        attention_mask, token_type_ids = self.infer_inputs(
+            input_ids, attention_mask, token_type_ids
+        )
         resid = self.embed_input(input_ids, attention_mask, token_type_ids)
         resid = self.run_blocks(resid, attention_mask)
         logits = self.classify(resid, attention_mask)
         return logits if return_type == "logits" else None
+
+    def infer_inputs(
+        self,
+        input_ids: Ids,
+        attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+        token_type_ids: Ids | None = None,
+    ) -> tuple[Int[torch.Tensor, "batch pos"] | None, Ids | None]:
+        """The attention mask and token type ids that go with ``input_ids``, where not given.
+
+        Right-padded ids from this model's tokenizer determine both: an encoder's mask is 0 at
+        its pad token (which no text produces), a decoder's at the trailing run of pad tokens
+        (GPT-2 pads with eos; a text that itself ends in eos loses that token); a BERT pair's
+        token types are 0 up to the first [SEP] and 1 after it. Without a tokenizer nothing is
+        inferred (no mask, token types 0).
+        """
+        if self.tokenizer is None or (attention_mask is not None and token_type_ids is not None):
+            return attention_mask, token_type_ids
+        pad = pad_token_id(self.tokenizer)
+        if attention_mask is None:
+            real = input_ids != pad
+            if not self.is_encoder:  # only the trailing pads: eos may sit inside a text
+                seen = real.flip(-1).long().cummax(dim=-1).values.flip(-1)
+                real = seen.bool()
+            attention_mask = real.long()
+        sep = getattr(self.tokenizer, "sep_token_id", None)
+        if token_type_ids is None and self.is_encoder and sep is not None:
+            after_sep = (input_ids == sep).long().cumsum(dim=-1) - (input_ids == sep).long()
+            token_type_ids = ((after_sep > 0) & attention_mask.bool()).long()
+        return attention_mask, token_type_ids
 
     @property
     def component_labels(self) -> list[str]:

@@ -62,3 +62,67 @@ def test_transformer_lens_helpers_still_work_on_a_decoder_classifier(gpt2_cls):
     # TL's own keywords reach TL's to_tokens (its helpers call it so): a tensor, not a dict
     tl_tokens = gpt2_cls.to_tokens(PREMISES[0], prepend_bos=False)
     assert isinstance(tl_tokens, torch.Tensor) and tl_tokens.dim() == 2
+
+
+@pytest.fixture(scope="module")
+def roberta_cls(tiny_checkpoints):
+    return load_model(tiny_checkpoints["roberta-cls"], task="mnli")
+
+
+@pytest.mark.parametrize("which", ["tiny", "roberta_cls", "gpt2_cls"])
+def test_token_ids_alone_get_the_mask_and_token_types_back(which, request):
+    model = request.getfixturevalue(which)
+    tokens = model.to_tokens(PREMISES, HYPOTHESES)  # two pairs of different lengths: padding
+    assert (tokens["attention_mask"] == 0).any()
+    mask, types = model.infer_inputs(tokens["input_ids"])
+    assert torch.equal(mask, tokens["attention_mask"])
+    if which == "tiny":  # BERT: the hypothesis is segment 1
+        assert torch.equal(types, tokens["token_type_ids"]) and types.sum() > 0
+    torch.testing.assert_close(model(tokens["input_ids"]), model(**tokens), atol=1e-6, rtol=0)
+
+
+def test_transformer_lens_patching_runs_on_pair_token_ids(tiny):
+    """TL's activation patching hands the classifier bare token ids; the result equals the same
+    patch run by hand with the tokenizer's mask and token types."""
+    from transformer_lens import patching
+
+    clean = tiny.to_tokens(PREMISES, HYPOTHESES)
+    corrupt = tiny.to_tokens(HYPOTHESES[:1] * 2, PREMISES[:1] * 2)
+    width = min(clean["input_ids"].shape[1], corrupt["input_ids"].shape[1])
+    clean = {k: v[:, :width] for k, v in clean.items()}
+    corrupt = {k: v[:, :width] for k, v in corrupt.items()}
+    _, clean_cache = tiny.run_with_cache(**clean)
+
+    def metric(logits):
+        return logits[:, 0].mean()
+
+    patched = patching.get_act_patch_attn_head_out_all_pos(
+        tiny, corrupt["input_ids"], clean_cache, metric
+    )
+    assert patched.shape == (tiny.cfg.n_layers, tiny.cfg.n_heads)
+
+    def hook(z, hook, head=1):
+        z[:, :, head] = clean_cache[hook.name][:, :, head]
+        return z
+
+    by_hand = tiny.run_with_hooks(**corrupt, fwd_hooks=[("blocks.1.attn.hook_z", hook)])
+    assert patched[1, 1].item() == pytest.approx(metric(by_hand).item(), abs=1e-5)
+    # without the pair's token types the numbers differ: the inference is what makes it right
+    plain = tiny.run_with_hooks(
+        corrupt["input_ids"],
+        attention_mask=corrupt["attention_mask"],
+        token_type_ids=torch.zeros_like(corrupt["input_ids"]),
+        fwd_hooks=[("blocks.1.attn.hook_z", hook)],
+    )
+    assert abs(metric(plain).item() - metric(by_hand).item()) > 1e-6
+
+
+def test_transformer_lens_head_detector_says_what_to_use_on_a_classifier(tiny):
+    from transformer_lens.head_detector import detect_head
+
+    with pytest.raises(AttributeError, match="score_attention_patterns"):
+        detect_head(tiny, PREMISES[0], "previous_token_head")
+    tokens = tiny.to_tokens(PREMISES, HYPOTHESES)
+    moved = tokens.to("cpu")
+    assert set(moved) == {"input_ids", "attention_mask", "token_type_ids"}
+    assert not hasattr(tokens, "shape")

@@ -77,7 +77,9 @@ def test_classifier_forward_refuses_unknown_keywords(tiny):
     # the keys of an mi_core batch pass through, so model(**batch) keeps working
     batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0]), "index": 0}
     assert torch.equal(tiny(**batch), logits)
-    assert not torch.equal(tiny(ids), logits)  # the mask matters: dropping it would show
+    ones = torch.ones_like(mask)  # the mask matters: a wrong one would show
+    assert not torch.equal(tiny(ids, attention_mask=ones), logits)
+    assert torch.equal(tiny(ids), logits)  # ids alone: the mask is rebuilt from the pad id
     assert tiny(ids, attention_mask=mask, return_type=None) is None
     with pytest.raises(ValueError, match="return_type"):
         tiny(ids, return_type="loss")
