@@ -16,12 +16,15 @@ Every run is an ordinary sweep run (resumable; a re-run only reports)::
         --means means.safetensors --out runs/recipes --seeds 1-4 --sparsity 0.5
 
 ``--full`` compares ``paper`` and ``cofi`` on the paper's own schedule instead (a GPU job).
+``--set FIELD=VALUE`` (repeatable) changes one field of the base recipe (a schedule field changes
+CoFi's too), e.g. ``--set warmup_steps=300``; ``--base-only`` skips the CoFi runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -57,6 +60,15 @@ def _mean_pairwise(sets: list[set[str]]) -> float:
     return sum(_jaccard(a, b) for a, b in pairs) / max(1, len(pairs))
 
 
+def _parse_setting(item: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` with VALUE read as JSON where it can be (numbers, booleans)."""
+    name, _, value = item.partition("=")
+    try:
+        return name.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return name.strip(), value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="fine-tuned classifier checkpoint")
@@ -70,15 +82,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sparsity", type=float, default=0.5)
     parser.add_argument("--seeds", default="1-4")
     parser.add_argument("--full", action="store_true", help="paper vs cofi on the paper schedule")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override one field of the base recipe (repeatable)",
+    )
+    parser.add_argument("--base-only", action="store_true", help="skip the CoFi runs")
+    parser.add_argument(
+        "--executor",
+        default="local",
+        choices=["local", "batched"],
+        help="batched: each recipe's seeds train together (same masks, dropout aside)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
     out = Path(args.out)
     seeds = parse_seeds(args.seeds)
     base = "paper" if args.full else "quick"
-    reference = make_prune_config(base, args.sparsity, seeds[0])
+    changes = dict(_parse_setting(item) for item in args.set)
+    reference = make_prune_config(base, args.sparsity, seeds[0], **changes)
     schedule = {name: getattr(reference, name) for name in SCHEDULE_FIELDS}
-    recipes = {base: {}, "cofi": schedule}
+    recipes = {base: changes} if args.base_only else {base: changes, "cofi": schedule}
 
     rows, logs, removed, freqs = [], [], {}, {}
     for name, overrides in recipes.items():
@@ -94,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides=overrides,
             max_train_examples=args.max_train_examples,
             max_eval_examples=args.max_eval_examples,
+            executor=args.executor,
         )
         masks = []
         removed[name] = []
@@ -128,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     n_layers, n_heads = freqs[names[0]].shape
     frequency.index = [f"L{l}.H{h}" for l in range(n_layers) for h in range(n_heads)]
     write_csv(out / "head_frequency.csv", frequency.reset_index(names="head"))
-    rho, p = frequency_spearman(freqs[names[0]], freqs[names[1]])
 
     log = pd.concat(logs)
     fig = go.Figure()
@@ -156,7 +183,6 @@ def main(argv: list[str] | None = None) -> int:
 
     acc_cols = [c for c in results.columns if c.startswith("acc_")]
     summary = results.groupby("recipe")[["achieved_sparsity", "removed_mlps", *acc_cols]].mean()
-    across = sum(_jaccard(a, b) for a in removed[names[0]] for b in removed[names[1]])
     lines = [
         f"# Recipe comparison at {args.sparsity:.0%} sparsity, seeds {args.seeds}",
         "",
@@ -166,11 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         "",
         markdown_table(summary.reset_index()),
         "",
-        f"Spearman rho of head frequencies ({names[0]} vs {names[1]}): {rho:.3f} (p = {p:.2g})",
-        f"Jaccard of removed sets within {names[0]}: {_mean_pairwise(removed[names[0]]):.3f}; "
-        f"within {names[1]}: {_mean_pairwise(removed[names[1]]):.3f}; across: "
-        f"{across / len(seeds) ** 2:.3f}",
+        *(
+            f"Jaccard of removed sets within {name}: {_mean_pairwise(removed[name]):.3f}"
+            for name in names
+        ),
     ]
+    if len(names) == 2:
+        rho, p = frequency_spearman(freqs[names[0]], freqs[names[1]])
+        across = sum(_jaccard(a, b) for a in removed[names[0]] for b in removed[names[1]])
+        lines += [
+            f"Spearman rho of head frequencies ({names[0]} vs {names[1]}): {rho:.3f} (p = {p:.2g})",
+            f"Jaccard of removed sets across: {across / len(seeds) ** 2:.3f}",
+        ]
     text = "\n".join(lines) + "\n"
     write_text(out / "summary.md", text)
     sys.stdout.write(text)

@@ -42,6 +42,7 @@ from mi_core.io import read_json, read_safetensors, write_json, write_safetensor
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
+from mi_core.seeding import derive_seed
 
 __all__ = ["EdgePruneResult", "EdgePruneSettings", "prune_edges"]
 
@@ -107,7 +108,9 @@ def _batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tenso
     """The examples of ``step``: consecutive slices of a per-epoch permutation."""
     per_epoch = max(1, n // batch_size)
     epoch, offset = divmod(step, per_epoch)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    order = torch.randperm(
+        n, generator=torch.Generator().manual_seed(derive_seed("circuit", "order", seed, epoch))
+    )
     if batch_size >= n:
         return order
     return order[offset * batch_size : (offset + 1) * batch_size]
@@ -193,7 +196,9 @@ def prune_edges(
             index = _batch_indices(len(pairs), config.batch_size, config.seed, step)
             batch = pairs.select(index)
             target = target_sparsity_at(step, config.sparsity, config.sparsity_warmup_steps)
-            step_gen = torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step)
+            step_gen = torch.Generator(device=device).manual_seed(
+                derive_seed("circuit", config.seed, step)
+            )
             z = sample_hard_concrete(log_alpha, generator=step_gen)
             mask = EdgeMask(graph, z, config.fill, means if config.fill == "mean" else None)
             if config.fill == "corrupted":

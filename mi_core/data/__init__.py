@@ -8,8 +8,10 @@ See :mod:`mi_core.data.pairs`, :mod:`mi_core.data.batches` and :mod:`mi_core.dat
 
 from mi_core.data._sources import DATA_DIR_ENV, resolve_data_dir
 from mi_core.data.batches import (
+    GROUP_BATCHES,
     PairBatches,
     TokenizedPairs,
+    length_grouped_batches,
     pad_token_id,
     pair_batches,
     tokenize_pairs,
@@ -57,6 +59,8 @@ __all__ = [
     "model_num_labels",
     "pad_token_id",
     "pair_batches",
+    "GROUP_BATCHES",
+    "length_grouped_batches",
     "resolve_data_dir",
     "token_stream",
     "iter_batches",

@@ -9,7 +9,8 @@
   :attr:`TokenizedPairs.n_truncated`.
 * Batches pad to the longest example in the batch, on the right; ``sort_by_length=True`` groups
   examples of similar length (fast evaluation) and ``batch["index"]`` maps rows back to the
-  data set.
+  data set. Shuffled and grouped by length, batches come from :func:`length_grouped_batches`,
+  the one length-grouped batcher of fine-tuning and pruning.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from mi_core.data.pairs import PairDataset
 from mi_core.errors import DataError
 from mi_core.models.text import encode_pairs, pad_token_id
+from mi_core.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +99,41 @@ def tokenize_pairs(dataset: PairDataset, tokenizer, max_length: int = 128) -> To
     )
 
 
+#: Examples sorted by length together: a random pool this many batches large.
+GROUP_BATCHES = 16
+
+
+def length_grouped_batches(
+    lengths: Sequence[int], batch_size: int, seed: int, epoch: int, drop_last: bool = True
+) -> list[list[int]]:
+    """One epoch of training batches: random, but each of examples of similar length.
+
+    The examples are shuffled (from ``derive_seed("batches", seed, epoch)``), cut into pools of
+    ``GROUP_BATCHES * batch_size``, each pool is sorted by length and cut into batches, and the
+    batch order is shuffled again. Padding per batch then costs little (as with Hugging Face's
+    ``group_by_length``) while batch composition still changes every epoch. With ``drop_last``
+    an incomplete last batch is dropped unless it is the only one.
+    """
+    n = len(lengths)
+    gen = torch.Generator().manual_seed(derive_seed("batches", seed, epoch))
+    order = torch.randperm(n, generator=gen).tolist()
+    pool = GROUP_BATCHES * batch_size
+    batches: list[list[int]] = []
+    for start in range(0, n, pool):
+        chunk = sorted(order[start : start + pool], key=lambda i: -lengths[i])
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    if drop_last and len(batches) > 1:
+        batches = [b for b in batches if len(b) == batch_size]
+    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+
+
 class PairBatches:
     """Re-iterable batches of a :class:`TokenizedPairs`.
 
     Each pass yields dicts with ``input_ids``, ``attention_mask``, ``token_type_ids``, ``labels``
     and ``index`` (LongTensors). With ``shuffle`` the order is drawn from ``seed`` and the pass
-    number, so passes differ but runs repeat. With ``sort_by_length`` examples are grouped by
-    length (batches of similar widths; with ``shuffle`` the order of those batches is shuffled).
+    number, so passes differ but runs repeat. With ``sort_by_length`` examples are sorted by
+    length (batches of similar widths); with both, :func:`length_grouped_batches` groups them.
     """
 
     def __init__(
@@ -137,20 +167,21 @@ class PairBatches:
         """The example indices of each batch of pass ``epoch`` (default: the next pass)."""
         n = len(self.tokenized)
         epoch = self._epoch if epoch is None else epoch
-        gen = torch.Generator().manual_seed(self.seed + epoch)
+        if self.shuffle and self.sort_by_length:
+            return length_grouped_batches(
+                self.tokenized.lengths, self.batch_size, self.seed, epoch, self.drop_last
+            )
         if self.sort_by_length:
             lengths = self.tokenized.lengths
             order = sorted(range(n), key=lambda i: (-lengths[i], i))
         elif self.shuffle:
+            gen = torch.Generator().manual_seed(derive_seed("batches", self.seed, epoch))
             order = torch.randperm(n, generator=gen).tolist()
         else:
             order = list(range(n))
         batches = [order[s : s + self.batch_size] for s in range(0, n, self.batch_size)]
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
-        if self.sort_by_length and self.shuffle:
-            perm = torch.randperm(len(batches), generator=gen).tolist()
-            batches = [batches[p] for p in perm]
         return batches
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -89,12 +89,10 @@ from mi_core.pruning.run import (  # noqa: E402
     frozen,
     group_pruning_step,
     is_complete,
-    length_grouped_batches,
     prune,
     prune_group,
     prune_run,
     pruning_step,
-    step_seed,
 )
 from mi_core.pruning.sweep import (  # noqa: E402
     SweepResult,
@@ -121,7 +119,6 @@ __all__ += [
     "compute_reference_logits",
     "is_complete",
     "kl_to_reference",
-    "length_grouped_batches",
     "load_reference_logits",
     "load_sweep",
     "plan_sweep",
@@ -132,7 +129,6 @@ __all__ += [
     "run_dir_for",
     "run_sweep",
     "auto_group_size",
-    "step_seed",
 ]
 # The in-memory sweep() is mi_core.pruning.sweep.sweep (``from mi_core import sweep``): the
 # package attribute ``sweep`` stays the module.

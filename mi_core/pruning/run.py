@@ -12,7 +12,7 @@ seed). A run directory holds::
 
 Exact resumption: the hard-concrete noise of step ``k`` comes from a generator seeded with
 ``(seed, k)`` and the micro-batches of step ``k`` from the data order of ``seed`` and the epoch
-(:func:`length_grouped_batches`: random batches of similar-length examples, padded per batch),
+(:func:`mi_core.data.length_grouped_batches`: random batches of similar-length examples),
 so nothing about the random state has to be saved besides the step. A run killed at any point
 and started again with the same arguments continues from its last checkpoint and ends with the
 same ``log_alpha`` and mask as an uninterrupted run. A run whose ``metrics.json`` exists is
@@ -22,7 +22,6 @@ complete: running it again only reports the result (and evaluates eval sets it l
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -38,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, load_pairs
-from mi_core.data.batches import TokenizedPairs, tokenize_pairs
+from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
 from mi_core.devices import autocast, grad_scaler, to_device
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
@@ -65,6 +64,7 @@ from mi_core.pruning.reference_logits import (
     reference_metadata,
 )
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
+from mi_core.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
 
@@ -118,21 +118,6 @@ class PruneResult:
     def full_accuracy(self) -> dict[str, float]:
         """The full model's accuracy per eval set."""
         return dict(self.metrics["full_accuracy"])
-
-
-def step_seed(seed: int, step: int, stream: str = "noise") -> int:
-    """The seed of one random stream of a run: a hash of ``(seed, step, stream)`` (63 bits).
-
-    Streams: ``"noise"`` (step ``step``'s hard-concrete noise), ``"dropout"`` (its dropout) and
-    ``"init"`` (the initial ``log_alpha``, with ``step`` 0).
-    """
-    tag = (
-        f"mi_core.prune:{seed}:{step}"
-        if stream == "noise"
-        else f"mi_core.prune:{stream}:{seed}:{step}"
-    )
-    digest = hashlib.sha256(tag.encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def final_sparsity(log: pd.DataFrame, estimate: str) -> float | None:
@@ -273,41 +258,13 @@ def frozen(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-#: Examples sorted by length together: a random pool this many batches large.
-GROUP_BATCHES = 16
-
-
-def length_grouped_batches(
-    lengths: Sequence[int], batch_size: int, seed: int, epoch: int
-) -> list[list[int]]:
-    """One epoch of training batches: random, but each of examples of similar length.
-
-    The examples are shuffled (from ``seed`` and ``epoch``), cut into pools of
-    ``GROUP_BATCHES * batch_size``, each pool is sorted by length and cut into batches, and the
-    batch order is shuffled again. Padding per batch then costs little (as with Hugging Face's
-    ``group_by_length``) while batch composition still changes every epoch. An incomplete last
-    batch is dropped unless it is the only one.
-    """
-    n = len(lengths)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(n, generator=gen).tolist()
-    pool = GROUP_BATCHES * batch_size
-    batches: list[list[int]] = []
-    for start in range(0, n, pool):
-        chunk = sorted(order[start : start + pool], key=lambda i: -lengths[i])
-        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-    if len(batches) > 1:
-        batches = [b for b in batches if len(b) == batch_size]
-    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
-
-
 class _Schedule:
     """Which examples micro-batch ``k`` holds: a function of the seed and ``k`` only."""
 
     def __init__(self, tokenized: TokenizedPairs, batch_size: int, seed: int) -> None:
-        self.lengths = tokenized.lengths
-        self.batch_size = batch_size
-        self.seed = seed
+        self.batches = PairBatches(
+            tokenized, batch_size, shuffle=True, seed=seed, drop_last=True, sort_by_length=True
+        )
         self._epoch = -1
         self._order: list[list[int]] = []
 
@@ -320,7 +277,7 @@ class _Schedule:
         return self._order[position]
 
     def _batches(self, epoch: int) -> list[list[int]]:
-        return length_grouped_batches(self.lengths, self.batch_size, self.seed, epoch)
+        return self.batches.batch_indices(epoch)
 
 
 def _sparsity_weights(model: Any, weighting: str) -> torch.Tensor | None:
@@ -580,7 +537,7 @@ def _start_run(
         cfg.beta,
         init_mean=cfg.log_alpha_init,
         init_std=cfg.log_alpha_init_std,
-        generator=torch.Generator().manual_seed(step_seed(cfg.seed, 0, "init")),
+        generator=torch.Generator().manual_seed(derive_seed("prune", "init", cfg.seed, 0)),
     ).to(device)
     controller = LagrangianController().to(device)
     optimizer = pruning_optimizer(
@@ -699,7 +656,9 @@ def _train_group(
                         r.gates,
                         r.controller,
                         target_sparsity_at(step, r.cfg.target_sparsity, r.cfg.warmup_steps),
-                        torch.Generator(device=device).manual_seed(step_seed(r.cfg.seed, step)),
+                        torch.Generator(device=device).manual_seed(
+                            derive_seed("prune", r.cfg.seed, step)
+                        ),
                         r.cfg.sparsity_estimate,
                     )
                 )
@@ -710,7 +669,7 @@ def _train_group(
                 sizes.append([len(part) for part in parts])
             with torch.random.fork_rng(devices=rng_devices, enabled=cfg.dropout):
                 if cfg.dropout:
-                    torch.manual_seed(step_seed(active[0].cfg.seed, step, "dropout"))
+                    torch.manual_seed(derive_seed("prune", "dropout", active[0].cfg.seed, step))
                 rows = group_pruning_step(
                     model, mask, members, batches, sizes, targets, weights, max_chunk,
                     cfg.precision, scaler,

@@ -30,6 +30,7 @@ from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.io import read_json, write_csv, write_json
 from mi_core.models import load_hf_classifier
+from mi_core.seeding import derive_seed
 from mi_core.tasks import TASKS
 from mi_core.training.checkpoints import (
     load_training_state,
@@ -134,10 +135,6 @@ def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
         )
 
 
-def _step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step) % (2**63)
-
-
 def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     """Fine-tune ``cfg.model`` on ``cfg.train``; return the metrics table (step, dataset, accuracy).
 
@@ -198,9 +195,9 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         if position == 0 or not epoch_batches:
             epoch_batches = batches.batch_indices(epoch)
         batch = to_device(batches.tokenized.collate(epoch_batches[position]), device)
-        torch.manual_seed(_step_seed(cfg.seed, step))
+        torch.manual_seed(derive_seed("finetune", cfg.seed, step))
         if device.type == "cuda":
-            torch.cuda.manual_seed_all(_step_seed(cfg.seed, step))
+            torch.cuda.manual_seed_all(derive_seed("finetune", cfg.seed, step))
         with autocast(device, cfg.precision):
             loss = model(**model_inputs(model, batch), labels=batch["labels"]).loss
         if not math.isfinite(loss.item()):

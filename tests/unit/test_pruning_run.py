@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mi_core.cli import main
-from mi_core.data import load_pairs, pair_batches
+from mi_core.data import length_grouped_batches, load_pairs, pair_batches
 from mi_core.data.batches import tokenize_pairs
 from mi_core.errors import ConfigError, TrainingError
 from mi_core.interventions import ComponentMask, ablate, compute_means
@@ -20,7 +20,6 @@ from mi_core.pruning import (
     binary_mask_from_log_alpha,
     compute_reference_logits,
     kl_to_reference,
-    length_grouped_batches,
     load_reference_logits,
     make_prune_config,
     prune_run,

@@ -41,6 +41,7 @@ from mi_core.evaluation.next_token import METRICS, evaluate_next_token, most_fre
 from mi_core.interventions.neurons import PruneMasks
 from mi_core.interventions.svd import svd_attention
 from mi_core.io import read_safetensors, write_safetensors
+from mi_core.seeding import derive_seed
 from mi_core.statistics.activations import ActivationStats, collect_activation_stats
 from mi_core.statistics.scoring import (
     HEAD_AGGREGATIONS,
@@ -553,8 +554,11 @@ def run_separability(
         if random_masks is not None:
             shapes = {"mlp": random_masks.ff_step.shape, "attn": random_masks.attn_step.shape}
             rand = {
-                site: random_scores(tuple(shape), seed=config.seed * 1_000_003 + 2 * step + i)
-                for i, (site, shape) in enumerate(shapes.items())
+                site: random_scores(
+                    tuple(shape),
+                    seed=derive_seed("separability", "random", config.seed, step, site),
+                )
+                for site, shape in shapes.items()
             }
             focus_stats = None
             if "mean" in (config.ff_offset, config.attn_offset):
