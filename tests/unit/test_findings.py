@@ -34,8 +34,14 @@ def _write(root, full_hans=0.6, hans=(0.1, 0.5, 0.3), n_core=2, rho=0.6, p=0.01,
             "n_core": [4, 3, n_core],
             "expected_random_intersection": [1.0, 0.5, expected_all],
             "expected_random_intersection_paper": [0.5, 0.1, 0.01],
+            "core_heads": [" ".join(f"L0.H{h}" for h in range(n)) for n in (4, 3, n_core)],
         }
     ).to_csv(root / "analysis" / "core_summary.csv", index=False)
+    # the other files of a comparison (mi_core.methods.heuristic_core.write_comparison)
+    pd.DataFrame({"label": ["L0.H0"], "layer": [0], "head": [0]}).to_csv(
+        root / "analysis" / "head_frequency.csv", index=False
+    )
+    pd.DataFrame({"label": []}).to_csv(root / "analysis" / "core_heads.csv", index=False)
     pd.DataFrame(
         {"sparsity_a": [0.5], "sparsity_b": [0.7], "spearman_rho": [rho], "p_value": [p]}
     ).to_csv(root / "analysis" / "spearman.csv", index=False)

@@ -32,10 +32,12 @@ from mi_core.methods.heuristic_core.attention import (
 from mi_core.methods.heuristic_core.comparison import compare_subnetworks, write_comparison
 from mi_core.methods.heuristic_core.report import (
     _split_circuitsvis,
+    build_report,
     display_name,
     markdown_table,
     write_report,
 )
+from mi_core.methods.heuristic_core.results import ExperimentTables
 from mi_core.pruning.sweep import load_sweep
 from mi_core.viz.attention_html import attention_view_fragment
 
@@ -298,3 +300,23 @@ def test_report_from_a_finished_directory_is_self_contained(sweep, tiny, hans, t
     expected = (N_LAYERS * N_HEADS) * (8 / 12) ** 3 * (4 / 12) ** 3
     assert f"{expected:.3f}" in markdown
     assert "SO-Swap" in markdown and "full model" in markdown
+    # the report read everything through one typed loader, the inverse of the stages' writers
+    tables = ExperimentTables.load(root)
+    assert tables.comparison is not None and tables.comparison.core == heads
+    pd.testing.assert_frame_equal(tables.attention_classes, table, check_dtype=False)
+    assert tables.ablation is not None and "None (full model)" in set(tables.ablation["ablated"])
+    assert tables.effective_size is None and tables.core_before is None  # stages not run
+    assert tables.finetune_metrics is None and tables.grid_runs is None
+    title, sections = build_report(tables)
+    assert [s.title for s in sections] == [s.title for s in build_report(root)[1]]
+    assert title == build_report(root)[0]
+
+
+def test_report_and_findings_parse_no_file_themselves():
+    """Results are parsed in one place (ExperimentTables, SubnetworkComparison.load)."""
+    import inspect
+
+    from mi_core.methods.heuristic_core import findings, report
+
+    for module in (report, findings):
+        assert "read_csv" not in inspect.getsource(module), module.__name__

@@ -13,6 +13,7 @@ Config, resumable stages, comparison of subnetworks, report::
 - :mod:`.attention`: attention classes and views of the chosen heads;
 - :mod:`.ablation`: the core's ablation table with joint rows;
 - :mod:`.effective_size`: effective size over fine-tuning checkpoints;
+- :mod:`.results`: every stage's results read back (:class:`ExperimentTables`);
 - :mod:`.report`: the self-contained HTML report and its Markdown twin.
 """
 
@@ -43,11 +44,13 @@ from mi_core.methods.heuristic_core.pipeline import (
     run_heuristic_core,
 )
 from mi_core.methods.heuristic_core.report import build_report, display_name, write_report
+from mi_core.methods.heuristic_core.results import ExperimentTables
 
 __all__ = [
     "STAGES",
     "EffectiveSizeConfig",
     "ExperimentConfig",
+    "ExperimentTables",
     "ExperimentLayout",
     "ExperimentResult",
     "HeuristicCoreExperiment",

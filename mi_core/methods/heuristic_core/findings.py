@@ -35,16 +35,15 @@ regime), and effective size needs the ``effective_size`` stage.
 from __future__ import annotations
 
 import math
-from pathlib import Path
+import os
 from typing import Any
 
 import pandas as pd
 
 from mi_core.errors import MiCoreError
-from mi_core.io import read_json
-from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES
+from mi_core.methods.heuristic_core.comparison import SubnetworkComparison
 from mi_core.methods.heuristic_core.effective_size import dataset_name
-from mi_core.methods.heuristic_core.layout import ExperimentLayout
+from mi_core.methods.heuristic_core.results import ExperimentTables
 
 #: Verdicts a finding can get.
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
@@ -52,10 +51,6 @@ REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "no
 HEURISTIC_REGIME = 0.05
 #: The columns of :func:`heuristic_core_findings`.
 COLUMNS = ("finding", "paper", "this run", "verdict")
-
-
-def _csv(path: Path) -> pd.DataFrame | None:
-    return pd.read_csv(path, keep_default_na=False) if path.is_file() else None
 
 
 def _num(value: Any) -> float:
@@ -126,13 +121,14 @@ def _subnetwork_findings(
     return rows, context
 
 
-def _core_findings(analysis: Path) -> list[dict[str, str]]:
+def _core_findings(comparison: SubnetworkComparison | None) -> list[dict[str, str]]:
     from scipy.stats import poisson
 
     rows: list[dict[str, str]] = []
-    # each table on its own: a finding needs only its own file
-    summary = _csv(analysis / COMPARISON_FILES["core_summary"])
-    if summary is not None:
+    if comparison is None:
+        return rows
+    summary = comparison.core_table
+    if len(summary):
         all_row = summary[summary["group"].astype(str) == "all"].iloc[0]
         n_core = int(all_row["n_core"])
         # chance from the heads the subnetworks really keep and from the paper's m/n = 1 - target,
@@ -152,8 +148,8 @@ def _core_findings(analysis: Path) -> list[dict[str, str]]:
                 REPRODUCED if n_core > 0 and tail < 0.01 else NOT_REPRODUCED,
             )
         )
-    spearman = _csv(analysis / COMPARISON_FILES["spearman"])
-    if spearman is not None and len(spearman):
+    spearman = comparison.spearman
+    if len(spearman):
         first = spearman.iloc[0]
         rho, p = _num(first["spearman_rho"]), _num(first["p_value"])
         pair = f"{_num(first['sparsity_a']):g} vs {_num(first['sparsity_b']):g}"
@@ -173,8 +169,7 @@ def _core_findings(analysis: Path) -> list[dict[str, str]]:
     return rows
 
 
-def _attention_finding(root: Path) -> dict[str, str] | None:
-    table = _csv(ExperimentLayout(root).attention_classes)
+def _attention_finding(table: pd.DataFrame | None) -> dict[str, str] | None:
     if table is None:
         return None
     paper = "4 of the 9 core heads attend to tokens repeated across premise and hypothesis"
@@ -196,8 +191,7 @@ def _attention_finding(root: Path) -> dict[str, str] | None:
     )
 
 
-def _ablation_findings(root: Path, context: dict[str, Any]) -> list[dict[str, str]]:
-    table = _csv(ExperimentLayout(root).ablation_file("table"))
+def _ablation_findings(table: pd.DataFrame | None, context: dict[str, Any]) -> list[dict[str, str]]:
     if table is None or not context.get("ood"):
         return []
     ids, ood, full = context["in_domain"], context["ood"], context["full"]
@@ -247,11 +241,10 @@ def _ablation_findings(root: Path, context: dict[str, Any]) -> list[dict[str, st
     return rows
 
 
-def _effective_size_finding(root: Path) -> dict[str, str]:
+def _effective_size_finding(
+    sizes: pd.DataFrame | None, full: pd.DataFrame | None
+) -> dict[str, str]:
     paper = "out-of-domain effective size rises from 30 % to ~93 % as the model generalises"
-    layout = ExperimentLayout(root)
-    sizes = _csv(layout.effective_size_file("effective_size"))
-    full = _csv(layout.effective_size_file("full_accuracy"))
     name = "Effective size rises with generalisation"
     if sizes is None or full is None:
         return _row(name, paper, "the effective_size stage was not run", NOT_MEASURABLE)
@@ -275,15 +268,11 @@ def _effective_size_finding(root: Path) -> dict[str, str]:
     return _row(name, paper, text, REPRODUCED if rho > 0 else NOT_REPRODUCED)
 
 
-def _core_before_finding(root: Path) -> dict[str, str]:
-    import json
-
+def _core_before_finding(info: dict[str, Any] | None) -> dict[str, str]:
     name = "The core is there before the model generalises"
     paper = "the 9 core heads are in all subnetworks of the checkpoint before generalisation"
-    path = ExperimentLayout(root).core_before_summary
-    if not path.is_file():
+    if info is None:
         return _row(name, paper, "the core_before stage was not run", NOT_MEASURABLE)
-    info = json.loads(path.read_text(encoding="utf-8"))
     if info.get("rise_step") is None:
         return _row(
             name,
@@ -306,13 +295,11 @@ def _core_before_finding(root: Path) -> dict[str, str]:
     )
 
 
-def _in_domain_names(root: Path, known: list[str]) -> list[str] | None:
-    """The in-domain sets of the experiment under ``root`` (its ``data.in_domain``), by the
-    names the result tables use (``known``); None when the experiment does not say."""
-    path = ExperimentLayout(root).config
-    if not path.is_file():
+def _in_domain_names(config: dict[str, Any] | None, known: list[str]) -> list[str] | None:
+    """The in-domain sets of the experiment (its config's ``data.in_domain``), by the names the
+    result tables use (``known``); None when the experiment does not say."""
+    if config is None:
         return None
-    config = read_json(path)
     specs = config.get("data", {}).get("in_domain")
     if not specs:
         return None
@@ -322,19 +309,20 @@ def _in_domain_names(root: Path, known: list[str]) -> list[str] | None:
         return None
 
 
-def heuristic_core_findings(root: str | Path) -> pd.DataFrame:
-    """The findings table of a run under ``root`` (columns :data:`COLUMNS`; empty without a
-    finished analysis)."""
-    root = Path(root)
-    runs = _csv(ExperimentLayout(root).analysis / COMPARISON_FILES["subnetworks"])
+def heuristic_core_findings(results: str | os.PathLike[str] | ExperimentTables) -> pd.DataFrame:
+    """The findings table of a run (its report directory, or its tables already read; columns
+    :data:`COLUMNS`; empty without a finished analysis)."""
+    if not isinstance(results, ExperimentTables):
+        results = ExperimentTables.load(results)
+    runs = results.runs
     if runs is None or runs.empty:
         return pd.DataFrame(columns=list(COLUMNS))
-    rows, context = _subnetwork_findings(runs, _in_domain_names(root, _names(runs)))
-    rows += _core_findings(ExperimentLayout(root).analysis)
-    attention = _attention_finding(root)
+    rows, context = _subnetwork_findings(runs, _in_domain_names(results.config, _names(runs)))
+    rows += _core_findings(results.comparison)
+    attention = _attention_finding(results.attention_classes)
     if attention is not None:
         rows.append(attention)
-    rows += _ablation_findings(root, context)
-    rows.append(_effective_size_finding(root))
-    rows.append(_core_before_finding(root))
+    rows += _ablation_findings(results.ablation, context)
+    rows.append(_effective_size_finding(results.effective_size, results.full_accuracy))
+    rows.append(_core_before_finding(results.core_before))
     return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -1,11 +1,12 @@
 """Where every file of a heuristic-core experiment lives, named once.
 
-The stages write through these paths and the report, the findings and the pipeline read
-through them, so a file's name is spelled in one place::
+The stages write through these paths and :class:`~.results.ExperimentTables` reads them back
+(the report, the findings and :class:`~.pipeline.HeuristicCoreResult` read through it), so a
+file's name is spelled in one place::
 
     layout = ExperimentLayout("runs/bert-report")
     comparison = SubnetworkComparison.load(layout.analysis)
-    table = pd.read_csv(layout.ablation_table)
+    tables = ExperimentTables.load(layout.root)   # every stage's results, typed
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from mi_core.io import read_json, write_json
 from mi_core.methods.heuristic_core.comparison import SubnetworkComparison
 from mi_core.methods.heuristic_core.config import ExperimentConfig
 from mi_core.methods.heuristic_core.layout import ExperimentLayout
+from mi_core.methods.heuristic_core.results import ExperimentTables
 from mi_core.methods.heuristic_core.stages import STAGE_BY_NAME, STAGE_SPECS, STAGES
 from mi_core.pruning.sweep import SweepResult, load_sweep
 
@@ -580,19 +581,16 @@ class HeuristicCoreResult:
         if not layout.report_html.is_file():
             raise ConfigError(f"{layout.root} holds no finished heuristic-core experiment")
 
-        def table(path: Path, **kwargs: Any) -> pd.DataFrame | None:
-            return pd.read_csv(path, **kwargs) if path.is_file() else None
-
-        findings = table(layout.findings)
+        tables = ExperimentTables.load(layout.root)
         return cls(
             sweep=load_sweep(layout.sweep),
-            comparison=SubnetworkComparison.load(layout.analysis),
-            findings=pd.DataFrame() if findings is None else findings,
+            comparison=tables.comparison or SubnetworkComparison.load(layout.analysis),
+            findings=pd.DataFrame() if tables.findings is None else tables.findings,
             report_html=layout.report_html.read_text(encoding="utf-8"),
             report_md=layout.report_md.read_text(encoding="utf-8"),
-            attention_classes=table(layout.attention_classes),
-            ablation=table(layout.ablation_file("table"), keep_default_na=False),
-            effective_size=table(layout.effective_size_file("effective_size")),
+            attention_classes=tables.attention_classes,
+            ablation=tables.ablation,
+            effective_size=tables.effective_size,
             out=layout.root,
         )
 

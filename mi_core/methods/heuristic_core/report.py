@@ -24,10 +24,8 @@ from typing import Any
 import pandas as pd
 
 from mi_core.data import HANS_PAPER_SUBCASES
-from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_csv, write_text
-from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES, SubnetworkComparison
-from mi_core.methods.heuristic_core.layout import EFFECTIVE_SIZE_FILES, ExperimentLayout
+from mi_core.methods.heuristic_core.results import ExperimentTables
 from mi_core.methods.heuristic_core.stages import STAGES
 
 __all__ = ["ReportSection", "build_report", "display_name", "markdown_table", "write_report"]
@@ -247,19 +245,17 @@ def _render_markdown(title: str, sections: Sequence[ReportSection]) -> str:
 
 
 # ---------------------------------------------------------------------- reading the stages
-def _csv(path: Path, **kwargs: Any) -> pd.DataFrame | None:
-    return pd.read_csv(path, **kwargs) if path.is_file() else None
-
-
 def _eval_names(subnetworks: pd.DataFrame) -> list[str]:
     return [c[len("acc_") :] for c in subnetworks.columns if c.startswith("acc_")]
 
 
-def _eval_meta(root: Path, pretty: bool = False) -> tuple[dict[str, int], dict[str, float]]:
+def _eval_meta(
+    tables: ExperimentTables, pretty: bool = False
+) -> tuple[dict[str, int], dict[str, float]]:
     """Examples and chance accuracy per eval set, as a pruning run of the sweep recorded them
     (``metrics.json``: ``eval_examples``, ``chance_accuracy``); keyed by display name when
     ``pretty``. Empty when no run says (e.g. runs written before the fields existed)."""
-    runs = _csv(ExperimentLayout(root).analysis / COMPARISON_FILES["subnetworks"])
+    runs = tables.runs
     n: dict[str, int] = {}
     chance: dict[str, float] = {}
     for run_dir in [] if runs is None or "run_dir" not in runs else runs["run_dir"].dropna():
@@ -275,8 +271,9 @@ def _eval_meta(root: Path, pretty: bool = False) -> tuple[dict[str, int], dict[s
     return n, chance
 
 
-def _overview(root: Path, config: dict[str, Any] | None) -> ReportSection:
+def _overview(tables: ExperimentTables) -> ReportSection:
     section = ReportSection("Overview")
+    config = tables.config
     if config:
         data, pruning = config.get("data", {}), config.get("pruning", {})
         lines = [
@@ -290,16 +287,14 @@ def _overview(root: Path, config: dict[str, Any] | None) -> ReportSection:
         if config.get("description"):
             lines.insert(0, config["description"])
         section.text("\n".join(lines))
-    stages = []
-    for path in sorted((root / "stages").glob("*.json")):
-        info = read_json(path)
-        stages.append(
-            {
-                "stage": info.get("stage"),
-                "seconds": info.get("seconds"),
-                "finished": info.get("finished"),
-            }
-        )
+    stages = [
+        {
+            "stage": info.get("stage"),
+            "seconds": info.get("seconds"),
+            "finished": info.get("finished"),
+        }
+        for info in tables.stages
+    ]
     if stages:
         order = {name: i for i, name in enumerate(STAGES)}
         frame = pd.DataFrame(stages).sort_values("stage", key=lambda s: s.map(order))
@@ -307,16 +302,16 @@ def _overview(root: Path, config: dict[str, Any] | None) -> ReportSection:
     return section
 
 
-def _finetune_section(root: Path) -> ReportSection | None:
+def _finetune_section(tables: ExperimentTables) -> ReportSection | None:
     from mi_core.viz.figures import training_dynamics
 
-    metrics = _csv(ExperimentLayout(root).finetune_metrics)
+    metrics = tables.finetune_metrics
     if metrics is None or metrics.empty:
         return None
     in_domain = display_name(str(metrics["dataset"].iloc[0]))  # fine-tuning evaluates ID first
     pretty = metrics.assign(dataset=metrics["dataset"].map(display_name))
     section = ReportSection("Fine-tuning")
-    n, chance = _eval_meta(root, pretty=True)
+    n, chance = _eval_meta(tables, pretty=True)
     section.figure(
         training_dynamics(pretty, id_datasets=[in_domain], n=n, chance=chance),
         "In-domain and out-of-domain accuracy of the full model during fine-tuning "
@@ -330,15 +325,7 @@ def _finetune_section(root: Path) -> ReportSection | None:
     return section
 
 
-def _comparison(analysis: Path) -> SubnetworkComparison | None:
-    """The analysis stage's comparison, or None when it has not run."""
-    try:
-        return SubnetworkComparison.load(analysis)
-    except ConfigError:
-        return None
-
-
-def _subnetwork_sections(root: Path) -> list[ReportSection]:
+def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
     from mi_core.viz.figures import (
         accuracy_vs_sparsity,
         frequency_heatmap_figure,
@@ -346,16 +333,14 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
         subnetworks_figure,
     )
 
-    layout = ExperimentLayout(root)
-    analysis = layout.analysis
-    runs = _csv(analysis / COMPARISON_FILES["subnetworks"])
+    runs = tables.runs
     if runs is None or runs.empty:
         return []
     names = _eval_names(runs)
     pretty = {n: display_name(n) for n in names}
     full = {n: float(runs[f"full_acc_{n}"].iloc[0]) for n in names if f"full_acc_{n}" in runs}
-    sizes, chance = _eval_meta(root)
-    sizes_p, chance_p = _eval_meta(root, pretty=True)
+    sizes, chance = _eval_meta(tables)
+    sizes_p, chance_p = _eval_meta(tables, pretty=True)
     sections = []
 
     gen = ReportSection("Subnetworks: in-domain vs out-of-domain (Figures 2-4)")
@@ -395,7 +380,7 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
                 ),
                 "Different subnetworks of one sparsity generalize to different subcases.",
             )
-    grid = _csv(layout.grid / COMPARISON_FILES["subnetworks"])
+    grid = tables.grid_runs
     source, where = (runs, "the sweep") if grid is None or grid.empty else (grid, "grid/")
     long = source.melt(
         id_vars=["sparsity", "seed"],
@@ -418,7 +403,7 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
     sections.append(gen)
 
     core = ReportSection("Shared heads: frequency, the core, chance (Figure 5)")
-    comparison = _comparison(analysis)
+    comparison = tables.comparison
     summary = None if comparison is None else comparison.core_table
     if summary is not None:
         all_row = summary[summary["group"].astype(str) == "all"]
@@ -465,7 +450,7 @@ def _subnetwork_sections(root: Path) -> list[ReportSection]:
     return sections
 
 
-def _attention_section(root: Path) -> ReportSection | None:
+def _attention_section(tables: ExperimentTables) -> ReportSection | None:
     import torch
 
     from mi_core.analysis.attention_patterns import PATTERN_CLASSES
@@ -473,7 +458,7 @@ def _attention_section(root: Path) -> ReportSection | None:
     from mi_core.viz.attention_html import attention_view_fragment
     from mi_core.viz.figures import attention_class_chart
 
-    table = _csv(ExperimentLayout(root).attention_classes)
+    table = tables.attention_classes
     if table is None:
         return None
     section = ReportSection("Attention patterns of the core (Figures 7-9)")
@@ -499,7 +484,7 @@ def _attention_section(root: Path) -> ReportSection | None:
             ),
             "Bars: mean attention mass on each key class; markers: a uniform pattern's.",
         )
-    for i, view in enumerate(read_views(ExperimentLayout(root).attention_views)):
+    for i, view in enumerate(read_views(tables.layout.attention_views)):
         fragment = attention_view_fragment(
             view["tokens"],
             torch.tensor(view["pattern"]),
@@ -524,14 +509,13 @@ def _short_head_set(name: str, limit: int = 4) -> str:
     return f"{prefix} {short}" if prefix else short
 
 
-def _ablation_section(root: Path) -> ReportSection | None:
-    table = _csv(ExperimentLayout(root).ablation_file("display"), keep_default_na=False)
-    if table is None:
+def _ablation_section(tables: ExperimentTables) -> ReportSection | None:
+    if tables.ablation_display is None:
         return None
+    table = tables.ablation_display.copy()
     section = ReportSection("Ablating the core (Tables 3/4)")
-    note = ExperimentLayout(root).ablation_file("note")
-    if note.is_file():
-        section.text(note.read_text(encoding="utf-8"))
+    if tables.ablation_note is not None:
+        section.text(tables.ablation_note)
     first = table.columns[0]
     table[first] = table[first].map(_short_head_set)
     section.table(
@@ -544,12 +528,10 @@ def _ablation_section(root: Path) -> ReportSection | None:
     return section
 
 
-def _effective_size_section(root: Path) -> ReportSection | None:
+def _effective_size_section(tables: ExperimentTables) -> ReportSection | None:
     from mi_core.viz.figures import effective_size_over_training
 
-    folder = root / "effective_size"
-    sizes = _csv(folder / EFFECTIVE_SIZE_FILES["effective_size"])
-    full = _csv(folder / EFFECTIVE_SIZE_FILES["full_accuracy"])
+    sizes, full = tables.effective_size, tables.full_accuracy
     if sizes is None or full is None:
         return None
     section = ReportSection("Effective size over training (Figure 6)")
@@ -569,11 +551,10 @@ def _effective_size_section(root: Path) -> ReportSection | None:
     return section
 
 
-def _core_before_section(root: Path) -> ReportSection | None:
-    path = ExperimentLayout(root).core_before_summary
-    if not path.is_file():
+def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
+    info = tables.core_before
+    if info is None:
         return None
-    info = read_json(path)
     section = ReportSection("The core before generalisation (section 4)")
     if info.get("rise_step") is None:
         section.text(
@@ -600,9 +581,8 @@ def _core_before_section(root: Path) -> ReportSection | None:
     return section
 
 
-def _core_edges_section(root: Path) -> ReportSection | None:
-    layout = ExperimentLayout(root)
-    summary = _csv(layout.core_edges_summary)
+def _core_edges_section(tables: ExperimentTables) -> ReportSection | None:
+    summary = tables.core_edges
     if summary is None or summary.empty:
         return None
     section = ReportSection("Edges around the core (circuits)")
@@ -619,10 +599,7 @@ def _core_edges_section(root: Path) -> ReportSection | None:
     return section
 
 
-def _findings_section(root: Path) -> ReportSection | None:
-    from mi_core.methods.heuristic_core.findings import heuristic_core_findings
-
-    findings = heuristic_core_findings(root)
+def _findings_section(findings: pd.DataFrame) -> ReportSection | None:
     if findings.empty:
         return None
     section = ReportSection("Findings: what this run reproduces")
@@ -655,22 +632,28 @@ def _files_section(root: Path) -> ReportSection:
     return section
 
 
-def build_report(root: str | os.PathLike[str]) -> tuple[str, list[ReportSection]]:
-    """The report's title and sections from the files under ``root``."""
-    root = Path(root)
-    config_path = ExperimentLayout(root).config
-    config = read_json(config_path) if config_path.is_file() else None
+def build_report(
+    results: str | os.PathLike[str] | ExperimentTables, findings: pd.DataFrame | None = None
+) -> tuple[str, list[ReportSection]]:
+    """The report's title and sections from an experiment's results (its report directory, or
+    its tables already read) and its ``findings`` (computed from the results when None)."""
+    from mi_core.methods.heuristic_core.findings import heuristic_core_findings
+
+    tables = results if isinstance(results, ExperimentTables) else ExperimentTables.load(results)
+    if findings is None:
+        findings = heuristic_core_findings(tables)
+    config, root = tables.config, tables.root
     title = f"Heuristic core: {config.get('name', root.name) if config else root.name}"
-    sections = [_overview(root, config)]
+    sections = [_overview(tables)]
     for part in (
-        _findings_section(root),
-        _finetune_section(root),
-        *_subnetwork_sections(root),
-        _attention_section(root),
-        _ablation_section(root),
-        _effective_size_section(root),
-        _core_before_section(root),
-        _core_edges_section(root),
+        _findings_section(findings),
+        _finetune_section(tables),
+        *_subnetwork_sections(tables),
+        _attention_section(tables),
+        _ablation_section(tables),
+        _effective_size_section(tables),
+        _core_before_section(tables),
+        _core_edges_section(tables),
     ):
         if part is not None:
             sections.append(part)
@@ -682,10 +665,10 @@ def write_report(root: str | os.PathLike[str]) -> tuple[Path, Path]:
     """Write ``report.html`` (self-contained, offline) and ``report.md`` under ``root``."""
     from mi_core.methods.heuristic_core.findings import heuristic_core_findings
 
-    root = Path(root)
-    layout = ExperimentLayout(root)
-    title, sections = build_report(root)
-    findings = heuristic_core_findings(root)
+    tables = ExperimentTables.load(root)
+    layout = tables.layout
+    findings = heuristic_core_findings(tables)
+    title, sections = build_report(tables, findings)
     if not findings.empty:
         write_csv(layout.findings, findings)
     html_path = write_text(layout.report_html, _render_html(title, sections))

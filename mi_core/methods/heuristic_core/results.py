@@ -1,0 +1,106 @@
+"""Every result of one heuristic-core experiment, read back by one typed loader.
+
+The stages write their tables through :class:`~.layout.ExperimentLayout`; the report, the
+findings and :class:`~.pipeline.HeuristicCoreResult` read them through
+:meth:`ExperimentTables.load`, the inverse of those writers, so a file is parsed in one place
+and with one set of options (tables whose cells are names, such as ``"None"`` head sets, keep
+them as strings). A stage that has not run leaves its field None.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mi_core.errors import ConfigError
+from mi_core.io import read_json
+from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES, SubnetworkComparison
+from mi_core.methods.heuristic_core.layout import ExperimentLayout
+
+__all__ = ["ExperimentTables"]
+
+
+def _table(path: Path, names: bool = False) -> pd.DataFrame | None:
+    """The CSV at ``path`` (None when missing); with ``names`` no cell is read as NaN."""
+    if not path.is_file():
+        return None
+    return pd.read_csv(path, keep_default_na=False) if names else pd.read_csv(path)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    return read_json(path) if path.is_file() else None
+
+
+@dataclass
+class ExperimentTables:
+    """The stages' results under one report directory (None: the stage has not run)."""
+
+    root: Path
+    config: dict[str, Any] | None = None
+    """``experiment.json``: the config the experiment ran with."""
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    """One record per finished stage (``stages/<name>.json``: stage, seconds, finished)."""
+    finetune_metrics: pd.DataFrame | None = None
+    """``step, dataset, accuracy`` of the full model during fine-tuning."""
+    runs: pd.DataFrame | None = None
+    """The sweep's subnetworks: sparsity, seed, achieved sparsity, ``acc_<set>``,
+    ``full_acc_<set>``, run folder."""
+    comparison: SubnetworkComparison | None = None
+    """Frequencies, cores, chance levels and Spearman of the sweep's subnetworks."""
+    grid_runs: pd.DataFrame | None = None
+    """The subnetworks of the sparsity x seed grid (Figure 4), as :attr:`runs`."""
+    attention_classes: pd.DataFrame | None = None
+    """One row per chosen head: its attention mass per key class and its pattern class."""
+    ablation: pd.DataFrame | None = None
+    """The core's ablation table in numbers (``kind``, ``ablated``, ``<set>``, changes)."""
+    ablation_display: pd.DataFrame | None = None
+    """The same table as the report shows it (percent, changes in points)."""
+    ablation_note: str | None = None
+    """What the ablation stage said about its table (e.g. no core to ablate)."""
+    effective_size: pd.DataFrame | None = None
+    """Effective size per checkpoint step and target (``step, target, effective_size``)."""
+    full_accuracy: pd.DataFrame | None = None
+    """The full model's accuracy per checkpoint step and data set."""
+    core_before: dict[str, Any] | None = None
+    """The core-before-generalisation summary (rise step, checkpoint, cores)."""
+    core_edges: pd.DataFrame | None = None
+    """Sum of |edge score| into / out of / within the core, per subnetwork."""
+    findings: pd.DataFrame | None = None
+    """The findings table the last report wrote (``finding, paper, this run, verdict``)."""
+
+    @property
+    def layout(self) -> ExperimentLayout:
+        return ExperimentLayout(self.root)
+
+    @classmethod
+    def load(cls, root: str | os.PathLike[str]) -> ExperimentTables:
+        """Read every result the stages under ``root`` have written."""
+        layout = ExperimentLayout(root)
+        try:
+            comparison = SubnetworkComparison.load(layout.analysis)
+        except ConfigError:  # the analysis stage has not run
+            comparison = None
+        note = layout.ablation_file("note")
+        stages = [read_json(p) for p in sorted(layout.stages.glob("*.json"))]
+        return cls(
+            root=layout.root,
+            config=_json(layout.config),
+            stages=stages,
+            finetune_metrics=_table(layout.finetune_metrics),
+            runs=_table(layout.analysis / COMPARISON_FILES["subnetworks"]),
+            comparison=comparison,
+            grid_runs=_table(layout.grid / COMPARISON_FILES["subnetworks"]),
+            attention_classes=_table(layout.attention_classes),
+            ablation=_table(layout.ablation_file("table"), names=True),
+            ablation_display=_table(layout.ablation_file("display"), names=True),
+            ablation_note=note.read_text(encoding="utf-8") if note.is_file() else None,
+            effective_size=_table(layout.effective_size_file("effective_size")),
+            full_accuracy=_table(layout.effective_size_file("full_accuracy")),
+            core_before=_json(layout.core_before_summary),
+            core_edges=_table(layout.core_edges_summary),
+            findings=_table(layout.findings, names=True),
+        )
