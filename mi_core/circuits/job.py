@@ -323,6 +323,8 @@ def _prune_one(
         "sparsity": result.sparsity,
         "circuit": judged.as_dict(),
     }
+    if result.nodes is not None:  # node masks: the nodes the circuit may use
+        summary["nodes"] = result.nodes
     write_csv(out / "history.csv", pd.DataFrame(result.history))
     title = f"edge-pruning circuit of {config.model} on {config.data}"
     _write_common(out, result.circuit.graph, result.log_alpha, result.circuit, summary, title)

@@ -11,9 +11,18 @@ it), ``s`` the target ramped linearly over ``sparsity_warmup_steps``, and the la
 (the Lagrangian controller of :mod:`mi_core.pruning.lagrangian`). The defaults are the
 authors' IOI recipe (``princeton-nlp/Edge-Pruning``, ``run_scripts/ioi_sweep.sh``): log_alpha
 from N(10, 0.01), AdamW (weight decay 0.01) with learning rate 0.8 for the gates and the
-lambdas, decayed linearly to 0, 3,000 steps of 32 with the target reached at step 2,500. The
-circuit is then discretised *exactly*: the ``round((1 - s) * n_edges)`` edges of highest
-log_alpha are kept.
+lambdas, warmed up over 200 steps and decayed linearly to 0, 3,000 steps of 32 with the target
+reached at step 2,500. The circuit is then discretised *exactly*: the
+``round((1 - s) * n_edges)`` edges of highest log_alpha are kept.
+
+**Node masks** (``node_sparsity``, the authors' node loss): every sender (the input
+embedding, each head, each MLP) gets a gate of its own too; an edge carries its sender's
+output with weight ``z_edge * z_node`` (the corrupted / mean / zero value otherwise), and a
+second Lagrangian term with its own lambdas pulls the sampled node sparsity to its target
+(ramped over the same steps). At discretisation the ``round((1 - node_sparsity) * n_senders)``
+nodes of highest log_alpha are kept first, then the edges of highest log_alpha among those
+leaving a kept node (all of them, if fewer than the edge target leaves). The authors' IOI runs
+keep the node masks but switch their loss off; without ``node_sparsity`` there are none.
 
 With ``checkpoint_dir`` the run saves its state (gates, lambdas, optimizer moments, step)
 every ``checkpoint_every`` steps and resumes from there; random draws and the data order are
@@ -44,7 +53,7 @@ from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, 
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
 from mi_core.seeding import derive_seed
 
-__all__ = ["EdgePruneResult", "EdgePruneSettings", "prune_edges"]
+__all__ = ["EdgePruneResult", "EdgePruneSettings", "discretize_circuit", "prune_edges"]
 
 _STATE = "edge_prune_state.safetensors"
 _PROGRESS = "edge_prune_state.json"
@@ -60,6 +69,12 @@ class EdgePruneSettings(Config):
     """Optimisation steps."""
     sparsity_warmup_steps: int = 2500
     """Steps over which the target rises linearly from 0 to ``sparsity``."""
+    lr_warmup_steps: int = 200
+    """Steps over which the learning rates rise linearly from 0 (then decay linearly to 0);
+    the authors' 200. A run shorter than this never reaches the full rates."""
+    node_sparsity: float | None = None
+    """Target fraction of nodes (input, heads, MLPs) removed by node masks with their own
+    Lagrangian term; None: edge masks only."""
     batch_size: int = 32
     """Examples per step."""
     lr: float = 0.8
@@ -89,6 +104,12 @@ class EdgePruneSettings(Config):
             raise ConfigError(
                 f"sparsity_warmup_steps must lie in [0, steps], not {self.sparsity_warmup_steps}"
             )
+        if self.lr_warmup_steps < 0:
+            raise ConfigError(f"lr_warmup_steps must be at least 0, not {self.lr_warmup_steps}")
+        if self.node_sparsity is not None and not 0.0 < self.node_sparsity < 1.0:
+            raise ConfigError(
+                f"node_sparsity must lie strictly between 0 and 1, not {self.node_sparsity}"
+            )
 
 
 @dataclass
@@ -98,6 +119,10 @@ class EdgePruneResult:
     circuit: EdgeMask
     log_alpha: Float[torch.Tensor, " edge"]
     history: list[dict[str, float]]
+    node_log_alpha: Float[torch.Tensor, " sender"] | None = None
+    """The node gates' log_alpha (with node masks)."""
+    nodes: list[str] | None = None
+    """The nodes kept (with node masks): sender names, ``input``, ``L0.H3``, ``L1.MLP``."""
 
     @property
     def sparsity(self) -> float:
@@ -116,9 +141,39 @@ def _batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tenso
     return order[offset * batch_size : (offset + 1) * batch_size]
 
 
-def _save_state(folder: Path, step: int, log_alpha, controller, optimizer, history, config):
-    tensors = {"log_alpha": log_alpha.detach(), "lambda_1": controller.lambda_1.detach(),
-               "lambda_2": controller.lambda_2.detach()}  # fmt: skip
+#: What a run folder written before a field existed ran with (their behaviour then).
+_DEFAULTS_SINCE = {"lr_warmup_steps": 0, "node_sparsity": None}
+
+
+def discretize_circuit(
+    graph: Graph,
+    log_alpha: Float[torch.Tensor, " edge"],
+    sparsity: float,
+    node_log_alpha: Float[torch.Tensor, " sender"] | None = None,
+    node_sparsity: float | None = None,
+) -> tuple[Float[torch.Tensor, " edge"], list[str] | None]:
+    """0/1 edge weights keeping ``round((1 - sparsity) * n_edges)`` edges of highest log_alpha;
+    with node gates, only among the edges leaving the ``round((1 - node_sparsity) *
+    n_senders)`` nodes of highest node log_alpha (which are returned by name)."""
+    keep = round((1.0 - sparsity) * graph.n_edges)
+    candidates = torch.ones(graph.n_edges, dtype=torch.bool)
+    nodes = None
+    if node_log_alpha is not None and node_sparsity is not None:
+        n_nodes = round((1.0 - node_sparsity) * graph.n_senders)
+        order = torch.argsort(node_log_alpha.detach().cpu().float(), descending=True, stable=True)
+        kept_nodes = torch.zeros(graph.n_senders, dtype=torch.bool)
+        kept_nodes[order[:n_nodes]] = True
+        candidates = kept_nodes[graph.edges[:, 0]]
+        nodes = [graph.senders[i] for i in sorted(order[:n_nodes].tolist())]
+    key = log_alpha.detach().cpu().float().masked_fill(~candidates, float("-inf"))
+    keep = min(keep, int(candidates.sum()))
+    weights = torch.zeros(graph.n_edges)
+    weights[torch.argsort(key, descending=True, stable=True)[:keep]] = 1.0
+    return weights, nodes
+
+
+def _save_state(folder: Path, step: int, params, optimizer, history, config):
+    tensors = {name: p.detach() for name, p in params.items()}
     for group, params in enumerate(optimizer.param_groups):
         for i, p in enumerate(params["params"]):
             state = optimizer.state.get(p, {})
@@ -129,18 +184,17 @@ def _save_state(folder: Path, step: int, log_alpha, controller, optimizer, histo
     write_json(folder / _PROGRESS, {"step": step, "config": config.to_dict(), "history": history})
 
 
-def _load_state(folder: Path, log_alpha, controller, optimizer, config) -> tuple[int, list]:
+def _load_state(folder: Path, params, optimizer, config) -> tuple[int, list]:
     progress = read_json(folder / _PROGRESS)
-    if progress.get("config") != config.to_dict():
+    if {**_DEFAULTS_SINCE, **progress.get("config", {})} != config.to_dict():
         raise ConfigError(
             f"{folder} holds an edge-pruning run with other settings; use another folder or "
             "delete it to start over"
         )
     tensors, _ = read_safetensors(folder / _STATE)
     with torch.no_grad():
-        log_alpha.copy_(tensors["log_alpha"])
-        controller.lambda_1.copy_(tensors["lambda_1"])
-        controller.lambda_2.copy_(tensors["lambda_2"])
+        for name, p in params.items():
+            p.copy_(tensors[name])
     for group, params in enumerate(optimizer.param_groups):
         for i, p in enumerate(params["params"]):
             if f"optim.{group}.{i}.exp_avg" in tensors:
@@ -176,13 +230,32 @@ def prune_edges(
     optimizer = pruning_optimizer(
         [log_alpha], controller, config.lr, config.lr_lambda, weight_decay=config.weight_decay
     )
+    params = {"log_alpha": log_alpha, "lambda_1": controller.lambda_1,
+              "lambda_2": controller.lambda_2}  # fmt: skip
+    node_log_alpha, node_controller = None, None
+    if config.node_sparsity is not None:  # drawn after the edges': their gates stay the same
+        node_log_alpha = torch.nn.Parameter(
+            (torch.randn(graph.n_senders, generator=generator) * config.init_std).to(device)
+            + config.init_mean
+        )
+        node_controller = LagrangianController().to(device)
+        optimizer.add_param_group(
+            {"params": [node_log_alpha], "lr": config.lr, "weight_decay": config.weight_decay}
+        )
+        optimizer.add_param_group(
+            {"params": list(node_controller.parameters()), "lr": config.lr_lambda,
+             "weight_decay": config.weight_decay, "maximize": True}
+        )  # fmt: skip
+        params |= {"node_log_alpha": node_log_alpha, "node_lambda_1": node_controller.lambda_1,
+                   "node_lambda_2": node_controller.lambda_2}  # fmt: skip
+    senders = graph.edges[:, 0].to(device)
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
     start, history = 0, []
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / _PROGRESS).exists() and (folder / _STATE).exists():
-            start, history = _load_state(folder, log_alpha, controller, optimizer, config)
+            start, history = _load_state(folder, params, optimizer, config)
     with torch.no_grad():  # the full model's answers, once
         reference = torch.cat(
             [answer_logits(model(**b.clean), b).float() for b in pairs.batches(64)]
@@ -200,7 +273,11 @@ def prune_edges(
                 derive_seed("circuit", config.seed, step)
             )
             z = sample_hard_concrete(log_alpha, generator=step_gen)
-            mask = EdgeMask(graph, z, config.fill, means if config.fill == "mean" else None)
+            weights = z
+            if node_log_alpha is not None:
+                z_node = sample_hard_concrete(node_log_alpha, generator=step_gen)
+                weights = z * z_node[senders]
+            mask = EdgeMask(graph, weights, config.fill, means if config.fill == "mean" else None)
             if config.fill == "corrupted":
                 mask = mask.with_corrupted(node_outputs(model, graph, **batch.corrupted))
             with model.hooks(fwd_hooks=mask.hooks(model)):
@@ -208,9 +285,17 @@ def prune_edges(
             kl = kl_divergence(logits, reference[index.to(reference.device)], batch).mean()
             sparsity = sampled_sparsity(z)
             loss = kl + controller.penalty(sparsity, target)
+            record = {}
+            if node_controller is not None:
+                node_target = target_sparsity_at(
+                    step, config.node_sparsity, config.sparsity_warmup_steps
+                )
+                node_sparsity = sampled_sparsity(z_node)
+                loss = loss + node_controller.penalty(node_sparsity, node_target)
+                record = {"node_sparsity": node_sparsity.item(), "node_target": node_target}
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            factor = lr_factor(step, 0, config.steps, "linear")
+            factor = lr_factor(step, config.lr_warmup_steps, config.steps, "linear")
             for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = lr * factor
             optimizer.step()
@@ -221,18 +306,24 @@ def prune_edges(
                     "sparsity": sparsity.item(),
                     "target": target,
                     "lambda_1": controller.lambda_1.item(),
+                    **record,
                 }
             )
             bar.set_postfix(kl=f"{kl.item():.3f}", sparsity=f"{sparsity.item():.3f}")
             done = step + 1
             if folder is not None and (done % config.checkpoint_every == 0 or done == config.steps):
-                _save_state(folder, done, log_alpha, controller, optimizer, history, config)
-    keep = round((1.0 - config.sparsity) * graph.n_edges)
-    circuit = EdgeMask.top_k(
-        graph, log_alpha.detach().cpu(), keep, fill=config.fill, absolute=False,
-        means=means if config.fill == "mean" else None,
-    )  # fmt: skip
-    return EdgePruneResult(circuit, log_alpha.detach().cpu(), history)
+                _save_state(folder, done, params, optimizer, history, config)
+    weights, nodes = discretize_circuit(
+        graph, log_alpha, config.sparsity, node_log_alpha, config.node_sparsity
+    )
+    circuit = EdgeMask(graph, weights, config.fill, means if config.fill == "mean" else None)
+    return EdgePruneResult(
+        circuit,
+        log_alpha.detach().cpu(),
+        history,
+        None if node_log_alpha is None else node_log_alpha.detach().cpu(),
+        nodes,
+    )
 
 
 @contextlib.contextmanager

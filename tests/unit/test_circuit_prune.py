@@ -6,7 +6,12 @@ import pytest
 import torch
 from helpers import random_prompt_pairs, tiny_model
 
-from mi_core.circuits.prune import EdgePruneSettings, load_edge_prune_history, prune_edges
+from mi_core.circuits.prune import (
+    EdgePruneSettings,
+    discretize_circuit,
+    load_edge_prune_history,
+    prune_edges,
+)
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions import EdgeMask, Graph, graph_switches
@@ -60,7 +65,9 @@ def test_masked_forward_gradients_match_finite_differences():
 
 def test_edge_pruning_reaches_its_target_exactly_and_learns():
     model = tiny_model("gpt2")
-    config = EdgePruneSettings(sparsity=0.8, steps=150, sparsity_warmup_steps=100, batch_size=12)
+    config = EdgePruneSettings(
+        sparsity=0.8, steps=150, sparsity_warmup_steps=100, batch_size=12, lr_warmup_steps=0
+    )  # 150 steps: the authors' 200-step warm-up would leave the rates low throughout
     result = prune_edges(model, _pairs(), config, progress=False)
     assert all(p.requires_grad for p in model.parameters())  # the caller's model is left as is
     graph = Graph.from_model(model)
@@ -106,3 +113,64 @@ def test_edge_pruning_resumes_after_a_kill_and_takes_the_same_steps(tmp_path):
     other = EdgePruneSettings(sparsity=0.6, steps=30, sparsity_warmup_steps=20, batch_size=8)
     with pytest.raises(ConfigError, match="other settings"):
         prune_edges(model, pairs, other, tmp_path / "killed", progress=False)
+
+
+def test_discretisation_with_node_gates_keeps_edges_of_kept_nodes_only():
+    graph = Graph.from_model(tiny_model("gpt2"))
+    log_alpha = torch.linspace(-1, 1, graph.n_edges)
+    node_log_alpha = torch.zeros(graph.n_senders)
+    # the sender with the best edges is the weakest node: none of its edges may stay
+    best = int(graph.edges[int(log_alpha.argmax()), 0])
+    node_log_alpha[best] = -5.0
+    weights, nodes = discretize_circuit(graph, log_alpha, 0.9, node_log_alpha, 0.25)
+    assert len(nodes) == round(0.75 * graph.n_senders) and graph.senders[best] not in nodes
+    kept = weights > 0.5
+    assert int(kept.sum()) == round(0.1 * graph.n_edges)
+    assert not kept[graph.edges[:, 0] == best].any()
+    assert {graph.senders[int(s)] for s in graph.edges[kept, 0]} <= set(nodes)
+    # without node gates the same edge gates keep that sender's best edges
+    plain, none = discretize_circuit(graph, log_alpha, 0.9)
+    assert none is None and plain[graph.edges[:, 0] == best].any()
+
+
+def test_node_masks_are_learned_towards_their_own_target_and_resume(tmp_path):
+    model = tiny_model("gpt2")
+    pairs = _pairs()
+    config = EdgePruneSettings(
+        sparsity=0.8, node_sparsity=0.5, steps=150, sparsity_warmup_steps=100, lr_warmup_steps=0,
+        batch_size=12, checkpoint_every=50,
+    )  # fmt: skip
+    result = prune_edges(model, pairs, config, tmp_path / "nodes", progress=False)
+    graph = Graph.from_model(model)
+    assert result.node_log_alpha.shape == (graph.n_senders,)
+    assert len(result.nodes) == round(0.5 * graph.n_senders)
+    kept = result.circuit.weights > 0.5
+    assert {graph.senders[int(s)] for s in graph.edges[kept, 0]} <= set(result.nodes)
+    last = result.history[-1]
+    # the node term pulls the sampled node sparsity up (0.43 after 150 steps from log_alpha 10)
+    assert result.history[0]["node_sparsity"] < 0.05 < 0.3 < last["node_sparsity"]
+    assert last["node_target"] == 0.5
+    again = prune_edges(model, pairs, config, tmp_path / "nodes", progress=False)  # finished
+    torch.testing.assert_close(again.node_log_alpha, result.node_log_alpha)
+    # the edge gates start as they do without node masks (the node gates are drawn after)
+    one = {**config.to_dict(), "steps": 1, "sparsity_warmup_steps": 0, "lr_warmup_steps": 1}
+    with_nodes = prune_edges(model, pairs, EdgePruneSettings(**one), progress=False)
+    plain = {**one, "node_sparsity": None}
+    without = prune_edges(model, pairs, EdgePruneSettings(**plain), progress=False)
+    assert torch.equal(with_nodes.log_alpha, without.log_alpha)
+    assert without.nodes is None and "node_sparsity" not in without.history[0]
+
+
+def test_the_learning_rate_warms_up_as_the_authors(tmp_path):
+    """lr_warmup_steps (the authors' 200): the first step moves no gate."""
+    model = tiny_model("gpt2")
+    config = EdgePruneSettings(sparsity=0.5, steps=2, sparsity_warmup_steps=1, batch_size=8,
+                               lr_warmup_steps=2, init_mean=1.0, weight_decay=0.0)  # fmt: skip
+    start = torch.randn(Graph.from_model(model).n_edges,
+                        generator=torch.Generator().manual_seed(0)) * 0.01 + 1.0  # fmt: skip
+    one = prune_edges(model, _pairs(), EdgePruneSettings(**{**config.to_dict(), "steps": 1}),
+                      progress=False)  # fmt: skip
+    torch.testing.assert_close(one.log_alpha, start)  # lr factor 0 at step 0
+    no_warmup = EdgePruneSettings(**{**config.to_dict(), "steps": 1, "lr_warmup_steps": 0})
+    moved = prune_edges(model, _pairs(), no_warmup, progress=False)
+    assert not torch.allclose(moved.log_alpha, start)
