@@ -18,15 +18,16 @@ import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from mi_core.config import Config
 from mi_core.errors import ConfigError
 
+if TYPE_CHECKING:  # torch is imported where a device is used: a job's config stays light
+    import torch
+
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 PRECISIONS = ("fp32", "bf16", "fp16")
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_device_name(name: str) -> str:
@@ -39,6 +40,8 @@ def check_device_name(name: str) -> str:
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:
     """The torch device ``name`` means here: ``auto`` is CUDA when available, else the CPU."""
+    import torch
+
     if isinstance(name, torch.device):
         return name
     check_device_name(name)
@@ -71,15 +74,21 @@ def autocast(
     device: torch.device | str, precision: str = "fp32"
 ) -> contextlib.AbstractContextManager:
     """Autocast of the forward pass to ``precision`` on ``device`` (nothing for ``fp32``)."""
+    import torch
+
     check_precision(precision)
     if precision == "fp32":
         return contextlib.nullcontext()
     device_type = torch.device(device).type
-    return torch.autocast(device_type=device_type, dtype=_DTYPES[precision])
+    return torch.autocast(
+        device_type=device_type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    )
 
 
 def grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler | None:
     """Dynamic loss scaling for ``fp16`` (None otherwise: bf16 and fp32 need none)."""
+    import torch
+
     if check_precision(precision) != "fp16":
         return None
     return torch.amp.GradScaler(torch.device(device).type)
@@ -90,6 +99,8 @@ def to_device(
 ) -> dict[str, torch.Tensor]:
     """``batch`` on ``device``; CPU tensors go to a GPU through pinned memory, without blocking
     the host (tensors already on a GPU are moved as ``Tensor.to`` does)."""
+    import torch
+
     device = torch.device(device)
     if device.type != "cuda":
         return {k: v.to(device) for k, v in batch.items()}

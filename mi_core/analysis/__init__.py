@@ -10,41 +10,83 @@
   separability area (the separability report).
 """
 
-from mi_core.analysis.attention_patterns import (
-    PATTERN_CLASSES,
-    AttentionPatternScores,
-    PatternMassSums,
-    class_key_masks,
-    classify_heads,
-    pattern_masses,
-    score_attention_patterns,
-    segment_ids_from_sep,
-)
-from mi_core.analysis.effective_size import TARGETS, effective_size, faithfulness_table
-from mi_core.analysis.subnetworks import (
-    as_masks,
-    core_heads,
-    core_heads_by_group,
-    expected_random_intersection,
-    frequency_heatmap,
-    frequency_spearman,
-    frequency_table,
-    head_counts,
-    head_frequency,
-    head_label,
-    head_labels,
-    masks_from_labels,
-    parse_head_label,
-    subnetwork_table,
-)
-from mi_core.analysis.trajectory import (
-    MODES,
-    relative_performance,
-    separability_area,
-    separability_percent,
-    trajectory_areas,
-    trajectory_axes,
-)
+from typing import TYPE_CHECKING
+
+from mi_core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from mi_core.analysis.attention_patterns import (
+        PATTERN_CLASSES,
+        AttentionPatternScores,
+        PatternMassSums,
+        class_key_masks,
+        classify_heads,
+        pattern_masses,
+        score_attention_patterns,
+        segment_ids_from_sep,
+    )
+    from mi_core.analysis.effective_size import TARGETS, effective_size, faithfulness_table
+    from mi_core.analysis.subnetworks import (
+        as_masks,
+        core_heads,
+        core_heads_by_group,
+        expected_random_intersection,
+        frequency_heatmap,
+        frequency_spearman,
+        frequency_table,
+        head_counts,
+        head_frequency,
+        head_label,
+        head_labels,
+        masks_from_labels,
+        parse_head_label,
+        subnetwork_table,
+    )
+    from mi_core.analysis.trajectory import (
+        MODES,
+        relative_performance,
+        separability_area,
+        separability_percent,
+        trajectory_areas,
+        trajectory_axes,
+    )
+
+#: Public name -> the module that defines it (imported on first use).
+_NAMES = {
+    "PATTERN_CLASSES": "mi_core.analysis.attention_patterns",
+    "AttentionPatternScores": "mi_core.analysis.attention_patterns",
+    "PatternMassSums": "mi_core.analysis.attention_patterns",
+    "class_key_masks": "mi_core.analysis.attention_patterns",
+    "classify_heads": "mi_core.analysis.attention_patterns",
+    "pattern_masses": "mi_core.analysis.attention_patterns",
+    "score_attention_patterns": "mi_core.analysis.attention_patterns",
+    "segment_ids_from_sep": "mi_core.analysis.attention_patterns",
+    "TARGETS": "mi_core.analysis.effective_size",
+    "effective_size": "mi_core.analysis.effective_size",
+    "faithfulness_table": "mi_core.analysis.effective_size",
+    "as_masks": "mi_core.analysis.subnetworks",
+    "core_heads": "mi_core.analysis.subnetworks",
+    "core_heads_by_group": "mi_core.analysis.subnetworks",
+    "expected_random_intersection": "mi_core.analysis.subnetworks",
+    "frequency_heatmap": "mi_core.analysis.subnetworks",
+    "frequency_spearman": "mi_core.analysis.subnetworks",
+    "frequency_table": "mi_core.analysis.subnetworks",
+    "head_counts": "mi_core.analysis.subnetworks",
+    "head_frequency": "mi_core.analysis.subnetworks",
+    "head_label": "mi_core.analysis.subnetworks",
+    "head_labels": "mi_core.analysis.subnetworks",
+    "masks_from_labels": "mi_core.analysis.subnetworks",
+    "parse_head_label": "mi_core.analysis.subnetworks",
+    "subnetwork_table": "mi_core.analysis.subnetworks",
+    "MODES": "mi_core.analysis.trajectory",
+    "relative_performance": "mi_core.analysis.trajectory",
+    "separability_area": "mi_core.analysis.trajectory",
+    "separability_percent": "mi_core.analysis.trajectory",
+    "trajectory_areas": "mi_core.analysis.trajectory",
+    "trajectory_axes": "mi_core.analysis.trajectory",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+
 
 __all__ = [
     "MODES",

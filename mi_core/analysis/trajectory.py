@@ -28,10 +28,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from mi_core.analysis.constants import MODES
 from mi_core.errors import ConfigError
 from mi_core.evaluation.next_token import METRICS
-
-MODES: tuple[str, ...] = ("cripple", "focus")
 
 
 def relative_performance(values: Sequence[float], metric: str) -> np.ndarray:

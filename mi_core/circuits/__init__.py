@@ -9,34 +9,72 @@ here); this package finds circuits in them and judges them::
     circuit = scores.circuit(k=500)              # an EdgeMask of the 500 top edges
 """
 
-from mi_core.circuits.analysis import circuit_overlap, edges_touching
-from mi_core.circuits.attribution import (
-    ATTRIBUTION_METHODS,
-    EdgeScores,
-    attribute,
-    edge_attribution,
-    exact_patching,
-    select_circuit,
-)
-from mi_core.circuits.evaluate import (
-    CURVE_FRACTIONS,
-    CircuitScore,
-    curve_area,
-    evaluate_circuit,
-    faithfulness_curve,
-    to_mib,
-    write_mib,
-)
-from mi_core.circuits.metrics import answer_logits, kl_divergence, logit_difference
-from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
-from mi_core.interventions.edges import (
-    EdgeMask,
-    Graph,
-    graph_error,
-    node_outputs,
-    sender_means,
-    to_mib_name,
-)
+from typing import TYPE_CHECKING
+
+from mi_core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from mi_core.circuits.analysis import circuit_overlap, edges_touching
+    from mi_core.circuits.attribution import (
+        ATTRIBUTION_METHODS,
+        EdgeScores,
+        attribute,
+        edge_attribution,
+        exact_patching,
+        select_circuit,
+    )
+    from mi_core.circuits.evaluate import (
+        CURVE_FRACTIONS,
+        CircuitScore,
+        curve_area,
+        evaluate_circuit,
+        faithfulness_curve,
+        to_mib,
+        write_mib,
+    )
+    from mi_core.circuits.metrics import answer_logits, kl_divergence, logit_difference
+    from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
+    from mi_core.interventions.edges import (
+        EdgeMask,
+        Graph,
+        graph_error,
+        node_outputs,
+        sender_means,
+        to_mib_name,
+    )
+
+#: Public name -> the module that defines it (imported on first use).
+_NAMES = {
+    "circuit_overlap": "mi_core.circuits.analysis",
+    "edges_touching": "mi_core.circuits.analysis",
+    "ATTRIBUTION_METHODS": "mi_core.circuits.config",
+    "EdgeScores": "mi_core.circuits.attribution",
+    "attribute": "mi_core.circuits.attribution",
+    "edge_attribution": "mi_core.circuits.attribution",
+    "exact_patching": "mi_core.circuits.attribution",
+    "select_circuit": "mi_core.circuits.attribution",
+    "CURVE_FRACTIONS": "mi_core.circuits.config",
+    "CircuitScore": "mi_core.circuits.evaluate",
+    "curve_area": "mi_core.circuits.evaluate",
+    "evaluate_circuit": "mi_core.circuits.evaluate",
+    "faithfulness_curve": "mi_core.circuits.evaluate",
+    "to_mib": "mi_core.circuits.evaluate",
+    "write_mib": "mi_core.circuits.evaluate",
+    "answer_logits": "mi_core.circuits.metrics",
+    "kl_divergence": "mi_core.circuits.metrics",
+    "logit_difference": "mi_core.circuits.metrics",
+    "EdgePruneResult": "mi_core.circuits.prune",
+    "EdgePruneSettings": "mi_core.circuits.config",
+    "prune_edges": "mi_core.circuits.prune",
+    "EdgeMask": "mi_core.interventions.edges",
+    "Graph": "mi_core.interventions.edges",
+    "graph_error": "mi_core.interventions.edges",
+    "node_outputs": "mi_core.interventions.edges",
+    "sender_means": "mi_core.interventions.edges",
+    "to_mib_name": "mi_core.interventions.edges",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+
 
 __all__ = [
     "ATTRIBUTION_METHODS",

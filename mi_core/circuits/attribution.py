@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from mi_core.circuits.config import ATTRIBUTION_METHODS, SELECTIONS
 from mi_core.circuits.metrics import Metric, logit_difference
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError
@@ -51,10 +52,6 @@ __all__ = [
     "exact_patching",
     "select_circuit",
 ]
-
-ATTRIBUTION_METHODS = ("eap", "eap-ig", "exact")
-#: How a circuit of k edges is chosen from scores.
-SELECTIONS = ("greedy", "top-k")
 
 
 def select_circuit(

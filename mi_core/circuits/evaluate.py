@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mi_core.circuits.attribution import EdgeScores, select_circuit
+from mi_core.circuits.config import CURVE_FRACTIONS
 from mi_core.circuits.metrics import Metric, kl_divergence, logit_difference
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
@@ -40,9 +41,6 @@ __all__ = [
     "to_mib",
     "write_mib",
 ]
-
-#: Fractions of edges kept along a faithfulness curve (the MIB benchmark's levels).
-CURVE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 @dataclass(frozen=True)

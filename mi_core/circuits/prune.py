@@ -42,11 +42,11 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from mi_core.circuits.config import EdgePruneSettings
 from mi_core.circuits.metrics import answer_logits, kl_divergence
-from mi_core.config import Config, option
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError
-from mi_core.interventions.edges import FILLS, EdgeMask, Graph, graph_switches, node_outputs
+from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, node_outputs
 from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
@@ -57,59 +57,6 @@ __all__ = ["EdgePruneResult", "EdgePruneSettings", "discretize_circuit", "prune_
 
 _STATE = "edge_prune_state.safetensors"
 _PROGRESS = "edge_prune_state.json"
-
-
-@dataclass(kw_only=True)
-class EdgePruneSettings(Config):
-    """The edge-pruning recipe (defaults: the Edge Pruning authors' IOI runs)."""
-
-    sparsity: float = 0.95
-    """Target fraction of edges removed."""
-    steps: int = 3000
-    """Optimisation steps."""
-    sparsity_warmup_steps: int = 2500
-    """Steps over which the target rises linearly from 0 to ``sparsity``."""
-    lr_warmup_steps: int = 200
-    """Steps over which the learning rates rise linearly from 0 (then decay linearly to 0);
-    the authors' 200. A run shorter than this never reaches the full rates."""
-    node_sparsity: float | None = None
-    """Target fraction of nodes (input, heads, MLPs) removed by node masks with their own
-    Lagrangian term; None: edge masks only."""
-    batch_size: int = 32
-    """Examples per step."""
-    lr: float = 0.8
-    """Learning rate of the gates' log_alpha (decays linearly to 0)."""
-    lr_lambda: float = 0.8
-    """Learning rate of the Lagrangian lambdas (ascent)."""
-    weight_decay: float = 0.01
-    """AdamW weight decay on log_alpha and the lambdas (torch's AdamW default, as the authors)."""
-    init_mean: float = 10.0
-    """Mean of the initial log_alpha."""
-    init_std: float = 0.01
-    """Standard deviation of the initial log_alpha."""
-    fill: str = option("corrupted", choices=FILLS)
-    """What a removed edge carries: the corrupted run's activation, the mean, or zero."""
-    seed: int = 0
-    """Seed of the gates' initialisation, their samples and the data order."""
-    checkpoint_every: int = 100
-    """Save the run's state every this many steps (with a checkpoint folder)."""
-
-    def validate(self) -> None:
-        super().validate()
-        if not 0.0 < self.sparsity < 1.0:
-            raise ConfigError(f"sparsity must lie strictly between 0 and 1, not {self.sparsity}")
-        if self.steps < 1 or self.batch_size < 1 or self.checkpoint_every < 1:
-            raise ConfigError("steps, batch_size and checkpoint_every must be at least 1")
-        if not 0 <= self.sparsity_warmup_steps <= self.steps:
-            raise ConfigError(
-                f"sparsity_warmup_steps must lie in [0, steps], not {self.sparsity_warmup_steps}"
-            )
-        if self.lr_warmup_steps < 0:
-            raise ConfigError(f"lr_warmup_steps must be at least 0, not {self.lr_warmup_steps}")
-        if self.node_sparsity is not None and not 0.0 < self.node_sparsity < 1.0:
-            raise ConfigError(
-                f"node_sparsity must lie strictly between 0 and 1, not {self.node_sparsity}"
-            )
 
 
 @dataclass

@@ -6,7 +6,7 @@ import argparse
 
 from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
-from mi_core.interventions.ablation_table import AblationTableConfig, run_ablation_table
+from mi_core.interventions.config import AblationTableConfig
 
 
 def add_parser(subparsers) -> None:
@@ -29,5 +29,7 @@ def config_from_args(args: argparse.Namespace) -> AblationTableConfig:
 
 
 def run(args: argparse.Namespace) -> None:
+    from mi_core.interventions.ablation_table import run_ablation_table
+
     config = config_from_args(args)
     print(run_ablation_table(config).markdown())

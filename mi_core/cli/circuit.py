@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mi_core.circuits.job import (
-    AttributeConfig,
-    CircuitPruneConfig,
-    CircuitSweepConfig,
-    run_attribute_job,
-    run_circuit_prune_job,
-    run_circuit_sweep_job,
-)
+from mi_core.circuits.config import AttributeConfig, CircuitPruneConfig, CircuitSweepConfig
 from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.errors import MiCoreError
@@ -84,11 +77,15 @@ def _report(summary: dict, out: str) -> None:
 
 
 def run_attribute(args: argparse.Namespace) -> None:
+    from mi_core.circuits.job import run_attribute_job
+
     config = config_from_args(args)
     _report(run_attribute_job(config), config.out)
 
 
 def run_sweep(args: argparse.Namespace) -> None:
+    from mi_core.circuits.job import run_circuit_sweep_job
+
     config = config_from_args(args)
     table = run_circuit_sweep_job(config)
     for row in table.itertuples():
@@ -100,5 +97,7 @@ def run_sweep(args: argparse.Namespace) -> None:
 
 
 def run_prune(args: argparse.Namespace) -> None:
+    from mi_core.circuits.job import run_circuit_prune_job
+
     config = config_from_args(args)
     _report(run_circuit_prune_job(config), config.out)

@@ -7,7 +7,7 @@ import argparse
 from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags
 from mi_core.cli.prune import add_recipe_flags, job_values
-from mi_core.methods.heuristic_core.effective_size import EffectiveSizeConfig
+from mi_core.methods.heuristic_core.config import EffectiveSizeConfig
 
 
 def add_parser(subparsers) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
-from mi_core.evaluation.classification import EvalConfig, results_frame, run_eval
+from mi_core.evaluation.config import EvalConfig
 
 
 def add_parser(subparsers) -> None:
@@ -26,6 +26,8 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
 
 
 def run(args: argparse.Namespace) -> None:
+    from mi_core.evaluation.classification import results_frame, run_eval
+
     config = config_from_args(args)
     table = results_frame(run_eval(config))
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))

@@ -6,7 +6,7 @@ import argparse
 
 from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
-from mi_core.training import FinetuneConfig, finetune
+from mi_core.training.config import FinetuneConfig
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +27,8 @@ def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
 
 
 def run(args: argparse.Namespace) -> None:
+    from mi_core.training.finetune import finetune
+
     cfg = config_from_args(args)
     metrics = finetune(cfg)
     if not metrics.empty:

@@ -6,7 +6,7 @@ import argparse
 
 from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
-from mi_core.interventions.means import MeansConfig, run_means
+from mi_core.interventions.config import MeansConfig
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +27,8 @@ def config_from_args(args: argparse.Namespace) -> MeansConfig:
 
 
 def run(args: argparse.Namespace) -> None:
+    from mi_core.interventions.means import run_means
+
     config = config_from_args(args)
     means = run_means(config)
     print(f"{means} -> {config.out}")

@@ -17,7 +17,7 @@ from mi_core.errors import ConfigError
 def add_parser(subparsers) -> None:
     """Register ``separability``: one flag per field of :class:`SeparabilityConfig`."""
     from mi_core.cli.flags import add_config_flags
-    from mi_core.methods.separability.run import SeparabilityConfig
+    from mi_core.methods.separability.config import SeparabilityConfig
 
     p = subparsers.add_parser(
         "separability",

@@ -6,38 +6,76 @@ online. Missing data fails at once with a :class:`~mi_core.errors.DataError` nam
 See :mod:`mi_core.data.pairs`, :mod:`mi_core.data.batches` and :mod:`mi_core.data.text`.
 """
 
-from mi_core.data._sources import DATA_DIR_ENV, resolve_data_dir
-from mi_core.data.batches import (
-    GROUP_BATCHES,
-    PairBatches,
-    TokenizedPairs,
-    length_grouped_batches,
-    pad_token_id,
-    pair_batches,
-    tokenize_pairs,
-)
-from mi_core.data.pairs import (
-    HANS_HEURISTICS,
-    HANS_LABELS,
-    HANS_PAPER_SUBCASES,
-    HANS_SUBCASES,
-    MNLI_LABELS,
-    PAIR_SPECS,
-    PAWS_LABELS,
-    QQP_LABELS,
-    PairDataset,
-    available_specs,
-    load_pairs,
-    model_num_labels,
-)
-from mi_core.data.text import (
-    TEXT_SPECS,
-    iter_batches,
-    load_text,
-    token_stream,
-    token_texts,
-    token_windows,
-)
+from typing import TYPE_CHECKING
+
+from mi_core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from mi_core.data._sources import DATA_DIR_ENV, resolve_data_dir
+    from mi_core.data.batches import (
+        GROUP_BATCHES,
+        PairBatches,
+        TokenizedPairs,
+        length_grouped_batches,
+        pad_token_id,
+        pair_batches,
+        tokenize_pairs,
+    )
+    from mi_core.data.pairs import (
+        HANS_HEURISTICS,
+        HANS_LABELS,
+        HANS_PAPER_SUBCASES,
+        HANS_SUBCASES,
+        MNLI_LABELS,
+        PAIR_SPECS,
+        PAWS_LABELS,
+        QQP_LABELS,
+        PairDataset,
+        available_specs,
+        load_pairs,
+        model_num_labels,
+    )
+    from mi_core.data.text import (
+        TEXT_SPECS,
+        iter_batches,
+        load_text,
+        token_stream,
+        token_texts,
+        token_windows,
+    )
+
+#: Public name -> the module that defines it (imported on first use).
+_NAMES = {
+    "DATA_DIR_ENV": "mi_core.data._sources",
+    "resolve_data_dir": "mi_core.data._sources",
+    "GROUP_BATCHES": "mi_core.data.batches",
+    "PairBatches": "mi_core.data.batches",
+    "TokenizedPairs": "mi_core.data.batches",
+    "length_grouped_batches": "mi_core.data.batches",
+    "pad_token_id": "mi_core.data.batches",
+    "pair_batches": "mi_core.data.batches",
+    "tokenize_pairs": "mi_core.data.batches",
+    "HANS_HEURISTICS": "mi_core.data.pairs",
+    "HANS_LABELS": "mi_core.data.pairs",
+    "HANS_PAPER_SUBCASES": "mi_core.data.pairs",
+    "HANS_SUBCASES": "mi_core.data.pairs",
+    "MNLI_LABELS": "mi_core.data.pairs",
+    "PAIR_SPECS": "mi_core.data.pairs",
+    "PAWS_LABELS": "mi_core.data.pairs",
+    "QQP_LABELS": "mi_core.data.pairs",
+    "PairDataset": "mi_core.data.pairs",
+    "available_specs": "mi_core.data.pairs",
+    "load_pairs": "mi_core.data.pairs",
+    "model_num_labels": "mi_core.data.pairs",
+    "TEXT_SPECS": "mi_core.data.text",
+    "iter_batches": "mi_core.data.text",
+    "load_text": "mi_core.data.text",
+    "token_stream": "mi_core.data.text",
+    "token_texts": "mi_core.data.text",
+    "token_windows": "mi_core.data.text",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+
 
 __all__ = [
     "DATA_DIR_ENV",

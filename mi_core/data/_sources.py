@@ -92,6 +92,20 @@ def missing_error(
     )
 
 
+HANS_FILE = "hans/heuristics_evaluation_set.txt"
+PAWS_FILE = "paws_qqp/dev_and_test.tsv"
+#: The official release's training split; the paper evaluates on train + dev_and_test.
+PAWS_TRAIN_FILE = "paws_qqp/train.tsv"
+
+
+def hub_rows(ds: Any) -> list[dict[str, Any]]:
+    """The rows of a hub data set (``datasets.Dataset``) as dicts."""
+    cols = ds.to_dict()
+    keys = list(cols)
+    n = len(cols[keys[0]]) if keys else 0
+    return [{k: cols[k][i] for k in keys} for i in range(n)]
+
+
 def hub_load(
     spec: str,
     rel_path: str,

@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mi_core.config import Config, option
-from mi_core.data._sources import hub_load
-from mi_core.data.pairs import HANS_FILE, PAWS_FILE, _hub_rows
+from mi_core.data._sources import HANS_FILE, PAWS_FILE, hub_load, hub_rows
 from mi_core.errors import DataError
 from mi_core.io import atomic_path, write_text
 
@@ -88,7 +87,7 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 def _hub(spec: str, rel: str, root: Path, args: tuple, kwargs: dict) -> list[dict[str, Any]]:
     how = f"or place {rel} under {root} yourself (see the data README for its columns)"
-    return _hub_rows(hub_load(spec, rel, root, args, kwargs, how))
+    return hub_rows(hub_load(spec, rel, root, args, kwargs, how))
 
 
 def _glue(family: str, root: Path, overwrite: bool) -> list[Path]:

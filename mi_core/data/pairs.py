@@ -44,7 +44,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from mi_core.data._sources import hub_load, local_file, missing_error, resolve_data_dir
+from mi_core.data._sources import (
+    HANS_FILE,
+    PAWS_FILE,
+    PAWS_TRAIN_FILE,
+    hub_load,
+    hub_rows,
+    local_file,
+    missing_error,
+    resolve_data_dir,
+)
 from mi_core.errors import DataError
 from mi_core.tasks import TASK_NUM_LABELS
 
@@ -103,10 +112,6 @@ HANS_PAPER_SUBCASES: dict[str, str] = {
     "Embed-Verb": "cn_embedded_under_verb",
 }
 
-HANS_FILE = "hans/heuristics_evaluation_set.txt"
-PAWS_FILE = "paws_qqp/dev_and_test.tsv"
-#: The official release's training split; the paper evaluates on train + dev_and_test.
-PAWS_TRAIN_FILE = "paws_qqp/train.tsv"
 _warned_paws: set[str] = set()
 
 _GLUE_SPLITS: dict[str, tuple[str, ...]] = {
@@ -575,13 +580,6 @@ def dataset_from_rows(
     )
 
 
-def _hub_rows(ds: Any) -> list[dict[str, Any]]:
-    cols = ds.to_dict()
-    keys = list(cols)
-    n = len(cols[keys[0]]) if keys else 0
-    return [{k: cols[k][i] for k in keys} for i in range(n)]
-
-
 # --------------------------------------------------------------------------------------------
 # specs
 
@@ -698,7 +696,7 @@ def _load_glue(family: str, split: str, root: Path | None, max_examples: int | N
             f"datasets.load_dataset('nyu-mll/glue', '{family}', split='{split}')"
             f".to_json('{rel}') (JSON lines with {cols})",
         )
-        ds = dataset_from_rows(name, _hub_rows(hub), task=family, source=f"nyu-mll/glue {name}")
+        ds = dataset_from_rows(name, hub_rows(hub), task=family, source=f"nyu-mll/glue {name}")
     _check_task(name, ds.task, family)
     if family == "mnli" and ds.num_labels != 3:
         raise DataError(f"{name}: expected 3-way MNLI labels, got {ds.label_names}")
@@ -718,7 +716,7 @@ def _load_hans(sel: str | None, root: Path | None) -> PairDataset:
             {"split": "validation"},
             "download heuristics_evaluation_set.txt from https://github.com/tommccoy1/hans",
         )
-        full = dataset_from_rows("hans", _hub_rows(hub), task="mnli", source="jhu-cogsci/hans")
+        full = dataset_from_rows("hans", hub_rows(hub), task="mnli", source="jhu-cogsci/hans")
     if full.num_labels != 2 or "subcase" not in full.meta or "heuristic" not in full.meta:
         raise DataError(
             f"{path or 'jhu-cogsci/hans'}: not a HANS file (needs entailment/"

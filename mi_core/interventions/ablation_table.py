@@ -30,8 +30,6 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from mi_core.config import option
-from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.ablation import Ablation, ablate, head_fill_values, interpolate
 from mi_core.interventions.components import (
@@ -40,11 +38,11 @@ from mi_core.interventions.components import (
     model_dims,
     parse_components,
 )
+from mi_core.interventions.config import AblationTableConfig
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
 from mi_core.models.classifier import StagedClassifier
 from mi_core.models.hooks import act_name
-from mi_core.tasks import TASKS
 
 Batch = Mapping[str, torch.Tensor]
 Logits = Float[torch.Tensor, "n label"]
@@ -474,48 +472,6 @@ def ablation_table(
         for s, values in logits.joints.items():
             table.joints[s][ds.name] = ds.score(values)
     return table
-
-
-@dataclass(kw_only=True)
-class AblationTableConfig(DeviceOption):
-    """The ablation-table job (``mi-core ablate``; the paper's Tables 3, 4 and 8)."""
-
-    model: str
-    """Checkpoint dir, hub name, or minilm."""
-    task: str | None = option(None, choices=TASKS)
-    """Task head to load (default: the checkpoint's own)."""
-    means: str | None = None
-    """Means file from mi-core means (needed for mean ablation)."""
-    heads: str
-    """Heads to list, e.g. L2.H3,L2.H5, or all."""
-    joint: list[str] = option(default_factory=list, metavar="SET")
-    """Sets of heads ablated together, e.g. L2.H5+L3.H7+L4.H0."""
-    data: list[str] = option(metavar="DATA")
-    """Data specs, e.g. mnli:validation_matched hans:so_swap."""
-    out: str
-    """Table CSV (.md and .html are written beside it)."""
-    ablation: str = option("mean", choices=("mean", "zero"))
-    """What replaces an ablated head: its mean activation or zero."""
-    others: bool = False
-    """Also ablate every unlisted head, one at a time, for the Avg. (others) row (one forward
-    pass per head: slow on large models)."""
-    batch_size: int = 64
-    """Examples per forward pass."""
-    max_length: int = 128
-    """Token limit per example."""
-    max_examples: int | None = None
-    """Use only the first examples of each data set."""
-
-    def validate(self) -> None:
-        super().validate()
-        if Path(self.out).suffix.lower() != ".csv":
-            raise ConfigError(f"--out {self.out}: the table is written as .csv (with .md, .html)")
-        if self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be at least 1, not {self.batch_size}")
-        if self.ablation == "mean" and not self.means:
-            raise ConfigError(
-                "mean ablation needs --means FILE (from mi-core means), or --ablation zero"
-            )
 
 
 def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) -> AblationTable:

@@ -52,6 +52,7 @@ from jaxtyping import Bool, Float
 from transformer_lens.components import BertBlock, TransformerBlock
 
 from mi_core.errors import InterventionError
+from mi_core.interventions.config import FILLS
 from mi_core.io import read_json, read_safetensors, write_safetensors
 
 __all__ = [
@@ -70,7 +71,6 @@ __all__ = [
 
 EDGE_MASK_KIND = "mi_core.EdgeMask"
 _FORMAT_VERSION = "1"
-FILLS = ("corrupted", "mean", "zero")
 SUPPORTED_GRAPHS = (
     "pre-LayerNorm decoders (GPT-2, OPT and Llama families; GPT-2 classifiers) and "
     "post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"

@@ -23,15 +23,13 @@ from jaxtyping import Float
 from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
-from mi_core.config import Config, option
-from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError, DataError, InterventionError
 from mi_core.interventions.components import model_dims
+from mi_core.interventions.config import MeansConfig, MeansSettings  # noqa: F401 (re-exported)
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.classifier import StagedClassifier
 from mi_core.models.fingerprint import weights_fingerprint
 from mi_core.models.hooks import act_name
-from mi_core.tasks import TASKS
 
 MEANS_KIND = "mi_core.ComponentMeans"
 _FORMAT_VERSION = "1"
@@ -218,42 +216,6 @@ def compute_means(
         n_tokens=n_tokens,
         n_examples=n_examples,
     )
-
-
-@dataclass
-class MeansSettings(Config):
-    """Which data the means average over, and how it is batched."""
-
-    data: str | None = None
-    """Data spec to average over (default: the training split of the model's task)."""
-    max_examples: int | None = None
-    """Use only the first examples of the data set."""
-    batch_size: int = 64
-    """Examples per forward pass."""
-    max_length: int = 128
-    """Token limit per example."""
-
-    def validate(self) -> None:
-        super().validate()
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be at least 1, not {self.batch_size}")
-
-
-@dataclass(kw_only=True)
-class MeansConfig(MeansSettings, DeviceOption):
-    """The means job (``mi-core means``): a model's mean activations written to a file."""
-
-    model: str
-    """Checkpoint dir, hub name, or minilm."""
-    task: str | None = option(None, choices=TASKS)
-    """Task head to load (default: the checkpoint's own)."""
-    out: str
-    """Output file (.safetensors)."""
-
-    def validate(self) -> None:
-        super().validate()
-        if Path(self.out).suffix.lower() != ".safetensors":
-            raise ConfigError(f"--out {self.out}: means are written as .safetensors")
 
 
 def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:

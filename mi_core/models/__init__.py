@@ -1,25 +1,52 @@
 """Hooked models: classifiers with task heads (BERT, RoBERTa, GPT-2) and causal LMs."""
 
-from mi_core.models.classifier import (
-    HookedClassifier,
-    HookedDecoderClassifier,
-    HookedEncoderClassifier,
-    PairTokens,
-    StagedClassifier,
-)
-from mi_core.models.embedded import EMBEDDED_MODELS
-from mi_core.models.fingerprint import weights_fingerprint
-from mi_core.models.loading import (
-    SUPPORTED_ARCHITECTURES,
-    TASK_LABEL_NAMES,
-    TASK_NUM_LABELS,
-    hooked_causal_lm_from_hf,
-    hooked_classifier_from_hf,
-    load_hf_causal_lm,
-    load_hf_classifier,
-    load_model,
-    resolve_source,
-)
+from typing import TYPE_CHECKING
+
+from mi_core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from mi_core.models.classifier import (
+        HookedClassifier,
+        HookedDecoderClassifier,
+        HookedEncoderClassifier,
+        PairTokens,
+        StagedClassifier,
+    )
+    from mi_core.models.embedded import EMBEDDED_MODELS
+    from mi_core.models.fingerprint import weights_fingerprint
+    from mi_core.models.loading import (
+        SUPPORTED_ARCHITECTURES,
+        TASK_LABEL_NAMES,
+        TASK_NUM_LABELS,
+        hooked_causal_lm_from_hf,
+        hooked_classifier_from_hf,
+        load_hf_causal_lm,
+        load_hf_classifier,
+        load_model,
+        resolve_source,
+    )
+
+#: Public name -> the module that defines it (imported on first use).
+_NAMES = {
+    "HookedClassifier": "mi_core.models.classifier",
+    "HookedDecoderClassifier": "mi_core.models.classifier",
+    "HookedEncoderClassifier": "mi_core.models.classifier",
+    "PairTokens": "mi_core.models.classifier",
+    "StagedClassifier": "mi_core.models.classifier",
+    "EMBEDDED_MODELS": "mi_core.models.embedded",
+    "weights_fingerprint": "mi_core.models.fingerprint",
+    "SUPPORTED_ARCHITECTURES": "mi_core.models.loading",
+    "TASK_LABEL_NAMES": "mi_core.models.loading",
+    "TASK_NUM_LABELS": "mi_core.models.loading",
+    "hooked_causal_lm_from_hf": "mi_core.models.loading",
+    "hooked_classifier_from_hf": "mi_core.models.loading",
+    "load_hf_causal_lm": "mi_core.models.loading",
+    "load_hf_classifier": "mi_core.models.loading",
+    "load_model": "mi_core.models.loading",
+    "resolve_source": "mi_core.models.loading",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+
 
 __all__ = [
     "EMBEDDED_MODELS",

@@ -15,38 +15,136 @@ The pieces a training loop composes (one gate per attention head and per MLP lay
     mask, achieved = binary_mask_from_log_alpha(gates.log_alpha, cfg.target_sparsity)
 """
 
-from mi_core.pruning.discretize import (
-    AchievedSparsity,
-    binary_mask_from_log_alpha,
-    flatten_components,
-    mask_sparsity,
-    unflatten_components,
-)
-from mi_core.pruning.hard_concrete import (
-    BETA,
-    DROPRATE_INIT,
-    EPS,
-    LIMIT_LEFT,
-    LIMIT_RIGHT,
-    HardConcrete,
-    deterministic_hard_concrete,
-    hard_concrete_prob_nonzero,
-    initial_log_alpha,
-    sample_hard_concrete,
-)
-from mi_core.pruning.lagrangian import (
-    LagrangianController,
-    component_weights,
-    expected_sparsity,
-    pruning_optimizer,
-)
-from mi_core.pruning.profiles import (
-    PruneConfig,
-    make_prune_config,
-    parse_seeds,
-    parse_sparsities,
-)
-from mi_core.pruning.schedule import paper_schedule, target_sparsity_at
+from typing import TYPE_CHECKING
+
+from mi_core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from mi_core.pruning.discretize import (
+        AchievedSparsity,
+        binary_mask_from_log_alpha,
+        flatten_components,
+        mask_sparsity,
+        unflatten_components,
+    )
+    from mi_core.pruning.hard_concrete import (
+        BETA,
+        DROPRATE_INIT,
+        EPS,
+        LIMIT_LEFT,
+        LIMIT_RIGHT,
+        HardConcrete,
+        deterministic_hard_concrete,
+        hard_concrete_prob_nonzero,
+        initial_log_alpha,
+        sample_hard_concrete,
+    )
+    from mi_core.pruning.jobs import (
+        PruneJobSettings,
+        PruneRunConfig,
+        SweepConfig,
+        run_prune_job,
+        run_sweep_job,
+    )
+    from mi_core.pruning.lagrangian import (
+        LagrangianController,
+        component_weights,
+        expected_sparsity,
+        pruning_optimizer,
+    )
+    from mi_core.pruning.objective import PruningLoss, kl_to_reference, pruning_loss
+    from mi_core.pruning.profiles import (
+        PruneConfig,
+        make_prune_config,
+        parse_seeds,
+        parse_sparsities,
+    )
+    from mi_core.pruning.reference_logits import (
+        compute_reference_logits,
+        load_reference_logits,
+        reference_logits,
+    )
+    from mi_core.pruning.run import (
+        PruneResult,
+        StepMember,
+        frozen,
+        group_pruning_step,
+        is_complete,
+        prune,
+        prune_group,
+        prune_run,
+        pruning_step,
+    )
+    from mi_core.pruning.schedule import paper_schedule, target_sparsity_at
+    from mi_core.pruning.sweep import (
+        SweepResult,
+        SweepRun,
+        auto_group_size,
+        collect_subnetworks,
+        load_sweep,
+        plan_sweep,
+        run_dir_for,
+        run_sweep,
+    )
+
+#: Public name -> the module that defines it (imported on first use).
+_NAMES = {
+    "AchievedSparsity": "mi_core.pruning.discretize",
+    "binary_mask_from_log_alpha": "mi_core.pruning.discretize",
+    "flatten_components": "mi_core.pruning.discretize",
+    "mask_sparsity": "mi_core.pruning.discretize",
+    "unflatten_components": "mi_core.pruning.discretize",
+    "BETA": "mi_core.pruning.hard_concrete",
+    "DROPRATE_INIT": "mi_core.pruning.hard_concrete",
+    "EPS": "mi_core.pruning.hard_concrete",
+    "LIMIT_LEFT": "mi_core.pruning.hard_concrete",
+    "LIMIT_RIGHT": "mi_core.pruning.hard_concrete",
+    "HardConcrete": "mi_core.pruning.hard_concrete",
+    "deterministic_hard_concrete": "mi_core.pruning.hard_concrete",
+    "hard_concrete_prob_nonzero": "mi_core.pruning.hard_concrete",
+    "initial_log_alpha": "mi_core.pruning.hard_concrete",
+    "sample_hard_concrete": "mi_core.pruning.hard_concrete",
+    "LagrangianController": "mi_core.pruning.lagrangian",
+    "component_weights": "mi_core.pruning.lagrangian",
+    "expected_sparsity": "mi_core.pruning.lagrangian",
+    "pruning_optimizer": "mi_core.pruning.lagrangian",
+    "PruneConfig": "mi_core.pruning.profiles",
+    "make_prune_config": "mi_core.pruning.profiles",
+    "parse_seeds": "mi_core.pruning.profiles",
+    "parse_sparsities": "mi_core.pruning.profiles",
+    "paper_schedule": "mi_core.pruning.schedule",
+    "target_sparsity_at": "mi_core.pruning.schedule",
+    "PruningLoss": "mi_core.pruning.objective",
+    "kl_to_reference": "mi_core.pruning.objective",
+    "pruning_loss": "mi_core.pruning.objective",
+    "compute_reference_logits": "mi_core.pruning.reference_logits",
+    "load_reference_logits": "mi_core.pruning.reference_logits",
+    "reference_logits": "mi_core.pruning.reference_logits",
+    "PruneResult": "mi_core.pruning.run",
+    "StepMember": "mi_core.pruning.run",
+    "frozen": "mi_core.pruning.run",
+    "group_pruning_step": "mi_core.pruning.run",
+    "is_complete": "mi_core.pruning.run",
+    "prune": "mi_core.pruning.run",
+    "prune_group": "mi_core.pruning.run",
+    "prune_run": "mi_core.pruning.run",
+    "pruning_step": "mi_core.pruning.run",
+    "SweepResult": "mi_core.pruning.sweep",
+    "SweepRun": "mi_core.pruning.sweep",
+    "auto_group_size": "mi_core.pruning.sweep",
+    "collect_subnetworks": "mi_core.pruning.sweep",
+    "load_sweep": "mi_core.pruning.sweep",
+    "plan_sweep": "mi_core.pruning.sweep",
+    "run_dir_for": "mi_core.pruning.sweep",
+    "run_sweep": "mi_core.pruning.sweep",
+    "PruneJobSettings": "mi_core.pruning.jobs",
+    "PruneRunConfig": "mi_core.pruning.jobs",
+    "SweepConfig": "mi_core.pruning.jobs",
+    "run_prune_job": "mi_core.pruning.jobs",
+    "run_sweep_job": "mi_core.pruning.jobs",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+
 
 __all__ = [
     "BETA",
@@ -77,33 +175,6 @@ __all__ = [
 ]
 
 # The pruning run, its objective and sweeps (issue 4).
-from mi_core.pruning.objective import PruningLoss, kl_to_reference, pruning_loss  # noqa: E402
-from mi_core.pruning.reference_logits import (  # noqa: E402
-    compute_reference_logits,
-    load_reference_logits,
-    reference_logits,
-)
-from mi_core.pruning.run import (  # noqa: E402
-    PruneResult,
-    StepMember,
-    frozen,
-    group_pruning_step,
-    is_complete,
-    prune,
-    prune_group,
-    prune_run,
-    pruning_step,
-)
-from mi_core.pruning.sweep import (  # noqa: E402
-    SweepResult,
-    SweepRun,
-    auto_group_size,
-    collect_subnetworks,
-    load_sweep,
-    plan_sweep,
-    run_dir_for,
-    run_sweep,
-)
 
 __all__ += [
     "PruneResult",
@@ -134,12 +205,5 @@ __all__ += [
 # package attribute ``sweep`` stays the module.
 
 # The pruning jobs (one config each; the mi-core prune and sweep commands).
-from mi_core.pruning.jobs import (  # noqa: E402
-    PruneJobSettings,
-    PruneRunConfig,
-    SweepConfig,
-    run_prune_job,
-    run_sweep_job,
-)
 
 __all__ += ["PruneJobSettings", "PruneRunConfig", "SweepConfig", "run_prune_job", "run_sweep_job"]

@@ -28,10 +28,9 @@ import torch
 from jaxtyping import Bool, Float
 
 from mi_core.errors import ConfigError, InterventionError, TrainingError
+from mi_core.pruning.constants import DISCRETIZE_RULES
 from mi_core.pruning.hard_concrete import BETA, hard_concrete_prob_nonzero
 
-#: How learnt gates become a binary mask.
-DISCRETIZE_RULES = ("reference", "exact")
 #: The authors' soft value is ``sigmoid(log_alpha / beta * 0.8)`` (``FACTOR`` in their l0.py).
 REFERENCE_FACTOR = 0.8
 #: The thresholds the reference rule searches: 0, 0.05, ..., 0.95.

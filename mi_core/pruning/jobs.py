@@ -13,13 +13,12 @@ also a flag). :func:`run_prune_job` and :func:`run_sweep_job` take the config wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from mi_core.config import Config, option
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
+from mi_core.pruning.constants import EXECUTORS
 from mi_core.pruning.profiles import (
     PROFILES,
     PruneConfig,
@@ -27,9 +26,12 @@ from mi_core.pruning.profiles import (
     parse_seed_spec,
     parse_sparsity_spec,
 )
-from mi_core.pruning.run import PruneResult, prune_run
-from mi_core.pruning.sweep import EXECUTORS, run_sweep
 from mi_core.tasks import TASKS
+
+if TYPE_CHECKING:  # the jobs import them when they run: the configs stay light
+    import pandas as pd
+
+    from mi_core.pruning.run import PruneResult
 
 __all__ = [
     "EXECUTION_FIELDS",
@@ -144,6 +146,8 @@ class SweepConfig(PruneJobSettings, SweepExecution):
 
 def run_prune_job(config: PruneRunConfig, *, progress: bool | None = None) -> PruneResult:
     """Run (or resume, or report) the pruning run of ``config`` under ``config.out``."""
+    from mi_core.pruning.run import prune_run
+
     return prune_run(
         config.model,
         config.train,
@@ -161,6 +165,8 @@ def run_prune_job(config: PruneRunConfig, *, progress: bool | None = None) -> Pr
 
 def run_sweep_job(config: SweepConfig, *, progress: bool | None = None) -> pd.DataFrame:
     """Run every missing run of ``config``'s sweep; return the subnetworks table."""
+    from mi_core.pruning.sweep import run_sweep
+
     return run_sweep(
         config.model,
         config.train,

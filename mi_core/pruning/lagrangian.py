@@ -35,10 +35,9 @@ from jaxtyping import Float
 from torch import nn
 
 from mi_core.errors import ConfigError
+from mi_core.pruning.constants import SPARSITY_ESTIMATES  # noqa: F401 (re-exported)
 
 SparsityWeighting = Literal["components", "params"]
-#: How the Lagrangian term measures the current sparsity ``t``.
-SPARSITY_ESTIMATES = ("sampled", "expected")
 
 
 def sampled_sparsity(

@@ -30,15 +30,15 @@ from typing import Any
 from mi_core.config import Config, option
 from mi_core.devices import PRECISIONS
 from mi_core.errors import ConfigError
-from mi_core.pruning.discretize import DISCRETIZE_RULES
-from mi_core.pruning.hard_concrete import (
+from mi_core.pruning.constants import (
     BETA,
+    DISCRETIZE_RULES,
     DROPRATE_INIT,
     PAPER_INIT_MEAN,
     PAPER_INIT_STD,
+    SPARSITY_ESTIMATES,
     initial_log_alpha,
 )
-from mi_core.pruning.lagrangian import SPARSITY_ESTIMATES
 from mi_core.pruning.schedule import LR_SCHEDULES, paper_schedule
 
 PROFILES = ("paper", "quick", "cofi")

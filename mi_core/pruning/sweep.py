@@ -41,6 +41,7 @@ from mi_core.errors import ConfigError, MiCoreError, TrainingError
 from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ComponentMeans
 from mi_core.io import read_json, write_csv, write_json
+from mi_core.pruning.constants import EXECUTORS
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
 from mi_core.pruning.run import (
@@ -55,7 +56,6 @@ from mi_core.pruning.run import (
 
 logger = logging.getLogger(__name__)
 
-EXECUTORS = ("local", "batched", "ray")
 #: The most runs one batched group trains together when the size is chosen from memory.
 MAX_AUTO_GROUP = 32
 #: Environment variables a Ray worker needs to find data and stay offline like the driver.

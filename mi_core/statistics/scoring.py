@@ -18,22 +18,7 @@ from jaxtyping import Bool, Float
 
 from mi_core.errors import ConfigError
 from mi_core.statistics.activations import STATISTICS, ActivationStats
-
-#: ``--scoring`` names: the statistic each compares.
-SCORINGS: dict[str, str] = {
-    "freq": "freq",
-    "abs": "abs",
-    "sqrt": "sqrt",
-    "std": "std",
-    "rms": "rms",
-    "mean": "mean",
-    "mean_diff": "mean",
-}
-#: Scorings that compare the two data sets by a difference instead of a ratio.
-DIFFERENCE_SCORINGS = ("mean_diff",)
-
-#: Head aggregations of pre-out neuron scores.
-HEAD_AGGREGATIONS: tuple[str, ...] = ("mean", "median")
+from mi_core.statistics.constants import DIFFERENCE_SCORINGS, HEAD_AGGREGATIONS, SCHEDULES, SCORINGS
 
 
 def statistic_for(scoring: str) -> str:
@@ -113,10 +98,6 @@ def random_scores(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """Uniform random scores (the random baseline), reproducible from ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     return torch.rand(shape, generator=generator, dtype=torch.float64)
-
-
-#: How a step's fraction is counted: of all units (the report) or of the remaining ones.
-SCHEDULES = ("total", "remaining")
 
 
 def n_to_prune(n_remaining: int, frac: float) -> int:

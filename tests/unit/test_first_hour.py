@@ -55,6 +55,29 @@ def test_top_level_help_imports_no_subcommand_and_no_torch():
     assert done.stdout.strip().splitlines()[-1] == "[]"  # nothing heavy imported
 
 
+def test_every_command_help_imports_no_heavy_module():
+    """``mi-core <command> --help`` answers without torch, pandas, numpy or TransformerLens
+    (job configs live in light modules; the packages export their names lazily)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import contextlib, io, sys\n"
+        "from mi_core.cli import COMMANDS, main\n"
+        "for command in COMMANDS:\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        try:\n            main([command, '--help'])\n"
+        "        except SystemExit:\n            pass\n"
+        "    assert '--' in out.getvalue(), command  # the help was printed, with its flags\n"
+        "heavy = ('torch', 'pandas', 'numpy', 'transformer_lens', 'transformers', 'scipy')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_a_command_builds_only_its_own_parser():
     import sys
 
@@ -83,3 +106,20 @@ def test_classifier_forward_refuses_unknown_keywords(tiny):
     assert tiny(ids, attention_mask=mask, return_type=None) is None
     with pytest.raises(ValueError, match="return_type"):
         tiny(ids, return_type="loss")
+
+
+def test_an_exported_function_wins_over_its_module_of_the_same_name():
+    """Lazy packages keep what eager imports gave: ``mi_core.pruning.reference_logits`` is the
+    function even after its module (of the same name) was imported."""
+    import importlib
+
+    import mi_core.pruning
+    import mi_core.training
+
+    module = importlib.import_module("mi_core.pruning.reference_logits")
+    from mi_core.pruning import reference_logits
+    from mi_core.training import finetune
+
+    assert callable(reference_logits) and reference_logits is module.reference_logits
+    assert mi_core.pruning.reference_logits is reference_logits
+    assert callable(finetune) and mi_core.training.finetune is finetune

@@ -39,8 +39,7 @@ from typing import Any
 from mi_core.config import Config, option
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
-from mi_core.interventions.means import MeansSettings
-from mi_core.methods.heuristic_core.effective_size import EffectiveSizeOptions
+from mi_core.interventions.config import MeansSettings
 from mi_core.pruning.jobs import SweepExecution
 from mi_core.pruning.profiles import (
     PROFILES,
@@ -50,7 +49,7 @@ from mi_core.pruning.profiles import (
     parse_sparsity_spec,
 )
 from mi_core.tasks import TASKS
-from mi_core.training.finetune import FinetuneSettings
+from mi_core.training.config import FinetuneSettings
 
 __all__ = [
     "AblationSettings",
@@ -68,6 +67,119 @@ __all__ = [
     "resolve_config_path",
     "shipped_configs",
 ]
+
+
+def parse_checkpoint_steps(value: Any, where: str = "steps") -> list[int]:
+    """Checkpoint steps as a list of ints, or a string like ``"500,1000"``."""
+    if isinstance(value, str):
+        try:
+            return [int(s) for s in value.split(",") if s.strip()]
+        except ValueError:
+            raise ConfigError(f"{where} must be integers like 500,1000; got {value!r}") from None
+    if isinstance(value, list) and all(
+        isinstance(s, int) and not isinstance(s, bool) for s in value
+    ):
+        return list(value)
+    raise ConfigError(f"{where} must be a list of checkpoint steps or a string like '500,1000'")
+
+
+def parse_groups(value: Any, where: str = "groups") -> dict[str, list[str]]:
+    """Named groups of data sets: a dict, or ``"name=spec,spec"`` strings (one per group)."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list):
+        groups: dict[str, list[str]] = {}
+        for item in value:
+            name, sep, specs = str(item).partition("=")
+            sets = [s.strip() for s in specs.split(",") if s.strip()]
+            if not sep or not name.strip() or not sets:
+                raise ConfigError(
+                    f"{where}: expected NAME=DATA,DATA (e.g. ood_e=hans:x), not {item!r}"
+                )
+            groups[name.strip()] = sets
+        return groups
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, list) and v and all(isinstance(s, str) for s in v)
+        for k, v in value.items()
+    ):
+        return {k: list(v) for k, v in value.items()}
+    raise ConfigError(f"{where} must map group names to lists of data sets, got {value!r}")
+
+
+@dataclass
+class EffectiveSizeOptions(Config):
+    """How effective size is measured (paper Figure 6); shared by the job and the experiment."""
+
+    sparsities: list[float] = option(
+        default_factory=lambda: parse_sparsities("0.05:0.7:0.05"),
+        parse=parse_sparsity_spec,
+        metavar="SPEC",
+    )
+    """Target sparsities, e.g. 0.05:0.7:0.05 or 0.3,0.5."""
+    seeds: list[int] = option(
+        default_factory=lambda: [0, 1, 2], parse=parse_seed_spec, metavar="SPEC"
+    )
+    """Seeds: a count (3: seeds 0-2) or seeds like 1,2,5 / 42-44."""
+    margin: float = 0.03
+    """Faithfulness margin (accuracy): within this of the full model is faithful."""
+    method: str = option("authors", choices=("authors", "paper"))
+    """authors: their script (each seed's largest faithful sparsity, strict, then the mean);
+    paper: the paper's text (accuracy averaged over seeds first)."""
+    steps: list[int] | None = option(
+        None, flag="--checkpoint-steps", parse=parse_checkpoint_steps, metavar="STEPS"
+    )
+    """Only these checkpoint steps, e.g. 500,1000 (default: every checkpoint, thinned by
+    max_checkpoints)."""
+    max_checkpoints: int | None = None
+    """At most this many checkpoints, evenly spaced, always with the last one."""
+    ood: list[str] | None = option(None, metavar="DATA")
+    """The out-of-domain sets (default: every evaluation set after the first, except those of
+    groups)."""
+    groups: dict[str, list[str]] | None = option(
+        None, flag="--group", parse=parse_groups, repeat=True, metavar="NAME=DATA,DATA"
+    )
+    """Further named groups of evaluation sets, each an effective-size target of its own and
+    part of neither in-domain nor out-of-domain, e.g. {"ood_e": [...]}: GPT-2's entailment
+    subcases (OOD-E, the paper's Figure 16)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.margin < 1:
+            raise ConfigError(f"margin must lie in [0, 1) (accuracy fractions), got {self.margin}")
+        if self.max_checkpoints is not None and self.max_checkpoints < 1:
+            raise ConfigError(f"max_checkpoints must be at least 1, got {self.max_checkpoints}")
+
+
+@dataclass(kw_only=True)
+class EffectiveSizeConfig(EffectiveSizeOptions, SweepExecution, DeviceOption):
+    """The effective-size job (``mi-core effective-size``): every checkpoint of a fine-tuning
+    run pruned at every sparsity and seed."""
+
+    checkpoints: str = option(metavar="DIR")
+    """Fine-tuning output directory (its checkpoint-<step> folders)."""
+    train: str
+    """Training data spec, e.g. mnli:train."""
+    eval: list[str] = option(metavar="DATA")
+    """Eval sets; the first is in-domain."""
+    out: str
+    """Output directory."""
+    means: str | None = None
+    """Means file per checkpoint, with {step} in the path (default: computed on train)."""
+    task: str | None = option(None, choices=TASKS)
+    """Model task if ambiguous."""
+    profile: str = option("quick", choices=PROFILES)
+    """Pruning profile."""
+    overrides: dict[str, Any] = option(default_factory=dict, cli=False)
+    """PruneConfig fields that differ from the profile (the recipe flags set them)."""
+    max_train_examples: int | None = None
+    """Use only the first training examples."""
+    max_eval_examples: int | None = None
+    """Use only the first examples of every eval set."""
+
+    def validate(self) -> None:
+        super().validate()
+        make_prune_config(self.profile, 0.5, 0, **self.overrides)
+
 
 #: Named joint sets of the ablation table: all core heads at once, or the three heads whose
 #: single ablation changes the out-of-domain accuracy most.

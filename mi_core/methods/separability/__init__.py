@@ -6,7 +6,8 @@ composes building blocks: activation statistics and scores (:mod:`mi_core.statis
 masks and the OV-SVD rewrite (:mod:`mi_core.interventions`), next-token metrics
 (:mod:`mi_core.evaluation`) and trajectory areas (:mod:`mi_core.analysis.trajectory`).
 
-- :mod:`.run`: :class:`SeparabilityConfig`, :func:`run_separability` (resumable, per step);
+- :mod:`.config`: :class:`SeparabilityConfig`;
+- :mod:`.run`: :func:`run_separability` (resumable, per step);
 - :mod:`.job`: :func:`run_separability_job`, the whole job from one config (model and data);
 - :mod:`.report`: the run's files (trajectory CSV, summary JSON, figures, masks).
 
@@ -17,20 +18,41 @@ Three lines from saved masks to a pruned model::
     zero_pruned_weights(model, masks)  # or for good, in the weights
 """
 
-from mi_core.methods.separability.job import (
-    load_separability_config,
-    run_separability_job,
-    separability_config_values,
-    shipped_separability_configs,
-)
-from mi_core.methods.separability.report import write_separability_outputs
-from mi_core.methods.separability.run import (
-    SeparabilityConfig,
-    SeparabilityResult,
-    TaskTokens,
-    run_separability,
-    separability_findings,
-)
+from typing import TYPE_CHECKING
+
+from mi_core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from mi_core.methods.separability.job import (
+        load_separability_config,
+        run_separability_job,
+        separability_config_values,
+        shipped_separability_configs,
+    )
+    from mi_core.methods.separability.report import write_separability_outputs
+    from mi_core.methods.separability.run import (
+        SeparabilityConfig,
+        SeparabilityResult,
+        TaskTokens,
+        run_separability,
+        separability_findings,
+    )
+
+#: Public name -> the module that defines it (imported on first use).
+_NAMES = {
+    "load_separability_config": "mi_core.methods.separability.job",
+    "run_separability_job": "mi_core.methods.separability.job",
+    "separability_config_values": "mi_core.methods.separability.job",
+    "shipped_separability_configs": "mi_core.methods.separability.job",
+    "write_separability_outputs": "mi_core.methods.separability.report",
+    "SeparabilityConfig": "mi_core.methods.separability.config",
+    "SeparabilityResult": "mi_core.methods.separability.run",
+    "TaskTokens": "mi_core.methods.separability.run",
+    "run_separability": "mi_core.methods.separability.run",
+    "separability_findings": "mi_core.methods.separability.run",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+
 
 __all__ = [
     "SeparabilityConfig",

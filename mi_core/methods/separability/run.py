@@ -33,20 +33,21 @@ import torch
 from jaxtyping import Bool, Int
 from transformer_lens import HookedTransformer
 
-from mi_core.analysis.trajectory import MODES, trajectory_areas
-from mi_core.config import option
-from mi_core.devices import DeviceOption
+from mi_core.analysis.trajectory import trajectory_areas
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation.next_token import METRICS, evaluate_next_token, most_frequent_tokens
 from mi_core.interventions.neurons import PruneMasks
 from mi_core.interventions.svd import svd_attention
 from mi_core.io import read_safetensors, write_safetensors
+from mi_core.methods.separability.config import (  # noqa: F401 (re-exported)
+    EVAL_PROTOCOLS,
+    JOB_FIELDS,
+    OFFSETS,
+    SeparabilityConfig,
+)
 from mi_core.seeding import derive_seed
 from mi_core.statistics.activations import ActivationStats, collect_activation_stats
 from mi_core.statistics.scoring import (
-    HEAD_AGGREGATIONS,
-    SCHEDULES,
-    SCORINGS,
     head_scores,
     n_to_prune_at,
     neuron_scores,
@@ -80,152 +81,6 @@ class TaskTokens:
             raise DataError(
                 f"{self.name}: both the stats and the heldout windows must be non-empty"
             )
-
-
-OFFSETS = ("zero", "mean")
-EVAL_PROTOCOLS = ("windows", "texts")
-
-
-#: Fields of :class:`SeparabilityConfig` that say what to run on (model, data, amounts, device)
-#: rather than how to prune; the resume state checks them through ``identity``.
-JOB_FIELDS = (
-    "description",
-    "model",
-    "focus",
-    "cripple",
-    "tokens",
-    "eval_tokens",
-    "window",
-    "text_tokens",
-    "device",
-)
-
-
-@dataclass
-class SeparabilityConfig(DeviceOption):
-    """A separability run: what to prune, on which data, and how; defaults are the report's.
-
-    :func:`run_separability` reads the pruning options; :func:`run_separability_job` also loads
-    ``model`` and the ``focus`` / ``cripple`` data sets.
-    """
-
-    steps: int = 20
-    """Pruning steps."""
-    ff_frac: float = 0.05
-    """Fraction of the MLP neurons removed per step (see ``schedule``)."""
-    attn_frac: float = 0.0
-    """Fraction of the attention units removed per step (see ``schedule``)."""
-    ff_scoring: str = option("freq", choices=SCORINGS)
-    """How MLP neurons are scored (the report: positive-activation frequency)."""
-    attn_scoring: str = option("abs", choices=SCORINGS)
-    """How attention pre-out neurons (or heads) are scored (the report: mean |x|)."""
-    scoring: str | None = option(None, choices=SCORINGS)
-    """Shorthand: sets both ff_scoring and attn_scoring."""
-    schedule: str = option("total", choices=SCHEDULES)
-    """total: each step removes the fraction of all units, so 1/frac steps prune everything (the
-    report); remaining: the fraction of the units left."""
-    attn_unit: str = option("neuron", choices=("neuron", "head"))
-    """Prune attention pre-out neurons or whole heads."""
-    attn_heads_per_step: int = 0
-    """With attn_unit head: remove this many heads per step instead of attn_frac (the report's
-    OPT-1.3b runs remove 7 heads a step); 0 uses attn_frac."""
-    head_aggregation: str = option("mean", choices=HEAD_AGGREGATIONS)
-    """How neuron scores make a head score with attn_unit head."""
-    ff_offset: str = option("zero", choices=OFFSETS)
-    """What replaces a removed MLP neuron: zero, or its focus-data mean."""
-    attn_offset: str = option("mean", choices=OFFSETS)
-    """What replaces a removed attention pre-out neuron (the report: its focus-data mean)."""
-    offset: str | None = option(None, choices=OFFSETS)
-    """Shorthand: sets both ff_offset and attn_offset."""
-    svd: bool = False
-    """Rewrite attention W_V / W_O in the OV-SVD basis first."""
-    svd_combine_biases: bool = False
-    """With svd: fold the value biases into the output bias first."""
-    mode: str = option("cripple", choices=MODES)
-    """Trajectory orientation: cripple (x = the cripple data set) or focus (x = focus)."""
-    eval_protocol: str = option("windows", choices=EVAL_PROTOCOLS)
-    """windows: metrics on fixed held-out windows of window tokens, the loss averaged per token;
-    texts: the report's protocol, each held-out text up to text_tokens tokens after a start
-    token, eval_tokens predictions in all, the loss averaged per text first."""
-    stats_correct_top_k: int = option(0, flag="--correct-top-k")
-    """Collect statistics only where the next token is in the model's top k (0: every token;
-    the reference code's check_accuracy option, off in the report's runs, used k = 10)."""
-    random_baseline: bool = option(False, flag="--random")
-    """Also run the random baseline."""
-    seed: int = 0
-    """Seed of the random baseline."""
-    eps: float = 1e-6
-    """Epsilon of the score ratio."""
-    batch_size: int = 8
-    """Windows per forward pass."""
-    skip_top: int = option(50, cli=False)
-    """The skip50 metrics leave out the focus / cripple data's most frequent tokens."""
-    description: str = option("", cli=False)
-    """What this config is for (free text, in shipped config files)."""
-    model: str | None = None
-    """Model name (e.g. smollm2) or checkpoint path."""
-    focus: str | None = None
-    """Data set to keep, e.g. text:wikitext."""
-    cripple: str | None = None
-    """Data set to remove, e.g. text:python."""
-    tokens: int = 100_000
-    """Statistics tokens per data set."""
-    eval_tokens: int | None = None
-    """Held-out tokens per data set for the metrics (default: tokens)."""
-    window: int = 128
-    """Tokens per window."""
-    text_tokens: int = 1000
-    """Tokens per text with eval_protocol texts."""
-
-    def __post_init__(self) -> None:
-        if self.scoring is not None:
-            self.ff_scoring = self.attn_scoring = self.scoring
-        if self.offset is not None:
-            self.ff_offset = self.attn_offset = self.offset
-        super().__post_init__()
-
-    @property
-    def prunes_attention(self) -> bool:
-        """Whether attention units are pruned at all."""
-        return self.attn_frac > 0 or self.attn_heads_per_step > 0
-
-    @property
-    def method(self) -> str:
-        """The selective run's name in the trajectory: the scoring(s) it uses."""
-        used = [self.ff_scoring] if self.ff_frac > 0 or not self.prunes_attention else []
-        if self.prunes_attention and self.attn_scoring not in used:
-            used.append(self.attn_scoring)
-        return "+".join(used)
-
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` on a value out of range or not among the choices."""
-        super().validate()
-        if self.steps < 1:
-            raise ConfigError(f"steps must be at least 1, got {self.steps}")
-        for name in ("ff_frac", "attn_frac"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {value}")
-        if self.attn_heads_per_step < 0:
-            raise ConfigError(f"attn_heads_per_step must be >= 0, got {self.attn_heads_per_step}")
-        if self.attn_heads_per_step and self.attn_unit != "head":
-            raise ConfigError("attn_heads_per_step needs attn_unit='head' (--attn-unit head)")
-        if self.ff_frac == 0 and not self.prunes_attention:
-            raise ConfigError("nothing to prune: ff_frac and attn_frac are both 0")
-        if self.svd_combine_biases and not self.svd:
-            raise ConfigError("svd_combine_biases needs svd (--svd)")
-        if self.stats_correct_top_k < 0:
-            raise ConfigError(f"stats_correct_top_k must be >= 0, got {self.stats_correct_top_k}")
-        if self.batch_size < 1 or self.skip_top < 0 or self.eps < 0:
-            raise ConfigError("batch_size must be >= 1, skip_top >= 0 and eps >= 0")
-        if self.tokens < self.window or (
-            self.eval_tokens is not None and self.eval_tokens < self.window
-        ):
-            raise ConfigError(f"tokens and eval_tokens must be at least window ({self.window})")
-
-    def pruning_options(self) -> dict:
-        """The options that say how to prune (the resume state's check); without JOB_FIELDS."""
-        return {k: v for k, v in self.to_dict().items() if k not in JOB_FIELDS}
 
 
 @dataclass

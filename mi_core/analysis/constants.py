@@ -1,0 +1,9 @@
+"""The names an analysis is chosen by (a separability trajectory's mode): plain Python, so a
+job's config imports no numpy or pandas."""
+
+from __future__ import annotations
+
+__all__ = ["MODES"]
+
+
+MODES: tuple[str, ...] = ("cripple", "focus")

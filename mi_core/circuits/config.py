@@ -1,0 +1,220 @@
+"""The circuit jobs' configs (``mi-core circuit attribute | prune | sweep``) and the names they
+choose from: light, so the command's ``--help`` imports no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from mi_core.config import Config, option
+from mi_core.devices import DeviceOption
+from mi_core.errors import ConfigError
+from mi_core.interventions.config import FILLS
+from mi_core.pruning.jobs import EXECUTION_FIELDS, SweepExecution
+from mi_core.pruning.profiles import parse_seed_spec, parse_sparsity_spec
+from mi_core.tasks import TASKS
+
+__all__ = [
+    "ATTRIBUTION_METHODS",
+    "CURVE_FRACTIONS",
+    "METRIC_NAMES",
+    "SELECTIONS",
+    "AttributeConfig",
+    "CircuitData",
+    "CircuitPruneConfig",
+    "CircuitSweepConfig",
+    "EdgePruneSettings",
+]
+
+#: The metrics a circuit is judged by (:data:`mi_core.circuits.metrics.METRICS` implements them).
+METRIC_NAMES = ("logit-diff",)
+
+
+ATTRIBUTION_METHODS = ("eap", "eap-ig", "exact")
+
+
+#: How a circuit of k edges is chosen from scores.
+SELECTIONS = ("greedy", "top-k")
+
+
+#: Fractions of edges kept along a faithfulness curve (the MIB benchmark's levels).
+CURVE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass(kw_only=True)
+class EdgePruneSettings(Config):
+    """The edge-pruning recipe (defaults: the Edge Pruning authors' IOI runs)."""
+
+    sparsity: float = 0.95
+    """Target fraction of edges removed."""
+    steps: int = 3000
+    """Optimisation steps."""
+    sparsity_warmup_steps: int = 2500
+    """Steps over which the target rises linearly from 0 to ``sparsity``."""
+    lr_warmup_steps: int = 200
+    """Steps over which the learning rates rise linearly from 0 (then decay linearly to 0);
+    the authors' 200. A run shorter than this never reaches the full rates."""
+    node_sparsity: float | None = None
+    """Target fraction of nodes (input, heads, MLPs) removed by node masks with their own
+    Lagrangian term; None: edge masks only."""
+    batch_size: int = 32
+    """Examples per step."""
+    lr: float = 0.8
+    """Learning rate of the gates' log_alpha (decays linearly to 0)."""
+    lr_lambda: float = 0.8
+    """Learning rate of the Lagrangian lambdas (ascent)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay on log_alpha and the lambdas (torch's AdamW default, as the authors)."""
+    init_mean: float = 10.0
+    """Mean of the initial log_alpha."""
+    init_std: float = 0.01
+    """Standard deviation of the initial log_alpha."""
+    fill: str = option("corrupted", choices=FILLS)
+    """What a removed edge carries: the corrupted run's activation, the mean, or zero."""
+    seed: int = 0
+    """Seed of the gates' initialisation, their samples and the data order."""
+    checkpoint_every: int = 100
+    """Save the run's state every this many steps (with a checkpoint folder)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 < self.sparsity < 1.0:
+            raise ConfigError(f"sparsity must lie strictly between 0 and 1, not {self.sparsity}")
+        if self.steps < 1 or self.batch_size < 1 or self.checkpoint_every < 1:
+            raise ConfigError("steps, batch_size and checkpoint_every must be at least 1")
+        if not 0 <= self.sparsity_warmup_steps <= self.steps:
+            raise ConfigError(
+                f"sparsity_warmup_steps must lie in [0, steps], not {self.sparsity_warmup_steps}"
+            )
+        if self.lr_warmup_steps < 0:
+            raise ConfigError(f"lr_warmup_steps must be at least 0, not {self.lr_warmup_steps}")
+        if self.node_sparsity is not None and not 0.0 < self.node_sparsity < 1.0:
+            raise ConfigError(
+                f"node_sparsity must lie strictly between 0 and 1, not {self.node_sparsity}"
+            )
+
+
+def _parse_fractions(value: Any, where: str) -> tuple[float, ...]:
+    if isinstance(value, str):
+        try:
+            value = [float(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"{where}: fractions are numbers separated by commas") from None
+    return tuple(float(v) for v in value)
+
+
+@dataclass(kw_only=True)
+class CircuitData(DeviceOption):
+    """Which model and which clean / corrupted pairs a circuit job works on."""
+
+    model: str
+    """Checkpoint dir, hub name, minilm or smollm2."""
+    task: str | None = option(None, choices=TASKS)
+    """Task head to load for a classifier (default: the checkpoint's own)."""
+    data: str = "ioi"
+    """Circuit data: ioi (language models) or hans-pairs:<subcase> (NLI classifiers)."""
+    n_examples: int = 128
+    """Pairs in all (found on the first part, judged on the held-out rest)."""
+    held_out: float = 0.5
+    """Fraction of the pairs held out to judge the circuit."""
+    data_seed: int = 0
+    """Seed of the generated prompts (ioi)."""
+    metric: str = option("logit-diff", choices=METRIC_NAMES)
+    """What the circuit must preserve: the answer's logit minus the distractor's."""
+    fill: str = option("corrupted", choices=FILLS)
+    """What a removed edge carries: the corrupted run's activation, the mean, or zero."""
+    batch_size: int = 16
+    """Examples per forward pass."""
+    out: str
+    """Output folder."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n_examples < 2:
+            raise ConfigError(f"n_examples must be at least 2, not {self.n_examples}")
+        if not 0.0 < self.held_out < 1.0:
+            raise ConfigError(f"held_out must lie strictly between 0 and 1, not {self.held_out}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, not {self.batch_size}")
+        if self.data != "ioi" and not self.data.startswith("hans-pairs:"):
+            raise ConfigError(
+                f"unknown circuit data {self.data!r}; expected ioi or hans-pairs:<subcase>"
+            )
+
+
+@dataclass(kw_only=True)
+class AttributeConfig(CircuitData):
+    """``mi-core circuit attribute``: score every edge, judge the top-k circuits."""
+
+    method: str = option("eap-ig", choices=ATTRIBUTION_METHODS)
+    """eap (1 backward pass), eap-ig (integrated gradients) or exact (one forward per edge)."""
+    steps: int = 5
+    """EAP-IG interpolation steps."""
+    fractions: tuple[float, ...] = option(CURVE_FRACTIONS, parse=_parse_fractions)
+    """Fractions of edges kept along the faithfulness curve (comma separated)."""
+    circuit_fraction: float = 0.05
+    """Fraction of edges in the circuit written to circuit.safetensors and mib.json."""
+    selection: str = option("greedy", choices=SELECTIONS)
+    """How circuits are chosen from the scores: greedy (connected to the output) or top-k."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.steps < 1:
+            raise ConfigError(f"steps must be at least 1, not {self.steps}")
+        if not 0.0 < self.circuit_fraction <= 1.0:
+            raise ConfigError(f"circuit_fraction must lie in (0, 1], not {self.circuit_fraction}")
+        if not self.fractions or any(not 0.0 <= f <= 1.0 for f in self.fractions):
+            raise ConfigError(f"fractions must lie in [0, 1], got {list(self.fractions)}")
+
+
+@dataclass(kw_only=True)
+class CircuitPruneConfig(EdgePruneSettings, CircuitData):
+    """``mi-core circuit prune``: learn an edge circuit by edge pruning (resumable)."""
+
+
+@dataclass(kw_only=True)
+class CircuitSweepConfig(EdgePruneSettings, CircuitData, SweepExecution):
+    """``mi-core circuit sweep``: one edge-pruning run per (sparsity, seed), in
+    ``out/s{sparsity}/seed{seed}`` (the layout of ``mi-core sweep``); finished runs are skipped,
+    an interrupted one resumes. ``sparsity`` and ``seed`` are taken from the lists. Runs execute
+    here one after another (``executor`` local) or each as a Ray task (ray)."""
+
+    sparsity: float = option(0.95, cli=False)
+    """Set per run from ``sparsities``."""
+    seed: int = option(0, cli=False)
+    """Set per run from ``seeds``."""
+    sparsities: list[float] = option(parse=parse_sparsity_spec, metavar="SPEC")
+    """Target edge sparsities, e.g. 0.9,0.95 or 0.9:0.98:0.02."""
+    seeds: list[int] = option(parse=parse_seed_spec, metavar="SPEC")
+    """Seeds: 1-3 or 1,2,5 name them; a bare count N means seeds 0 to N-1."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.sparsities or not self.seeds:
+            raise ConfigError("a circuit sweep needs at least one sparsity and one seed")
+        if self.executor == "batched" or self.group_size not in (None, 1):
+            raise ConfigError(
+                "a circuit sweep runs one run per task (executor local or ray); edge pruning has "
+                "no batched groups"
+            )
+        from mi_core.pruning.sweep import check_ray_gpus
+
+        check_ray_gpus(self.executor, self.device, self.num_gpus_per_run)
+        for sparsity in self.sparsities:  # every run's recipe is valid before any runs
+            _edge_prune_settings(self, sparsity=sparsity)
+
+    def run_config(self, sparsity: float, seed: int) -> CircuitPruneConfig:
+        """The config of one run of the sweep."""
+        from mi_core.pruning.sweep import run_dir_for
+
+        sweep_only = ("sparsities", "seeds", *EXECUTION_FIELDS)
+        values = {k: v for k, v in self.to_dict().items() if k not in sweep_only}
+        out = run_dir_for(self.out, sparsity, seed)
+        return CircuitPruneConfig.from_dict({**values, "sparsity": sparsity, "seed": seed,
+                                             "out": str(out)})  # fmt: skip
+
+
+def _edge_prune_settings(config: EdgePruneSettings, **changes: Any) -> EdgePruneSettings:
+    """The edge-pruning recipe of a job config, as a plain :class:`EdgePruneSettings`."""
+    values = {f.name: getattr(config, f.name) for f in fields(EdgePruneSettings)}
+    return EdgePruneSettings(**{**values, **changes})

@@ -1,0 +1,58 @@
+"""The pruning constants a config names (gate parameters, rule and executor names): plain
+Python, so a job's config, and ``mi-core prune --help``, import no torch."""
+
+from __future__ import annotations
+
+import math
+
+from mi_core.errors import ConfigError
+
+__all__ = [
+    "BETA",
+    "DISCRETIZE_RULES",
+    "DROPRATE_INIT",
+    "EXECUTORS",
+    "PAPER_INIT_MEAN",
+    "PAPER_INIT_STD",
+    "SPARSITY_ESTIMATES",
+    "initial_log_alpha",
+]
+
+
+BETA = 2.0 / 3.0
+
+
+DROPRATE_INIT = 0.01
+
+
+#: The authors' initialisation (princeton-nlp/Heuristic-Core): log_alpha ~ N(10, 0.01) per gate.
+PAPER_INIT_MEAN = 10.0
+
+
+PAPER_INIT_STD = 0.01
+
+
+def initial_log_alpha(droprate_init: float = DROPRATE_INIT) -> float:
+    """The log_alpha at which a gate starts: ``log(1 - droprate_init) - log(droprate_init)``.
+
+    This is CoFi's initialisation (CoFi draws around it with std 0.01; the ``cofi`` profile starts
+    every component at exactly this value). With the default
+    ``droprate_init = 0.01`` it is ``log 99 ~ 4.6``: the eval value of every gate is exactly 1
+    (``sigmoid(4.6) * 1.2 - 0.1 ~ 1.09``, clamped), the probability of a non-zero sample is
+    ``~0.998`` (so the expected L0 is ``~n``), and about 95 % of training samples are exactly 1.
+    """
+    if not 0.0 < droprate_init < 1.0:
+        raise ConfigError(f"droprate_init must lie in (0, 1), got {droprate_init}")
+    return math.log(1.0 - droprate_init) - math.log(droprate_init)
+
+
+#: How learnt gates become a binary mask.
+DISCRETIZE_RULES = ("reference", "exact")
+
+
+#: How the Lagrangian term measures the current sparsity ``t``.
+SPARSITY_ESTIMATES = ("sampled", "expected")
+
+
+#: Where the runs of a sweep execute (mi_core.pruning.sweep.run_sweep).
+EXECUTORS = ("local", "batched", "ray")
