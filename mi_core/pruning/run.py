@@ -193,8 +193,10 @@ def save_checkpoint(
     gates: HardConcrete,
     controller: LagrangianController,
     optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> None:
-    """Write gates, lambdas, AdamW state (tensors), step and groups (JSON), atomically."""
+    """Write gates, lambdas, AdamW state (tensors), step, groups and the fp16 loss scaler's
+    state (JSON), atomically."""
     state = optimizer.state_dict()
     tensors = {
         "log_alpha": gates.log_alpha,
@@ -209,6 +211,8 @@ def save_checkpoint(
         "noise": {"seed": seed, "next_step": step},
         "groups": state["param_groups"],
     }
+    if scaler is not None:
+        info["scaler"] = scaler.state_dict()
     write_safetensors(path, tensors, {"kind": CHECKPOINT_KIND, "state": json.dumps(info)})
 
 
@@ -217,8 +221,12 @@ def load_checkpoint(
     gates: HardConcrete,
     controller: LagrangianController,
     optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> int:
-    """Restore what :func:`save_checkpoint` wrote; returns the number of steps already done."""
+    """Restore what :func:`save_checkpoint` wrote; returns the number of steps already done.
+
+    The loss scaler resumes at its saved scale (a checkpoint written without one, or before the
+    field existed, leaves ``scaler`` at its initial scale)."""
     tensors, metadata = read_safetensors(path)
     if metadata.get("kind") != CHECKPOINT_KIND:
         raise TrainingError(f"{path} is not a pruning checkpoint; delete it to start over")
@@ -238,6 +246,8 @@ def load_checkpoint(
             _, param_id, key = name.split(".", 2)
             opt_state.setdefault(int(param_id), {})[key] = value
     optimizer.load_state_dict({"state": opt_state, "param_groups": info["groups"]})
+    if scaler is not None and info.get("scaler"):
+        scaler.load_state_dict(info["scaler"])
     return int(info["step"])
 
 
@@ -336,7 +346,7 @@ def group_pruning_step(
     weights: torch.Tensor | None = None,
     max_chunk: int | None = None,
     precision: str = "fp32",
-    scaler: torch.amp.GradScaler | None = None,
+    scalers: Sequence[torch.amp.GradScaler | None] | None = None,
 ) -> list[dict[str, float]]:
     """One step of several pruning runs, the runs sharing each forward / backward pass.
 
@@ -349,13 +359,19 @@ def group_pruning_step(
     plus its Lagrangian term; the losses are summed before one backward pass per micro-batch:
     examples do not interact inside the frozen model, so each run gets the gradient it would get
     alone. Gradients are accumulated (mean over micro-batches); no optimizer step here. The
-    forward passes run under ``precision`` autocast, the losses in float32, and the backward
-    pass goes through ``scaler`` when given (fp16). Returns each run's ``log.csv`` values for
-    the step (see :func:`pruning_step`).
+    forward passes run under ``precision`` autocast, the losses in float32; with fp16,
+    ``scalers[k]`` scales run ``k``'s loss before the shared backward pass (the runs' gates are
+    disjoint, so each run's gradients carry its own scale, which its optimizer step unscales).
+    Returns each run's ``log.csv`` values for the step (see :func:`pruning_step`).
     """
+    scalers = list(scalers) if scalers is not None else [None] * len(members)
+    if len(scalers) != len(members):
+        raise ConfigError(f"{len(scalers)} loss scalers for {len(members)} runs")
     if len(members) == 1:
         return [
-            _single_step(model, mask, members[0], batches, reference, weights, precision, scaler)
+            _single_step(
+                model, mask, members[0], batches, reference, weights, precision, scalers[0]
+            )
         ]
     device = reference.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
@@ -383,7 +399,7 @@ def group_pruning_step(
             kl = kl_per_example(reference[index[chunk_d]], logits.float())
             kl_sums = kl_sums.index_add(0, owner[chunk_d], kl)
         kls = kl_sums / counts
-        total = kls.sum()
+        total = kls.new_zeros(())
         expected = []
         for k, (member, z) in enumerate(zip(members, zs, strict=True)):
             t_sampled = sampled_sparsity(z, weights)
@@ -391,10 +407,11 @@ def group_pruning_step(
             expected.append(t_expected)
             t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
             penalty = member.controller.penalty(t, member.target_sparsity)
-            total = total + penalty
+            loss = kls[k] + penalty
+            total = total + (loss if scalers[k] is None else scalers[k].scale(loss))
             values = torch.stack([kls[k] + penalty, kls[k], penalty, t_sampled]).detach()
             sums[k] += values / len(batches)
-        _backward(total / len(batches), scaler)
+        (total / len(batches)).backward()
     ends = torch.stack(
         [
             torch.stack(
@@ -505,6 +522,9 @@ class _RunState:
     last_good: int | None
     callback: StepCallback | None = None
     error: TrainingError | None = None
+    scaler: torch.amp.GradScaler | None = None
+    """This run's fp16 loss scaler (None in fp32 / bf16): each run of a group scales its own
+    loss, so one run's overflow never skips or shrinks another's step."""
 
     @property
     def checkpoint(self) -> Path | None:
@@ -560,10 +580,11 @@ def _start_run(
         rows=[],
         last_good=None,
         callback=callback,
+        scaler=grad_scaler(device, cfg.precision),
     )
     checkpoint = state.checkpoint
     if checkpoint is not None and checkpoint.is_file():
-        state.start = load_checkpoint(checkpoint, gates, controller, optimizer)
+        state.start = load_checkpoint(checkpoint, gates, controller, optimizer, state.scaler)
         if state.log_path.is_file() and state.start > 0:
             log = pd.read_csv(state.log_path)
             state.rows = log[log["step"] < state.start].to_dict("records")
@@ -634,7 +655,6 @@ def _train_group(
         leave=False,
     )
     mask = ComponentMask.ones(model, device=device)
-    scaler = grad_scaler(device, cfg.precision)
     with (
         frozen(model),
         ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
@@ -672,12 +692,10 @@ def _train_group(
                     torch.manual_seed(derive_seed("prune", "dropout", active[0].cfg.seed, step))
                 rows = group_pruning_step(
                     model, mask, members, batches, sizes, targets, weights, max_chunk,
-                    cfg.precision, scaler,
+                    cfg.precision, [r.scaler for r in active],
                 )  # fmt: skip
             for r, row, factor in zip(active, rows, factors, strict=True):
-                _finish_step(r, step, row, factor, scaler)
-            if scaler is not None:
-                scaler.update()
+                _finish_step(r, step, row, factor)
             shown = active[0].rows[-1] if active[0].rows else None
             if shown is not None:
                 bar.set_postfix(
@@ -686,15 +704,9 @@ def _train_group(
     bar.close()
 
 
-def _finish_step(
-    r: _RunState,
-    step: int,
-    row: dict[str, float],
-    factor: float,
-    scaler: torch.amp.GradScaler | None = None,
-) -> None:
+def _finish_step(r: _RunState, step: int, row: dict[str, float], factor: float) -> None:
     """Clip, check, take the optimizer step, log and checkpoint one run after a step."""
-    cfg = r.cfg
+    cfg, scaler = r.cfg, r.scaler
     if scaler is not None:
         scaler.unscale_(r.optimizer)
     norm = torch.nn.utils.clip_grad_norm_(
@@ -716,12 +728,13 @@ def _finish_step(
         return
     if scaler is None:
         r.optimizer.step()
-    else:  # skipped when the scaled gradients overflowed
+    else:  # skipped when the scaled gradients overflowed; the scale then shrinks
         scaler.step(r.optimizer)
+        scaler.update()
     r.rows.append({"step": step, **row})
     done = step + 1
     if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-        save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer)
+        save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer, r.scaler)
         write_csv(r.log_path, r.log())
         r.last_good = done
     if r.callback is not None:

@@ -105,6 +105,32 @@ def test_pruning_in_mixed_precision_keeps_gates_and_lambdas_in_fp32(
     assert (mixed.log_alpha - full.log_alpha).abs().max() < 0.5
 
 
+def test_the_fp16_loss_scale_is_checkpointed_and_resumed(tiny, train, means, tmp_path):
+    import json
+
+    from mi_core.io import read_safetensors
+    from mi_core.pruning.hard_concrete import HardConcrete
+    from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer
+    from mi_core.pruning.run import load_checkpoint
+
+    config = make_prune_config(
+        "paper", 0.5, 1, steps=4, batch_size=8, grad_accumulation=1, checkpoint_every=2,
+        eval_batch_size=16, dropout=False, log_alpha_init=2.0, warmup_steps=2,
+        lr_warmup_steps=1, precision="fp16",
+    )  # fmt: skip
+    prune_run(tiny, train, tmp_path / "run", config, means=means)
+    _, metadata = read_safetensors(tmp_path / "run" / "checkpoint.safetensors")
+    saved = json.loads(metadata["state"])["scaler"]
+    assert saved["scale"] > 0 and "_growth_tracker" in saved
+    n = tiny.cfg.n_layers * (tiny.cfg.n_heads + 1)
+    gates, controller = HardConcrete(n), LagrangianController()
+    fresh = torch.amp.GradScaler("cpu", init_scale=1.0)
+    optimizer = pruning_optimizer(gates.parameters(), controller, 0.1, 1.0)
+    load_checkpoint(tmp_path / "run" / "checkpoint.safetensors", gates, controller, optimizer,
+                    fresh)  # fmt: skip
+    assert fresh.get_scale() == saved["scale"] and fresh.state_dict() == saved
+
+
 def test_an_old_run_without_a_precision_field_still_resumes(tiny, train, means, tmp_path):
     from mi_core.io import read_json, write_json
 

@@ -121,6 +121,42 @@ def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train,
     assert not torch.allclose(rows[0]["kl"] * torch.ones(1), rows[1]["kl"] * torch.ones(1))
 
 
+def test_each_run_of_a_group_scales_its_own_loss(tiny, train, means):
+    """fp16 loss scaling per run: two runs with different scales share one backward pass, and
+    each run's unscaled gradient is the one it gets without scaling."""
+    tokenized = tokenize_pairs(train, tiny.tokenizer, 128)
+    reference = torch.randn(len(train), 3, generator=torch.Generator().manual_seed(0))
+    n = tiny.cfg.n_layers * (tiny.cfg.n_heads + 1)
+
+    def members():
+        out = []
+        for seed, target in ((1, 0.3), (2, 0.6)):
+            gates = HardConcrete(n, init_mean=2.0, init_std=0.5,
+                                 generator=torch.Generator().manual_seed(seed))  # fmt: skip
+            out.append(StepMember(gates, LagrangianController(), target,
+                                  torch.Generator().manual_seed(100 + seed)))  # fmt: skip
+        return out
+
+    batches = [tokenized.collate([0, 1, 2, 3, 20, 21, 22])]
+    grads = []
+    for scalers in (None, [torch.amp.GradScaler("cpu", init_scale=2.0**4),
+                           torch.amp.GradScaler("cpu", init_scale=2.0**10)]):  # fmt: skip
+        runs, mask = members(), ComponentMask.ones(tiny)
+        optimizers = [torch.optim.SGD(m.gates.parameters(), lr=0.0) for m in runs]
+        with ablate(tiny, mask, means, skip_unmasked=False):
+            group_pruning_step(tiny, mask, runs, batches, [[4, 3]], reference, scalers=scalers)
+        if scalers is not None:
+            for m, plain, scale in zip(runs, grads[0], (2.0**4, 2.0**10), strict=True):
+                assert torch.allclose(m.gates.log_alpha.grad, plain * scale, rtol=1e-4, atol=1e-6)
+            for scaler, opt in zip(scalers, optimizers, strict=True):
+                scaler.unscale_(opt)
+        grads.append([m.gates.log_alpha.grad for m in runs])
+    for plain, unscaled in zip(*grads, strict=True):
+        assert torch.allclose(plain, unscaled, atol=1e-7)
+    with pytest.raises(ConfigError, match="1 loss scalers for 2 runs"):
+        group_pruning_step(tiny, mask, members(), batches, [[4, 3]], reference, scalers=[None])
+
+
 # -------------------------------------------------------------------------- whole runs
 @pytest.mark.slow
 def test_runs_trained_together_equal_the_runs_alone(tiny, train, means, tmp_path):
