@@ -102,7 +102,9 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     start = 0
     metrics = pd.DataFrame(columns=["step", "dataset", "accuracy"])
     if checkpoints:
-        start, model, optimizer, scheduler = _resume(checkpoints, cfg, model, optimizer, scheduler)
+        start, model, optimizer, scheduler = _resume(
+            checkpoints, cfg, model, optimizer, scheduler, scaler
+        )
         if (out / METRICS).is_file():
             metrics = pd.read_csv(out / METRICS)
             metrics = metrics[metrics["step"] <= start]
@@ -155,7 +157,11 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
                 tokenizer,
                 optimizer,
                 scheduler,
-                {"seed": cfg.seed, "loss": loss.item()},
+                {
+                    "seed": cfg.seed,
+                    "loss": loss.item(),
+                    **({"scaler": scaler.state_dict()} if scaler is not None else {}),
+                },
             )
             prune_training_states(out, cfg.save_total_limit)
             _write_metrics(out, metrics, in_domain, evals)
@@ -164,10 +170,10 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     return metrics
 
 
-def _resume(checkpoints, cfg: FinetuneConfig, model, optimizer, scheduler):
+def _resume(checkpoints, cfg: FinetuneConfig, model, optimizer, scheduler, scaler=None):
     """Restore the newest checkpoint whose training state reads back; say so when a damaged one
     is skipped. Returns ``(step, model, optimizer, scheduler)`` (the model of the checkpoint
-    resumed from)."""
+    resumed from); an fp16 loss ``scaler`` continues from the checkpoint's scale."""
     for index in range(len(checkpoints) - 1, -1, -1):
         step, path = checkpoints[index]
         if index < len(checkpoints) - 1:  # an older checkpoint: its own weights and optimizer
@@ -175,7 +181,8 @@ def _resume(checkpoints, cfg: FinetuneConfig, model, optimizer, scheduler):
             model.to(cfg.torch_device())
             optimizer, scheduler = _optimizer(model, cfg)
         try:
-            start = load_training_state(path, optimizer, scheduler)["step"]
+            info = load_training_state(path, optimizer, scheduler)
+            start = info["step"]
         except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
             log.warning(
                 "%s: the training state is damaged (%s); trying the checkpoint before it",
@@ -183,6 +190,8 @@ def _resume(checkpoints, cfg: FinetuneConfig, model, optimizer, scheduler):
                 type(exc).__name__,
             )
             continue
+        if scaler is not None and info.get("scaler"):
+            scaler.load_state_dict(info["scaler"])
         if index < len(checkpoints) - 1:
             log.warning("resuming from %s; the newer checkpoints are redone", path)
         log.info("resuming %s from step %d", path.parent, start)

@@ -160,3 +160,20 @@ def test_finetuning_in_bf16_keeps_the_weights_in_fp32(tiny_checkpoints, tmp_path
     b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bf16" / "checkpoint-3")
     wa, wb = a.classifier.weight.detach(), b.classifier.weight.detach()
     assert 0 < float((wa - wb).abs().max()) < 1e-2  # bf16 forward: close, not equal
+
+
+def test_fine_tuning_resumes_its_fp16_loss_scale(tiny_checkpoints, tmp_path, data_dir):
+    from mi_core.io import read_json
+    from mi_core.training import FinetuneConfig, finetune
+
+    common = dict(model=str(tiny_checkpoints["bert-cls"]), task="mnli", train="mnli:train",
+                  save_every=2, batch_size=8, max_train_examples=32, lr=1e-4,
+                  precision="fp16", out=str(tmp_path / "ft"))  # fmt: skip
+    finetune(FinetuneConfig(**common, steps=2), progress=False)
+    first = read_json(tmp_path / "ft" / "checkpoint-2" / "trainer_state.json")["scaler"]
+    finetune(FinetuneConfig(**common, steps=4), progress=False)  # resumes at step 2
+    second = read_json(tmp_path / "ft" / "checkpoint-4" / "trainer_state.json")["scaler"]
+    # the growth tracker counts the finite steps since the scale last changed: it went on from
+    # the saved one (a fresh scaler would count the 2 new steps only)
+    assert first["_growth_tracker"] == 2 and second["_growth_tracker"] == 4
+    assert second["scale"] == first["scale"]
