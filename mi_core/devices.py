@@ -8,8 +8,8 @@ before any work starts.
 Fine-tuning and pruning take ``precision``: ``fp32`` (default), ``bf16`` or ``fp16`` autocast
 of the model's forward pass. What is trained stays in float32 (fine-tuned weights, pruning
 gates and lambdas, optimizer state); ``fp16`` adds dynamic loss scaling (:func:`grad_scaler`),
-whose scale is not checkpointed (a resumed fp16 run starts it afresh) and is shared by the runs
-of a batched group; bf16 needs none.
+one scaler per pruning run (also within a batched group), saved in the checkpoints a resumed run
+continues from; bf16 needs none.
 """
 
 from __future__ import annotations

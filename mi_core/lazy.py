@@ -57,7 +57,7 @@ def lazy_exports(
         return value
 
     def __dir__() -> list[str]:
-        return sorted(names)
+        return sorted(set(names) | set(sys.modules[package].__dict__))
 
     module = sys.modules[package]
     module.__class__ = _LazyPackage

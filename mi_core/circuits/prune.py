@@ -133,10 +133,12 @@ def _save_state(folder: Path, step: int, params, optimizer, history, config):
 
 def _load_state(folder: Path, params, optimizer, config) -> tuple[int, list]:
     progress = read_json(folder / _PROGRESS)
-    if {**_DEFAULTS_SINCE, **progress.get("config", {})} != config.to_dict():
+    saved, now = {**_DEFAULTS_SINCE, **progress.get("config", {})}, config.to_dict()
+    differ = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if differ:
         raise ConfigError(
-            f"{folder} holds an edge-pruning run with other settings; use another folder or "
-            "delete it to start over"
+            f"{folder} holds an edge-pruning run with other settings ({', '.join(differ)}); "
+            "use another folder, the same settings, or delete it to start over"
         )
     tensors, _ = read_safetensors(folder / _STATE)
     with torch.no_grad():

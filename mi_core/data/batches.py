@@ -161,6 +161,8 @@ class PairBatches:
 
     def __len__(self) -> int:
         n = len(self.tokenized)
+        if self.drop_last and self.shuffle and self.sort_by_length:
+            return max(n // self.batch_size, 1 if n else 0)  # a lone short batch is kept
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def batch_indices(self, epoch: int | None = None) -> list[list[int]]:

@@ -12,6 +12,7 @@ split in three steps so interventions can re-run only the layers after a change:
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -203,6 +204,14 @@ class HookedClassifier:
         passed along (``model(**batch)``) and are ignored; any other keyword is refused, so a
         misspelt ``attention_mask`` cannot silently drop the mask.
         """
+        if isinstance(input_ids, Mapping):  # model(tokens) with a to_tokens dict
+            given = {"attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            if any(v is not None for v in given.values()) or "input_ids" not in input_ids:
+                raise TypeError(_AS_IDS.format(what="a dict of tokens goes in as model(**tokens)"))
+            tokens = input_ids
+            input_ids = tokens["input_ids"]
+            attention_mask = tokens.get("attention_mask")
+            token_type_ids = tokens.get("token_type_ids")
         if isinstance(input_ids, str) or (
             isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], str)
         ):
@@ -257,7 +266,10 @@ class HookedClassifier:
                 real = seen.bool()
             attention_mask = real.long()
         sep = getattr(self.tokenizer, "sep_token_id", None)
-        if token_type_ids is None and self.is_encoder and sep is not None:
+        typed = getattr(self, "uses_token_types", False) and "token_type_ids" in getattr(
+            self.tokenizer, "model_input_names", ()
+        )
+        if token_type_ids is None and typed and sep is not None:
             after_sep = (input_ids == sep).long().cumsum(dim=-1) - (input_ids == sep).long()
             token_type_ids = ((after_sep > 0) & attention_mask.bool()).long()
         return attention_mask, token_type_ids

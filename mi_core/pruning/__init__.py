@@ -89,6 +89,7 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it (imported on first use).
 _NAMES = {
+    "length_grouped_batches": "mi_core.data.batches",
     "AchievedSparsity": "mi_core.pruning.discretize",
     "binary_mask_from_log_alpha": "mi_core.pruning.discretize",
     "flatten_components": "mi_core.pruning.discretize",
@@ -147,6 +148,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
 
 
 __all__ = [
+    "length_grouped_batches",
     "BETA",
     "DROPRATE_INIT",
     "EPS",

@@ -346,7 +346,7 @@ def group_pruning_step(
     weights: torch.Tensor | None = None,
     max_chunk: int | None = None,
     precision: str = "fp32",
-    scalers: Sequence[torch.amp.GradScaler | None] | None = None,
+    scalers: Sequence[torch.amp.GradScaler | None] | torch.amp.GradScaler | None = None,
 ) -> list[dict[str, float]]:
     """One step of several pruning runs, the runs sharing each forward / backward pass.
 
@@ -364,6 +364,10 @@ def group_pruning_step(
     disjoint, so each run's gradients carry its own scale, which its optimizer step unscales).
     Returns each run's ``log.csv`` values for the step (see :func:`pruning_step`).
     """
+    if isinstance(scalers, torch.amp.GradScaler):  # one run's scaler, given alone
+        if len(members) != 1:
+            raise ConfigError("give each run of a group its own loss scaler (a list, one per run)")
+        scalers = [scalers]
     scalers = list(scalers) if scalers is not None else [None] * len(members)
     if len(scalers) != len(members):
         raise ConfigError(f"{len(scalers)} loss scalers for {len(members)} runs")

@@ -111,7 +111,7 @@ def test_edge_pruning_resumes_after_a_kill_and_takes_the_same_steps(tmp_path):
     assert resumed.circuit.kept == whole.circuit.kept
     assert len(resumed.history) == 30
     other = EdgePruneSettings(sparsity=0.6, steps=30, sparsity_warmup_steps=20, batch_size=8)
-    with pytest.raises(ConfigError, match="other settings"):
+    with pytest.raises(ConfigError, match=r"other settings \(checkpoint_every, sparsity\)"):
         prune_edges(model, pairs, other, tmp_path / "killed", progress=False)
 
 

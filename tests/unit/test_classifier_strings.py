@@ -79,6 +79,9 @@ def test_token_ids_alone_get_the_mask_and_token_types_back(which, request):
     if which == "tiny":  # BERT: the hypothesis is segment 1
         assert torch.equal(types, tokens["token_type_ids"]) and types.sum() > 0
     torch.testing.assert_close(model(tokens["input_ids"]), model(**tokens), atol=1e-6, rtol=0)
+    torch.testing.assert_close(model(tokens), model(**tokens), atol=0, rtol=0)  # the dict itself
+    if which == "roberta_cls":  # one token type: none is inferred
+        assert types is None
 
 
 def test_transformer_lens_patching_runs_on_pair_token_ids(tiny):

@@ -153,6 +153,9 @@ def test_each_run_of_a_group_scales_its_own_loss(tiny, train, means):
         grads.append([m.gates.log_alpha.grad for m in runs])
     for plain, unscaled in zip(*grads, strict=True):
         assert torch.allclose(plain, unscaled, atol=1e-7)
+    with pytest.raises(ConfigError, match="its own loss scaler"):
+        group_pruning_step(tiny, mask, members(), batches, [[4, 3]], reference,
+                           scalers=torch.amp.GradScaler("cpu"))  # fmt: skip
     with pytest.raises(ConfigError, match="1 loss scalers for 2 runs"):
         group_pruning_step(tiny, mask, members(), batches, [[4, 3]], reference, scalers=[None])
 

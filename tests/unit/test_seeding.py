@@ -48,3 +48,10 @@ def test_shuffled_length_grouped_batches_are_the_one_batcher():
     assert first != second
     kept = PairBatches(_tokenized(lengths), batch_size=16, shuffle=True, sort_by_length=True)
     assert sum(len(b) for b in kept.batch_indices(0)) == 300  # drop_last off keeps the rest
+
+
+def test_the_number_of_grouped_batches_is_what_iteration_yields():
+    for n in (5, 16, 40):
+        batches = PairBatches(_tokenized([8] * n), batch_size=16, shuffle=True, drop_last=True,
+                              sort_by_length=True)  # fmt: skip
+        assert len(batches) == len(list(batches))
