@@ -85,6 +85,8 @@ def make_fake_sweep(root) -> None:
                     "n_removed": len(mask.removed()),
                     "accuracy": _accuracy(sparsity, seed),
                     "full_accuracy": FULL,
+                    "eval_examples": {name: 300 for name in EVAL},
+                    "chance_accuracy": {EVAL[0]: 1 / 3, EVAL[1]: 0.5, EVAL[2]: 0.5},
                 },
             )
     (root / "s0.60" / "seed4").mkdir(parents=True)  # unfinished: no metrics.json
@@ -307,6 +309,9 @@ def test_report_from_a_finished_directory_is_self_contained(sweep, tiny, hans, t
     assert tables.ablation is not None and "None (full model)" in set(tables.ablation["ablated"])
     assert tables.effective_size is None and tables.core_before is None  # stages not run
     assert tables.finetune_metrics is None and tables.grid_runs is None
+    assert tables.eval_examples == {name: 300 for name in EVAL}
+    assert tables.chance_accuracy[EVAL[0]] == pytest.approx(1 / 3)
+    assert "(n=300)" in page.replace("\\u002f", "/")  # the report's figures state n
     title, sections = build_report(tables)
     assert [s.title for s in sections] == [s.title for s in build_report(root)[1]]
     assert title == build_report(root)[0]
@@ -319,4 +324,5 @@ def test_report_and_findings_parse_no_file_themselves():
     from mi_core.methods.heuristic_core import findings, report
 
     for module in (report, findings):
-        assert "read_csv" not in inspect.getsource(module), module.__name__
+        source = inspect.getsource(module)
+        assert "read_csv" not in source and "read_json" not in source, module.__name__

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from mi_core.data import HANS_PAPER_SUBCASES
-from mi_core.io import read_json, write_csv, write_text
+from mi_core.io import write_csv, write_text
 from mi_core.methods.heuristic_core.results import ExperimentTables
 from mi_core.methods.heuristic_core.stages import STAGES
 
@@ -252,19 +252,10 @@ def _eval_names(subnetworks: pd.DataFrame) -> list[str]:
 def _eval_meta(
     tables: ExperimentTables, pretty: bool = False
 ) -> tuple[dict[str, int], dict[str, float]]:
-    """Examples and chance accuracy per eval set, as a pruning run of the sweep recorded them
-    (``metrics.json``: ``eval_examples``, ``chance_accuracy``); keyed by display name when
-    ``pretty``. Empty when no run says (e.g. runs written before the fields existed)."""
-    runs = tables.runs
-    n: dict[str, int] = {}
-    chance: dict[str, float] = {}
-    for run_dir in [] if runs is None or "run_dir" not in runs else runs["run_dir"].dropna():
-        path = Path(str(run_dir)) / "metrics.json"
-        if path.is_file():
-            metrics = read_json(path)
-            n = {k: int(v) for k, v in metrics.get("eval_examples", {}).items()}
-            chance = {k: float(v) for k, v in metrics.get("chance_accuracy", {}).items()}
-            break
+    """Examples and chance accuracy per eval set, as a pruning run of the sweep recorded them;
+    keyed by display name when ``pretty``. Empty when no run says (e.g. runs written before
+    the fields existed)."""
+    n, chance = dict(tables.eval_examples), dict(tables.chance_accuracy)
     if pretty:
         n = {display_name(k): v for k, v in n.items()}
         chance = {display_name(k): v for k, v in chance.items()}

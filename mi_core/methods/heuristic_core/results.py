@@ -35,6 +35,16 @@ def _json(path: Path) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
+def _run_metrics(runs: pd.DataFrame | None) -> dict[str, Any]:
+    """The ``metrics.json`` of the first of the sweep's runs that has one (empty without)."""
+    folders = [] if runs is None or "run_dir" not in runs else runs["run_dir"].dropna()
+    for folder in folders:
+        metrics = _json(Path(str(folder)) / "metrics.json")
+        if metrics is not None:
+            return metrics
+    return {}
+
+
 @dataclass
 class ExperimentTables:
     """The stages' results under one report directory (None: the stage has not run)."""
@@ -71,6 +81,11 @@ class ExperimentTables:
     """Sum of |edge score| into / out of / within the core, per subnetwork."""
     findings: pd.DataFrame | None = None
     """The findings table the last report wrote (``finding, paper, this run, verdict``)."""
+    eval_examples: dict[str, int] = field(default_factory=dict)
+    """Examples per evaluation set, as the sweep's runs recorded them (empty for runs written
+    before the field existed)."""
+    chance_accuracy: dict[str, float] = field(default_factory=dict)
+    """Chance accuracy per evaluation set (1 / classes scored), as the runs recorded it."""
 
     @property
     def layout(self) -> ExperimentLayout:
@@ -86,12 +101,14 @@ class ExperimentTables:
             comparison = None
         note = layout.ablation_file("note")
         stages = [read_json(p) for p in sorted(layout.stages.glob("*.json"))]
+        runs = _table(layout.analysis / COMPARISON_FILES["subnetworks"])
+        meta = _run_metrics(runs)
         return cls(
             root=layout.root,
             config=_json(layout.config),
             stages=stages,
             finetune_metrics=_table(layout.finetune_metrics),
-            runs=_table(layout.analysis / COMPARISON_FILES["subnetworks"]),
+            runs=runs,
             comparison=comparison,
             grid_runs=_table(layout.grid / COMPARISON_FILES["subnetworks"]),
             attention_classes=_table(layout.attention_classes),
@@ -103,4 +120,6 @@ class ExperimentTables:
             core_before=_json(layout.core_before_summary),
             core_edges=_table(layout.core_edges_summary),
             findings=_table(layout.findings, names=True),
+            eval_examples={k: int(v) for k, v in meta.get("eval_examples", {}).items()},
+            chance_accuracy={k: float(v) for k, v in meta.get("chance_accuracy", {}).items()},
         )
