@@ -19,16 +19,12 @@ __all__ = [
 ]
 
 
+#: The hard-concrete temperature (Louizos et al. 2018; CoFi and the authors use 2/3).
 BETA = 2.0 / 3.0
-
-
+#: CoFi's initial drop rate: every gate starts at log(0.99 / 0.01) (:func:`initial_log_alpha`).
 DROPRATE_INIT = 0.01
-
-
 #: The authors' initialisation (princeton-nlp/Heuristic-Core): log_alpha ~ N(10, 0.01) per gate.
 PAPER_INIT_MEAN = 10.0
-
-
 PAPER_INIT_STD = 0.01
 
 
@@ -48,11 +44,7 @@ def initial_log_alpha(droprate_init: float = DROPRATE_INIT) -> float:
 
 #: How learnt gates become a binary mask.
 DISCRETIZE_RULES = ("reference", "exact")
-
-
 #: How the Lagrangian term measures the current sparsity ``t``.
 SPARSITY_ESTIMATES = ("sampled", "expected")
-
-
 #: Where the runs of a sweep execute (mi_core.pruning.sweep.run_sweep).
 EXECUTORS = ("local", "batched", "ray")
