@@ -3,7 +3,8 @@
 1. EAP over every edge vs the bare 2 forward + 1 backward passes of the same model on the same
    batch (the method's own lower bound): target ratio <= 1.3.
 2. One edge-pruning step (sampled edge gates, corrupted fill, KL, backward) vs one node-pruning
-   step (sampled head / MLP gates at hook_z / hook_mlp_out, KL, backward): target <= 3.
+   step (sampled head / MLP gates at hook_z / hook_mlp_out, KL, backward): target <= 3; at
+   the start, the middle and the end of a run (the gates' states differ).
 3. Peak memory (RSS above the loaded model, each in a fresh process) of EAP vs a plain forward
    with ``run_with_cache``: target <= 2.
 
@@ -28,6 +29,7 @@ from mi_core.circuits import Graph, edge_attribution
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.interventions import EdgeMask, graph_switches, node_outputs
 from mi_core.models import load_model
+from mi_core.models.frozen import frozen
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 
 
@@ -52,11 +54,22 @@ def _metric(logits, pairs):
 
 
 def bare(model, pairs: PromptPairs) -> None:
-    """2 forwards + 1 backward, nothing else."""
+    """2 forwards + 1 backward, nothing else: the backward to the input embedding with the
+    weights frozen (EAP needs no weight gradient, and neither does its lower bound)."""
     with torch.no_grad():
         model(pairs.corrupted_ids)
-    _metric(model(pairs.clean_ids), pairs).mean().backward()
-    model.zero_grad(set_to_none=True)
+    leaf = {}
+
+    def start(x, hook):
+        leaf["x"] = x.detach().requires_grad_(True)
+        return leaf["x"]
+
+    with (
+        frozen(model, eval_mode=False),
+        model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", start)]),
+    ):
+        value = _metric(model(pairs.clean_ids), pairs).mean()
+        torch.autograd.grad(value, leaf["x"])
 
 
 def node_step(model, pairs: PromptPairs, log_alpha: torch.Tensor, reference) -> None:
@@ -75,9 +88,12 @@ def node_step(model, pairs: PromptPairs, log_alpha: torch.Tensor, reference) -> 
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
 
 
-def edge_step(model, graph, pairs: PromptPairs, log_alpha: torch.Tensor, reference) -> None:
-    z = sample_hard_concrete(log_alpha)
-    mask = EdgeMask(graph, z).with_corrupted(node_outputs(model, graph, pairs.corrupted_ids))
+def edge_step(
+    model, graph, pairs: PromptPairs, log_alpha: torch.Tensor, reference, sparse: bool = True
+) -> None:
+    z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(0))
+    mask = EdgeMask(graph, z, hard_concrete=sparse)
+    mask = mask.with_corrupted(node_outputs(model, graph, pairs.corrupted_ids))
     with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
         logits = model(pairs.clean_ids)[:, -1]
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
@@ -119,6 +135,8 @@ def _memory(args) -> None:
     sampler.start()
     if args.measure == "eap":
         edge_attribution(model, graph, pairs, _metric)
+    elif args.measure == "bare":
+        bare(model, pairs)
     else:
         with torch.no_grad():
             model.run_with_cache(pairs.clean_ids)
@@ -134,7 +152,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--measure", choices=["eap", "cache"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--parts", default="eap,step,memory", help="which measurements: eap, step, memory"
+    )
+    parser.add_argument("--measure", choices=["eap", "cache", "bare"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -147,43 +168,75 @@ def main() -> None:
     graph = Graph.from_model(model)
     print(f"{args.model}: {graph}; batch {args.batch} x {args.tokens} tokens")
 
-    # 1. EAP vs its lower bound (parameters keep requires_grad, as a user's model does)
+    parts = set(args.parts.split(","))
+    if "eap" in parts:
+        eap_vs_bare(model, graph, pairs, args.repeats)
+    if "step" in parts:
+        edge_vs_node_step(model, graph, pairs, args.repeats)
+    if "memory" in parts:
+        memory(args)
+
+
+def eap_vs_bare(model, graph, pairs: PromptPairs, repeats: int) -> None:
+    """1. EAP vs its lower bound (parameters keep requires_grad, as a user's model does)."""
     bare(model, pairs)
     edge_attribution(model, graph, pairs, _metric)
     t_bare = t_eap = 0.0
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         t_bare += _timed(bare, model, pairs)
         t_eap += _timed(edge_attribution, model, graph, pairs, _metric)
-    print(f"EAP {t_eap / args.repeats:.2f} s vs 2 fwd + 1 bwd {t_bare / args.repeats:.2f} s: "
+    print(f"EAP {t_eap / repeats:.2f} s vs 2 fwd + 1 bwd {t_bare / repeats:.2f} s: "
           f"ratio {t_eap / t_bare:.2f} (target <= 1.3)")  # fmt: skip
 
-    # 2. one edge-pruning step vs one node-pruning step
+
+def edge_vs_node_step(model, graph, pairs: PromptPairs, repeats: int) -> None:
+    """2. One edge-pruning step vs one node-pruning step."""
+    # at three states of a run's gates:
+    # the start (log_alpha ~ 10, the authors' init: nearly every gate exactly 1), the middle
+    # (log_alpha 3: a fifth of the gates undecided) and the end (95 % of the edges at -5,
+    # the rest at 5: nearly every gate exactly 0 or 1). "dense" reads every sender (no use of
+    # the exact 0s and 1s), as the step did before hard_concrete masks.
     for p in model.parameters():
         p.requires_grad_(False)
     with torch.no_grad():
         reference = model(pairs.clean_ids)[:, -1].log_softmax(-1)
     n_nodes = model.cfg.n_layers * (model.cfg.n_heads + 1)
     node_alpha = torch.full((n_nodes,), 3.0, requires_grad=True)
-    edge_alpha = torch.full((graph.n_edges,), 3.0, requires_grad=True)
+    gen = torch.Generator().manual_seed(0)
+    end = torch.full((graph.n_edges,), -5.0)
+    end[torch.randperm(graph.n_edges, generator=gen)[: graph.n_edges // 20]] = 5.0
+    states = {
+        "start": torch.randn(graph.n_edges, generator=gen) * 0.01 + 10.0,
+        "middle": torch.full((graph.n_edges,), 3.0),
+        "end": end,
+    }
     node_step(model, pairs, node_alpha, reference)
-    edge_step(model, graph, pairs, edge_alpha, reference)
-    t_node = t_edge = 0.0
-    for _ in range(args.repeats):
-        t_node += _timed(node_step, model, pairs, node_alpha, reference)
-        t_edge += _timed(edge_step, model, graph, pairs, edge_alpha, reference)
-    print(f"edge-pruning step {t_edge / args.repeats:.2f} s vs node-pruning step "
-          f"{t_node / args.repeats:.2f} s: ratio {t_edge / t_node:.2f} (target <= 3)")  # fmt: skip
+    for state, alpha in states.items():
+        edge_alpha = alpha.clone().requires_grad_(True)
+        edge_step(model, graph, pairs, edge_alpha, reference)
+        t_node = t_edge = t_dense = 0.0
+        for _ in range(repeats):
+            t_node += _timed(node_step, model, pairs, node_alpha, reference)
+            t_edge += _timed(edge_step, model, graph, pairs, edge_alpha, reference)
+            t_dense += _timed(edge_step, model, graph, pairs, edge_alpha, reference, False)
+        n = repeats
+        print(f"edge-pruning step at the {state}: {t_edge / n:.2f} s (dense {t_dense / n:.2f} s) "
+              f"vs node-pruning step {t_node / n:.2f} s: ratio {t_edge / t_node:.2f} "
+              f"(dense {t_dense / t_node:.2f}; target <= 3)")  # fmt: skip
 
-    # 3. memory, each in a fresh process
+
+def memory(args) -> None:
+    """3. Peak memory of EAP vs run_with_cache, each in a fresh process."""
     base = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch),
             "--tokens", str(args.tokens)]  # fmt: skip
     mib = {}
-    for what in ("cache", "eap"):
+    for what in ("cache", "eap", "bare"):
         out = subprocess.run([*base, "--measure", what], capture_output=True, text=True, check=True)
         mib[what] = json.loads(out.stdout.strip().splitlines()[-1])["mib"]
     ratio = mib["eap"] / mib["cache"]
     print(f"peak memory above the model: EAP {mib['eap']:.0f} MiB vs run_with_cache "
-          f"{mib['cache']:.0f} MiB: ratio {ratio:.2f} (target <= 2)")  # fmt: skip
+          f"{mib['cache']:.0f} MiB: ratio {ratio:.2f} (target <= 2); the bare 2 forward + 1 "
+          f"backward: {mib['bare']:.0f} MiB")  # fmt: skip
 
 
 if __name__ == "__main__":

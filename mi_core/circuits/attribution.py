@@ -42,6 +42,7 @@ from mi_core.interventions.edges import (
     graph_switches,
     node_outputs,
 )
+from mi_core.models.frozen import frozen
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -235,9 +236,24 @@ def edge_attribution(
     if fill not in FILLS:
         raise ConfigError(f"unknown fill {fill!r}; expected one of {FILLS}")
     graph.check_model(model)
-    reference = _reference(model, graph, pairs, fill, means)
-    if not graph.post_ln:
-        return _decoder_attribution(model, graph, pairs, metric, steps, reference)
+    # no weight gradients: autograd then keeps no activations for them (restored afterwards)
+    with frozen(model, eval_mode=False):
+        reference = _reference(model, graph, pairs, fill, means)
+        if not graph.post_ln:
+            return _decoder_attribution(model, graph, pairs, metric, steps, reference)
+        return _encoder_attribution(model, graph, pairs, metric, steps, reference)
+
+
+def _encoder_attribution(
+    model: Any,
+    graph: Graph,
+    pairs: PromptPairs,
+    metric: Metric,
+    steps: int,
+    reference: NodeOutputs,
+) -> Float[torch.Tensor, " edge"]:
+    """EAP / EAP-IG of a post-LN encoder: receiver gradients first, then one sweep over the
+    senders' differences carried through the frozen-scale LayerNorms."""
     gradients: list[torch.Tensor] | None = None
     run = None
     with graph_switches(model):
@@ -279,6 +295,12 @@ def _decoder_attribution(
     The senders' differences (fill - clean) fill one buffer (the fill's own tensor, updated in
     place); each receiver's gradient is turned into its scores the moment backward reaches it
     and then freed, so no receiver gradient is kept (841 of them for SmolLM2).
+
+    The model runs its plain (unsplit) forward: no per-head copies of the stream are made or
+    kept for backward. A head's query / key / value input gradient is taken by hand from the
+    gradient of its projection (``hook_q`` etc.): back through ``W_Q`` to the normalised input,
+    then through ``ln1`` (:func:`_norm_backward`, with that run's scale). This is the gradient
+    TransformerLens's split inputs give (tested), at the cost of one forward and backward.
     """
     deltas = reference.clone() if reference.stride(1) == 0 else reference  # mean: a view
     start_input = reference[0].clone()
@@ -347,6 +369,8 @@ def _decoder_attribution(
         return on_grad
 
     leaf: dict[str, torch.Tensor] = {}
+    norms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer: (normalised, scale)
+    centred = model.cfg.normalization_type in ("LN", "LNPre")
 
     def receiver_hooks(alpha: float, record: bool) -> list[tuple[str, Callable]]:
         def start(x: torch.Tensor, hook: Any) -> torch.Tensor:
@@ -360,21 +384,55 @@ def _decoder_attribution(
 
             return hook
 
+        def head_input(layer: int, kind: str, group: int, first_column: int) -> Callable:
+            attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
+            on_input = arrive(group, first_column)
+
+            def on_grad(grad: torch.Tensor) -> None:
+                weight = getattr(attn, f"W_{kind.upper()}").detach()  # [head, d_model, d_head]
+                per_head = torch.einsum("bphe,hde->bphd", grad, weight.to(grad))
+                normalised, scale = norms[layer]
+                gain = getattr(ln, "w", None)
+                on_input(
+                    _norm_backward(
+                        per_head,
+                        normalised[:, :, None],
+                        scale[:, :, None],
+                        None if gain is None else gain.detach(),
+                        centred,
+                    )
+                )
+
+            def hook(x: torch.Tensor, hook: Any) -> None:
+                x.register_hook(on_grad)
+
+            return hook
+
+        def norm_stat(layer: int, index: int) -> Callable:
+            def hook(x: torch.Tensor, hook: Any) -> None:
+                stats = list(norms.get(layer, (x, x)))
+                stats[index] = x.detach()
+                norms[layer] = (stats[0], stats[1])
+
+            return hook
+
         hooks: list[tuple[str, Callable]] = record_clean() if record else []
         hooks.append(("blocks.0.hook_resid_pre", start))  # after the recording hook
         for layer in range(graph.n_layers):
+            p = f"blocks.{layer}"
+            hooks += [(f"{p}.ln1.hook_normalized", norm_stat(layer, 0)),
+                      (f"{p}.ln1.hook_scale", norm_stat(layer, 1))]  # fmt: skip
             qkv = graph.qkv_receivers(layer)
             for i, kind in enumerate("qkv"):
                 first = qkv.start + i * graph.n_heads
-                hooks.append((f"blocks.{layer}.hook_{kind}_input", keep(layer, first)))
-            hooks.append(
-                (f"blocks.{layer}.hook_mlp_in", keep(layer + 1, graph.mlp_receiver(layer)))
-            )
+                hooks.append((f"{p}.attn.hook_{kind}", head_input(layer, kind, layer, first)))
+            hooks.append((f"{p}.hook_mlp_in", keep(layer + 1, graph.mlp_receiver(layer))))
         last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
         hooks.append((last, keep(graph.n_layers, graph.output_receiver)))
         return hooks
 
     with graph_switches(model):
+        model.cfg.use_split_qkv_input = False  # per-head gradients by hand (see above)
         if steps > 1:  # the clean outputs first: every step's backward needs the differences
             with torch.no_grad(), model.hooks(fwd_hooks=record_clean()):
                 model(**pairs.clean)
@@ -387,6 +445,28 @@ def _decoder_attribution(
             for group in list(pending):  # receivers backward never reached (no gradient)
                 flush(group)
     return graph.from_dense(scores).detach()
+
+
+def _norm_backward(
+    grad: Float[torch.Tensor, "batch pos head d_model"],
+    normalised: Float[torch.Tensor, "batch pos 1 d_model"],
+    scale: Float[torch.Tensor, "batch pos 1 1"],
+    gain: Float[torch.Tensor, " d_model"] | None,
+    centred: bool,
+) -> Float[torch.Tensor, "batch pos head d_model"]:
+    """The gradient at a LayerNorm's (``centred``) or RMSNorm's input, given the gradient at
+    its output, the normalised input ``x_hat`` and the scale of the run::
+
+        g = grad * gain
+        d input = (g - mean(g) - x_hat * mean(g * x_hat)) / scale      (LayerNorm)
+        d input = (g - x_hat * mean(g * x_hat)) / scale                (RMSNorm)
+    """
+    g = grad if gain is None else grad * gain.to(grad)
+    normalised, scale = normalised.to(grad), scale.to(grad)
+    out = g - normalised * (g * normalised).mean(-1, keepdim=True)
+    if centred:
+        out = out - g.mean(-1, keepdim=True)
+    return out / scale
 
 
 def exact_patching(

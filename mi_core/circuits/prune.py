@@ -31,9 +31,7 @@ functions of (seed, step), so a resumed run takes the same steps as one never st
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,7 @@ from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, node_outputs
 from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
+from mi_core.models.frozen import frozen
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
@@ -209,11 +208,9 @@ def prune_edges(
         reference = torch.cat(
             [answer_logits(model(**b.clean), b).float() for b in pairs.batches(64)]
         )
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    for p in trainable:  # the weights stay frozen while the gates learn; restored at the end
-        p.requires_grad_(False)
     bar = tqdm(range(start, config.steps), desc="edge pruning", disable=not progress)
-    with graph_switches(model), _restored(trainable):
+    # the weights stay frozen while the gates learn; restored at the end
+    with graph_switches(model), frozen(model, eval_mode=False):
         for step in bar:
             index = _batch_indices(len(pairs), config.batch_size, config.seed, step)
             batch = pairs.select(index)
@@ -226,7 +223,13 @@ def prune_edges(
             if node_log_alpha is not None:
                 z_node = sample_hard_concrete(node_log_alpha, generator=step_gen)
                 weights = z * z_node[senders]
-            mask = EdgeMask(graph, weights, config.fill, means if config.fill == "mean" else None)
+            mask = EdgeMask(
+                graph,
+                weights,
+                config.fill,
+                means if config.fill == "mean" else None,
+                hard_concrete=True,
+            )
             if config.fill == "corrupted":
                 mask = mask.with_corrupted(node_outputs(model, graph, **batch.corrupted))
             with model.hooks(fwd_hooks=mask.hooks(model)):
@@ -273,15 +276,6 @@ def prune_edges(
         None if node_log_alpha is None else node_log_alpha.detach().cpu(),
         nodes,
     )
-
-
-@contextlib.contextmanager
-def _restored(parameters: list[torch.nn.Parameter]) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        for p in parameters:
-            p.requires_grad_(True)
 
 
 def load_edge_prune_history(folder: str | os.PathLike[str]) -> list[dict[str, float]]:

@@ -359,8 +359,13 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
     """
     graph.check_model(model)
     store: list[torch.Tensor | None] = [None] * (1 + 2 * graph.n_layers)
-    with torch.no_grad(), model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)):
-        model(*args, **kwargs)
+    split = model.cfg.use_split_qkv_input
+    try:  # the recording needs no per-head copies of the stream (the same values, faster)
+        model.cfg.use_split_qkv_input = False
+        with torch.no_grad(), model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)):
+            model(*args, **kwargs)
+    finally:
+        model.cfg.use_split_qkv_input = split
     return torch.cat([t for t in store if t is not None])  # type: ignore[misc]
 
 
@@ -412,6 +417,12 @@ class EdgeMask:
     fill: str = "corrupted"
     means: Float[torch.Tensor, "sender d_model"] | None = None
     corrupted: NodeOutputs | None = field(default=None, repr=False)
+    hard_concrete: bool = field(default=False, repr=False)
+    """The weights are clamped hard-concrete samples (edge pruning): a weight of exactly 0 or
+    1 gets no gradient (the clamp gives it none anyway), so with gradients the masked forward
+    and its backward read only the senders with an edge that is removed or undecided, as
+    without them (at the start of a run nearly every gate is exactly 1, at the end nearly
+    every one exactly 0). The values and the gradients of ``log_alpha`` are unchanged."""
 
     def __post_init__(self) -> None:
         if self.fill not in FILLS:
@@ -571,7 +582,9 @@ class EdgeMask:
                 "mask.patching(model, corrupted_input) binds it"
             )
         removed = self.graph.to_dense(1.0 - self.weights.float(), fill=0.0)
-        return _EdgeRun(model, self.graph, removed, self._fill_value).hooks()
+        return _EdgeRun(
+            model, self.graph, removed, self._fill_value, sparse=self.hard_concrete
+        ).hooks()
 
     def _fill_value(self, senders: slice, like: torch.Tensor) -> torch.Tensor | None:
         """The fill of senders ``senders``, broadcastable to ``like`` ``[n, batch, pos, d]``."""
@@ -654,14 +667,15 @@ class _EdgeRun:
     carried through every LayerNorm since (encoders). A receiver's input loses
     ``sum over senders of removed[sender, receiver] * delta[sender]``.
 
-    Without gradients the deltas live in one preallocated buffer and each receiver point costs
-    one matrix product over only the senders it needs: those with a removed edge into it, or,
-    when fewer, those with a kept edge (``total - kept . delta``, ``total`` the sum of all
-    deltas), so a circuit of few edges and a patch of one edge are both cheap. With gradients
+    Each receiver point costs one matrix product over only the senders it needs: those with a
+    removed edge into it, or, when fewer, those with a kept edge (``total - kept . delta``,
+    ``total`` the sum of all deltas), so a circuit of few edges and a patch of one edge are
+    both cheap. Without gradients the deltas live in one preallocated buffer. With gradients
     (edge pruning) the deltas are a list and :class:`_Correction` keeps autograd from copying
-    them at every receiver point: memory linear in depth for decoders. For post-LN encoders
-    every LayerNorm makes new (transformed) deltas that later points keep, so memory grows with
-    depth squared: fine for MiniLM, heavy for BERT-large.
+    them at every receiver point: memory linear in depth for decoders; every sender is read
+    unless the weights are hard-concrete samples (``sparse``), whose exact 0s and 1s need no
+    gradient. For post-LN encoders every LayerNorm makes new (transformed) deltas that later
+    points keep, so memory grows with depth squared: fine for MiniLM, heavy for BERT-large.
     """
 
     def __init__(
@@ -670,22 +684,25 @@ class _EdgeRun:
         graph: Graph,
         removed: Float[torch.Tensor, "sender receiver"],
         fill: Callable[[slice, torch.Tensor], torch.Tensor | None],
+        sparse: bool = False,
     ) -> None:
         self.model, self.graph, self.fill = model, graph, fill
         self.removed = removed
+        self.sparse = sparse
         self.deltas: list[torch.Tensor] = []  # with gradients: one tensor per sender block
         self.buffer: torch.Tensor | None = None  # without: [sender, batch, pos, d_model]
         self.side_by_side: torch.Tensor | None = None  # with, decoders: detached copies
         self.total: torch.Tensor | None = None
         self.n = 0  # senders so far
-        self.pending: torch.Tensor | None = None
+        self.pending: tuple[torch.Tensor, ...] | None = None
 
     def _reset(self, x: torch.Tensor) -> None:
         self.deltas, self.n, self.pending = [], 0, None
         differentiable = self.removed.requires_grad or x.requires_grad
         self.side_by_side = None
         if torch.is_grad_enabled() and differentiable:
-            self.buffer = self.total = None
+            self.buffer = None
+            self.total = torch.zeros_like(x) if self.sparse else None
             if not self.graph.post_ln:  # rows never change after writing: no concatenation
                 self.side_by_side = x.new_empty((self.graph.n_senders, *x.shape))
         else:
@@ -700,37 +717,48 @@ class _EdgeRun:
             self.deltas.append(delta)
             if self.side_by_side is not None:
                 self.side_by_side[start : self.n] = delta.detach()
+            if self.total is not None:
+                self.total = self.total + delta.sum(0)
         else:
             assert self.total is not None
             self.buffer[start : self.n] = delta
             self.total += delta.sum(0)
 
     def _through_layer_norm(self, scale: torch.Tensor, weight: torch.Tensor) -> None:
+        if self.total is not None:
+            self.total = _through_layer_norm(self.total[None], scale, weight)[0]
         if self.buffer is None:
             self.deltas = [_through_layer_norm(d, scale, weight) for d in self.deltas]
         else:
-            assert self.total is not None
             self.buffer[: self.n] = _through_layer_norm(self.buffer[: self.n], scale, weight)
-            self.total = _through_layer_norm(self.total[None], scale, weight)[0]
 
-    def _correction(self, receivers: slice | int) -> torch.Tensor:
-        """``[n_receivers, batch, pos, d_model]`` to subtract at ``receivers``."""
+    def _correction(self, receivers: slice | int) -> torch.Tensor | None:
+        """``[n_receivers, batch, pos, d_model]`` to subtract at ``receivers`` (None: no edge
+        into them is removed)."""
         ref = self.deltas[0] if self.buffer is None else self.buffer
         removed = self.removed.to(device=ref.device, dtype=ref.dtype)
         columns = removed[:, receivers] if isinstance(receivers, slice) else removed[:, [receivers]]
         columns = columns[: self.n]
-        if self.buffer is None:
+        if self.buffer is None and not self.sparse:
             stacked = None if self.side_by_side is None else self.side_by_side[: self.n]
-            return _Correction.apply(columns, stacked, *self.deltas)
+            return _Correction.apply(columns, None, stacked, *self.deltas)
         assert self.total is not None
         kept = 1.0 - columns
-        rows_removed = columns.any(1).nonzero().flatten()
-        rows_kept = kept.any(1).nonzero().flatten()
+        rows_removed = columns.detach().any(1).nonzero().flatten()
+        rows_kept = kept.detach().any(1).nonzero().flatten()
         use_kept = len(rows_kept) < len(rows_removed)
         rows, weights = (rows_kept, kept) if use_kept else (rows_removed, columns)
         shape = (columns.shape[1], *self.total.shape)
         if len(rows) == 0:
+            if not use_kept:
+                return None  # nothing removed: the input stays as it is
             part = self.total.new_zeros(shape)
+        elif self.buffer is None:  # with gradients, hard-concrete weights
+            stacked = None if self.side_by_side is None else self.side_by_side[: self.n]
+            if 2 * len(rows) > self.n:  # most senders: no gather, the whole block
+                part = _Correction.apply(weights, None, stacked, *self.deltas)
+            else:
+                part = _Correction.apply(weights[rows], rows, stacked, *self.deltas)
         elif 2 * len(rows) > self.n:  # most senders: no copy, the whole block
             flat = self.buffer[: self.n].reshape(self.n, -1)
             part = (weights.T @ flat).reshape(shape)
@@ -747,14 +775,32 @@ class _EdgeRun:
             self._reset(x)
             self._append(0, x[None])
 
+        # A layer none of whose query / key / value inputs has a removed edge runs with one
+        # shared input (TransformerLens's unsplit path; a block reads the switch after its
+        # hook_resid_pre): at the start of edge pruning, or for a circuit that removes few
+        # edges, most layers need no per-head copies of the stream.
+        split = self.removed.detach().reshape(-1, graph.n_receivers)
+        split = [
+            bool(split[:, graph.qkv_receivers(layer)].any()) for layer in range(graph.n_layers)
+        ]
+
+        def switch(layer: int) -> Callable:
+            def hook(x: torch.Tensor, hook: Any) -> None:
+                model.cfg.use_split_qkv_input = split[layer]
+
+            return hook
+
         hooks.append(("blocks.0.hook_resid_pre", start))
         for layer in range(graph.n_layers):
+            hooks.append((f"blocks.{layer}.hook_resid_pre", switch(layer)))
             hooks += self._layer_hooks(model, graph, layer)
         last = graph.n_layers - 1
         out_point = "hook_normalized_resid_post" if graph.post_ln else "hook_resid_post"
 
         def output(x: torch.Tensor, hook: Any) -> torch.Tensor:
-            return x - self._correction(graph.output_receiver)[0]
+            model.cfg.use_split_qkv_input = True  # as graph_switches set it
+            correction = self._correction(graph.output_receiver)
+            return x if correction is None else x - correction[0]
 
         hooks.append((f"blocks.{last}.{out_point}", output))
         return hooks
@@ -764,14 +810,18 @@ class _EdgeRun:
         block = model.blocks[layer]
 
         def q_input(x: torch.Tensor, hook: Any) -> torch.Tensor:
-            correction = self._correction(graph.qkv_receivers(layer)).permute(1, 2, 0, 3)
-            self.pending = correction  # [batch, pos, 3 * heads, d_model]
-            return x - correction[:, :, :n_heads]
+            correction = self._correction(graph.qkv_receivers(layer))
+            if correction is None:
+                self.pending = None
+                return x
+            # [batch, pos, heads, d_model] each for q, k and v (split: one concatenation in
+            # the backward pass, where slices would each fill a zero tensor of all three)
+            self.pending = torch.split(correction.permute(1, 2, 0, 3), n_heads, dim=2)
+            return x - self.pending[0]
 
         def kv_input(offset: int) -> Callable:
             def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
-                assert self.pending is not None
-                return x - self.pending[:, :, offset * n_heads : (offset + 1) * n_heads]
+                return x if self.pending is None else x - self.pending[offset]
 
             return hook
 
@@ -797,8 +847,10 @@ class _EdgeRun:
                 return hook
 
             def mlp_pre(x: torch.Tensor, hook: Any) -> torch.Tensor:
-                correction = self._correction(graph.mlp_receiver(layer))[0]
-                return x - correction @ block.mlp.W_in.to(correction)
+                correction = self._correction(graph.mlp_receiver(layer))
+                if correction is None:
+                    return x
+                return x - correction[0] @ block.mlp.W_in.to(correction)
 
             hooks += [
                 (f"{prefix}.ln1.hook_scale", layer_norm(block.ln1)),
@@ -809,50 +861,81 @@ class _EdgeRun:
         else:
 
             def mlp_in(x: torch.Tensor, hook: Any) -> torch.Tensor:
-                return x - self._correction(graph.mlp_receiver(layer))[0]
+                correction = self._correction(graph.mlp_receiver(layer))
+                return x if correction is None else x - correction[0]
 
             hooks += [(f"{prefix}.hook_mlp_in", mlp_in), (f"{prefix}.hook_mlp_out", mlp_out)]
         return hooks
 
 
 class _Correction(torch.autograd.Function):
-    """``columns.T @ cat(deltas)`` as one matrix product, keeping only references.
+    """``columns.T @ cat(deltas)[rows]`` as one matrix product, keeping only references.
 
     Autograd would otherwise save a concatenated copy of every delta at every receiver point
     (memory quadratic in depth); this saves the delta blocks themselves, shared by all points,
-    and concatenates again in the backward pass.
+    and gathers them again in the backward pass. ``rows`` (sorted sender indices, or None for
+    all of them) picks the senders that are read; the others get no gradient.
     """
 
     @staticmethod
     def forward(
-        ctx: Any, columns: torch.Tensor, stacked: torch.Tensor | None, *deltas: torch.Tensor
+        ctx: Any,
+        columns: torch.Tensor,
+        rows: torch.Tensor | None,
+        stacked: torch.Tensor | None,
+        *deltas: torch.Tensor,
     ) -> torch.Tensor:
         # ``stacked``: the deltas already side by side (a detached view of a buffer whose rows
-        # are never written again, decoders), or None to concatenate them here and again in
-        # the backward pass
+        # are never written again, decoders), or None to gather them here and again in the
+        # backward pass
         ctx.save_for_backward(columns, *deltas)
-        ctx.stacked = stacked
-        if stacked is None:
-            stacked = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
-        shape = stacked.shape[1:]
-        out = columns.T @ stacked.reshape(stacked.shape[0], -1)
-        return out.reshape(columns.shape[1], *shape)
+        ctx.stacked, ctx.rows = stacked, rows
+        read = _gather(stacked, rows, deltas)
+        out = columns.T @ read.reshape(read.shape[0], -1)
+        return out.reshape(columns.shape[1], *read.shape[1:])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         columns, *deltas = ctx.saved_tensors
+        rows = ctx.rows
         flat_grad = grad.reshape(grad.shape[0], -1)
         grad_columns = None
         if ctx.needs_input_grad[0]:
-            stacked = ctx.stacked
-            if stacked is None:
-                stacked = torch.cat(deltas) if len(deltas) > 1 else deltas[0]
-            grad_columns = stacked.reshape(stacked.shape[0], -1) @ flat_grad.T
+            read = _gather(ctx.stacked, rows, deltas)
+            grad_columns = read.reshape(read.shape[0], -1) @ flat_grad.T
         grad_deltas: list[torch.Tensor | None] = [None] * len(deltas)
-        if any(ctx.needs_input_grad[2:]):
+        if any(ctx.needs_input_grad[3:]):
             flat = (columns @ flat_grad).reshape(columns.shape[0], *grad.shape[1:])
-            grad_deltas = list(torch.split(flat, [d.shape[0] for d in deltas]))
-        return (grad_columns, None, *grad_deltas)
+            sizes = [d.shape[0] for d in deltas]
+            if rows is None:
+                grad_deltas = list(torch.split(flat, sizes))
+            else:
+                start = 0
+                for i, size in enumerate(sizes):
+                    inside = (rows >= start) & (rows < start + size)
+                    if bool(inside.any()):
+                        block = flat.new_zeros((size, *flat.shape[1:]))
+                        grad_deltas[i] = block.index_copy_(0, rows[inside] - start, flat[inside])
+                    start += size
+        return (grad_columns, None, None, *grad_deltas)
+
+
+def _gather(
+    stacked: torch.Tensor | None, rows: torch.Tensor | None, deltas: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """The deltas of senders ``rows`` (all if None) side by side, copying no more than those."""
+    if stacked is not None:
+        return stacked if rows is None else stacked.index_select(0, rows)
+    if rows is None:
+        return torch.cat(tuple(deltas)) if len(deltas) > 1 else deltas[0]
+    parts, start = [], 0
+    for delta in deltas:
+        size = delta.shape[0]
+        inside = rows[(rows >= start) & (rows < start + size)]
+        if len(inside):
+            parts.append(delta.index_select(0, inside - start))
+        start += size
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def _through_layer_norm(

@@ -21,13 +21,12 @@ complete: running it again only reports the result (and evaluates eval sets it l
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from mi_core.interventions.components import model_dims
 from mi_core.io import read_json, read_safetensors, write_csv, write_json, write_safetensors
 from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import weights_fingerprint
+from mi_core.models.frozen import frozen  # noqa: F401 (re-exported)
 from mi_core.pruning.discretize import discretize, unflatten_components
 from mi_core.pruning.hard_concrete import HardConcrete
 from mi_core.pruning.lagrangian import (
@@ -252,20 +252,6 @@ def load_checkpoint(
 
 
 # ---------------------------------------------------------------------------------- training
-@contextlib.contextmanager
-def frozen(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode and ``requires_grad=False`` on every weight inside; both restored afterwards."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    was_training = model.training
-    for p, _ in flags:
-        p.requires_grad_(False)
-    model.eval()
-    try:
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
-        model.train(was_training)
 
 
 class _Schedule:

@@ -13,10 +13,12 @@ from mi_core.interventions import (
     Graph,
     apply,
     graph_error,
+    graph_switches,
     load_intervention,
     node_outputs,
     sender_means,
 )
+from mi_core.interventions import edges as edges_module
 from mi_core.interventions.edges import _from_mib_name, to_mib_name
 from mi_core.models import load_model
 
@@ -223,3 +225,50 @@ def test_greedy_circuits_are_connected_to_the_output_and_top_k_need_not_be(gpt2)
         receiver = name.split("->")[1]
         node = receiver[:-2] if receiver.endswith((".q", ".k", ".v")) else receiver
         assert node == "output" or node in senders
+
+
+@pytest.mark.parametrize("kind", ["gpt2-cls", "llama-lm", "bert-cls"])
+@pytest.mark.parametrize("state", ["start", "middle", "end"])
+def test_hard_concrete_masks_skip_exact_gates_with_the_same_values_and_gradients(
+    checkpoints_loaded, kind, state, monkeypatch
+):
+    """``hard_concrete=True`` reads only the senders with a removed or undecided edge; the
+    logits and the gradients of log_alpha equal the dense path's."""
+    from mi_core.pruning.hard_concrete import sample_hard_concrete
+
+    model = checkpoints_loaded[kind]
+    graph = Graph.from_model(model)
+    gen = torch.Generator().manual_seed(3)
+    init = {"start": 5.0, "middle": 3.0, "end": -5.0}[state]
+    log_alpha = torch.randn(graph.n_edges, generator=gen) + init
+    if state == "end":  # a few edges kept, as at 95 % sparsity
+        log_alpha[torch.randperm(graph.n_edges, generator=gen)[: graph.n_edges // 20]] = 5.0
+    z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(4))
+    exact = float(((z == 0) | (z == 1)).float().mean())
+    assert exact > {"start": 0.9, "middle": 0.6, "end": 0.9}[state]
+    clean, corrupted = _inputs(kind, 0), _inputs(kind, 1)
+    read = {False: 0, True: 0}  # sender rows the masked forward and backward read
+    gather = edges_module._gather
+
+    def counting(stacked, rows, deltas):
+        out = gather(stacked, rows, deltas)
+        read[sparse] += out.shape[0]
+        return out
+
+    monkeypatch.setattr(edges_module, "_gather", counting)
+    results = []
+    for sparse in (False, True):
+        leaf = log_alpha.clone().requires_grad_(True)
+        weights = sample_hard_concrete(leaf, generator=torch.Generator().manual_seed(4))
+        mask = EdgeMask(graph, weights, hard_concrete=sparse).patching(model, **corrupted)
+        with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+            logits = model(**clean)
+        (logits[..., -1] * torch.arange(1, logits.shape[0] + 1)[:, None]).sum().backward()
+        results.append((logits.detach(), leaf.grad))
+    (dense_logits, dense_grad), (sparse_logits, sparse_grad) = results
+    torch.testing.assert_close(sparse_logits, dense_logits, atol=1e-5, rtol=1e-5)
+    assert dense_grad.abs().max() > 0
+    torch.testing.assert_close(sparse_grad, dense_grad, atol=1e-6, rtol=1e-4)
+    if state != "middle":  # most gates exact: far fewer senders read
+        assert read[True] < 0.5 * read[False]
+    model.zero_grad(set_to_none=True)

@@ -29,12 +29,12 @@ def test_the_correction_has_the_gradients_of_the_plain_product():
     columns = torch.rand(5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     deltas = [torch.randn(n, 2, 4, 6, generator=gen, dtype=torch.float64, requires_grad=True)
               for n in (1, 4)]  # fmt: skip
-    assert torch.autograd.gradcheck(_Correction.apply, (columns, None, *deltas))
+    assert torch.autograd.gradcheck(_Correction.apply, (columns, None, None, *deltas))
     # with the deltas already side by side (decoders): the same values and gradients
     grad = torch.randn(3, 2, 4, 6, generator=gen, dtype=torch.float64)
     results = []
     for stacked in (None, torch.cat(deltas).detach()):
-        out = _Correction.apply(columns, stacked, *deltas)
+        out = _Correction.apply(columns, None, stacked, *deltas)
         results.append((out, *torch.autograd.grad(out, (columns, *deltas), grad)))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)
