@@ -241,10 +241,10 @@ def edge_attribution(
         reference = _reference(model, graph, pairs, fill, means)
         if not graph.post_ln:
             return _decoder_attribution(model, graph, pairs, metric, steps, reference)
-        return _encoder_attribution(model, graph, pairs, metric, steps, reference)
+        return _split_input_attribution(model, graph, pairs, metric, steps, reference)
 
 
-def _encoder_attribution(
+def _split_input_attribution(
     model: Any,
     graph: Graph,
     pairs: PromptPairs,
@@ -252,8 +252,10 @@ def _encoder_attribution(
     steps: int,
     reference: NodeOutputs,
 ) -> Float[torch.Tensor, " edge"]:
-    """EAP / EAP-IG of a post-LN encoder: receiver gradients first, then one sweep over the
-    senders' differences carried through the frozen-scale LayerNorms."""
+    """EAP / EAP-IG from TransformerLens's split per-head inputs (post-LN encoders; it holds
+    for decoders too, the reference :func:`_decoder_attribution` is tested against): receiver
+    gradients first, then one sweep over the senders' differences, carried through the
+    frozen-scale LayerNorms of an encoder."""
     gradients: list[torch.Tensor] | None = None
     run = None
     with graph_switches(model):

@@ -307,13 +307,19 @@ class Graph:
 @contextlib.contextmanager
 def graph_switches(model: Any) -> Iterator[Any]:
     """Switch on what a graph needs for the span of a block: per-head query / key / value
-    inputs, the MLP-input hook (decoders) and ungrouped key / value heads (grouped-query
-    models). The switches are restored on leaving."""
+    inputs (and ``use_attn_in`` off), the MLP-input hook (decoders) and ungrouped key / value
+    heads (grouped-query models). The switches are restored on leaving."""
     cfg = model.cfg
-    names = ["use_split_qkv_input", "use_hook_mlp_in", "ungroup_grouped_query_attention"]
+    names = [
+        "use_split_qkv_input",
+        "use_hook_mlp_in",
+        "ungroup_grouped_query_attention",
+        "use_attn_in",
+    ]
     before = {name: getattr(cfg, name) for name in names}
     try:
         cfg.use_split_qkv_input = True
+        cfg.use_attn_in = False  # per-head inputs come from the split ones
         cfg.use_hook_mlp_in = True
         if cfg.n_key_value_heads is not None:
             cfg.ungroup_grouped_query_attention = True
@@ -775,34 +781,43 @@ class _EdgeRun:
             self._reset(x)
             self._append(0, x[None])
 
-        # A layer none of whose query / key / value inputs has a removed edge runs with one
-        # shared input (TransformerLens's unsplit path; a block reads the switch after its
-        # hook_resid_pre): at the start of edge pruning, or for a circuit that removes few
-        # edges, most layers need no per-head copies of the stream.
-        split = self.removed.detach().reshape(-1, graph.n_receivers)
-        split = [
-            bool(split[:, graph.qkv_receivers(layer)].any()) for layer in range(graph.n_layers)
-        ]
-
-        def switch(layer: int) -> Callable:
-            def hook(x: torch.Tensor, hook: Any) -> None:
-                model.cfg.use_split_qkv_input = split[layer]
-
-            return hook
-
         hooks.append(("blocks.0.hook_resid_pre", start))
+        if self.sparse:
+            hooks += self._unsplit_hooks(model, graph)
         for layer in range(graph.n_layers):
-            hooks.append((f"blocks.{layer}.hook_resid_pre", switch(layer)))
             hooks += self._layer_hooks(model, graph, layer)
         last = graph.n_layers - 1
         out_point = "hook_normalized_resid_post" if graph.post_ln else "hook_resid_post"
 
         def output(x: torch.Tensor, hook: Any) -> torch.Tensor:
-            model.cfg.use_split_qkv_input = True  # as graph_switches set it
             correction = self._correction(graph.output_receiver)
             return x if correction is None else x - correction[0]
 
         hooks.append((f"blocks.{last}.{out_point}", output))
+        return hooks
+
+    def _unsplit_hooks(self, model: Any, graph: Graph) -> list[tuple[str, Callable]]:
+        """Hard-concrete masks (edge pruning): a layer none of whose query / key / value inputs
+        has a removed edge runs with one shared input, TransformerLens's unsplit path, instead
+        of a copy of the stream per head (at the start of a run that is most layers; their
+        weights are exactly 1 and need no gradient). A block reads the switch after its
+        ``hook_resid_pre`` and its attention picks its projection before ``hook_q``, where the
+        switch is set back on."""
+        removed = self.removed.detach().reshape(-1, graph.n_receivers)
+        n_layers = graph.n_layers
+        split = [bool(removed[:, graph.qkv_receivers(layer)].any()) for layer in range(n_layers)]
+
+        def switch_off(x: torch.Tensor, hook: Any) -> None:
+            model.cfg.use_split_qkv_input = False
+
+        def switch_back(x: torch.Tensor, hook: Any) -> None:
+            model.cfg.use_split_qkv_input = True
+
+        hooks: list[tuple[str, Callable]] = []
+        for layer in range(n_layers):
+            if not split[layer]:
+                hooks += [(f"blocks.{layer}.hook_resid_pre", switch_off),
+                          (f"blocks.{layer}.attn.hook_q", switch_back)]  # fmt: skip
         return hooks
 
     def _layer_hooks(self, model: Any, graph: Graph, layer: int) -> list[tuple[str, Callable]]:

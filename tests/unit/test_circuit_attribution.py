@@ -177,3 +177,34 @@ def test_decoder_eap_from_the_unsplit_forward_equals_split_input_gradients(kind,
     assert expected.abs().max() > 1e-3
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
     assert not model.cfg.use_split_qkv_input  # the switches are restored
+
+
+@pytest.mark.parametrize(("steps", "fill"), [(3, "corrupted"), (2, "mean"), (1, "zero")])
+def test_decoder_eap_ig_and_every_fill_equal_the_split_input_path(steps, fill):
+    """EAP-IG and the mean / zero fills through the decoder path equal the generic path that
+    reads TransformerLens's split per-head inputs."""
+    from mi_core.circuits.attribution import _reference, _split_input_attribution
+    from mi_core.interventions import sender_means
+
+    model = tiny_model("llama")
+    pairs = _lm_pairs()
+    graph = Graph.from_model(model)
+    means = sender_means(model, graph, [pairs.clean]) if fill == "mean" else None
+    got = edge_attribution(model, graph, pairs, steps=steps, fill=fill, means=means)
+    reference = _reference(model, graph, pairs, fill, means)
+    expected = _split_input_attribution(model, graph, pairs, logit_difference, steps, reference)
+    model.zero_grad(set_to_none=True)
+    assert expected.abs().max() > 1e-3
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
+
+
+def test_eap_ignores_use_attn_in(gpt2):
+    pairs = _lm_pairs()
+    graph = Graph.from_model(gpt2)
+    plain = edge_attribution(gpt2, graph, pairs)
+    gpt2.cfg.use_attn_in = True
+    try:
+        torch.testing.assert_close(edge_attribution(gpt2, graph, pairs), plain)
+        assert gpt2.cfg.use_attn_in  # restored
+    finally:
+        gpt2.cfg.use_attn_in = False

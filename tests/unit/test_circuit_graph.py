@@ -272,3 +272,38 @@ def test_hard_concrete_masks_skip_exact_gates_with_the_same_values_and_gradients
     if state != "middle":  # most gates exact: far fewer senders read
         assert read[True] < 0.5 * read[False]
     model.zero_grad(set_to_none=True)
+
+
+def test_default_masks_keep_every_gradient_and_hard_concrete_ones_run_unsplit_layers(gpt2):
+    """A plain edge mask at exactly 1 still gives every edge its gradient (gradient-based
+    attribution from a full mask); a hard-concrete mask runs a layer with nothing removed
+    through the shared input, and the switch is back on after the forward."""
+    graph = Graph.from_model(gpt2)
+    clean = {"input": random_tokens(3, 9, seed=0, high=90)}
+    corrupted = {"input": random_tokens(3, 9, seed=1, high=90)}
+    weights = torch.ones(graph.n_edges, requires_grad=True)
+    mask = EdgeMask(graph, weights).patching(gpt2, **corrupted)
+    with graph_switches(gpt2), gpt2.hooks(fwd_hooks=mask.hooks(gpt2)):
+        gpt2(**clean)[:, -1].sum().backward()
+    qkv = [i for i, name in enumerate(graph.edge_names) if name.endswith((".q", ".k", ".v"))]
+    assert bool((weights.grad[qkv] != 0).all())
+
+    values = torch.ones(graph.n_edges)
+    values[graph.edge_index("L0.H1->L1.H2.k")] = 0.0  # layer 1 needs per-head inputs, layer 0 not
+    fired: list[str] = []
+    counting = [(f"blocks.{layer}.hook_q_input", lambda x, hook: fired.append(hook.name))
+                for layer in range(graph.n_layers)]  # fmt: skip
+    results = []
+    for sparse in (False, True):
+        bound = EdgeMask(graph, values, hard_concrete=sparse).patching(gpt2, **corrupted)
+        with torch.no_grad(), graph_switches(gpt2):
+            with gpt2.hooks(fwd_hooks=[*counting, *bound.hooks(gpt2)]):
+                fired.clear()
+                results.append(gpt2(**clean))
+            assert gpt2.cfg.use_split_qkv_input
+            assert fired == (
+                ["blocks.1.hook_q_input"]
+                if sparse
+                else ["blocks.0.hook_q_input", "blocks.1.hook_q_input"]
+            )
+    torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
