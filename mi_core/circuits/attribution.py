@@ -112,9 +112,19 @@ class _GradientRun:
     """Hooks of one attribution pass: interpolate the input, keep receiver inputs (for their
     gradients) and, on the clean pass, the senders' outputs and the LayerNorm scales."""
 
-    def __init__(self, model: Any, graph: Graph, reference_input: torch.Tensor, alpha: float):
+    def __init__(
+        self,
+        model: Any,
+        graph: Graph,
+        reference_input: torch.Tensor,
+        alpha: float,
+        projected: bool = False,
+    ):
         self.model, self.graph = model, graph
         self.reference_input, self.alpha = reference_input, alpha
+        # projected: keep the heads' query / key / value projections (hook_q, ...; the model
+        # runs unsplit) instead of their split inputs; see _sweep_attribution
+        self.projected = projected
         self.receivers: list[torch.Tensor] = []  # in hook order
         self.outputs: list[torch.Tensor] = []  # clean sender outputs, per sender block
         self.scales: list[torch.Tensor] = []  # post-LN: ln1, ln2 scale of every layer
@@ -145,7 +155,10 @@ class _GradientRun:
         hooks: list[tuple[str, Callable]] = [("blocks.0.hook_resid_pre", start)]
         for layer in range(graph.n_layers):
             p = f"blocks.{layer}"
-            hooks += [(f"{p}.hook_{kind}_input", keep) for kind in "qkv"]
+            if self.projected:
+                hooks += [(f"{p}.attn.hook_{kind}", keep) for kind in "qkv"]
+            else:
+                hooks += [(f"{p}.hook_{kind}_input", keep) for kind in "qkv"]
             hooks.append((f"{p}.attn.hook_z", heads(layer)))
             if graph.post_ln:
                 hooks += [
@@ -165,7 +178,10 @@ def _receiver_gradients(
     model: Any, graph: Graph, grads: Sequence[torch.Tensor]
 ) -> list[torch.Tensor]:
     """Per receiver point, ``[n_receivers, batch, pos, d_model]``: qkv of layer 0, MLP 0, ...,
-    output. An encoder MLP's gradient comes back from its pre-activation through ``W_in``."""
+    output. An encoder MLP's gradient comes back from its pre-activation through ``W_in``.
+    Query / key / value gradients taken at the projections stay ``[3 * heads, batch, pos,
+    d_head]`` (:func:`_sweep_scores` brings them back through the weights, one layer at a
+    time)."""
     points: list[torch.Tensor] = []
     i = 0
     for layer in range(graph.n_layers):
@@ -186,9 +202,11 @@ def _sweep_scores(
     deltas: list[torch.Tensor],
     scales: list[torch.Tensor],
     gradients: list[torch.Tensor],
+    projected: bool = False,
 ) -> Float[torch.Tensor, "sender receiver"]:
     """``delta . gradient`` for every (sender, receiver) pair, carrying deltas through the
-    frozen-scale LayerNorms of a post-LN model."""
+    frozen-scale LayerNorms of a post-LN model. ``projected``: the query / key / value
+    gradients are at the projections, and each head's input gradient is ``grad @ W^T``."""
     scores = torch.zeros(graph.n_senders, graph.n_receivers)
     buffer = deltas[0].new_empty((graph.n_senders, *deltas[0].shape[1:]))
     filled = 0
@@ -206,10 +224,17 @@ def _sweep_scores(
     def through(ln: Any, scale: torch.Tensor) -> None:
         buffer[:filled] = _through_layer_norm(buffer[:filled], scale, ln.w.detach())
 
+    def head_inputs(layer: int, grad: torch.Tensor) -> torch.Tensor:
+        if not projected:
+            return grad
+        attn = model.blocks[layer].attn
+        weights = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach().to(grad)  # [3h, d, e]
+        return torch.einsum("rbpe,rde->rbpd", grad, weights)
+
     add(0, deltas[0])
     for layer in range(graph.n_layers):
         block = model.blocks[layer]
-        score(graph.qkv_receivers(layer), gradients[2 * layer])
+        score(graph.qkv_receivers(layer), head_inputs(layer, gradients[2 * layer]))
         add(graph.head_sender(layer, 0), deltas[1 + 2 * layer])
         if graph.post_ln:
             through(block.ln1, scales[2 * layer])
@@ -241,26 +266,35 @@ def edge_attribution(
         reference = _reference(model, graph, pairs, fill, means)
         if not graph.post_ln:
             return _decoder_attribution(model, graph, pairs, metric, steps, reference)
-        return _split_input_attribution(model, graph, pairs, metric, steps, reference)
+        return _sweep_attribution(model, graph, pairs, metric, steps, reference, projected=True)
 
 
-def _split_input_attribution(
+def _sweep_attribution(
     model: Any,
     graph: Graph,
     pairs: PromptPairs,
     metric: Metric,
     steps: int,
     reference: NodeOutputs,
+    projected: bool = False,
 ) -> Float[torch.Tensor, " edge"]:
-    """EAP / EAP-IG from TransformerLens's split per-head inputs (post-LN encoders; it holds
-    for decoders too, the reference :func:`_decoder_attribution` is tested against): receiver
-    gradients first, then one sweep over the senders' differences, carried through the
-    frozen-scale LayerNorms of an encoder."""
+    """EAP / EAP-IG by a sweep: every receiver's gradient first, then one pass over the
+    senders' differences, carried through the frozen-scale LayerNorms of an encoder.
+
+    ``projected`` (post-LN encoders, where a head's query / key / value input is the residual
+    stream itself): the model runs unsplit and the gradients are kept at the heads'
+    projections, ``[batch, pos, heads, d_head]``, a ``d_model / d_head``-th of the split
+    inputs' (12 times less for MiniLM and BERT); each head's input gradient is ``grad @ W^T``,
+    formed one layer at a time in the sweep. Without it, the split per-head inputs give the
+    gradients directly (any family: the reference the decoder path is tested against)."""
+    if projected and not graph.post_ln:
+        raise InterventionError("projected gradients need a post-LN encoder (no ln1 before W_Q)")
     gradients: list[torch.Tensor] | None = None
     run = None
     with graph_switches(model):
+        model.cfg.use_split_qkv_input = not projected
         for k in range(1, steps + 1):
-            run = _GradientRun(model, graph, reference[0], k / steps)
+            run = _GradientRun(model, graph, reference[0], k / steps, projected)
             with torch.enable_grad(), model.hooks(fwd_hooks=run.hooks()):
                 value = metric(model(**pairs.clean), pairs).mean()
                 grads = torch.autograd.grad(value, run.receivers, allow_unused=True)
@@ -280,7 +314,7 @@ def _split_input_attribution(
     for block in clean:
         deltas.append(reference[start : start + block.shape[0]].to(block) - block)
         start += block.shape[0]
-    scores = _sweep_scores(model, graph, deltas, run.scales, gradients)
+    scores = _sweep_scores(model, graph, deltas, run.scales, gradients, projected)
     return graph.from_dense(scores).float().detach()
 
 

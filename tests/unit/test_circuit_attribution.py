@@ -183,7 +183,7 @@ def test_decoder_eap_from_the_unsplit_forward_equals_split_input_gradients(kind,
 def test_decoder_eap_ig_and_every_fill_equal_the_split_input_path(steps, fill):
     """EAP-IG and the mean / zero fills through the decoder path equal the generic path that
     reads TransformerLens's split per-head inputs."""
-    from mi_core.circuits.attribution import _reference, _split_input_attribution
+    from mi_core.circuits.attribution import _reference, _sweep_attribution
     from mi_core.interventions import sender_means
 
     model = tiny_model("llama")
@@ -192,7 +192,7 @@ def test_decoder_eap_ig_and_every_fill_equal_the_split_input_path(steps, fill):
     means = sender_means(model, graph, [pairs.clean]) if fill == "mean" else None
     got = edge_attribution(model, graph, pairs, steps=steps, fill=fill, means=means)
     reference = _reference(model, graph, pairs, fill, means)
-    expected = _split_input_attribution(model, graph, pairs, logit_difference, steps, reference)
+    expected = _sweep_attribution(model, graph, pairs, logit_difference, steps, reference)
     model.zero_grad(set_to_none=True)
     assert expected.abs().max() > 1e-3
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
@@ -208,3 +208,30 @@ def test_eap_ignores_use_attn_in(gpt2):
         assert gpt2.cfg.use_attn_in  # restored
     finally:
         gpt2.cfg.use_attn_in = False
+
+
+@pytest.mark.parametrize("kind", ["bert-cls", "roberta-cls"])
+def test_encoder_eap_from_projection_gradients_equals_split_inputs(kind, tiny_checkpoints):
+    """Post-LN encoders keep query / key / value gradients at the projections (a d_head-wide
+    copy per head instead of a d_model-wide one); the scores equal the split inputs' path."""
+    from mi_core.circuits.attribution import _reference, _sweep_attribution
+
+    model = load_model(tiny_checkpoints[kind], task="mnli")
+    graph = Graph.from_model(model)
+    n, pos = 4, 7
+    pairs = PromptPairs(
+        clean_ids=random_tokens(n, pos, seed=1, low=1000, high=2000),
+        corrupted_ids=random_tokens(n, pos, seed=2, low=1000, high=2000),
+        attention_mask=torch.ones(n, pos, dtype=torch.long),
+        answer=torch.tensor([0, 1, 2, 0]),
+        distractor=torch.full((n,), -1),
+        position=torch.zeros(n, dtype=torch.long),
+        kind="classifier",
+    )
+    got = edge_attribution(model, graph, pairs, steps=2)
+    reference = _reference(model, graph, pairs, "corrupted", None)
+    expected = _sweep_attribution(model, graph, pairs, logit_difference, 2, reference)
+    model.zero_grad(set_to_none=True)
+    assert expected.abs().max() > 1e-4
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
+    assert not model.cfg.use_split_qkv_input
