@@ -43,6 +43,10 @@ __all__ = [
 ]
 
 
+#: Below this fraction of the metric's magnitude, the full - empty gap is called small.
+SMALL_GAP = 0.1
+
+
 @dataclass(frozen=True)
 class CircuitScore:
     """One circuit judged on held-out pairs."""
@@ -57,6 +61,14 @@ class CircuitScore:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    @property
+    def gap_is_small(self) -> bool:
+        """Whether removing every edge moves the metric by less than a tenth of its larger
+        magnitude (``|full - empty| < 0.1 * max(|full|, |empty|)``): faithfulness divides by
+        that gap, so it is then dominated by noise (ratios far above 1 or below 0 appear).
+        A sanity bound on the data, not a result: say so next to the number."""
+        return abs(self.full - self.empty) < SMALL_GAP * max(abs(self.full), abs(self.empty))
 
 
 def _masked_metric(

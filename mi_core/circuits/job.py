@@ -125,6 +125,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
         "n_held_out": len(judge),
         "curve_area": curve_area(rows),
         "circuit": judged.as_dict(),
+        "small_gap": judged.gap_is_small,
     }
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
@@ -200,6 +201,7 @@ def _prune_one(
         "n_held_out": len(judge),
         "sparsity": result.sparsity,
         "circuit": judged.as_dict(),
+        "small_gap": judged.gap_is_small,
     }
     if result.nodes is not None:  # node masks: the nodes the circuit may use
         summary["nodes"] = result.nodes

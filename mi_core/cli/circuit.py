@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from mi_core.circuits.config import AttributeConfig, CircuitPruneConfig, CircuitSweepConfig
 from mi_core.cli import command_help
@@ -70,8 +71,17 @@ def _report(summary: dict, out: str) -> None:
     print(
         f"{summary['graph']}: circuit of {circuit['n_edges']} edges recovers "
         f"{circuit['faithfulness']:.1%} of the full model's metric on {summary['n_held_out']} "
-        f"held-out pairs (KL {circuit['kl']:.3g}) -> {out}"
+        f"held-out pairs (full {circuit['full']:.4g}, every edge removed {circuit['empty']:.4g}; "
+        f"KL {circuit['kl']:.3g}) -> {out}"
     )
+    if summary.get("small_gap"):
+        print(
+            f"warning: removing every edge moves the metric by only "
+            f"{abs(circuit['full'] - circuit['empty']):.3g}; faithfulness divides by that gap "
+            "and is mostly noise here (is the corrupted input different enough, is the model "
+            "trained for the task?)",
+            file=sys.stderr,
+        )
     if "curve_area" in summary:
         print(f"area under the faithfulness curve: {summary['curve_area']:.3f}")
 

@@ -132,3 +132,21 @@ def test_hans_pairs_are_encoded_as_the_classifier_was_trained(kind, tiny_checkpo
     assert pairs.clean_ids[0, :width].tolist() == tokens["input_ids"][0, :width].tolist()
     same = model.to_tokens(premise, premise)
     assert pairs.corrupted_ids[0, :width].tolist() == same["input_ids"][0, :width].tolist()
+
+
+def test_the_report_states_the_gap_and_warns_when_it_is_small(capsys):
+    """Faithfulness divides by full - empty: the report prints both, and warns on stderr when
+    removing every edge barely moves the metric (a fine-tuned MiniLM on HANS measured full
+    0.725, empty 0.727: 'recovers 158.8 %' there is noise)."""
+    from mi_core.circuits.evaluate import CircuitScore
+    from mi_core.cli.circuit import _report
+
+    for full, empty, small in ((0.7247, 0.7273, True), (3.57, 0.31, False), (0.05, -0.05, False)):
+        score = CircuitScore(n_edges=5, fraction=0.05, metric=0.1, full=full, empty=empty,
+                             faithfulness=0.5, kl=0.01)  # fmt: skip
+        assert score.gap_is_small is small
+        summary = {"graph": "G", "n_held_out": 8, "circuit": score.as_dict(), "small_gap": small}
+        _report(summary, "out")
+        captured = capsys.readouterr()
+        assert f"full {full:.4g}, every edge removed {empty:.4g}" in captured.out
+        assert ("warning: removing every edge moves the metric by only" in captured.err) is small
