@@ -4,8 +4,8 @@ The encoder EAP keeps every receiver's gradient until the sweep over the senders
 query / key / value projections (``hook_q`` ...; the model runs unsplit) a head's gradient is
 ``d_head`` wide; at TransformerLens's split inputs it is ``d_model`` wide, one copy of the
 stream per head. Both give the same scores (tested). This prints the time and the peak memory
-(RSS above the loaded model, each in a fresh process) of one EAP-IG call both ways, and the
-largest score difference.
+(RSS above the loaded model, each in a fresh process; CPU memory only) of one EAP-IG call
+both ways, and the largest score difference.
 
     python benchmarks/bench_encoder_eap.py [--model minilm] [--batch 16] [--tokens 64] [--steps 5]
 """
@@ -17,6 +17,7 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -77,7 +78,7 @@ def _measure(args) -> None:
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
-    torch.save(scores, f"/tmp/bench_encoder_eap_{args.measure}.pt")
+    torch.save(scores, f"{args.scores_dir}/{args.measure}.pt")
     print(json.dumps({"mib": peak - before, "seconds": seconds}))
 
 
@@ -88,12 +89,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--measure", choices=["projected", "split"], help=argparse.SUPPRESS)
+    parser.add_argument("--scores-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         _measure(args)
         return
+    scores_dir = tempfile.mkdtemp(prefix="bench-encoder-eap-")
     base = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch),
-            "--tokens", str(args.tokens), "--steps", str(args.steps)]  # fmt: skip
+            "--tokens", str(args.tokens), "--steps", str(args.steps),
+            "--scores-dir", scores_dir]  # fmt: skip
     result = {}
     for what in ("split", "projected"):
         out = subprocess.run([*base, "--measure", what], capture_output=True, text=True, check=True)

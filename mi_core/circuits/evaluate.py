@@ -15,6 +15,7 @@ one number, as the MIB circuit-localisation benchmark does.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -58,40 +59,63 @@ class CircuitScore:
     empty: float
     faithfulness: float
     kl: float
+    gap_se: float = float("nan")
+    """The standard error of ``full - empty`` over the examples (per-example differences)."""
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        return {**asdict(self), "small_gap": self.gap_is_small}
 
     @property
     def gap_is_small(self) -> bool:
-        """Whether removing every edge moves the metric by less than a tenth of its larger
-        magnitude (``|full - empty| < 0.1 * max(|full|, |empty|)``): faithfulness divides by
-        that gap, so it is then dominated by noise (ratios far above 1 or below 0 appear).
-        A sanity bound on the data, not a result: say so next to the number."""
-        return abs(self.full - self.empty) < SMALL_GAP * max(abs(self.full), abs(self.empty))
+        """Whether faithfulness, which divides by ``full - empty``, is mostly noise: the gap is
+        zero or not finite, under a tenth of the metric's larger magnitude
+        (``|full - empty| <= 0.1 * max(|full|, |empty|)``), or within two standard errors of
+        zero (the corruption does not measurably move the metric; this also covers a
+        chance-level model whose full and empty values straddle 0). A sanity bound on the
+        data, not a result: say so next to the number."""
+        gap = abs(self.full - self.empty)
+        if not math.isfinite(gap) or gap == 0:
+            return True
+        if gap <= SMALL_GAP * max(abs(self.full), abs(self.empty)):
+            return True
+        return math.isfinite(self.gap_se) and gap <= 2 * self.gap_se
 
 
 def _masked_metric(
     model: Any, mask: EdgeMask, pairs: PromptPairs, metric: Metric, batch_size: int
-) -> tuple[float, float]:
-    """Mean metric and mean KL to the full model of ``mask`` on ``pairs``."""
-    total_metric = total_kl = 0.0
+) -> tuple[torch.Tensor, float]:
+    """Per-example metric and mean KL to the full model of ``mask`` on ``pairs``."""
+    values, total_kl = [], 0.0
     with torch.no_grad():
         for batch in pairs.batches(batch_size):
             reference = model(**batch.clean)
             bound = mask.patching(model, **batch.corrupted) if mask.fill == "corrupted" else mask
             with graph_switches(model), model.hooks(fwd_hooks=bound.hooks(model)):
                 logits = model(**batch.clean)
-            total_metric += float(metric(logits, batch).sum())
+            values.append(metric(logits, batch).detach().double().cpu())
             total_kl += float(kl_divergence(logits, reference, batch).sum())
-    return total_metric / len(pairs), total_kl / len(pairs)
+    return torch.cat(values), total_kl / len(pairs)
 
 
-def _full_metric(model: Any, pairs: PromptPairs, metric: Metric, batch_size: int) -> float:
+def _full_metric(model: Any, pairs: PromptPairs, metric: Metric, batch_size: int) -> torch.Tensor:
+    """Per-example metric of the full model on ``pairs``."""
     with torch.no_grad():
-        return sum(float(metric(model(**b.clean), b).sum()) for b in pairs.batches(batch_size)) / (
-            len(pairs)
+        return torch.cat(
+            [metric(model(**b.clean), b).detach().double().cpu() for b in pairs.batches(batch_size)]
         )
+
+
+def _baselines(
+    model: Any, graph: Graph, fill: str, means: torch.Tensor | None, pairs: PromptPairs,
+    metric: Metric, batch_size: int,
+) -> tuple[float, float, float]:  # fmt: skip
+    """Mean metric of the full and the empty circuit, and the standard error of their gap."""
+    full = _full_metric(model, pairs, metric, batch_size)
+    empty, _ = _masked_metric(model, EdgeMask.empty(graph, fill, means=means), pairs, metric,
+                              batch_size)  # fmt: skip
+    gap = full - empty
+    se = float(gap.std() / math.sqrt(len(gap))) if len(gap) > 1 else float("nan")
+    return float(full.mean()), float(empty.mean()), se
 
 
 def evaluate_circuit(
@@ -100,19 +124,20 @@ def evaluate_circuit(
     pairs: PromptPairs,
     metric: Metric = logit_difference,
     batch_size: int = 16,
-    baselines: tuple[float, float] | None = None,
+    baselines: tuple[float, float] | tuple[float, float, float] | None = None,
 ) -> CircuitScore:
     """Faithfulness and KL of the circuit ``mask`` on ``pairs`` (held-out examples).
 
-    ``baselines``: the full and empty circuits' metrics, when already known.
+    ``baselines``: the full and empty circuits' metrics (and the standard error of their
+    gap), when already known.
     """
     if baselines is None:
-        full = _full_metric(model, pairs, metric, batch_size)
-        empty_mask = EdgeMask.empty(mask.graph, mask.fill, means=mask.means)
-        empty, _ = _masked_metric(model, empty_mask, pairs, metric, batch_size)
-    else:
-        full, empty = baselines
-    value, kl = _masked_metric(model, mask, pairs, metric, batch_size)
+        baselines = _baselines(model, mask.graph, mask.fill, mask.means, pairs, metric,
+                               batch_size)  # fmt: skip
+    full, empty = baselines[0], baselines[1]
+    gap_se = baselines[2] if len(baselines) > 2 else float("nan")
+    values, kl = _masked_metric(model, mask, pairs, metric, batch_size)
+    value = float(values.mean())
     span = full - empty
     return CircuitScore(
         n_edges=mask.n_kept,
@@ -122,6 +147,7 @@ def evaluate_circuit(
         empty=empty,
         faithfulness=(value - empty) / span if span != 0 else float("nan"),
         kl=kl,
+        gap_se=gap_se,
     )
 
 
@@ -142,15 +168,12 @@ def faithfulness_curve(
     if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
         raise ConfigError(f"curve fractions must lie in [0, 1], got {list(fractions)}")
     graph = scores.graph
-    full = _full_metric(model, pairs, metric, batch_size)
-    empty, _ = _masked_metric(
-        model, EdgeMask.empty(graph, fill, means=means), pairs, metric, batch_size
-    )
+    baselines = _baselines(model, graph, fill, means, pairs, metric, batch_size)
     rows = []
     for fraction in tqdm(sorted(fractions), desc="faithfulness", disable=not progress):
         k = round(fraction * graph.n_edges)
         mask = select_circuit(graph, scores.scores, k, selection, fill=fill, means=means)
-        rows.append(evaluate_circuit(model, mask, pairs, metric, batch_size, (full, empty)))
+        rows.append(evaluate_circuit(model, mask, pairs, metric, batch_size, baselines))
     return rows
 
 

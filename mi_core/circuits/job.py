@@ -116,7 +116,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     k = round(config.circuit_fraction * scores.graph.n_edges)
     circuit = scores.circuit(k, config.fill, config.selection, means=means)
     judged = evaluate_circuit(model, circuit, judge, metric, config.batch_size,
-                              (rows[0].full, rows[0].empty))  # fmt: skip
+                              (rows[0].full, rows[0].empty, rows[0].gap_se))  # fmt: skip
     summary = {
         "info": {"model": config.model, "data": config.data, "method": config.method},
         "config": config.to_dict(),
@@ -125,7 +125,6 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
         "n_held_out": len(judge),
         "curve_area": curve_area(rows),
         "circuit": judged.as_dict(),
-        "small_gap": judged.gap_is_small,
     }
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
@@ -201,7 +200,6 @@ def _prune_one(
         "n_held_out": len(judge),
         "sparsity": result.sparsity,
         "circuit": judged.as_dict(),
-        "small_gap": judged.gap_is_small,
     }
     if result.nodes is not None:  # node masks: the nodes the circuit may use
         summary["nodes"] = result.nodes

@@ -74,16 +74,21 @@ def _report(summary: dict, out: str) -> None:
         f"held-out pairs (full {circuit['full']:.4g}, every edge removed {circuit['empty']:.4g}; "
         f"KL {circuit['kl']:.3g}) -> {out}"
     )
-    if summary.get("small_gap"):
-        print(
-            f"warning: removing every edge moves the metric by only "
-            f"{abs(circuit['full'] - circuit['empty']):.3g}; faithfulness divides by that gap "
-            "and is mostly noise here (is the corrupted input different enough, is the model "
-            "trained for the task?)",
-            file=sys.stderr,
-        )
+    if circuit.get("small_gap"):
+        _warn_small_gap(circuit)
     if "curve_area" in summary:
         print(f"area under the faithfulness curve: {summary['curve_area']:.3f}")
+
+
+def _warn_small_gap(circuit: dict) -> None:
+    print(
+        f"warning: removing every edge moves the metric by only "
+        f"{abs(circuit['full'] - circuit['empty']):.3g} (standard error "
+        f"{circuit.get('gap_se', float('nan')):.2g}); faithfulness divides by that gap and is "
+        "mostly noise here (is the corrupted input different enough, is the model trained for "
+        "the task?)",
+        file=sys.stderr,
+    )
 
 
 def run_attribute(args: argparse.Namespace) -> None:
@@ -103,6 +108,9 @@ def run_sweep(args: argparse.Namespace) -> None:
             f"sparsity {row.sparsity:g} seed {row.seed}: {row.n_edges} edges, faithfulness "
             f"{row.faithfulness:.1%} (KL {row.kl:.3g})"
         )
+    small = table[table["small_gap"].fillna(False).astype(bool)] if "small_gap" in table else []
+    if len(small):
+        _warn_small_gap(small.iloc[0].to_dict())
     print(f"-> {config.out}/circuits.csv")
 
 

@@ -13,7 +13,7 @@ import torch
 @contextlib.contextmanager
 def frozen(model: torch.nn.Module, eval_mode: bool = True) -> Iterator[None]:
     """``requires_grad=False`` on every weight inside (and eval mode, unless ``eval_mode`` is
-    False); both restored afterwards."""
+    False); both restored afterwards (the mode only when it was changed)."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
     was_training = model.training
     for p, _ in flags:
@@ -25,4 +25,5 @@ def frozen(model: torch.nn.Module, eval_mode: bool = True) -> Iterator[None]:
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)
-        model.train(was_training)
+        if eval_mode:
+            model.train(was_training)

@@ -45,7 +45,7 @@ from mi_core.interventions.components import model_dims
 from mi_core.io import read_json, read_safetensors, write_csv, write_json, write_safetensors
 from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import weights_fingerprint
-from mi_core.models.frozen import frozen  # noqa: F401 (re-exported)
+from mi_core.models.frozen import frozen
 from mi_core.pruning.discretize import discretize, unflatten_components
 from mi_core.pruning.hard_concrete import HardConcrete
 from mi_core.pruning.lagrangian import (

@@ -141,12 +141,41 @@ def test_the_report_states_the_gap_and_warns_when_it_is_small(capsys):
     from mi_core.circuits.evaluate import CircuitScore
     from mi_core.cli.circuit import _report
 
-    for full, empty, small in ((0.7247, 0.7273, True), (3.57, 0.31, False), (0.05, -0.05, False)):
+    cases = [
+        (0.7247, 0.7273, float("nan"), True),  # under a tenth of the magnitude
+        (3.57, 0.31, 0.2, False),  # IOI on SmolLM2: a clear gap
+        (0.05, -0.05, 0.01, False),  # opposite signs, measurably apart
+        (0.003, -0.002, 0.004, True),  # opposite signs, within two standard errors
+        (0.0, 0.0, float("nan"), True),  # no gap at all
+    ]
+    for full, empty, se, small in cases:
         score = CircuitScore(n_edges=5, fraction=0.05, metric=0.1, full=full, empty=empty,
-                             faithfulness=0.5, kl=0.01)  # fmt: skip
-        assert score.gap_is_small is small
-        summary = {"graph": "G", "n_held_out": 8, "circuit": score.as_dict(), "small_gap": small}
-        _report(summary, "out")
+                             faithfulness=0.5, kl=0.01, gap_se=se)  # fmt: skip
+        assert score.gap_is_small is small, (full, empty, se)
+        assert score.as_dict()["small_gap"] is small
+        _report({"graph": "G", "n_held_out": 8, "circuit": score.as_dict()}, "out")
         captured = capsys.readouterr()
         assert f"full {full:.4g}, every edge removed {empty:.4g}" in captured.out
         assert ("warning: removing every edge moves the metric by only" in captured.err) is small
+
+
+def test_faithfulness_records_the_standard_error_of_the_gap(tiny_checkpoints):
+    """gap_se is the standard error of the per-example full - empty differences."""
+    from helpers import random_prompt_pairs
+
+    from mi_core.circuits import Graph, evaluate_circuit, logit_difference
+    from mi_core.models import load_model
+
+    model = load_model(tiny_checkpoints["gpt2-lm"])
+    graph = Graph.from_model(model)
+    pairs = random_prompt_pairs(12, 6, high=2000)
+    score = evaluate_circuit(model, EdgeMask.full(graph), pairs, batch_size=5)
+    with torch.no_grad():
+        full = logit_difference(model(pairs.clean_ids), pairs).double()
+        # every edge removed with the corrupted fill is the corrupted run (decoders)
+        empty = logit_difference(model(pairs.corrupted_ids), pairs).double()
+    assert score.full == pytest.approx(float(full.mean()), abs=1e-5)
+    assert score.empty == pytest.approx(float(empty.mean()), abs=1e-5)
+    expected = float((full - empty).std() / 12**0.5)
+    assert score.gap_se == pytest.approx(expected, rel=1e-4)
+    assert score.faithfulness == pytest.approx(1.0, abs=1e-4)
