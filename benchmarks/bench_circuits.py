@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from peak_memory import peak_growth
 
 from mi_core.circuits import Graph, edge_attribution
 from mi_core.data.circuit_pairs import PromptPairs
@@ -105,16 +105,10 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
-
-
 def _memory(args) -> None:
     """In a fresh process: peak RSS growth (MiB) during one EAP or one run_with_cache, sampled
     every millisecond from /proc (the process's lifetime peak is the model loading's)."""
     import gc
-    import threading
 
     model = load_model(args.model)
     for p in model.parameters():
@@ -122,27 +116,15 @@ def _memory(args) -> None:
     pairs = _pairs(model, args.batch, args.tokens)
     graph = Graph.from_model(model)
     gc.collect()
-    before = peak = _rss_mib()
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _rss_mib())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    if args.measure == "eap":
-        edge_attribution(model, graph, pairs, _metric)
-    elif args.measure == "bare":
-        bare(model, pairs)
-    else:
-        with torch.no_grad():
-            model.run_with_cache(pairs.clean_ids)
-    done.set()
-    sampler.join()
-    print(json.dumps({"mib": peak - before}))
+    with peak_growth() as peak:
+        if args.measure == "eap":
+            edge_attribution(model, graph, pairs, _metric)
+        elif args.measure == "bare":
+            bare(model, pairs)
+        else:
+            with torch.no_grad():
+                model.run_with_cache(pairs.clean_ids)
+    print(json.dumps({"mib": peak["mib"]}))
 
 
 def main() -> None:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import torch
+from peak_memory import peak_growth
 
 from mi_core.circuits import Graph, logit_difference
 from mi_core.circuits.attribution import _reference, _sweep_attribution
@@ -44,11 +43,6 @@ def _pairs(model, batch: int, tokens: int) -> PromptPairs:
     )
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
-
-
 def _run(model, graph, pairs, steps: int, projected: bool) -> torch.Tensor:
     with frozen(model, eval_mode=False):
         reference = _reference(model, graph, pairs, "corrupted", None)
@@ -62,24 +56,12 @@ def _measure(args) -> None:
     graph = Graph.from_model(model)
     pairs = _pairs(model, args.batch, args.tokens)
     _run(model, graph, _pairs(model, 2, 8), 1, args.measure == "projected")  # warm up
-    before = peak = _rss_mib()
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _rss_mib())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    start = time.perf_counter()
-    scores = _run(model, graph, pairs, args.steps, args.measure == "projected")
-    seconds = time.perf_counter() - start
-    done.set()
-    sampler.join()
+    with peak_growth() as peak:
+        start = time.perf_counter()
+        scores = _run(model, graph, pairs, args.steps, args.measure == "projected")
+        seconds = time.perf_counter() - start
     torch.save(scores, f"{args.scores_dir}/{args.measure}.pt")
-    print(json.dumps({"mib": peak - before, "seconds": seconds}))
+    print(json.dumps({"mib": peak["mib"], "seconds": seconds}))
 
 
 def main() -> None:

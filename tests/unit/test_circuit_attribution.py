@@ -19,6 +19,19 @@ def _lm_pairs(n: int = 8, pos: int = 6, high: int = 90) -> PromptPairs:
     return random_prompt_pairs(n, pos, high)
 
 
+def _classifier_pairs(n: int = 4, pos: int = 7) -> PromptPairs:
+    """Random NLI classifier pairs: clean / corrupted ids, answer classes, no distractor."""
+    return PromptPairs(
+        clean_ids=random_tokens(n, pos, seed=1, low=1000, high=2000),
+        corrupted_ids=random_tokens(n, pos, seed=2, low=1000, high=2000),
+        attention_mask=torch.ones(n, pos, dtype=torch.long),
+        answer=torch.arange(n) % 3,
+        distractor=torch.full((n,), -1),
+        position=torch.zeros(n, dtype=torch.long),
+        kind="classifier",
+    )
+
+
 @pytest.fixture(scope="module")
 def gpt2():
     return tiny_model("gpt2")
@@ -56,16 +69,7 @@ def test_eap_is_gradient_times_difference_by_hand(gpt2):
 def test_eap_on_a_post_ln_encoder_carries_the_difference_through_layer_norm(tiny_checkpoints):
     model = load_model(tiny_checkpoints["bert-cls"], task="mnli")
     graph = Graph.from_model(model)
-    n, pos = 4, 7
-    pairs = PromptPairs(
-        clean_ids=random_tokens(n, pos, seed=1, low=1000, high=2000),
-        corrupted_ids=random_tokens(n, pos, seed=2, low=1000, high=2000),
-        attention_mask=torch.ones(n, pos, dtype=torch.long),
-        answer=torch.tensor([0, 1, 2, 0]),
-        distractor=torch.full((n,), -1),
-        position=torch.zeros(n, dtype=torch.long),
-        kind="classifier",
-    )
+    pairs = _classifier_pairs()
     scores = edge_attribution(model, graph, pairs)
     # by hand, edge L0.H1 -> L1.MLP: through ln1 and ln2 of layer 0 and ln1 of layer 1, each
     # with its clean scale frozen; the MLP's input gradient from its pre-activation's
@@ -218,16 +222,7 @@ def test_encoder_eap_from_projection_gradients_equals_split_inputs(kind, tiny_ch
 
     model = load_model(tiny_checkpoints[kind], task="mnli")
     graph = Graph.from_model(model)
-    n, pos = 4, 7
-    pairs = PromptPairs(
-        clean_ids=random_tokens(n, pos, seed=1, low=1000, high=2000),
-        corrupted_ids=random_tokens(n, pos, seed=2, low=1000, high=2000),
-        attention_mask=torch.ones(n, pos, dtype=torch.long),
-        answer=torch.tensor([0, 1, 2, 0]),
-        distractor=torch.full((n,), -1),
-        position=torch.zeros(n, dtype=torch.long),
-        kind="classifier",
-    )
+    pairs = _classifier_pairs()
     got = edge_attribution(model, graph, pairs, steps=2)
     reference = _reference(model, graph, pairs, "corrupted", None)
     expected = _sweep_attribution(model, graph, pairs, logit_difference, 2, reference)
