@@ -405,7 +405,8 @@ def _decoder_attribution(
         return on_grad
 
     leaf: dict[str, torch.Tensor] = {}
-    norms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer: (normalised, scale)
+    normalised: dict[int, torch.Tensor] = {}  # per layer: ln1's x_hat and scale of this run
+    scales: dict[int, torch.Tensor] = {}
     centred = model.cfg.normalization_type in ("LN", "LNPre")
 
     def receiver_hooks(alpha: float, record: bool) -> list[tuple[str, Callable]]:
@@ -421,34 +422,25 @@ def _decoder_attribution(
             return hook
 
         def head_input(layer: int, kind: str, group: int, first_column: int) -> Callable:
-            attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
+            block = model.blocks[layer]
+            weight = getattr(block.attn, f"W_{kind.upper()}").detach()  # [head, d_model, d_head]
+            gain = getattr(block.ln1, "w", None)  # none for LNPre / RMSPre
+            gain = None if gain is None else gain.detach()
             on_input = arrive(group, first_column)
 
             def on_grad(grad: torch.Tensor) -> None:
-                weight = getattr(attn, f"W_{kind.upper()}").detach()  # [head, d_model, d_head]
                 per_head = torch.einsum("bphe,hde->bphd", grad, weight.to(grad))
-                normalised, scale = norms[layer]
-                gain = getattr(ln, "w", None)
-                on_input(
-                    _norm_backward(
-                        per_head,
-                        normalised[:, :, None],
-                        scale[:, :, None],
-                        None if gain is None else gain.detach(),
-                        centred,
-                    )
-                )
+                x_hat, scale = normalised[layer][:, :, None], scales[layer][:, :, None]
+                on_input(_norm_backward(per_head, x_hat, scale, gain, centred))
 
             def hook(x: torch.Tensor, hook: Any) -> None:
                 x.register_hook(on_grad)
 
             return hook
 
-        def norm_stat(layer: int, index: int) -> Callable:
+        def keep_stat(store: dict[int, torch.Tensor], layer: int) -> Callable:
             def hook(x: torch.Tensor, hook: Any) -> None:
-                stats = list(norms.get(layer, (x, x)))
-                stats[index] = x.detach()
-                norms[layer] = (stats[0], stats[1])
+                store[layer] = x.detach()
 
             return hook
 
@@ -456,8 +448,8 @@ def _decoder_attribution(
         hooks.append(("blocks.0.hook_resid_pre", start))  # after the recording hook
         for layer in range(graph.n_layers):
             p = f"blocks.{layer}"
-            hooks += [(f"{p}.ln1.hook_normalized", norm_stat(layer, 0)),
-                      (f"{p}.ln1.hook_scale", norm_stat(layer, 1))]  # fmt: skip
+            hooks += [(f"{p}.ln1.hook_normalized", keep_stat(normalised, layer)),
+                      (f"{p}.ln1.hook_scale", keep_stat(scales, layer))]  # fmt: skip
             qkv = graph.qkv_receivers(layer)
             for i, kind in enumerate("qkv"):
                 first = qkv.start + i * graph.n_heads
