@@ -103,3 +103,41 @@ def test_a_short_separability_run_on_the_gpu_matches_the_cpu():
     for column in ("focus_loss", "cripple_loss"):
         if column in a:
             assert a[column].to_numpy() == pytest.approx(b[column].to_numpy(), rel=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["llama-lm", "bert-cls"])
+def test_eap_and_an_edge_pruning_step_on_the_gpu_match_the_cpu(tiny_checkpoints, kind):
+    """EAP-IG scores (the decoder's by-hand per-head gradients, the encoder's projection
+    gradients) and the gradient of one hard-concrete edge-pruning step equal the CPU's."""
+    from helpers import random_prompt_pairs
+
+    from mi_core.circuits import Graph, edge_attribution
+    from mi_core.data.circuit_pairs import PromptPairs
+    from mi_core.interventions import EdgeMask, graph_switches
+    from mi_core.pruning.hard_concrete import sample_hard_concrete
+
+    task = {"task": "mnli"} if kind.endswith("-cls") else {}
+    pairs = random_prompt_pairs(6, 7, high=2000)
+    if kind.endswith("-cls"):
+        pairs = PromptPairs(
+            clean_ids=pairs.clean_ids, corrupted_ids=pairs.corrupted_ids,
+            attention_mask=pairs.attention_mask, answer=torch.arange(6) % 3,
+            distractor=torch.full((6,), -1), position=torch.zeros(6, dtype=torch.long),
+            kind="classifier",
+        )  # fmt: skip
+    results = {}
+    for device in ("cpu", "cuda"):
+        model = load_model(tiny_checkpoints[kind], device=device, **task)
+        graph = Graph.from_model(model)
+        batch = pairs.to(device)
+        scores = edge_attribution(model, graph, batch, steps=3).cpu()
+        # the gates drawn on the CPU (one random stream for both devices), used on ``device``
+        log_alpha = torch.full((graph.n_edges,), 3.0, requires_grad=True)
+        z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(0))
+        mask = EdgeMask(graph, z.to(device), hard_concrete=True)
+        mask = mask.patching(model, **batch.corrupted)
+        with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+            model(**batch.clean).float().pow(2).mean().backward()
+        results[device] = (scores, log_alpha.grad)
+    for cpu, gpu in zip(results["cpu"], results["cuda"], strict=True):
+        torch.testing.assert_close(gpu, cpu, rtol=1e-3, atol=1e-5)
