@@ -291,8 +291,7 @@ def _sweep_attribution(
         raise InterventionError("projected gradients need a post-LN encoder (no ln1 before W_Q)")
     gradients: list[torch.Tensor] | None = None
     run = None
-    with graph_switches(model):
-        model.cfg.use_split_qkv_input = not projected
+    with graph_switches(model, split_inputs=not projected):
         for k in range(1, steps + 1):
             run = _GradientRun(model, graph, reference[0], k / steps, projected)
             with torch.enable_grad(), model.hooks(fwd_hooks=run.hooks()):
@@ -459,8 +458,7 @@ def _decoder_attribution(
         hooks.append((last, keep(graph.n_layers, graph.output_receiver)))
         return hooks
 
-    with graph_switches(model):
-        model.cfg.use_split_qkv_input = False  # per-head gradients by hand (see above)
+    with graph_switches(model, split_inputs=False):  # per-head gradients by hand (see above)
         if steps > 1:  # the clean outputs first: every step's backward needs the differences
             with torch.no_grad(), model.hooks(fwd_hooks=record_clean()):
                 model(**pairs.clean)

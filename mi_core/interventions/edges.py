@@ -305,28 +305,28 @@ class Graph:
 
 # ------------------------------------------------------------------------ the model's switches
 @contextlib.contextmanager
-def graph_switches(model: Any) -> Iterator[Any]:
-    """Switch on what a graph needs for the span of a block: per-head query / key / value
-    inputs (and ``use_attn_in`` off), the MLP-input hook (decoders) and ungrouped key / value
-    heads (grouped-query models). The switches are restored on leaving."""
+def _config_flags(model: Any, **values: bool) -> Iterator[Any]:
+    """Set ``model.cfg`` flags for the span of a block; the old values come back on leaving."""
     cfg = model.cfg
-    names = [
-        "use_split_qkv_input",
-        "use_hook_mlp_in",
-        "ungroup_grouped_query_attention",
-        "use_attn_in",
-    ]
-    before = {name: getattr(cfg, name) for name in names}
+    before = {name: getattr(cfg, name) for name in values}
     try:
-        cfg.use_split_qkv_input = True
-        cfg.use_attn_in = False  # per-head inputs come from the split ones
-        cfg.use_hook_mlp_in = True
-        if cfg.n_key_value_heads is not None:
-            cfg.ungroup_grouped_query_attention = True
+        for name, value in values.items():
+            setattr(cfg, name, value)
         yield model
     finally:
         for name, value in before.items():
             setattr(cfg, name, value)
+
+
+def graph_switches(model: Any, split_inputs: bool = True) -> contextlib.AbstractContextManager:
+    """Switch on what a graph needs for the span of a block: per-head query / key / value
+    inputs (``split_inputs``; methods that take per-head gradients by hand run without them)
+    with ``use_attn_in`` off, the MLP-input hook (decoders) and ungrouped key / value heads
+    (grouped-query models). The switches are restored on leaving."""
+    flags = {"use_split_qkv_input": split_inputs, "use_attn_in": False, "use_hook_mlp_in": True}
+    if model.cfg.n_key_value_heads is not None:
+        flags["ungroup_grouped_query_attention"] = True
+    return _config_flags(model, **flags)
 
 
 def _head_results(model: Any, layer: int, z: torch.Tensor) -> torch.Tensor:
@@ -365,13 +365,13 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
     """
     graph.check_model(model)
     store: list[torch.Tensor | None] = [None] * (1 + 2 * graph.n_layers)
-    split = model.cfg.use_split_qkv_input
-    try:  # the recording needs no per-head copies of the stream (the same values, faster)
-        model.cfg.use_split_qkv_input = False
-        with torch.no_grad(), model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)):
-            model(*args, **kwargs)
-    finally:
-        model.cfg.use_split_qkv_input = split
+    # the recording needs no per-head copies of the stream (the same values, faster)
+    with (
+        _config_flags(model, use_split_qkv_input=False),
+        torch.no_grad(),
+        model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)),
+    ):
+        model(*args, **kwargs)
     return torch.cat([t for t in store if t is not None])  # type: ignore[misc]
 
 
