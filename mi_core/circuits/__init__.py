@@ -6,7 +6,7 @@ here); this package finds circuits in them and judges them::
     from mi_core.circuits import attribute, faithfulness_curve
     pairs = ioi_pairs(model.tokenizer, n=64)
     scores = attribute(model, pairs, method="eap-ig")
-    circuit = scores.circuit(k=500)              # an EdgeMask of the 500 top edges
+    circuit = scores.circuit(k=500)              # an EdgeMask of (at most) 500 top edges
 """
 
 from typing import TYPE_CHECKING
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         ATTRIBUTION_METHODS,
         EdgeScores,
         attribute,
+        circuit_order,
         edge_attribution,
         exact_patching,
         select_circuit,
@@ -50,6 +51,7 @@ _NAMES = {
     "ATTRIBUTION_METHODS": "mi_core.circuits.config",
     "EdgeScores": "mi_core.circuits.attribution",
     "attribute": "mi_core.circuits.attribution",
+    "circuit_order": "mi_core.circuits.attribution",
     "edge_attribution": "mi_core.circuits.attribution",
     "exact_patching": "mi_core.circuits.attribution",
     "select_circuit": "mi_core.circuits.attribution",
@@ -95,6 +97,7 @@ __all__ = [
     "Graph",
     "answer_logits",
     "attribute",
+    "circuit_order",
     "edge_attribution",
     "exact_patching",
     "select_circuit",

@@ -40,7 +40,9 @@ from mi_core.interventions.edges import (
     _head_results,
     _through_layer_norm,
     graph_switches,
+    greedy_order,
     node_outputs,
+    top_k_order,
 )
 from mi_core.models.frozen import frozen
 
@@ -49,21 +51,65 @@ __all__ = [
     "SELECTIONS",
     "EdgeScores",
     "attribute",
+    "circuit_order",
     "edge_attribution",
     "exact_patching",
     "select_circuit",
 ]
 
 
-def select_circuit(
-    graph: Graph, scores: torch.Tensor, k: int, selection: str = "greedy", **kwargs: Any
-) -> EdgeMask:
-    """``k`` edges by ``|score|``: ``greedy`` (connected to the output) or ``top-k``."""
+def circuit_order(
+    graph: Graph, scores: Float[torch.Tensor, " edge"], selection: str = "greedy",
+    signed: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """Every edge id in the order a circuit takes them: ``greedy`` (grown from the output,
+    :meth:`EdgeMask.greedy`) or ``top-k`` (wherever they are); ranked by ``|score|``, or with
+    ``signed`` by ``-score``: how much removing the edge lowers the metric, so edges that work
+    against the metric come last."""
+    key, absolute = (-scores, False) if signed else (scores, True)
     if selection == "greedy":
-        return EdgeMask.greedy(graph, scores, k, **kwargs)
+        return torch.tensor(greedy_order(graph, key, absolute), dtype=torch.long)
     if selection == "top-k":
-        return EdgeMask.top_k(graph, scores, k, **kwargs)
+        return top_k_order(key, absolute)
     raise ConfigError(f"unknown circuit selection {selection!r}; choose one of {SELECTIONS}")
+
+
+def select_circuit(
+    graph: Graph,
+    scores: Float[torch.Tensor, " edge"],
+    k: int,
+    selection: str = "greedy",
+    *,
+    signed: bool = False,
+    connected: bool = True,
+    **kwargs: Any,
+) -> EdgeMask:
+    """A circuit of at most ``k`` edges from ``scores`` (see :func:`circuit_order`).
+
+    ``connected``: every kept edge lies on a path of kept edges from the input to the output
+    (:meth:`Graph.connected`): the longest prefix of the order whose connected part has at
+    most ``k`` edges, so the budget is spent on edges that can matter (Hanna et al.'s EAP-IG
+    code prunes such edges after its top-n and keeps fewer). The circuit may then hold a few
+    edges fewer than ``k``: its ``n_kept`` says how many. Off: exactly the first ``k``."""
+    if not 0 <= k <= graph.n_edges:
+        raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
+    order = circuit_order(graph, scores, selection, signed)
+    if not connected:
+        return EdgeMask.from_order(graph, order[:k], **kwargs)
+
+    def part(m: int) -> torch.Tensor:
+        kept = torch.zeros(graph.n_edges, dtype=torch.bool)
+        kept[order[:m]] = True
+        return graph.connected(kept)
+
+    low, high = k, graph.n_edges  # part(low) has at most k edges; find the largest such m
+    while low < high:
+        middle = (low + high + 1) // 2
+        if int(part(middle).sum()) <= k:
+            low = middle
+        else:
+            high = middle - 1
+    return EdgeMask.from_order(graph, part(low).nonzero().flatten(), **kwargs)
 
 
 @dataclass
@@ -81,11 +127,15 @@ class EdgeScores:
         return [(self.graph.edge_names[i], float(self.scores[i])) for i in order.tolist()]
 
     def circuit(
-        self, k: int, fill: str = "corrupted", selection: str = "greedy", **kwargs: Any
-    ) -> EdgeMask:
-        """A circuit of ``k`` edges chosen by ``|score|``: ``greedy`` (connected, grown from the
-        output; :meth:`EdgeMask.greedy`) or ``top-k`` (the ``k`` largest, wherever they are)."""
-        return select_circuit(self.graph, self.scores, k, selection, fill=fill, **kwargs)
+        self, k: int, fill: str = "corrupted", selection: str = "greedy", *,
+        signed: bool = False, connected: bool = True, **kwargs: Any,
+    ) -> EdgeMask:  # fmt: skip
+        """A circuit of at most ``k`` edges chosen by ``|score|`` (``signed``: by how much
+        removing them lowers the metric): ``greedy`` (grown from the output;
+        :meth:`EdgeMask.greedy`) or ``top-k`` (the largest, wherever they are); ``connected``:
+        only edges on an input-to-output path count (:func:`select_circuit`)."""
+        return select_circuit(self.graph, self.scores, k, selection, signed=signed,
+                              connected=connected, fill=fill, **kwargs)  # fmt: skip
 
 
 def _reference(

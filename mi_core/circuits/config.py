@@ -156,6 +156,12 @@ class AttributeConfig(CircuitData):
     """Fraction of edges in the circuit written to circuit.safetensors and mib.json."""
     selection: str = option("greedy", choices=SELECTIONS)
     """How circuits are chosen from the scores: greedy (connected to the output) or top-k."""
+    signed: bool = False
+    """Rank edges by how much removing them lowers the metric (-score) instead of |score|:
+    edges that work against the metric are never chosen first."""
+    connected: bool = True
+    """Spend the budget on edges on an input-to-output path of kept edges only (the others
+    change nothing with the corrupted fill); a circuit may then hold a few edges fewer."""
 
     def validate(self) -> None:
         super().validate()

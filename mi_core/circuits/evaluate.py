@@ -162,9 +162,13 @@ def faithfulness_curve(
     batch_size: int = 16,
     progress: bool = True,
     selection: str = "greedy",
+    *,
+    signed: bool = False,
+    connected: bool = True,
 ) -> list[CircuitScore]:
-    """Circuits of ``scores`` (``selection``: ``greedy`` or ``top-k`` by ``|score|``) judged for
-    each fraction of edges."""
+    """Circuits of ``scores`` judged for each fraction of edges (at most that fraction when
+    ``connected``): ``selection`` ``greedy`` or ``top-k``, by ``|score|`` or ``signed``
+    (:func:`~mi_core.circuits.attribution.select_circuit`)."""
     if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
         raise ConfigError(f"curve fractions must lie in [0, 1], got {list(fractions)}")
     graph = scores.graph
@@ -172,7 +176,8 @@ def faithfulness_curve(
     rows = []
     for fraction in tqdm(sorted(fractions), desc="faithfulness", disable=not progress):
         k = round(fraction * graph.n_edges)
-        mask = select_circuit(graph, scores.scores, k, selection, fill=fill, means=means)
+        mask = select_circuit(graph, scores.scores, k, selection, signed=signed,
+                              connected=connected, fill=fill, means=means)  # fmt: skip
         rows.append(evaluate_circuit(model, mask, pairs, metric, batch_size, baselines))
     return rows
 

@@ -111,10 +111,12 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     )  # fmt: skip
     rows = faithfulness_curve(
         model, scores, judge, config.fractions, metric, config.fill, means, config.batch_size,
-        progress=progress, selection=config.selection,
+        progress=progress, selection=config.selection, signed=config.signed,
+        connected=config.connected,
     )  # fmt: skip
     k = round(config.circuit_fraction * scores.graph.n_edges)
-    circuit = scores.circuit(k, config.fill, config.selection, means=means)
+    circuit = scores.circuit(k, config.fill, config.selection, signed=config.signed,
+                             connected=config.connected, means=means)  # fmt: skip
     judged = evaluate_circuit(model, circuit, judge, metric, config.batch_size,
                               (rows[0].full, rows[0].empty, rows[0].gap_se))  # fmt: skip
     summary = {

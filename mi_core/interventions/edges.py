@@ -220,6 +220,41 @@ class Graph:
         return into
 
     @cached_property
+    def _receiver_owner(self) -> torch.Tensor:
+        """The sender of the node each receiver feeds (a head's q / k / v: the head; an MLP's
+        input: the MLP); -1 for the output."""
+        owner = []
+        for layer in range(self.n_layers):
+            heads = [self.head_sender(layer, h) for h in range(self.n_heads)]
+            owner += heads * 3 + [self.mlp_sender(layer)]
+        return torch.tensor([*owner, -1])
+
+    def connected(self, kept: Bool[torch.Tensor, " edge"]) -> Bool[torch.Tensor, " edge"]:
+        """The kept edges that lie on a path of kept edges from the input to the output.
+
+        An edge off every such path changes nothing when the circuit runs with the corrupted
+        fill: a sender none of whose inputs is kept computes its corrupted output, which is
+        what its removed edges carry, and a receiver whose node reaches no output is read by
+        nothing kept (the pruning of Hanna et al.'s EAP-IG code). With the mean or zero fill
+        a sender cut off from the input computes f(fill), not the fill, so there dropping
+        such an edge is a choice, not a no-op."""
+        kept = kept.detach().to("cpu", torch.bool).clone()
+        senders, receivers = self.edges[:, 0], self.edges[:, 1]
+        owner = self._receiver_owner[receivers]
+        into_node = owner >= 0
+        while True:
+            has_in = torch.zeros(self.n_senders, dtype=torch.bool)
+            has_in[0] = True
+            has_in[owner[kept & into_node]] = True
+            has_out = torch.zeros(self.n_senders, dtype=torch.bool)
+            has_out[senders[kept]] = True
+            alive = has_in & has_out
+            pruned = kept & alive[senders] & (~into_node | alive[owner.clamp(min=0)])
+            if torch.equal(pruned, kept):
+                return kept
+            kept = pruned
+
+    @cached_property
     def _edge_id(self) -> torch.Tensor:
         ids = torch.full(self.exists.shape, -1, dtype=torch.long)
         ids[self.exists] = torch.arange(self.n_edges)
@@ -408,6 +443,41 @@ def _check_k(graph: Graph, k: int) -> None:
         raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
 
 
+def top_k_order(scores: Float[torch.Tensor, " edge"], absolute: bool = True) -> torch.Tensor:
+    """Edge ids from the highest score down (``|score|`` if ``absolute``; ties by id)."""
+    key = scores.detach().cpu().float()
+    return torch.argsort(key.abs() if absolute else key, descending=True, stable=True)
+
+
+def greedy_order(
+    graph: Graph, scores: Float[torch.Tensor, " edge"], absolute: bool = True,
+    k: int | None = None,
+) -> list[int]:  # fmt: skip
+    """The first ``k`` edges (all: None) in the order :meth:`EdgeMask.greedy` keeps them: the
+    highest-scoring edge into a node already reached from the output, then its sender joins."""
+    import heapq
+
+    key = (scores.abs() if absolute else scores).detach().cpu().double().tolist()
+    incoming = graph.incoming_edges
+    heap: list[tuple[float, int]] = []
+    active: set[str] = set()
+    order: list[int] = []
+    limit = graph.n_edges if k is None else k
+
+    def activate(node: str) -> None:
+        if node not in active:
+            active.add(node)
+            for edge in incoming.get(node, ()):
+                heapq.heappush(heap, (-key[edge], edge))
+
+    activate("output")
+    while heap and len(order) < limit:
+        _, edge = heapq.heappop(heap)
+        order.append(edge)
+        activate(graph.senders[int(graph.edges[edge, 0])])
+    return order
+
+
 # ------------------------------------------------------------------------------ edge masks
 @dataclass(eq=False)
 class EdgeMask:
@@ -477,10 +547,7 @@ class EdgeMask:
     ) -> EdgeMask:
         """Keep the ``k`` edges of highest score (of highest ``|score|`` if ``absolute``)."""
         _check_k(graph, k)
-        key = scores.abs() if absolute else scores
-        weights = torch.zeros(graph.n_edges)
-        weights[torch.argsort(key.detach().cpu().float(), descending=True, stable=True)[:k]] = 1.0
-        return cls(graph, weights, fill, **kwargs)
+        return cls.from_order(graph, top_k_order(scores, absolute)[:k], fill, **kwargs)
 
     @classmethod
     def greedy(
@@ -499,28 +566,17 @@ class EdgeMask:
         then lies on a path to the output, which top-k does not promise (the greedy selection
         of Hanna et al.'s EAP-IG code).
         """
-        import heapq
-
         _check_k(graph, k)
-        key = (scores.abs() if absolute else scores).detach().cpu().double().tolist()
-        incoming = graph.incoming_edges
-        heap: list[tuple[float, int]] = []
-        active: set[str] = set()
+        return cls.from_order(graph, greedy_order(graph, scores, absolute, k), fill, **kwargs)
 
-        def activate(node: str) -> None:
-            if node not in active:
-                active.add(node)
-                for edge in incoming.get(node, ()):
-                    heapq.heappush(heap, (-key[edge], edge))
-
-        activate("output")
+    @classmethod
+    def from_order(
+        cls, graph: Graph, edges: Sequence[int] | torch.Tensor, fill: str = "corrupted",
+        **kwargs: Any,
+    ) -> EdgeMask:  # fmt: skip
+        """Keep the edges whose ids are given, remove every other."""
         weights = torch.zeros(graph.n_edges)
-        chosen = 0
-        while heap and chosen < k:
-            _, edge = heapq.heappop(heap)
-            weights[edge] = 1.0
-            chosen += 1
-            activate(graph.senders[int(graph.edges[edge, 0])])
+        weights[torch.as_tensor(edges, dtype=torch.long)] = 1.0
         return cls(graph, weights, fill, **kwargs)
 
     # ---------------------------------------------------------------------- views

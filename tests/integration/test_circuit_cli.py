@@ -32,10 +32,14 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_find"] == summary["n_held_out"] == 8
     circuit = load_intervention(out / "circuit.safetensors")
-    assert isinstance(circuit, EdgeMask) and circuit.n_kept == round(0.05 * 262) == 13
+    # connected by default: at most 5 % of the edges, each on an input-to-output path
+    assert isinstance(circuit, EdgeMask) and 0 < circuit.n_kept <= round(0.05 * 262) == 13
+    kept = circuit.weights > 0.5
+    assert torch.equal(circuit.graph.connected(kept), kept)
+    assert summary["config"]["connected"] is True and summary["config"]["signed"] is False
     mib = json.loads((out / "mib.json").read_text())
     assert len(mib["edges"]) == 262 and "a0.h1->a2.h3<q>" in mib["edges"]
-    assert sum(e["in_graph"] for e in mib["edges"].values()) == 13
+    assert sum(e["in_graph"] for e in mib["edges"].values()) == circuit.n_kept
     head = (out / "circuit.html").read_text().split("</head>")[0]
     assert "<title>eap circuit of" in head
 

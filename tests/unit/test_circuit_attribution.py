@@ -230,3 +230,44 @@ def test_encoder_eap_from_projection_gradients_equals_split_inputs(kind, tiny_ch
     assert expected.abs().max() > 1e-4
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
     assert not model.cfg.use_split_qkv_input
+
+
+@pytest.mark.parametrize("selection", ["greedy", "top-k"])
+def test_connected_selection_spends_the_budget_on_connected_edges(gpt2, selection):
+    from mi_core.circuits import circuit_order, select_circuit
+
+    graph = Graph.from_model(gpt2)
+    scores = torch.randn(graph.n_edges, generator=torch.Generator().manual_seed(0))
+    k = 30
+    plain = select_circuit(graph, scores, k, selection, connected=False)
+    circuit = select_circuit(graph, scores, k, selection)
+    kept = circuit.weights > 0.5
+    assert plain.n_kept == k and circuit.n_kept <= k
+    assert torch.equal(graph.connected(kept), kept)  # every edge on an input-to-output path
+    # more connected edges than the plain top-k's connected part
+    assert circuit.n_kept > int(graph.connected(plain.weights > 0.5).sum())
+    # the connected part of the longest prefix of the order that fits in k (a linear scan)
+    order = circuit_order(graph, scores, selection)
+    best = None
+    for m in range(graph.n_edges + 1):
+        prefix = torch.zeros(graph.n_edges, dtype=torch.bool)
+        prefix[order[:m]] = True
+        part = graph.connected(prefix)
+        if int(part.sum()) <= k:
+            best = part
+    assert torch.equal(kept, best)
+
+
+def test_signed_selection_leaves_out_edges_that_raise_the_metric(gpt2):
+    from mi_core.circuits import select_circuit
+
+    graph = Graph.from_model(gpt2)
+    scores = torch.zeros(graph.n_edges)
+    helps = graph.edge_index("input->output")  # removing it lowers the metric: -2
+    hurts = graph.edge_index("L1.MLP->output")  # removing it raises the metric: +3
+    scores[helps], scores[hurts] = -2.0, 3.0
+    for selection in ("greedy", "top-k"):
+        absolute = select_circuit(graph, scores, 1, selection, connected=False)
+        signed = select_circuit(graph, scores, 1, selection, signed=True, connected=False)
+        assert absolute.kept == ["L1.MLP->output"]
+        assert signed.kept == ["input->output"]

@@ -307,3 +307,43 @@ def test_default_masks_keep_every_gradient_and_hard_concrete_ones_run_unsplit_la
                 else ["blocks.0.hook_q_input", "blocks.1.hook_q_input"]
             )
     torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
+
+
+def test_connected_keeps_only_edges_on_an_input_to_output_path():
+    graph = Graph(n_layers=2, n_heads=1, d_model=4)
+    names = [
+        "input->L0.H0.q",  # on the path input -> L0.H0 -> L1.MLP -> output
+        "L0.H0->L1.MLP",
+        "L1.MLP->output",
+        "L0.MLP->output",  # L0.MLP reads nothing kept: cut off from the input
+        "input->L1.H0.v",  # L1.H0 feeds nothing kept: reaches no output
+        "L0.MLP->L1.H0.k",  # both ends dead
+    ]
+    kept = EdgeMask.from_edges(graph, names).weights > 0.5
+    connected = EdgeMask(graph, graph.connected(kept).float())
+    assert sorted(connected.kept) == sorted(names[:3])
+    assert torch.equal(graph.connected(graph.connected(kept)), graph.connected(kept))
+    everything = torch.ones(graph.n_edges, dtype=torch.bool)
+    assert torch.equal(graph.connected(everything), everything)
+    assert not graph.connected(torch.zeros(graph.n_edges, dtype=torch.bool)).any()
+
+
+def test_edges_off_every_path_change_nothing_with_the_corrupted_fill(gpt2):
+    """The pruning :meth:`Graph.connected` does is a no-op for the circuit's output."""
+    from helpers import random_prompt_pairs
+
+    graph = Graph.from_model(gpt2)
+    pairs = random_prompt_pairs(6, 7, 90)
+    scores = torch.randn(graph.n_edges, generator=torch.Generator().manual_seed(3))
+    top = EdgeMask.top_k(graph, scores, 40)
+    pruned = EdgeMask(graph, graph.connected(top.weights > 0.5).float())
+    assert 0 < pruned.n_kept < top.n_kept  # the test is about something
+
+    def logits(mask):
+        with torch.no_grad(), graph_switches(gpt2):
+            bound = mask.patching(gpt2, pairs.corrupted_ids)
+            with gpt2.hooks(fwd_hooks=bound.hooks(gpt2)):
+                return gpt2(pairs.clean_ids)
+
+    torch.testing.assert_close(logits(pruned), logits(top), atol=1e-5, rtol=0)
+    assert (logits(EdgeMask.empty(graph)) - logits(top)).abs().max() > 1e-3
