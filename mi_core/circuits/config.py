@@ -160,8 +160,9 @@ class AttributeConfig(CircuitData):
     """Rank edges by how much removing them lowers the metric (-score) instead of |score|:
     edges that work against the metric are never chosen first."""
     connected: bool = True
-    """Spend the budget on edges on an input-to-output path of kept edges only (the others
-    change nothing with the corrupted fill); a circuit may then hold a few edges fewer."""
+    """Count only edges on an input-to-output path of kept edges against the budget (the
+    others change nothing with the corrupted fill; a circuit may hold a few edges fewer);
+    off: exactly the first k edges of the ranking."""
 
     def validate(self) -> None:
         super().validate()
