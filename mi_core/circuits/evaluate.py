@@ -36,9 +36,11 @@ from mi_core.io import write_json
 __all__ = [
     "CURVE_FRACTIONS",
     "CircuitScore",
+    "circuit_baselines",
     "curve_area",
     "evaluate_circuit",
     "faithfulness_curve",
+    "gap_is_small",
     "to_mib",
     "write_mib",
 ]
@@ -67,18 +69,24 @@ class CircuitScore:
 
     @property
     def gap_is_small(self) -> bool:
-        """Whether faithfulness, which divides by ``full - empty``, is mostly noise: the gap is
-        zero or not finite, under a tenth of the metric's larger magnitude
-        (``|full - empty| <= 0.1 * max(|full|, |empty|)``), or within two standard errors of
-        zero (the corruption does not measurably move the metric; this also covers a
-        chance-level model whose full and empty values straddle 0). A sanity bound on the
-        data, not a result: say so next to the number."""
-        gap = abs(self.full - self.empty)
-        if not math.isfinite(gap) or gap == 0:
-            return True
-        if gap <= SMALL_GAP * max(abs(self.full), abs(self.empty)):
-            return True
-        return math.isfinite(self.gap_se) and gap <= 2 * self.gap_se
+        """Whether faithfulness, which divides by ``full - empty``, is mostly noise
+        (:func:`gap_is_small`)."""
+        return gap_is_small(self.full, self.empty, self.gap_se)
+
+
+def gap_is_small(full: float, empty: float, gap_se: float = float("nan")) -> bool:
+    """Whether the gap between the full model's metric and the empty circuit's is too small
+    to divide by: zero or not finite, under a tenth of the metric's larger magnitude
+    (``|full - empty| <= 0.1 * max(|full|, |empty|)``), or within two standard errors
+    ``gap_se`` of zero (the fill does not measurably move the metric; this also covers a
+    chance-level model whose full and empty values straddle 0). A sanity bound on the data,
+    not a result: say so next to the number."""
+    gap = abs(full - empty)
+    if not math.isfinite(gap) or gap == 0:
+        return True
+    if gap <= SMALL_GAP * max(abs(full), abs(empty)):
+        return True
+    return math.isfinite(gap_se) and gap <= 2 * gap_se
 
 
 def _masked_metric(
@@ -105,11 +113,13 @@ def _full_metric(model: Any, pairs: PromptPairs, metric: Metric, batch_size: int
         )
 
 
-def _baselines(
+def circuit_baselines(
     model: Any, graph: Graph, fill: str, means: torch.Tensor | None, pairs: PromptPairs,
-    metric: Metric, batch_size: int,
+    metric: Metric = logit_difference, batch_size: int = 16,
 ) -> tuple[float, float, float]:  # fmt: skip
-    """Mean metric of the full and the empty circuit, and the standard error of their gap."""
+    """Mean metric of the full model and of the empty circuit (every edge carries ``fill``)
+    on ``pairs``, and the standard error of their per-example gap (see
+    :func:`gap_is_small`)."""
     full = _full_metric(model, pairs, metric, batch_size)
     empty, _ = _masked_metric(model, EdgeMask.empty(graph, fill, means=means), pairs, metric,
                               batch_size)  # fmt: skip
@@ -132,8 +142,8 @@ def evaluate_circuit(
     gap), when already known.
     """
     if baselines is None:
-        baselines = _baselines(model, mask.graph, mask.fill, mask.means, pairs, metric,
-                               batch_size)  # fmt: skip
+        baselines = circuit_baselines(model, mask.graph, mask.fill, mask.means, pairs, metric,
+                                      batch_size)  # fmt: skip
     full, empty = baselines[0], baselines[1]
     gap_se = baselines[2] if len(baselines) > 2 else float("nan")
     values, kl = _masked_metric(model, mask, pairs, metric, batch_size)
@@ -172,7 +182,7 @@ def faithfulness_curve(
     if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
         raise ConfigError(f"curve fractions must lie in [0, 1], got {list(fractions)}")
     graph = scores.graph
-    baselines = _baselines(model, graph, fill, means, pairs, metric, batch_size)
+    baselines = circuit_baselines(model, graph, fill, means, pairs, metric, batch_size)
     rows = []
     for fraction in tqdm(sorted(fractions), desc="faithfulness", disable=not progress):
         k = round(fraction * graph.n_edges)

@@ -250,6 +250,13 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
     edges = pd.read_csv(out / "core_edges" / "edges.csv")
     assert set(edges["group"]) == {"generalising", "not generalising"}
     assert set(edges["direction"]) <= {"into", "out of", "within"} and len(edges) > 0
+    # each subnetwork's metric and its empty circuit's under the mean fill (the default):
+    # with every edge mean-ablated the output no longer depends on the input, so the gap's
+    # standard error is the spread of the subnetwork's own metric
+    gaps = pd.read_csv(out / "core_edges" / "summary.csv").drop_duplicates("subnetwork")
+    assert set(gaps["fill"]) == {"mean"} and len(gaps) == 2
+    assert (gaps["full"] != gaps["empty"]).all() and (gaps["gap_se"] > 0).all()
+    assert "entailment logit (against the others) of the subnetwork" in markdown
     findings = pd.read_csv(out / "findings.csv")
     assert len(findings) >= 8 and set(findings["verdict"]) <= {
         "reproduced",

@@ -39,7 +39,7 @@ from typing import Any
 from mi_core.config import Config, option
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
-from mi_core.interventions.config import MeansSettings
+from mi_core.interventions.config import FILLS, MeansSettings
 from mi_core.pruning.jobs import SweepExecution
 from mi_core.pruning.profiles import (
     PROFILES,
@@ -367,13 +367,21 @@ class CoreBeforeSettings(Config):
 
 @dataclass
 class CoreEdgesSettings(Config):
-    """Edges into and out of the core heads (circuits): edge scores on clean / corrupted pairs
-    with each chosen subnetwork of the sweep applied (mean-ablated), for the subnetworks that
-    generalise best and worst out of domain."""
+    """Edges into and out of the core heads (circuits): edge scores on HANS pairs with each
+    chosen subnetwork of the sweep applied (mean-ablated), for the subnetworks that generalise
+    best and worst out of domain, and whether the fill measurably moves each subnetwork at all
+    (the gap between it and its empty circuit)."""
 
     enabled: bool = False
     data: str = "hans-pairs:ln_subject/object_swap"
     """Circuit data: hans-pairs:<subcase> (HANS pairs and their identity counterparts)."""
+    fill: str = option("mean", choices=FILLS)
+    """What a removed edge carries: mean (each sender's mean output over training pairs, with
+    the subnetwork applied: the paper's mean ablation), corrupted (the pair's counterpart,
+    whose hypothesis is the premise itself: a model that follows lexical overlap answers both
+    alike, so its scores may be noise) or zero."""
+    mean_examples: int = 256
+    """Training pairs the senders' means are taken over (fill mean)."""
     n_examples: int = 32
     """Pairs to score on."""
     method: str = option("eap", choices=("eap", "eap-ig"))
@@ -388,8 +396,11 @@ class CoreEdgesSettings(Config):
     def validate(self) -> None:
         if not self.data.startswith("hans-pairs:"):
             raise ConfigError(f"core_edges.data must be hans-pairs:<subcase>, not {self.data!r}")
-        if self.n_examples < 1 or self.per_group < 1 or self.steps < 1 or self.batch_size < 1:
-            raise ConfigError("core_edges: n_examples, per_group, steps, batch_size must be >= 1")
+        if min(self.n_examples, self.per_group, self.steps, self.batch_size,
+               self.mean_examples) < 1:  # fmt: skip
+            raise ConfigError(
+                "core_edges: n_examples, mean_examples, per_group, steps, batch_size must be >= 1"
+            )
 
 
 @dataclass

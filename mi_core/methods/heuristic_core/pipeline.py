@@ -484,10 +484,12 @@ class HeuristicCoreExperiment:
 
     def _run_core_edges(self) -> None:
         """Edge scores touching the core heads, with the best and worst generalising
-        subnetworks applied (mean-ablated), on HANS minimal pairs."""
+        subnetworks applied (mean-ablated), on HANS minimal pairs; per subnetwork, its metric
+        and its empty circuit's, so the report can say when the fill does not move it."""
         import pandas as pd
 
-        from mi_core.circuits import attribute, edges_touching
+        from mi_core.circuits import Graph, attribute, circuit_baselines, edges_touching
+        from mi_core.circuits.evaluate import gap_is_small
         from mi_core.circuits.job import CircuitData, load_circuit_pairs
         from mi_core.interventions import Subnetwork, apply
         from mi_core.io import write_csv
@@ -504,14 +506,22 @@ class HeuristicCoreExperiment:
         chosen += [(i, "not generalising") for i in order[::-1][: e.per_group] if i not in
                    order[: e.per_group]]  # fmt: skip
         spec = CircuitData(model="-", data=e.data, n_examples=max(2, e.n_examples), out="-")
-        pairs = load_circuit_pairs(self.model, spec)
-        tables = []
+        pairs = load_circuit_pairs(self.model, spec).to(next(self.model.parameters()).device)
+        graph = Graph.from_model(self.model)
+        tables, gaps = [], []
         for index, group in chosen:
             row = runs.iloc[index]
             subnetwork = Subnetwork(results.masks[index], "mean", self.means)
             with apply(self.model, subnetwork):
+                means = self._sender_means(graph) if e.fill == "mean" else None
                 scores = attribute(self.model, pairs, e.method, steps=e.steps,
-                                   batch_size=e.batch_size, progress=False)  # fmt: skip
+                                   batch_size=e.batch_size, fill=e.fill, means=means,
+                                   progress=False)  # fmt: skip
+                full, empty, se = circuit_baselines(self.model, graph, e.fill, means, pairs,
+                                                    batch_size=e.batch_size)  # fmt: skip
+            gaps.append({"subnetwork": row["subnetwork"], "fill": e.fill, "full": full,
+                         "empty": empty, "gap_se": se,
+                         "small_gap": gap_is_small(full, empty, se)})  # fmt: skip
             table = edges_touching(scores, heads)
             table.insert(0, "ood_accuracy", float(row["ood_accuracy"]))
             table.insert(0, "group", group)
@@ -524,10 +534,29 @@ class HeuristicCoreExperiment:
             .groupby(["subnetwork", "group", "ood_accuracy", "direction"], sort=False)["abs_score"]
             .sum()
             .reset_index()
+            .merge(pd.DataFrame(gaps), on="subnetwork", how="left")
         )
         self.path("core_edges").mkdir(parents=True, exist_ok=True)
         write_csv(self.layout.core_edges_table, edges)
         write_csv(self.layout.core_edges_summary, summary)
+
+    def _sender_means(self, graph: Any) -> Any:
+        """Each edge sender's mean output over ``core_edges.mean_examples`` training pairs (the
+        means' data), with whatever intervention is applied to the model now."""
+        from mi_core.circuits import sender_means
+        from mi_core.data import load_pairs, pair_batches
+
+        m, e = self.config.means, self.config.core_edges
+        dataset = load_pairs(m.data or self.config.data.train, max_examples=e.mean_examples,
+                             task=self.config.task)  # fmt: skip
+        device = next(self.model.parameters()).device
+        batches = [
+            {k: v.to(device) for k, v in b.items() if k != "labels"}
+            for b in pair_batches(
+                dataset, self.model.tokenizer, batch_size=e.batch_size, max_length=m.max_length
+            )  # fmt: skip
+        ]
+        return sender_means(self.model, graph, batches)
 
     def _run_report(self) -> None:
         from mi_core.methods.heuristic_core.report import write_report

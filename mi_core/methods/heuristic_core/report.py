@@ -577,16 +577,42 @@ def _core_edges_section(tables: ExperimentTables) -> ReportSection | None:
     if summary is None or summary.empty:
         return None
     section = ReportSection("Edges around the core (circuits)")
+    fill = str(summary["fill"].iloc[0]) if "fill" in summary else "corrupted"
+    carries = {
+        "mean": "its sender's mean output over training pairs (mean ablation)",
+        "corrupted": "the counterpart pair's activation",
+        "zero": "zero",
+    }.get(fill, fill)
     section.text(
         "Edge-attribution scores (the estimated change of the entailment logit when an edge "
-        "carries the corrupted pair's activation) of every edge into or out of the core heads, "
-        "with each subnetwork applied: total |score| per direction, for the subnetworks that "
-        "generalise best and worst out of domain (core_edges/edges.csv has every edge)."
+        f"carries {carries}) of every edge into or out of the core heads, with each subnetwork "
+        "applied: total |score| per direction, for the subnetworks that generalise best and "
+        "worst out of domain (core_edges/edges.csv has every edge)."
     )
-    wide = summary.pivot_table(
-        index=["subnetwork", "group", "ood_accuracy"], columns="direction", values="abs_score"
-    ).reset_index()
-    section.table(wide, "Sum of |score| over the edges touching the core, per direction.")
+    index = ["subnetwork", "group", "ood_accuracy"]
+    gap_columns = [c for c in ("full", "empty", "gap_se", "small_gap") if c in summary]
+    wide = summary.pivot_table(index=index, columns="direction", values="abs_score").reset_index()
+    if gap_columns:
+        gaps = summary[["subnetwork", *gap_columns]].drop_duplicates("subnetwork")
+        wide = wide.merge(gaps, on="subnetwork", how="left")
+    section.table(
+        wide,
+        "Sum of |score| over the edges touching the core, per direction; full / empty: the "
+        "entailment logit (against the others) of the subnetwork and of its empty circuit, "
+        "gap_se the standard error of their difference.",
+    )
+    if "small_gap" in summary:
+        noisy = sorted(set(summary.loc[summary["small_gap"].astype(bool), "subnetwork"]))
+        if noisy:
+            which = ", ".join(map(str, noisy))
+            one = len(noisy) == 1
+            section.text(
+                f"With the {fill} fill, the empty circuit{'' if one else 's'} of {which} "
+                f"{'is' if one else 'are'} within noise of the subnetwork itself (a gap under a "
+                "tenth of the metric or within two standard errors): the fill does not "
+                f"measurably move {'it' if one else 'them'}, so the edge scores there describe "
+                "noise, not a circuit."
+            )
     return section
 
 
