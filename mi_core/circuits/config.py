@@ -123,6 +123,11 @@ class CircuitData(DeviceOption):
     """What the circuit must preserve: the answer's logit minus the distractor's."""
     fill: str = option("corrupted", choices=FILLS)
     """What a removed edge carries: the corrupted run's activation, the mean, or zero."""
+    means_data: str | None = None
+    """Pair data the mean fill averages over for a classifier, e.g. mnli:train (the paper's
+    mean ablation); default: the finding pairs' clean inputs."""
+    mean_examples: int = 256
+    """Pairs of means_data the means are taken over."""
     batch_size: int = 16
     """Examples per forward pass."""
     out: str
@@ -134,8 +139,10 @@ class CircuitData(DeviceOption):
             raise ConfigError(f"n_examples must be at least 2, not {self.n_examples}")
         if not 0.0 < self.held_out < 1.0:
             raise ConfigError(f"held_out must lie strictly between 0 and 1, not {self.held_out}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be at least 1, not {self.batch_size}")
+        if self.batch_size < 1 or self.mean_examples < 1:
+            raise ConfigError("batch_size and mean_examples must be at least 1")
+        if self.means_data is not None and self.fill != "mean":
+            raise ConfigError(f"means_data is read with fill mean only, not {self.fill}")
         if self.data != "ioi" and not self.data.startswith("hans-pairs:"):
             raise ConfigError(
                 f"unknown circuit data {self.data!r}; expected ioi or hans-pairs:<subcase>"

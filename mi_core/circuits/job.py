@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 
 from mi_core.circuits.attribution import EdgeScores, attribute
 from mi_core.circuits.config import (  # noqa: F401 (re-exported)
@@ -50,6 +51,7 @@ __all__ = [
     "CircuitPruneConfig",
     "CircuitSweepConfig",
     "load_circuit_pairs",
+    "pair_sender_means",
     "run_attribute_job",
     "run_circuit_prune_job",
     "run_circuit_sweep_job",
@@ -80,13 +82,41 @@ def _prepare(config: CircuitData) -> tuple[Any, PromptPairs, PromptPairs, torch.
         raise DataError(f"{config.data} gave {len(pairs)} pair(s); a circuit job needs at least 2")
     find, judge = pairs.split(1.0 - config.held_out)
     means = None
-    if config.fill == "mean":  # the mean over the finding part's clean inputs, pads left out
+    if config.fill == "mean" and config.means_data is not None:
+        means = pair_sender_means(model, Graph.from_model(model), config.means_data,
+                                  config.mean_examples, config.batch_size)  # fmt: skip
+    elif config.fill == "mean":  # the mean over the finding part's clean inputs, pads left out
         graph = Graph.from_model(model)
         batches = list(find.batches(config.batch_size))
         means = sender_means(
             model, graph, [b.clean for b in batches], masks=[b.attention_mask for b in batches]
         )
     return model, find, judge, means
+
+
+def pair_sender_means(
+    model: Any, graph: Graph, data: str, n_examples: int, batch_size: int = 32,
+    max_length: int = 128,
+) -> Float[torch.Tensor, "sender d_model"]:  # fmt: skip
+    """Each sender's mean output over the first ``n_examples`` pairs of the pair data ``data``
+    (e.g. ``mnli:train``: the paper's mean ablation) for the classifier ``model``, with
+    whatever intervention is applied to it now."""
+    from mi_core.data import load_pairs, pair_batches
+
+    if getattr(model, "task", None) is None:
+        raise DataError(
+            f"means over {data} need a pair classifier; a language model's mean fill averages "
+            "over the finding prompts (leave means_data unset)"
+        )
+    dataset = load_pairs(data, max_examples=n_examples, task=model.task)
+    device = next(model.parameters()).device
+    batches = [
+        {k: v.to(device) for k, v in b.items() if k != "labels"}
+        for b in pair_batches(
+            dataset, model.tokenizer, batch_size=batch_size, max_length=max_length
+        )  # fmt: skip
+    ]
+    return sender_means(model, graph, batches)
 
 
 def _write_common(out: Path, graph: Graph, scores: torch.Tensor, circuit: EdgeMask,

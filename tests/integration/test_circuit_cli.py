@@ -183,3 +183,47 @@ def test_faithfulness_records_the_standard_error_of_the_gap(tiny_checkpoints):
     expected = float((full - empty).std() / 12**0.5)
     assert score.gap_se == pytest.approx(expected, rel=1e-4)
     assert score.faithfulness == pytest.approx(1.0, abs=1e-4)
+
+
+def test_the_mean_fill_can_average_over_training_pairs(tmp_path, capsys, tiny_checkpoints,
+                                                      data_dir):  # fmt: skip
+    """--means-data mnli:train: the empty circuit is every edge mean-ablated with the senders'
+    means over those pairs (computed here independently), not over the finding pairs."""
+    from mi_core.circuits import Graph, circuit_baselines, sender_means
+    from mi_core.circuits.job import AttributeConfig, _prepare
+    from mi_core.data import load_pairs
+    from mi_core.models import load_model
+
+    model_dir = str(tiny_checkpoints["bert-cls"])
+    common = ["circuit", "attribute", "--model", model_dir, "--task", "mnli", "--data",
+              "hans-pairs:ln_subject/object_swap", "--n-examples", "12", "--method", "eap",
+              "--fractions", "0.1", "--fill", "mean"]  # fmt: skip
+    assert main([*common, "--means-data", "mnli:train", "--mean-examples", "10",
+                 "--out", str(tmp_path / "train")]) == 0  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "find")]) == 0
+    trained = json.loads((tmp_path / "train" / "summary.json").read_text())["circuit"]
+    found = json.loads((tmp_path / "find" / "summary.json").read_text())["circuit"]
+    assert trained["empty"] != pytest.approx(found["empty"], abs=1e-4)
+
+    model = load_model(model_dir, task="mnli")
+    graph = Graph.from_model(model)
+    train = load_pairs("mnli:train", max_examples=10, task="mnli")
+    tokens = model.to_tokens(train.text_a, train.text_b)
+    means = sender_means(model, graph, [dict(tokens)])
+    config = AttributeConfig(model=model_dir, task="mnli", out="-", n_examples=12,
+                             data="hans-pairs:ln_subject/object_swap")  # fmt: skip
+    _, _, judge, _ = _prepare(config)
+    _, empty, _ = circuit_baselines(model, graph, "mean", means, judge)
+    assert trained["empty"] == pytest.approx(empty, abs=1e-4)
+
+    # bad input: one line, no traceback
+    capsys.readouterr()
+    assert main([*common[:-2], "--means-data", "mnli:train", "--out", str(tmp_path / "x")]) != 0
+    err = capsys.readouterr().err
+    assert "means_data is read with fill mean only" in err and "Traceback" not in err
+    lm = ["circuit", "attribute", "--model", str(tiny_checkpoints["gpt2-lm"]), "--n-examples",
+          "8", "--fill", "mean", "--means-data", "mnli:train",
+          "--out", str(tmp_path / "lm")]  # fmt: skip
+    assert main(lm) != 0
+    err = capsys.readouterr().err
+    assert "need a pair classifier" in err and "Traceback" not in err

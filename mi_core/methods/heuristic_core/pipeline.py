@@ -543,20 +543,11 @@ class HeuristicCoreExperiment:
     def _sender_means(self, graph: Any) -> Any:
         """Each edge sender's mean output over ``core_edges.mean_examples`` training pairs (the
         means' data), with whatever intervention is applied to the model now."""
-        from mi_core.circuits import sender_means
-        from mi_core.data import load_pairs, pair_batches
+        from mi_core.circuits.job import pair_sender_means
 
         m, e = self.config.means, self.config.core_edges
-        dataset = load_pairs(m.data or self.config.data.train, max_examples=e.mean_examples,
-                             task=self.config.task)  # fmt: skip
-        device = next(self.model.parameters()).device
-        batches = [
-            {k: v.to(device) for k, v in b.items() if k != "labels"}
-            for b in pair_batches(
-                dataset, self.model.tokenizer, batch_size=e.batch_size, max_length=m.max_length
-            )  # fmt: skip
-        ]
-        return sender_means(self.model, graph, batches)
+        return pair_sender_means(self.model, graph, m.data or self.config.data.train,
+                                 e.mean_examples, e.batch_size, m.max_length)  # fmt: skip
 
     def _run_report(self) -> None:
         from mi_core.methods.heuristic_core.report import write_report
