@@ -9,7 +9,8 @@ them off the scores on the held-out half, at each fraction of edges:
 * ``connected``: only edges on an input-to-output path of kept edges count against the budget.
 
 Prints faithfulness and KL to the full model per fraction (the empty circuit's KL for
-reference) and writes every row, with the edges actually kept, to ``OUT/selection.csv``::
+reference) and writes every row, with the number of edges each circuit actually keeps, to
+``OUT/selection.csv``::
 
     python experiments/ioi_selection.py --model smollm2 --out runs/ioi_selection
 

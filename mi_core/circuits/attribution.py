@@ -87,10 +87,17 @@ def select_circuit(
     """A circuit of at most ``k`` edges from ``scores`` (see :func:`circuit_order`).
 
     ``connected``: every kept edge lies on a path of kept edges from the input to the output
-    (:meth:`Graph.connected`): the longest prefix of the order whose connected part has at
-    most ``k`` edges, so the budget is spent on edges that can matter (Hanna et al.'s EAP-IG
-    code prunes such edges after its top-n and keeps fewer). The circuit may then hold a few
-    edges fewer than ``k``: its ``n_kept`` says how many. Off: exactly the first ``k``."""
+    (:meth:`Graph.connected`): the connected part of the longest prefix of the order whose
+    connected part has at most ``k`` edges, so the budget goes to edges on such paths (Hanna
+    et al.'s EAP-IG code prunes the others after its top-n and keeps fewer). One more edge
+    can complete a long chain at once, so the circuit may hold fewer than ``k`` edges (on
+    SmolLM2's IOI scores at most one fewer; on tiny graphs many): ``n_kept`` says how many.
+    Off: exactly the first ``k``."""
+    if "absolute" in kwargs:
+        raise ConfigError(
+            "select_circuit ranks by |score|, or by -score with signed=True (the edges whose "
+            "removal lowers the metric most); absolute= belongs to EdgeMask.top_k / greedy"
+        )
     if not 0 <= k <= graph.n_edges:
         raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
     order = circuit_order(graph, scores, selection, signed)

@@ -167,9 +167,9 @@ class AttributeConfig(CircuitData):
     """Rank edges by how much removing them lowers the metric (-score) instead of |score|:
     edges that work against the metric are never chosen first."""
     connected: bool = True
-    """Count only edges on an input-to-output path of kept edges against the budget (the
-    others change nothing with the corrupted fill; a circuit may hold a few edges fewer);
-    off: exactly the first k edges of the ranking."""
+    """Count only edges on an input-to-output path of kept edges against the budget (in a
+    decoder with the corrupted fill the others change nothing); a circuit may hold fewer
+    edges than asked (its n_edges says how many); off: exactly the first k of the ranking."""
 
     def validate(self) -> None:
         super().validate()

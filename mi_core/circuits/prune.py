@@ -31,6 +31,7 @@ functions of (seed, step), so a resumed run takes the same steps as one never st
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +119,21 @@ def discretize_circuit(
     return weights, nodes
 
 
-def _save_state(folder: Path, step: int, params, optimizer, history, config):
+def _fingerprint(tensor: torch.Tensor | None) -> str | None:
+    """A short hash of a tensor's values (None for None)."""
+    if tensor is None:
+        return None
+    data = tensor.detach().cpu().double().contiguous()
+    return hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
+
+
+def _inputs_key(pairs: PromptPairs, means: torch.Tensor | None) -> dict[str, str | None]:
+    """What a run learns from besides its settings: the pairs and the mean fill's means."""
+    ids = torch.cat([pairs.clean_ids.flatten(), pairs.corrupted_ids.flatten()])
+    return {"pairs": _fingerprint(ids), "means": _fingerprint(means)}
+
+
+def _save_state(folder: Path, step: int, params, optimizer, history, config, inputs):
     tensors = {name: p.detach() for name, p in params.items()}
     for group, params in enumerate(optimizer.param_groups):
         for i, p in enumerate(params["params"]):
@@ -127,13 +142,17 @@ def _save_state(folder: Path, step: int, params, optimizer, history, config):
                 if key in state:
                     tensors[f"optim.{group}.{i}.{key}"] = torch.as_tensor(state[key]).float()
     write_safetensors(folder / _STATE, tensors, {"step": str(step)})
-    write_json(folder / _PROGRESS, {"step": step, "config": config.to_dict(), "history": history})
+    write_json(folder / _PROGRESS, {"step": step, "config": config.to_dict(), "inputs": inputs,
+                                    "history": history})  # fmt: skip
 
 
-def _load_state(folder: Path, params, optimizer, config) -> tuple[int, list]:
+def _load_state(folder: Path, params, optimizer, config, inputs) -> tuple[int, list]:
     progress = read_json(folder / _PROGRESS)
     saved, now = {**_DEFAULTS_SINCE, **progress.get("config", {})}, config.to_dict()
     differ = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    # runs saved before the inputs were recorded have no "inputs": they resume as before
+    saved_inputs = progress.get("inputs", inputs)
+    differ += [f"the {k}" for k in sorted(inputs) if saved_inputs.get(k) != inputs[k]]
     if differ:
         raise ConfigError(
             f"{folder} holds an edge-pruning run with other settings ({', '.join(differ)}); "
@@ -199,11 +218,12 @@ def prune_edges(
     senders = graph.edges[:, 0].to(device)
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    inputs = _inputs_key(pairs, means if config.fill == "mean" else None)
     start, history = 0, []
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / _PROGRESS).exists() and (folder / _STATE).exists():
-            start, history = _load_state(folder, params, optimizer, config)
+            start, history = _load_state(folder, params, optimizer, config, inputs)
     with torch.no_grad():  # the full model's answers, once
         reference = torch.cat(
             [answer_logits(model(**b.clean), b).float() for b in pairs.batches(64)]
@@ -264,7 +284,7 @@ def prune_edges(
             bar.set_postfix(kl=f"{kl.item():.3f}", sparsity=f"{sparsity.item():.3f}")
             done = step + 1
             if folder is not None and (done % config.checkpoint_every == 0 or done == config.steps):
-                _save_state(folder, done, params, optimizer, history, config)
+                _save_state(folder, done, params, optimizer, history, config, inputs)
     weights, nodes = discretize_circuit(
         graph, log_alpha, config.sparsity, node_log_alpha, config.node_sparsity
     )

@@ -232,7 +232,11 @@ def hans_pairs(
 
     names = [name.lower() for name in label_names]
     if "entailment" not in names:
-        raise DataError(f"hans-pairs needs an NLI classifier with an entailment label, not {names}")
+        raise DataError(
+            f"hans-pairs needs an NLI classifier with an entailment label, not {names}; for a "
+            "checkpoint with generic names pass mi_core.data.MNLI_LABELS (the order mi_core "
+            "fine-tunes MNLI in)"
+        )
     dataset = load_pairs(f"hans:{subcase}", data_dir=data_dir)
     # the pairs as the classifier was trained on them (mi_core's one pair encoding)
     clean_ids, clean_types, _ = encode_pairs(tokenizer, dataset.text_a, dataset.text_b, max_length)

@@ -232,12 +232,14 @@ class Graph:
     def connected(self, kept: Bool[torch.Tensor, " edge"]) -> Bool[torch.Tensor, " edge"]:
         """The kept edges that lie on a path of kept edges from the input to the output.
 
-        An edge off every such path changes nothing when the circuit runs with the corrupted
-        fill: a sender none of whose inputs is kept computes its corrupted output, which is
+        In a pre-LN decoder run with the corrupted fill an edge off every such path changes
+        nothing: a sender none of whose inputs is kept computes its corrupted output, which is
         what its removed edges carry, and a receiver whose node reaches no output is read by
-        nothing kept (the pruning of Hanna et al.'s EAP-IG code). With the mean or zero fill
-        a sender cut off from the input computes f(fill), not the fill, so there dropping
-        such an edge is a choice, not a no-op."""
+        nothing kept (tested; the pruning of Hanna et al.'s EAP-IG code). Elsewhere dropping
+        such an edge is a choice, not a no-op: with the mean or zero fill a sender cut off
+        from the input computes f(fill), not the fill, and in a post-LN encoder the
+        LayerNorms between sender and receiver make the equality inexact (a tiny BERT's
+        logits moved by up to 0.07)."""
         kept = kept.detach().to("cpu", torch.bool).clone()
         senders, receivers = self.edges[:, 0], self.edges[:, 1]
         owner = self._receiver_owner[receivers]
@@ -575,8 +577,18 @@ class EdgeMask:
         **kwargs: Any,
     ) -> EdgeMask:  # fmt: skip
         """Keep the edges whose ids are given, remove every other."""
+        ids = torch.as_tensor(edges).cpu()
+        if ids.dtype == torch.bool or ids.is_floating_point():
+            raise InterventionError(
+                f"from_order takes edge ids (integers), not a {ids.dtype} tensor; a boolean "
+                "mask is EdgeMask(graph, mask.float())"
+            )
+        ids = ids.long().flatten()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= graph.n_edges):
+            raise InterventionError(f"edge ids must lie in [0, {graph.n_edges}), got "
+                                    f"{int(ids.min())} to {int(ids.max())}")  # fmt: skip
         weights = torch.zeros(graph.n_edges)
-        weights[torch.as_tensor(edges, dtype=torch.long)] = 1.0
+        weights[ids] = 1.0
         return cls(graph, weights, fill, **kwargs)
 
     # ---------------------------------------------------------------------- views

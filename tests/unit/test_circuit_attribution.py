@@ -128,7 +128,8 @@ def test_attribute_averages_batches_and_refuses_bad_input(gpt2):
     halves = attribute(gpt2, pairs, method="eap", batch_size=4, progress=False)
     torch.testing.assert_close(whole.scores, halves.scores, atol=1e-6, rtol=1e-4)
     assert whole.n_examples == 8 and len(whole.top(3)) == 3
-    assert whole.circuit(10).n_kept == 10
+    assert 0 < whole.circuit(10).n_kept <= 10  # connected: at most 10
+    assert whole.circuit(10, connected=False).n_kept == 10
     with pytest.raises(ConfigError, match="unknown attribution method"):
         attribute(gpt2, pairs, method="acdc")
     with pytest.raises(DataError, match="corrupted set needs the same examples and lengths"):
@@ -271,3 +272,5 @@ def test_signed_selection_leaves_out_edges_that_raise_the_metric(gpt2):
         signed = select_circuit(graph, scores, 1, selection, signed=True, connected=False)
         assert absolute.kept == ["L1.MLP->output"]
         assert signed.kept == ["input->output"]
+    with pytest.raises(ConfigError, match="signed=True"):
+        select_circuit(graph, scores, 1, absolute=False)

@@ -347,3 +347,15 @@ def test_edges_off_every_path_change_nothing_with_the_corrupted_fill(gpt2):
 
     torch.testing.assert_close(logits(pruned), logits(top), atol=1e-5, rtol=0)
     assert (logits(EdgeMask.empty(graph)) - logits(top)).abs().max() > 1e-3
+
+
+def test_from_order_takes_edge_ids_and_refuses_masks_and_bad_ids(gpt2):
+    graph = Graph.from_model(gpt2)
+    mask = EdgeMask.from_order(graph, [3, 0, 7])
+    assert mask.n_kept == 3 and mask.kept == [graph.edge_names[i] for i in (0, 3, 7)]
+    with pytest.raises(InterventionError, match="edge ids"):
+        EdgeMask.from_order(graph, torch.zeros(graph.n_edges, dtype=torch.bool))
+    with pytest.raises(InterventionError, match=r"must lie in \[0"):
+        EdgeMask.from_order(graph, [graph.n_edges])
+    with pytest.raises(InterventionError, match=r"must lie in \[0"):
+        EdgeMask.from_order(graph, [-1])

@@ -113,6 +113,25 @@ def test_edge_pruning_resumes_after_a_kill_and_takes_the_same_steps(tmp_path):
     other = EdgePruneSettings(sparsity=0.6, steps=30, sparsity_warmup_steps=20, batch_size=8)
     with pytest.raises(ConfigError, match=r"other settings \(checkpoint_every, sparsity\)"):
         prune_edges(model, pairs, other, tmp_path / "killed", progress=False)
+    # the same settings on other pairs, or with other means, are another run too
+    with pytest.raises(ConfigError, match=r"other settings \(the pairs\)"):
+        prune_edges(model, pairs.select(slice(0, 6)), config, tmp_path / "killed", progress=False)
+
+
+def test_an_edge_pruning_run_refuses_to_resume_with_other_means(tmp_path):
+    from mi_core.interventions import sender_means
+
+    model = tiny_model("gpt2")
+    graph = Graph.from_model(model)
+    pairs = _pairs()
+    config = EdgePruneSettings(sparsity=0.5, steps=2, sparsity_warmup_steps=1, batch_size=4,
+                               checkpoint_every=1, fill="mean", lr_warmup_steps=0)  # fmt: skip
+    means = sender_means(model, graph, [{"input": pairs.clean_ids}])
+    first = prune_edges(model, pairs, config, tmp_path, means=means, progress=False)
+    again = prune_edges(model, pairs, config, tmp_path, means=means.clone(), progress=False)
+    assert torch.equal(again.log_alpha, first.log_alpha)  # the same means: read back, no step
+    with pytest.raises(ConfigError, match=r"other settings \(the means\)"):
+        prune_edges(model, pairs, config, tmp_path, means=means + 1e-3, progress=False)
 
 
 def test_discretisation_with_node_gates_keeps_edges_of_kept_nodes_only():
