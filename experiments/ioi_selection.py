@@ -9,8 +9,9 @@ them off the scores on the held-out half, at each fraction of edges:
 * ``connected``: only edges on an input-to-output path of kept edges count against the budget.
 
 Prints faithfulness and KL to the full model per fraction (the empty circuit's KL for
-reference) and writes every row, with the number of edges each circuit actually keeps, to
-``OUT/selection.csv``::
+reference) and the areas MIB reports (CPR: under faithfulness; CMD: under
+``|1 - faithfulness|``); writes every row, with the number of edges each circuit actually
+keeps, to ``OUT/selection.csv``::
 
     python experiments/ioi_selection.py --model smollm2 --out runs/ioi_selection
 
@@ -31,6 +32,8 @@ from mi_core.circuits import (
     EdgeScores,
     Graph,
     attribute,
+    curve_area,
+    curve_difference,
     evaluate_circuit,
     faithfulness_curve,
 )
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
              "empty": empty.empty}]  # fmt: skip
     print(f"full {empty.full:.3f}, empty {empty.empty:.3f} (KL to the full model {empty.kl:.3f})",
           file=sys.stderr)  # fmt: skip
+    areas = []
     for selection, signed, connected in itertools.product(
         ("greedy", "top-k"), (False, True), (False, True)
     ):
@@ -78,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             model, scores, judge, fractions, batch_size=args.batch_size, selection=selection,
             signed=signed, connected=connected, progress=False,
         )  # fmt: skip
+        areas.append({"selection": selection, "ranking": "signed" if signed else "|score|",
+                      "connected": connected, "CPR (area)": curve_area(curve),
+                      "CMD (area of |1 - f|)": curve_difference(curve)})  # fmt: skip
         for fraction, row in zip(sorted(fractions), curve, strict=True):
             rows.append({"selection": selection, "ranking": "signed" if signed else "|score|",
                          "connected": connected, "fraction": fraction, "edges": row.n_edges,
@@ -93,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                                   columns="fraction", values=value)  # fmt: skip
         print(f"{value} (empty circuit: KL {empty.kl:.3f})" if value == "kl" else value)
         print(wide.round(3).to_string())
+    print(f"areas over {min(fractions)}-{max(fractions)} of the edges (MIB's CPR and CMD)")
+    print(pd.DataFrame(areas).round(4).to_string(index=False))
     return 0
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "CircuitScore",
     "circuit_baselines",
     "curve_area",
+    "curve_difference",
     "evaluate_circuit",
     "faithfulness_curve",
     "gap_is_small",
@@ -194,8 +195,20 @@ def faithfulness_curve(
 
 def curve_area(rows: Sequence[CircuitScore], key: str = "faithfulness") -> float:
     """Trapezoid area under ``key`` against the fraction of edges kept, over the fractions
-    evaluated (add 0 and 1 to the fractions for the whole range)."""
-    points = sorted((r.fraction, getattr(r, key)) for r in rows)
+    evaluated (add 0 and 1 to the fractions for the whole range). Of faithfulness: the MIB
+    benchmark's circuit performance ratio (CPR; higher is better, and a circuit that
+    overshoots the model scores higher still)."""
+    return _trapezoid(sorted((r.fraction, getattr(r, key)) for r in rows))
+
+
+def curve_difference(rows: Sequence[CircuitScore]) -> float:
+    """Trapezoid area under ``|1 - faithfulness|`` against the fraction of edges kept: the MIB
+    benchmark's circuit-model difference (CMD; lower is better: a circuit that undershoots
+    or overshoots the model is penalised alike)."""
+    return _trapezoid(sorted((r.fraction, abs(1.0 - r.faithfulness)) for r in rows))
+
+
+def _trapezoid(points: Sequence[tuple[float, float]]) -> float:
     return sum(
         (x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False)
     )

@@ -31,6 +31,7 @@ from mi_core.circuits.config import (  # noqa: F401 (re-exported)
 )
 from mi_core.circuits.evaluate import (
     curve_area,
+    curve_difference,
     evaluate_circuit,
     faithfulness_curve,
     write_mib,
@@ -156,6 +157,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
         "n_find": len(find),
         "n_held_out": len(judge),
         "curve_area": curve_area(rows),
+        "curve_difference": curve_difference(rows),
         "circuit": judged.as_dict(),
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -78,6 +78,9 @@ def _report(summary: dict, out: str) -> None:
         _warn_small_gap(circuit)
     if "curve_area" in summary:
         print(f"area under the faithfulness curve: {summary['curve_area']:.3f}")
+    if "curve_difference" in summary:
+        print(f"area under |1 - faithfulness| (MIB's CMD, lower is better): "
+              f"{summary['curve_difference']:.3f}")  # fmt: skip
 
 
 def _warn_small_gap(circuit: dict) -> None:

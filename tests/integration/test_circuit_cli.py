@@ -31,6 +31,9 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
     assert float(rows[-1]["kl"]) == pytest.approx(0.0, abs=1e-5)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_find"] == summary["n_held_out"] == 8
+    points = [(float(r["fraction"]), abs(1 - float(r["faithfulness"]))) for r in rows]
+    cmd = sum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in zip(points, points[1:], strict=False))
+    assert summary["curve_difference"] == pytest.approx(cmd, abs=1e-9)
     circuit = load_intervention(out / "circuit.safetensors")
     # connected by default: at most 5 % of the edges, each on an input-to-output path
     assert isinstance(circuit, EdgeMask) and 0 < circuit.n_kept <= round(0.05 * 262) == 13

@@ -274,3 +274,18 @@ def test_signed_selection_leaves_out_edges_that_raise_the_metric(gpt2):
         assert signed.kept == ["input->output"]
     with pytest.raises(ConfigError, match="signed=True"):
         select_circuit(graph, scores, 1, absolute=False)
+
+
+def test_curve_area_and_difference_by_hand():
+    """MIB's CPR (area under faithfulness) and CMD (area under |1 - faithfulness|)."""
+    from mi_core.circuits import CircuitScore, curve_area, curve_difference
+
+    def row(fraction, faithfulness):
+        return CircuitScore(n_edges=0, fraction=fraction, metric=0.0, full=1.0, empty=0.0,
+                            faithfulness=faithfulness, kl=0.0)  # fmt: skip
+
+    rows = [row(1.0, 1.0), row(0.0, 0.0), row(0.5, 1.5)]  # any order
+    assert curve_area(rows) == pytest.approx(0.5 * 1.5 / 2 + 0.5 * 2.5 / 2)  # 1.0
+    # overshooting by 0.5 costs what undershooting by 0.5 does
+    assert curve_difference(rows) == pytest.approx(0.5 * 1.5 / 2 + 0.5 * 0.5 / 2)  # 0.5
+    assert curve_difference([row(0.0, 1.0), row(1.0, 1.0)]) == 0.0
