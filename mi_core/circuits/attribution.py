@@ -58,6 +58,11 @@ __all__ = [
 ]
 
 
+#: How many edges past the longest fitting prefix a connected circuit tries to add while it
+#: holds fewer than k (:func:`select_circuit`).
+FILL_TRIES = 256
+
+
 def circuit_order(
     graph: Graph, scores: Float[torch.Tensor, " edge"], selection: str = "greedy",
     signed: bool = False,
@@ -87,12 +92,14 @@ def select_circuit(
     """A circuit of at most ``k`` edges from ``scores`` (see :func:`circuit_order`).
 
     ``connected``: every kept edge lies on a path of kept edges from the input to the output
-    (:meth:`Graph.connected`): the connected part of the longest prefix of the order whose
-    connected part has at most ``k`` edges, so the budget goes to edges on such paths (Hanna
-    et al.'s EAP-IG code prunes the others after its top-n and keeps fewer). One more edge
-    can complete a long chain at once, so the circuit may hold fewer than ``k`` edges (on
-    SmolLM2's IOI scores at most one fewer; on tiny graphs many): ``n_kept`` says how many.
-    Off: exactly the first ``k``."""
+    (:meth:`Graph.connected`), so the budget goes to edges on such paths (Hanna et al.'s
+    EAP-IG code prunes the others after its top-n and keeps fewer). The circuit is the
+    connected part of the longest prefix of the order whose connected part has at most ``k``
+    edges; one more edge can complete a long chain at once, so while it holds fewer than
+    ``k``, the next edges of the order (up to :data:`FILL_TRIES` of them) join wherever the
+    connected part stays within ``k``. It may still hold fewer than ``k`` (exactly ``k`` at
+    every level measured on SmolLM2's IOI scores): ``n_kept`` says how many. Off: exactly
+    the first ``k``."""
     if "absolute" in kwargs:
         raise ConfigError(
             "select_circuit ranks by |score|, or by -score with signed=True (the edges whose "
@@ -116,7 +123,20 @@ def select_circuit(
             low = middle
         else:
             high = middle - 1
-    return EdgeMask.from_order(graph, part(low).nonzero().flatten(), **kwargs)
+    best = part(low)
+    count = int(best.sum())
+    taken = torch.zeros(graph.n_edges, dtype=torch.bool)
+    taken[order[:low]] = True
+    for edge in order[low + 1 : low + 1 + FILL_TRIES].tolist():  # order[low] overshoots
+        if count == k:
+            break
+        taken[edge] = True
+        candidate = graph.connected(taken)
+        if int(candidate.sum()) <= k:
+            best, count = candidate, int(candidate.sum())
+        else:
+            taken[edge] = False
+    return EdgeMask.from_order(graph, best.nonzero().flatten(), **kwargs)
 
 
 @dataclass
