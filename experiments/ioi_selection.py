@@ -38,7 +38,7 @@ from mi_core.circuits import (
     faithfulness_curve,
 )
 from mi_core.data.circuit_pairs import ioi_pairs
-from mi_core.io import read_safetensors, write_csv, write_safetensors
+from mi_core.io import write_csv
 from mi_core.models import load_model
 
 
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     graph = Graph.from_model(model)
     cached = out / f"scores_{args.method}.safetensors"
     if cached.is_file():
-        scores = EdgeScores(graph, read_safetensors(cached)[0]["scores"], args.method, len(find))
+        scores = EdgeScores.load(cached)
     else:
         scores = attribute(model, find, args.method, batch_size=args.batch_size)
-        write_safetensors(cached, {"scores": scores.scores})
+        scores.save(cached)
     print(f"{graph}: {graph.n_edges} edges; {len(find)} prompts to find, {len(judge)} held out",
           file=sys.stderr)  # fmt: skip
 

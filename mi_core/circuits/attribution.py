@@ -20,8 +20,11 @@ removed, one at a time.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +47,7 @@ from mi_core.interventions.edges import (
     node_outputs,
     top_k_order,
 )
+from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.frozen import frozen
 
 __all__ = [
@@ -57,6 +61,9 @@ __all__ = [
     "select_circuit",
 ]
 
+
+#: The ``kind`` in the metadata of a file :meth:`EdgeScores.save` writes.
+SCORES_KIND = "mi_core.EdgeScores"
 
 #: How many edges past the longest fitting prefix a connected circuit tries to add while it
 #: holds fewer than k (:func:`select_circuit`).
@@ -147,6 +154,38 @@ class EdgeScores:
     scores: Float[torch.Tensor, " edge"]
     method: str
     n_examples: int
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the scores as safetensors (the graph, method and example count in the
+        metadata), atomically; :meth:`load` reads them back."""
+        metadata = {"kind": SCORES_KIND, "graph": json.dumps(self.graph.to_dict()),
+                    "graph_name": str(self.graph), "method": self.method,
+                    "n_examples": str(self.n_examples)}  # fmt: skip
+        return write_safetensors(path, {"scores": self.scores.detach().float().cpu()}, metadata)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> EdgeScores:
+        """Read scores written by :meth:`save` (``mi-core circuit attribute``'s
+        ``scores.safetensors``)."""
+        try:
+            tensors, metadata = read_safetensors(path)
+        except FileNotFoundError:
+            raise InterventionError(f"no edge scores at {path}") from None
+        if metadata.get("method") == "edge-pruning":
+            raise InterventionError(
+                f"{path} holds edge-pruning gates (log_alpha), not attribution scores; the "
+                "circuit of that run is circuit.safetensors beside it (load_intervention)"
+            )
+        if metadata.get("kind") != SCORES_KIND:
+            raise InterventionError(
+                f"{path} is not an edge-scores file written by EdgeScores.save (kind "
+                f"{metadata.get('kind')!r})"
+            )
+        graph = Graph(**json.loads(metadata["graph"]))
+        scores = tensors["scores"]
+        if scores.shape != (graph.n_edges,):
+            raise InterventionError(f"{path}: {tuple(scores.shape)} scores for {graph}")
+        return cls(graph, scores, metadata["method"], int(metadata["n_examples"]))
 
     def top(self, k: int) -> list[tuple[str, float]]:
         """The ``k`` edges of largest ``|score|``, with their scores."""

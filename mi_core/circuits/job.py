@@ -4,8 +4,9 @@ circuit data set in, edge scores, a circuit, its faithfulness on held-out pairs 
 Both split the pairs into a part that finds the circuit and a held-out part that judges it.
 Files written to ``out`` (atomically):
 
-- ``scores.safetensors``: one score per edge (attribution: the estimated metric change;
-  pruning: the gates' log_alpha), with the edge names in ``edges.json``;
+- ``scores.safetensors``: one score per edge (attribution: the estimated metric change,
+  read back with :meth:`EdgeScores.load`; pruning: the gates' log_alpha), with the edge names
+  in ``edges.json``;
 - ``circuit.safetensors``: the circuit as an :class:`~mi_core.interventions.edges.EdgeMask`;
 - ``mib.json``: the circuit in the MIB circuit-localisation format;
 - ``faithfulness.csv`` (attribution: the top-k curve) and ``summary.json``;
@@ -42,7 +43,7 @@ from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
 from mi_core.errors import DataError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, sender_means
-from mi_core.io import read_json, write_csv, write_json, write_safetensors, write_text
+from mi_core.io import read_json, write_csv, write_json, write_text
 from mi_core.pruning.sweep import run_ray_tasks
 from mi_core.viz.circuits import circuit_graph_html
 
@@ -120,15 +121,19 @@ def pair_sender_means(
     return sender_means(model, graph, batches)
 
 
-def _write_common(out: Path, graph: Graph, scores: torch.Tensor, circuit: EdgeMask,
-                  summary: dict[str, Any], title: str) -> None:  # fmt: skip
+def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dict[str, Any],
+                  title: str) -> None:  # fmt: skip
+    """Scores (attribution scores, or an edge-pruning run's log_alpha with method
+    ``edge-pruning``), edge names, the circuit, MIB JSON, the summary and the graph page."""
     out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out / "scores.safetensors", {"scores": scores}, {"graph": str(graph)})
+    graph = scores.graph
+    scores.save(out / "scores.safetensors")
     write_json(out / "edges.json", graph.edge_names)
     circuit.save(out / "circuit.safetensors")
-    write_mib(out / "mib.json", graph, scores, circuit, **summary.get("info", {}))
+    write_mib(out / "mib.json", graph, scores.scores, circuit, **summary.get("info", {}))
     write_json(out / "summary.json", summary)
-    write_text(out / "circuit.html", circuit_graph_html(graph, scores, circuit, title=title))
+    write_text(out / "circuit.html",
+               circuit_graph_html(graph, scores.scores, circuit, title=title))  # fmt: skip
 
 
 def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -163,7 +168,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
     title = f"{config.method} circuit of {config.model} on {config.data}"
-    _write_common(out, scores.graph, scores.scores, circuit, summary, title)
+    _write_common(out, scores, circuit, summary, title)
     return summary
 
 
@@ -239,5 +244,7 @@ def _prune_one(
         summary["nodes"] = result.nodes
     write_csv(out / "history.csv", pd.DataFrame(result.history))
     title = f"edge-pruning circuit of {config.model} on {config.data}"
-    _write_common(out, result.circuit.graph, result.log_alpha, result.circuit, summary, title)
+    gates = EdgeScores(result.circuit.graph, result.log_alpha.detach().float().cpu(),
+                       "edge-pruning", len(find))  # fmt: skip
+    _write_common(out, gates, result.circuit, summary, title)
     return summary

@@ -9,8 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mi_core.circuits import EdgeScores
 from mi_core.cli import main
+from mi_core.errors import InterventionError
 from mi_core.interventions import EdgeMask, load_intervention
+from mi_core.interventions.edges import to_mib_name
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,6 +46,13 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
     mib = json.loads((out / "mib.json").read_text())
     assert len(mib["edges"]) == 262 and "a0.h1->a2.h3<q>" in mib["edges"]
     assert sum(e["in_graph"] for e in mib["edges"].values()) == circuit.n_kept
+    # the scores read back as EdgeScores: the same graph, method and circuit
+    scores = EdgeScores.load(out / "scores.safetensors")
+    assert (scores.graph, scores.method, scores.n_examples) == (circuit.graph, "eap", 8)
+    assert [mib["edges"][to_mib_name(n)]["score"] for n in scores.graph.edge_names[:5]] == (
+        pytest.approx(scores.scores[:5].tolist())
+    )
+    assert scores.circuit(13).kept == circuit.kept
     head = (out / "circuit.html").read_text().split("</head>")[0]
     assert "<title>eap circuit of" in head
 
@@ -56,6 +66,10 @@ def test_prune_a_classifier_on_hans_pairs_and_resume(tmp_path, capsys, tiny_chec
     assert main(argv) == 0
     first = load_intervention(out / "circuit.safetensors")
     assert first.n_kept == round(0.1 * 262)
+    with pytest.raises(InterventionError, match="edge-pruning gates"):
+        EdgeScores.load(out / "scores.safetensors")  # log_alpha, not attribution scores
+    with pytest.raises(InterventionError, match="not an edge-scores file"):
+        EdgeScores.load(out / "circuit.safetensors")
     history = (out / "history.csv").read_text()
     assert main(argv) == 0  # a re-run finds the finished state and does no step again
     assert (out / "history.csv").read_text() == history
