@@ -104,6 +104,7 @@ def pair_sender_means(
     (e.g. ``mnli:train``: the paper's mean ablation) for the classifier ``model``, with
     whatever intervention is applied to it now."""
     from mi_core.data import load_pairs, pair_batches
+    from mi_core.devices import to_device
 
     if getattr(model, "task", None) is None:
         raise DataError(
@@ -113,7 +114,7 @@ def pair_sender_means(
     dataset = load_pairs(data, max_examples=n_examples, task=model.task)
     device = next(model.parameters()).device
     batches = [
-        {k: v.to(device) for k, v in b.items() if k != "labels"}
+        to_device({k: v for k, v in b.items() if k != "labels"}, device)
         for b in pair_batches(
             dataset, model.tokenizer, batch_size=batch_size, max_length=max_length
         )  # fmt: skip

@@ -31,7 +31,6 @@ functions of (seed, step), so a resumed run takes the same steps as one never st
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, node_outputs
 from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
+from mi_core.models.fingerprint import tensor_fingerprint
 from mi_core.models.frozen import frozen
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
@@ -119,18 +119,11 @@ def discretize_circuit(
     return weights, nodes
 
 
-def _fingerprint(tensor: torch.Tensor | None) -> str | None:
-    """A short hash of a tensor's values (None for None)."""
-    if tensor is None:
-        return None
-    data = tensor.detach().cpu().double().contiguous()
-    return hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]
-
-
 def _inputs_key(pairs: PromptPairs, means: torch.Tensor | None) -> dict[str, str | None]:
     """What a run learns from besides its settings: the pairs and the mean fill's means."""
-    ids = torch.cat([pairs.clean_ids.flatten(), pairs.corrupted_ids.flatten()])
-    return {"pairs": _fingerprint(ids), "means": _fingerprint(means)}
+    ids = torch.stack([pairs.clean_ids, pairs.corrupted_ids])
+    return {"pairs": tensor_fingerprint(ids),
+            "means": None if means is None else tensor_fingerprint(means)}  # fmt: skip
 
 
 def _save_state(folder: Path, step: int, params, optimizer, history, config, inputs):

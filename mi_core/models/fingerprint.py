@@ -18,3 +18,12 @@ def weights_fingerprint(model: nn.Module) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def tensor_fingerprint(tensor: torch.Tensor) -> str:
+    """blake2b over one tensor's shape and values (as float64, so ids and floats alike); 16
+    hex digits: ties a saved run to the data or means it learnt from."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(str(tuple(tensor.shape)).encode())
+    digest.update(tensor.detach().to(torch.float64).cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
