@@ -53,6 +53,7 @@ __all__ = [
     "CircuitPruneConfig",
     "CircuitSweepConfig",
     "load_circuit_pairs",
+    "pair_forward_batches",
     "pair_sender_means",
     "run_attribute_job",
     "run_circuit_prune_job",
@@ -103,6 +104,15 @@ def pair_sender_means(
     """Each sender's mean output over the first ``n_examples`` pairs of the pair data ``data``
     (e.g. ``mnli:train``: the paper's mean ablation) for the classifier ``model``, with
     whatever intervention is applied to it now."""
+    batches = pair_forward_batches(model, data, n_examples, batch_size, max_length)
+    return sender_means(model, graph, batches)
+
+
+def pair_forward_batches(
+    model: Any, data: str, n_examples: int, batch_size: int = 32, max_length: int = 128
+) -> list[dict[str, torch.Tensor]]:
+    """The first ``n_examples`` pairs of ``data`` tokenised for the classifier ``model``, as
+    forward keyword arguments on its device (to average over them: :func:`sender_means`)."""
     from mi_core.data import load_pairs, pair_batches
     from mi_core.devices import to_device
 
@@ -113,13 +123,12 @@ def pair_sender_means(
         )
     dataset = load_pairs(data, max_examples=n_examples, task=model.task)
     device = next(model.parameters()).device
-    batches = [
+    return [
         to_device({k: v for k, v in b.items() if k != "labels"}, device)
         for b in pair_batches(
             dataset, model.tokenizer, batch_size=batch_size, max_length=max_length
         )  # fmt: skip
     ]
-    return sender_means(model, graph, batches)
 
 
 def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dict[str, Any],

@@ -488,9 +488,15 @@ class HeuristicCoreExperiment:
         and its empty circuit's, so the report can say when the fill does not move it."""
         import pandas as pd
 
-        from mi_core.circuits import Graph, attribute, circuit_baselines, edges_touching
-        from mi_core.circuits.evaluate import gap_is_small
-        from mi_core.circuits.job import CircuitData, load_circuit_pairs
+        from mi_core.circuits import (
+            Graph,
+            attribute,
+            circuit_baselines,
+            edges_touching,
+            gap_is_small,
+            sender_means,
+        )
+        from mi_core.circuits.job import CircuitData, load_circuit_pairs, pair_forward_batches
         from mi_core.interventions import Subnetwork, apply
         from mi_core.io import write_csv
 
@@ -508,12 +514,19 @@ class HeuristicCoreExperiment:
         spec = CircuitData(model="-", data=e.data, n_examples=max(2, e.n_examples), out="-")
         pairs = load_circuit_pairs(self.model, spec).to(next(self.model.parameters()).device)
         graph = Graph.from_model(self.model)
+        mean_batches = []  # the training pairs the means are taken over, tokenised once
+        if e.fill == "mean":
+            m = self.config.means
+            data = m.data or self.config.data.train
+            mean_batches = pair_forward_batches(self.model, data, e.mean_examples,
+                                                e.batch_size, m.max_length)  # fmt: skip
         tables, gaps = [], []
         for index, group in chosen:
             row = runs.iloc[index]
             subnetwork = Subnetwork(results.masks[index], "mean", self.means)
             with apply(self.model, subnetwork):
-                means = self._sender_means(graph) if e.fill == "mean" else None
+                # each subnetwork's own means: the masked model's senders
+                means = sender_means(self.model, graph, mean_batches) if mean_batches else None
                 scores = attribute(self.model, pairs, e.method, steps=e.steps,
                                    batch_size=e.batch_size, fill=e.fill, means=means,
                                    progress=False)  # fmt: skip
@@ -539,15 +552,6 @@ class HeuristicCoreExperiment:
         self.path("core_edges").mkdir(parents=True, exist_ok=True)
         write_csv(self.layout.core_edges_table, edges)
         write_csv(self.layout.core_edges_summary, summary)
-
-    def _sender_means(self, graph: Any) -> Any:
-        """Each edge sender's mean output over ``core_edges.mean_examples`` training pairs (the
-        means' data), with whatever intervention is applied to the model now."""
-        from mi_core.circuits.job import pair_sender_means
-
-        m, e = self.config.means, self.config.core_edges
-        return pair_sender_means(self.model, graph, m.data or self.config.data.train,
-                                 e.mean_examples, e.batch_size, m.max_length)  # fmt: skip
 
     def _run_report(self) -> None:
         from mi_core.methods.heuristic_core.report import write_report
