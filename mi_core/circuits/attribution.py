@@ -49,6 +49,7 @@ from mi_core.interventions.edges import (
 )
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.frozen import frozen
+from mi_core.models.hooks import act_name
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -268,25 +269,24 @@ class _GradientRun:
         def scale(x: torch.Tensor, hook: Any) -> None:
             self.scales.append(x.detach())
 
-        hooks: list[tuple[str, Callable]] = [("blocks.0.hook_resid_pre", start)]
+        hooks: list[tuple[str, Callable]] = [(act_name("resid_pre", 0), start)]
         for layer in range(graph.n_layers):
-            p = f"blocks.{layer}"
             if self.projected:
-                hooks += [(f"{p}.attn.hook_{kind}", keep) for kind in "qkv"]
+                hooks += [(act_name(kind, layer), keep) for kind in "qkv"]
             else:
-                hooks += [(f"{p}.hook_{kind}_input", keep) for kind in "qkv"]
-            hooks.append((f"{p}.attn.hook_z", heads(layer)))
+                hooks += [(act_name(f"{kind}_input", layer), keep) for kind in "qkv"]
+            hooks.append((act_name("z", layer), heads(layer)))
             if graph.post_ln:
                 hooks += [
-                    (f"{p}.ln1.hook_scale", scale),
-                    (f"{p}.mlp.hook_pre", keep),
-                    (f"{p}.hook_mlp_out", record),
-                    (f"{p}.ln2.hook_scale", scale),
+                    (act_name("scale", layer, "ln1"), scale),
+                    (act_name("pre", layer), keep),
+                    (act_name("mlp_out", layer), record),
+                    (act_name("scale", layer, "ln2"), scale),
                 ]
             else:
-                hooks += [(f"{p}.hook_mlp_in", keep), (f"{p}.hook_mlp_out", record)]
-        out = "hook_normalized_resid_post" if graph.post_ln else "hook_resid_post"
-        hooks.append((f"blocks.{graph.n_layers - 1}.{out}", keep))
+                hooks += [(act_name("mlp_in", layer), keep), (act_name("mlp_out", layer), record)]
+        out = "normalized_resid_post" if graph.post_ln else "resid_post"
+        hooks.append((act_name(out, graph.n_layers - 1), keep))
         return hooks
 
 
@@ -465,7 +465,7 @@ def _decoder_attribution(
         return hook
 
     def record_clean() -> list[tuple[str, Callable]]:
-        hooks: list[tuple[str, Callable]] = [("blocks.0.hook_resid_pre", subtract(0))]
+        hooks: list[tuple[str, Callable]] = [(act_name("resid_pre", 0), subtract(0))]
         for layer in range(graph.n_layers):
 
             def heads(z: torch.Tensor, hook: Any, layer: int = layer) -> None:
@@ -474,8 +474,8 @@ def _decoder_attribution(
                 deltas[first : first + graph.n_heads] -= out.to(deltas)
 
             hooks += [
-                (f"blocks.{layer}.attn.hook_z", heads),
-                (f"blocks.{layer}.hook_mlp_out", subtract(graph.mlp_sender(layer))),
+                (act_name("z", layer), heads),
+                (act_name("mlp_out", layer), subtract(graph.mlp_sender(layer))),
             ]
         return hooks
 
@@ -560,17 +560,16 @@ def _decoder_attribution(
             return hook
 
         hooks: list[tuple[str, Callable]] = record_clean() if record else []
-        hooks.append(("blocks.0.hook_resid_pre", start))  # after the recording hook
+        hooks.append((act_name("resid_pre", 0), start))  # after the recording hook
         for layer in range(graph.n_layers):
-            p = f"blocks.{layer}"
-            hooks += [(f"{p}.ln1.hook_normalized", keep_stat(normalised, layer)),
-                      (f"{p}.ln1.hook_scale", keep_stat(scales, layer))]  # fmt: skip
+            hooks += [(act_name("normalized", layer, "ln1"), keep_stat(normalised, layer)),
+                      (act_name("scale", layer, "ln1"), keep_stat(scales, layer))]  # fmt: skip
             qkv = graph.qkv_receivers(layer)
             for i, kind in enumerate("qkv"):
                 first = qkv.start + i * graph.n_heads
-                hooks.append((f"{p}.attn.hook_{kind}", head_input(layer, kind, layer, first)))
-            hooks.append((f"{p}.hook_mlp_in", keep(layer + 1, graph.mlp_receiver(layer))))
-        last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
+                hooks.append((act_name(kind, layer), head_input(layer, kind, layer, first)))
+            hooks.append((act_name("mlp_in", layer), keep(layer + 1, graph.mlp_receiver(layer))))
+        last = act_name("resid_post", graph.n_layers - 1)
         hooks.append((last, keep(graph.n_layers, graph.output_receiver)))
         return hooks
 

@@ -54,6 +54,7 @@ from transformer_lens.components import BertBlock, TransformerBlock
 from mi_core.errors import InterventionError
 from mi_core.interventions.config import FILLS
 from mi_core.io import read_json, read_safetensors, write_safetensors
+from mi_core.models.hooks import act_name
 
 __all__ = [
     "EDGE_MASK_KIND",
@@ -383,15 +384,15 @@ def _recorder_hooks(
 
         return hook
 
-    hooks = [("blocks.0.hook_resid_pre", at(0, lambda x: x[None]))]
+    hooks = [(act_name("resid_pre", 0), at(0, lambda x: x[None]))]
     for layer in range(graph.n_layers):
         hooks.append(
             (
-                f"blocks.{layer}.attn.hook_z",
+                act_name("z", layer),
                 at(1 + 2 * layer, lambda z, l=layer: _head_results(model, l, z)),
             )
         )
-        hooks.append((f"blocks.{layer}.hook_mlp_out", at(2 + 2 * layer, lambda x: x[None])))
+        hooks.append((act_name("mlp_out", layer), at(2 + 2 * layer, lambda x: x[None])))
     return hooks
 
 
@@ -849,19 +850,19 @@ class _EdgeRun:
             self._reset(x)
             self._append(0, x[None])
 
-        hooks.append(("blocks.0.hook_resid_pre", start))
+        hooks.append((act_name("resid_pre", 0), start))
         if self.sparse:
             hooks += self._unsplit_hooks(model, graph)
         for layer in range(graph.n_layers):
             hooks += self._layer_hooks(model, graph, layer)
         last = graph.n_layers - 1
-        out_point = "hook_normalized_resid_post" if graph.post_ln else "hook_resid_post"
+        out_point = "normalized_resid_post" if graph.post_ln else "resid_post"
 
         def output(x: torch.Tensor, hook: Any) -> torch.Tensor:
             correction = self._correction(graph.output_receiver)
             return x if correction is None else x - correction[0]
 
-        hooks.append((f"blocks.{last}.{out_point}", output))
+        hooks.append((act_name(out_point, last), output))
         return hooks
 
     def _unsplit_hooks(self, model: Any, graph: Graph) -> list[tuple[str, Callable]]:
@@ -884,8 +885,8 @@ class _EdgeRun:
         hooks: list[tuple[str, Callable]] = []
         for layer in range(n_layers):
             if not split[layer]:
-                hooks += [(f"blocks.{layer}.hook_resid_pre", switch_off),
-                          (f"blocks.{layer}.attn.hook_q", switch_back)]  # fmt: skip
+                hooks += [(act_name("resid_pre", layer), switch_off),
+                          (act_name("q", layer), switch_back)]  # fmt: skip
         return hooks
 
     def _layer_hooks(self, model: Any, graph: Graph, layer: int) -> list[tuple[str, Callable]]:
@@ -914,12 +915,11 @@ class _EdgeRun:
         def mlp_out(x: torch.Tensor, hook: Any) -> None:
             self._append(graph.mlp_sender(layer), x[None])
 
-        prefix = f"blocks.{layer}"
         hooks = [
-            (f"{prefix}.hook_q_input", q_input),
-            (f"{prefix}.hook_k_input", kv_input(1)),
-            (f"{prefix}.hook_v_input", kv_input(2)),
-            (f"{prefix}.attn.hook_z", heads),
+            (act_name("q_input", layer), q_input),
+            (act_name("k_input", layer), kv_input(1)),
+            (act_name("v_input", layer), kv_input(2)),
+            (act_name("z", layer), heads),
         ]
         if graph.post_ln:
 
@@ -936,10 +936,10 @@ class _EdgeRun:
                 return x - correction[0] @ block.mlp.W_in.to(correction)
 
             hooks += [
-                (f"{prefix}.ln1.hook_scale", layer_norm(block.ln1)),
-                (f"{prefix}.mlp.hook_pre", mlp_pre),
-                (f"{prefix}.hook_mlp_out", mlp_out),
-                (f"{prefix}.ln2.hook_scale", layer_norm(block.ln2)),
+                (act_name("scale", layer, "ln1"), layer_norm(block.ln1)),
+                (act_name("pre", layer), mlp_pre),
+                (act_name("mlp_out", layer), mlp_out),
+                (act_name("scale", layer, "ln2"), layer_norm(block.ln2)),
             ]
         else:
 
@@ -947,7 +947,7 @@ class _EdgeRun:
                 correction = self._correction(graph.mlp_receiver(layer))
                 return x if correction is None else x - correction[0]
 
-            hooks += [(f"{prefix}.hook_mlp_in", mlp_in), (f"{prefix}.hook_mlp_out", mlp_out)]
+            hooks += [(act_name("mlp_in", layer), mlp_in), (act_name("mlp_out", layer), mlp_out)]
         return hooks
 
 

@@ -85,7 +85,7 @@ def dropout_hooks(model: Any, rates: DropoutRates | None = None) -> list[tuple[s
     rates = rates if rates is not None else getattr(model, "dropout_rates", None) or DropoutRates()
     hooks: list[tuple[str, Hook]] = []
     if rates.embed > 0:
-        hooks.append(("blocks.0.hook_resid_pre", _dropout(rates.embed)))
+        hooks.append((act_name("resid_pre", 0), _dropout(rates.embed)))
     for layer in range(model.cfg.n_layers):
         if rates.attention > 0:
             hooks.append((act_name("pattern", layer), _dropout(rates.attention)))

@@ -123,3 +123,34 @@ def test_no_import_cycle():
 
 
 _imports_keys = set(_imports())
+
+
+def _literal_text(node: ast.AST) -> str | None:
+    """A string constant's text, or an f-string's with ``{}`` for each placeholder."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def test_hook_names_are_built_in_one_place():
+    """Hook names come from ``mi_core.models.hooks.act_name`` (TransformerLens's
+    ``get_act_name``): no module spells ``blocks.N.<...>hook_...`` itself (docstrings and
+    messages that name a hook in prose may)."""
+    import re
+
+    pattern = re.compile(r"^blocks\.(\d+|\{\})\.(\w+\.)?hook_\w+$|^\{\}\.(\w+\.)?hook_\w+$")
+    assert pattern.search("blocks.{}.attn.hook_z") and pattern.search("blocks.0.hook_resid_pre")
+    assert not pattern.search("blocks.{}.attn.W_Q")
+    found = []
+    for path in ROOT.rglob("*.py"):
+        if path.name == "hooks.py" and path.parent.name == "models":
+            continue
+        tree = ast.parse(path.read_text())
+        inside = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+        for node in ast.walk(tree):
+            text = None if id(node) in inside else _literal_text(node)
+            if text is not None and pattern.search(text):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text!r}")
+    assert not found, "hook names spelt by hand:\n" + "\n".join(found)
