@@ -60,6 +60,32 @@ def llama():
 
 
 @pytest.fixture(scope="module")
+def gpt2():
+    """A tiny random GPT-2-family HookedTransformer."""
+    from helpers import tiny_model
+
+    return tiny_model("gpt2")
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def decoder(request):
+    """A tiny random decoder, once per family: GPT-2 (LayerNorm, multi-head) and Llama
+    (RMSNorm, grouped-query attention)."""
+    from helpers import tiny_model
+
+    return tiny_model(request.param)
+
+
+@pytest.fixture
+def no_data_dir(monkeypatch):
+    """No test may reach the hub or the real data: offline, and a data directory only where
+    the test sets one (``MI_CORE_DATA_DIR`` and ``HF_DATASETS_OFFLINE`` unset)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("MI_CORE_DATA_DIR", raising=False)
+
+
+@pytest.fixture(scope="module")
 def tiny(tiny_checkpoints):
     """The tiny random BERT classifier (an MNLI head), loaded as mi_core loads any model."""
     from mi_core.models import load_model

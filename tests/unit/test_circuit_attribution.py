@@ -32,11 +32,6 @@ def _classifier_pairs(n: int = 4, pos: int = 7) -> PromptPairs:
     )
 
 
-@pytest.fixture(scope="module")
-def gpt2():
-    return tiny_model("gpt2")
-
-
 def test_eap_is_gradient_times_difference_by_hand(gpt2):
     pairs = _lm_pairs()
     graph = Graph.from_model(gpt2)

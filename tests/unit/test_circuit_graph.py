@@ -26,11 +26,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def gpt2():
-    return tiny_model("gpt2")
-
-
-@pytest.fixture(scope="module")
 def checkpoints_loaded(tiny_checkpoints):
     models = {}
     for kind in ("bert-cls", "roberta-cls", "gpt2-cls", "opt-lm", "llama-lm"):

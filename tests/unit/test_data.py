@@ -34,12 +34,7 @@ HANS_HEADER = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _never_the_hub(monkeypatch):
-    """No test may reach the hub: offline, and a data dir only where a test sets one."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.delenv("MI_CORE_DATA_DIR", raising=False)
+pytestmark = pytest.mark.usefixtures("no_data_dir")
 
 
 def _jsonl(path: Path, rows: list[dict]) -> None:

@@ -23,10 +23,7 @@ needs_real = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True)
-def _never_the_hub(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("MI_CORE_DATA_DIR", raising=False)
+pytestmark = pytest.mark.usefixtures("no_data_dir")
 
 
 WIKI = (

@@ -13,15 +13,10 @@ from mi_core.interventions.neurons import PruneMasks, is_grouped_query, zero_pru
 from mi_core.interventions.svd import svd_attention
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
-def model(request):
-    return tiny_model(request.param)
-
-
-def random_masks(model, seed: int = 0, frac: float = 0.3, offsets: bool = False) -> PruneMasks:
-    cfg = model.cfg
+def random_masks(decoder, seed: int = 0, frac: float = 0.3, offsets: bool = False) -> PruneMasks:
+    cfg = decoder.cfg
     generator = torch.Generator().manual_seed(seed)
-    masks = PruneMasks.empty(model)
+    masks = PruneMasks.empty(decoder)
     for step in (1, 2):
         masks.prune(
             step,
@@ -40,31 +35,33 @@ def random_masks(model, seed: int = 0, frac: float = 0.3, offsets: bool = False)
 
 
 @pytest.mark.parametrize("offsets", [False, True], ids=["zero", "mean"])
-def test_weight_zeroing_equals_hook_masking(model, offsets):
+def test_weight_zeroing_equals_hook_masking(decoder, offsets):
     tokens = random_tokens(3, 16, seed=5)
-    masks = random_masks(model, offsets=offsets)
+    masks = random_masks(decoder, offsets=offsets)
     assert masks.n_ff_pruned > 0 and masks.n_attn_pruned > 0
     with torch.no_grad():
-        unpruned = model(tokens)
-        hooked = model.run_with_hooks(tokens, fwd_hooks=masks.hooks(model))
-        edited = zero_pruned_weights(copy.deepcopy(model), masks)(tokens)
+        unpruned = decoder(tokens)
+        hooked = decoder.run_with_hooks(tokens, fwd_hooks=masks.hooks(decoder))
+        edited = zero_pruned_weights(copy.deepcopy(decoder), masks)(tokens)
     assert (hooked - unpruned).abs().max() > 1e-2  # the pruning does something
     torch.testing.assert_close(edited, hooked, atol=1e-4, rtol=0)
 
 
-def test_weight_zeroing_touches_the_documented_weights(model):
-    masks = PruneMasks.empty(model)
-    ff = torch.zeros(model.cfg.n_layers, model.cfg.d_mlp, dtype=torch.bool)
+def test_weight_zeroing_touches_the_documented_weights(decoder):
+    masks = PruneMasks.empty(decoder)
+    ff = torch.zeros(decoder.cfg.n_layers, decoder.cfg.d_mlp, dtype=torch.bool)
     ff[1, 3] = True
-    attn = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head, dtype=torch.bool)
+    attn = torch.zeros(
+        decoder.cfg.n_layers, decoder.cfg.n_heads, decoder.cfg.d_head, dtype=torch.bool
+    )
     attn[0, 1, 2] = True
     masks.prune(1, ff, attn)
-    edited = zero_pruned_weights(copy.deepcopy(model), masks)
+    edited = zero_pruned_weights(copy.deepcopy(decoder), masks)
     mlp, block0 = edited.blocks[1].mlp, edited.blocks[0].attn
     assert mlp.W_in[:, 3].abs().sum() == 0 and mlp.b_in[3] == 0 and mlp.W_out[3].abs().sum() == 0
     assert mlp.W_in[:, 4].abs().sum() > 0
     assert block0.W_O[1, 2].abs().sum() == 0 and block0.W_O[1, 1].abs().sum() > 0
-    if is_grouped_query(model):
+    if is_grouped_query(decoder):
         # the value column is shared with head 0 (same key-value group), which keeps it
         assert block0.W_V[1, :, 2].abs().sum() > 0
     else:
@@ -72,79 +69,79 @@ def test_weight_zeroing_touches_the_documented_weights(model):
 
 
 def test_gqa_shared_value_column_is_zeroed_once_the_whole_group_lost_it():
-    model = tiny_model("llama")
-    group = model.cfg.n_heads // model.cfg.n_key_value_heads
-    masks = PruneMasks.empty(model)
-    attn = torch.zeros(2, model.cfg.n_heads, model.cfg.d_head, dtype=torch.bool)
+    decoder = tiny_model("llama")
+    group = decoder.cfg.n_heads // decoder.cfg.n_key_value_heads
+    masks = PruneMasks.empty(decoder)
+    attn = torch.zeros(2, decoder.cfg.n_heads, decoder.cfg.d_head, dtype=torch.bool)
     attn[0, :group, 5] = True  # every head of key-value group 0
     masks.prune(1, attn=attn)
     tokens = random_tokens(2, 10, seed=7)
-    edited = zero_pruned_weights(copy.deepcopy(model), masks)
+    edited = zero_pruned_weights(copy.deepcopy(decoder), masks)
     attn0 = edited.blocks[0].attn
     assert attn0._W_V[0, :, 5].abs().sum() == 0 and attn0._b_V[0, 5] == 0
     assert attn0._W_V[1, :, 5].abs().sum() > 0
     with torch.no_grad():
         torch.testing.assert_close(
             edited(tokens),
-            model.run_with_hooks(tokens, fwd_hooks=masks.hooks(model)),
+            decoder.run_with_hooks(tokens, fwd_hooks=masks.hooks(decoder)),
             atol=1e-4,
             rtol=0,
         )
 
 
-def test_svd_leaves_outputs_unchanged(model):
+def test_svd_leaves_outputs_unchanged(decoder):
     tokens = random_tokens(3, 16, seed=6)
-    rewritten = svd_attention(copy.deepcopy(model))
+    rewritten = svd_attention(copy.deepcopy(decoder))
     with torch.no_grad():
-        before, after = model(tokens), rewritten(tokens)
+        before, after = decoder(tokens), rewritten(tokens)
         twice = svd_attention(copy.deepcopy(rewritten))(tokens)
     torch.testing.assert_close(after, before, atol=1e-4, rtol=0)
     torch.testing.assert_close(twice, before, atol=1e-4, rtol=0)
     # the weights did change, and the value bias went along with them
-    assert (rewritten.blocks[0].attn.W_V - model.blocks[0].attn.W_V).abs().max() > 1e-3
-    assert (rewritten.blocks[0].attn.b_V - model.blocks[0].attn.b_V).abs().max() > 1e-3
+    assert (rewritten.blocks[0].attn.W_V - decoder.blocks[0].attn.W_V).abs().max() > 1e-3
+    assert (rewritten.blocks[0].attn.b_V - decoder.blocks[0].attn.b_V).abs().max() > 1e-3
 
 
 def test_svd_basis_is_the_singular_directions():
-    model = tiny_model("gpt2")
-    rewritten = svd_attention(copy.deepcopy(model))
-    for layer in range(model.cfg.n_layers):
-        for head in range(model.cfg.n_heads):
+    decoder = tiny_model("gpt2")
+    rewritten = svd_attention(copy.deepcopy(decoder))
+    for layer in range(decoder.cfg.n_layers):
+        for head in range(decoder.cfg.n_heads):
             w_v = rewritten.blocks[layer].attn.W_V[head].double()
             w_o = rewritten.blocks[layer].attn.W_O[head].double()
-            original = model.blocks[layer].attn
+            original = decoder.blocks[layer].attn
             ov = original.W_V[head].double() @ original.W_O[head].double()
-            singular = torch.linalg.svdvals(ov)[: model.cfg.d_head]
-            eye = torch.eye(model.cfg.d_head, dtype=torch.float64)
+            singular = torch.linalg.svdvals(ov)[: decoder.cfg.d_head]
+            eye = torch.eye(decoder.cfg.d_head, dtype=torch.float64)
             torch.testing.assert_close(w_v.T @ w_v, eye, atol=1e-5, rtol=0)  # W_V' = U
             gram = w_o @ w_o.T  # W_O' = S V^T: orthogonal rows with norms S, largest first
             torch.testing.assert_close(gram, torch.diag(singular.square()), atol=1e-4, rtol=1e-4)
 
 
 def test_svd_then_pruning_by_weights_equals_hooks():
-    model = svd_attention(tiny_model("llama"))
-    masks = random_masks(model, seed=3, offsets=True)
+    decoder = svd_attention(tiny_model("llama"))
+    masks = random_masks(decoder, seed=3, offsets=True)
     tokens = random_tokens(2, 12, seed=8)
     with torch.no_grad():
         torch.testing.assert_close(
-            zero_pruned_weights(copy.deepcopy(model), masks)(tokens),
-            model.run_with_hooks(tokens, fwd_hooks=masks.hooks(model)),
+            zero_pruned_weights(copy.deepcopy(decoder), masks)(tokens),
+            decoder.run_with_hooks(tokens, fwd_hooks=masks.hooks(decoder)),
             atol=1e-4,
             rtol=0,
         )
 
 
 def test_svd_refuses_rank_deficient_heads():
-    model = tiny_model("gpt2")
+    decoder = tiny_model("gpt2")
     with torch.no_grad():
-        model.blocks[0].attn.W_V[0, :, 0] = 0
+        decoder.blocks[0].attn.W_V[0, :, 0] = 0
     with pytest.raises(ConfigError, match="rank-deficient"):
-        svd_attention(model)
+        svd_attention(decoder)
 
 
-def test_prune_keeps_first_step_and_offset(model):
-    cfg = model.cfg
-    masks = PruneMasks.empty(model)
+def test_prune_keeps_first_step_and_offset(decoder):
+    cfg = decoder.cfg
+    masks = PruneMasks.empty(decoder)
     sel = torch.zeros(cfg.n_layers, cfg.d_mlp, dtype=torch.bool)
     sel[0, :3] = True
     masks.prune(1, ff=sel, ff_offset=torch.full((cfg.n_layers, cfg.d_mlp), 2.0))
@@ -160,8 +157,8 @@ def test_prune_keeps_first_step_and_offset(model):
         masks.prune(3, ff=sel[:, :4])
 
 
-def test_masks_save_load_listing(model, tmp_path):
-    masks = random_masks(model, offsets=True)
+def test_masks_save_load_listing(decoder, tmp_path):
+    masks = random_masks(decoder, offsets=True)
     path = masks.save(tmp_path / "masks.safetensors", metadata={"note": "x"})
     loaded = PruneMasks.load(path)
     for name, tensor in masks.tensors().items():
@@ -172,16 +169,18 @@ def test_masks_save_load_listing(model, tmp_path):
     assert n_listed == masks.n_ff_pruned
     assert [s["step"] for s in listing["steps"]] == [1, 2]
     other = tiny_model("gpt2", seed=0)
-    other.cfg.d_mlp = 64  # a model of another shape
+    other.cfg.d_mlp = 64  # a decoder of another shape
     with pytest.raises(InterventionError, match="do not fit"):
         loaded.hooks(other)
     with pytest.raises(InterventionError):
         PruneMasks.load(tmp_path / "missing.safetensors")
 
 
-def test_whole_heads_are_counted(model):
-    masks = PruneMasks.empty(model)
-    attn = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head, dtype=torch.bool)
+def test_whole_heads_are_counted(decoder):
+    masks = PruneMasks.empty(decoder)
+    attn = torch.zeros(
+        decoder.cfg.n_layers, decoder.cfg.n_heads, decoder.cfg.d_head, dtype=torch.bool
+    )
     attn[1, 2] = True
     attn[0, 0, 0] = True
     masks.prune(1, attn=attn)

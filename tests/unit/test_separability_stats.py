@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_tokens, tiny_model
+from helpers import random_tokens
 
 from mi_core.errors import ConfigError, DataError
 from mi_core.statistics.activations import (
@@ -30,31 +30,26 @@ def direct_statistics(x: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def cached(model, tokens, site: str, token_mask=None) -> torch.Tensor:
+def cached(decoder, tokens, site: str, token_mask=None) -> torch.Tensor:
     """``[n_layers, tokens, *neurons]`` activations of ``site`` at the real token positions."""
-    _, cache = model.run_with_cache(tokens)
+    _, cache = decoder.run_with_cache(tokens)
     layers = []
-    for layer in range(model.cfg.n_layers):
+    for layer in range(decoder.cfg.n_layers):
         act = cache[SITE_HOOKS[site].format(layer)]
         rows = act.reshape(-1, *act.shape[2:])
         layers.append(rows if token_mask is None else rows[token_mask.reshape(-1)])
     return torch.stack(layers)
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
-def model(request):
-    return tiny_model(request.param)
-
-
 @pytest.mark.parametrize("batch_size", [64, 3])  # one batch; many batches (Chan merge)
-def test_statistics_equal_direct_computation(model, batch_size):
+def test_statistics_equal_direct_computation(decoder, batch_size):
     tokens = random_tokens(10, 12, seed=1)
-    stats = collect_activation_stats(model, tokens, batch_size=batch_size)
+    stats = collect_activation_stats(decoder, tokens, batch_size=batch_size)
     assert stats.n_tokens == tokens.numel()
     for site in ("mlp", "attn"):
-        acts = cached(model, tokens, site)
+        acts = cached(decoder, tokens, site)
         part = getattr(stats, site)
-        for layer in range(model.cfg.n_layers):
+        for layer in range(decoder.cfg.n_layers):
             expected = direct_statistics(acts[layer])
             for name in STATISTICS:
                 where = f"{site} layer {layer} {name}"
@@ -113,11 +108,11 @@ def test_large_offset_does_not_lose_the_variance():
     assert float(stats.std[0, 0]) == pytest.approx(x.double().std(correction=0).item(), rel=1e-6)
 
 
-def test_merge_of_collections_equals_one_collection(model):
+def test_merge_of_collections_equals_one_collection(decoder):
     tokens = random_tokens(8, 10, seed=2)
-    one = collect_activation_stats(model, tokens, batch_size=8)
-    halves = collect_activation_stats(model, tokens[:3], batch_size=2).merge(
-        collect_activation_stats(model, tokens[3:], batch_size=4)
+    one = collect_activation_stats(decoder, tokens, batch_size=8)
+    halves = collect_activation_stats(decoder, tokens[:3], batch_size=2).merge(
+        collect_activation_stats(decoder, tokens[3:], batch_size=4)
     )
     for site in ("mlp", "attn"):
         for name in STATISTICS:
@@ -129,66 +124,66 @@ def test_merge_of_collections_equals_one_collection(model):
             )
 
 
-def test_padding_is_excluded(model):
+def test_padding_is_excluded(decoder):
     # right-padded windows of different lengths against each sequence run alone, unpadded
     lengths = [12, 5, 9, 1]
     tokens = random_tokens(len(lengths), 12, seed=3)
     mask = torch.arange(12)[None, :] < torch.tensor(lengths)[:, None]
     padded = tokens.masked_fill(~mask, 0)
-    with_mask = collect_activation_stats(model, padded, mask, batch_size=4)
+    with_mask = collect_activation_stats(decoder, padded, mask, batch_size=4)
     alone = None
     for row, length in zip(tokens, lengths, strict=True):
-        part = collect_activation_stats(model, row[None, :length], batch_size=1)
+        part = collect_activation_stats(decoder, row[None, :length], batch_size=1)
         alone = part if alone is None else alone.merge(part)
     assert with_mask.n_tokens == sum(lengths)
     for site in ("mlp", "attn"):
-        acts = cached(model, padded, site, mask)
+        acts = cached(decoder, padded, site, mask)
         for name in STATISTICS:
             ours = getattr(with_mask, site).statistic(name)
             separately = getattr(alone, site).statistic(name)
             torch.testing.assert_close(ours, separately, atol=1e-5, rtol=1e-5)
-            for layer in range(model.cfg.n_layers):
+            for layer in range(decoder.cfg.n_layers):
                 torch.testing.assert_close(
                     ours[layer], direct_statistics(acts[layer])[name], atol=1e-6, rtol=1e-6
                 )
 
 
-def test_collection_skips_final_norm_and_unembedding(model, monkeypatch):
+def test_collection_skips_final_norm_and_unembedding(decoder, monkeypatch):
     calls = []
-    for module in (model.unembed, model.ln_final):
+    for module in (decoder.unembed, decoder.ln_final):
         monkeypatch.setattr(module, "forward", lambda *a, **k: calls.append(1))
-    collect_activation_stats(model, random_tokens(2, 6), batch_size=2)
+    collect_activation_stats(decoder, random_tokens(2, 6), batch_size=2)
     assert calls == []
 
 
-def test_memory_does_not_grow_with_tokens(model):
-    small = collect_activation_stats(model, random_tokens(1, 4), batch_size=1)
-    large = collect_activation_stats(model, random_tokens(40, 16), batch_size=5)
+def test_memory_does_not_grow_with_tokens(decoder):
+    small = collect_activation_stats(decoder, random_tokens(1, 4), batch_size=1)
+    large = collect_activation_stats(decoder, random_tokens(40, 16), batch_size=5)
     assert large.n_tokens == 640
     assert {k: v.shape for k, v in small.state_dict().items()} == {
         k: v.shape for k, v in large.state_dict().items()
     }
 
 
-def test_sites_state_dict_roundtrip_and_shapes(model):
-    cfg = model.cfg
-    stats = collect_activation_stats(model, random_tokens(2, 5), sites=("attn",))
+def test_sites_state_dict_roundtrip_and_shapes(decoder):
+    cfg = decoder.cfg
+    stats = collect_activation_stats(decoder, random_tokens(2, 5), sites=("attn",))
     assert stats.mlp is None
     assert stats.attn.shape == (cfg.n_layers, cfg.n_heads, cfg.d_head)
     back = ActivationStats.from_state_dict(stats.state_dict())
     torch.testing.assert_close(back.attn.rms, stats.attn.rms)
     assert back.mlp is None
     with pytest.raises(ConfigError):
-        stats.merge(collect_activation_stats(model, random_tokens(2, 5), sites=("mlp",)))
+        stats.merge(collect_activation_stats(decoder, random_tokens(2, 5), sites=("mlp",)))
 
 
-def test_bad_input_is_reported(model):
+def test_bad_input_is_reported(decoder):
     with pytest.raises(ConfigError):
-        collect_activation_stats(model, random_tokens(2, 5), sites=("resid",))
+        collect_activation_stats(decoder, random_tokens(2, 5), sites=("resid",))
     with pytest.raises(DataError):
-        collect_activation_stats(model, random_tokens(2, 5)[0])
+        collect_activation_stats(decoder, random_tokens(2, 5)[0])
     with pytest.raises(DataError):
-        collect_activation_stats(model, random_tokens(2, 5), torch.ones(2, 4, dtype=torch.bool))
+        collect_activation_stats(decoder, random_tokens(2, 5), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ConfigError):
         NeuronStats.zeros(1, (2,)).statistic("variance")
 
@@ -201,18 +196,18 @@ def test_float64_and_bfloat16_activations():
     torch.testing.assert_close(stats.mean[0], expected["mean"], atol=1e-6, rtol=1e-6)
 
 
-def test_statistics_see_the_pruned_model_when_masks_are_given(model):
+def test_statistics_see_the_pruned_model_when_masks_are_given(decoder):
     from mi_core.interventions.neurons import PruneMasks
 
-    cfg = model.cfg
-    masks = PruneMasks.empty(model)
+    cfg = decoder.cfg
+    masks = PruneMasks.empty(decoder)
     ff = torch.zeros(cfg.n_layers, cfg.d_mlp, dtype=torch.bool)
     ff[0, :5] = True
     attn = torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head, dtype=torch.bool)
     attn[1, 2, :3] = True
     offsets = torch.full((cfg.n_layers, cfg.n_heads, cfg.d_head), 0.75)
     masks.prune(1, ff, attn, attn_offset=offsets)
-    stats = collect_activation_stats(model, random_tokens(3, 8), fwd_hooks=masks.hooks(model))
+    stats = collect_activation_stats(decoder, random_tokens(3, 8), fwd_hooks=masks.hooks(decoder))
     assert stats.mlp.mean_abs[0, :5].abs().max() == 0 and stats.mlp.mean_abs[0, 5:].min() > 0
     torch.testing.assert_close(
         stats.attn.mean[1, 2, :3], torch.full((3,), 0.75, dtype=torch.float64)
