@@ -44,6 +44,7 @@ from torch import Tensor
 
 from mi_core.analysis.subnetworks import head_label, parse_head_label
 from mi_core.errors import ConfigError
+from mi_core.models.classifier import StagedClassifier
 
 __all__ = [
     "PATTERN_CLASSES",
@@ -403,10 +404,11 @@ def _find_hooked(model: Any) -> Any:
 
 
 def _is_causal(model: Any, hooked: Any) -> bool:
-    if hasattr(model, "is_encoder"):
-        return not bool(model.is_encoder)
-    if hasattr(hooked, "is_encoder"):
-        return not bool(hooked.is_encoder)
+    """Whether the model's attention is causal: a hooked classifier knows (``is_encoder``);
+    any other TransformerLens model says so in its config."""
+    for candidate in (model, hooked):
+        if isinstance(candidate, StagedClassifier):
+            return not candidate.is_encoder
     return getattr(hooked.cfg, "attention_dir", "causal") != "bidirectional"
 
 

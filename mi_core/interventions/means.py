@@ -254,6 +254,8 @@ def run_body(
     if isinstance(model, StagedClassifier):
         resid = model.embed_input(input_ids, attention_mask, token_type_ids)
         return model.run_blocks(resid, attention_mask)
-    if hasattr(model, "encoder_output"):
+    from transformer_lens import HookedEncoder
+
+    if isinstance(model, HookedEncoder):  # TransformerLens's own encoder: no task head
         return model.encoder_output(input_ids, token_type_ids, attention_mask)
     return model(input_ids, attention_mask=attention_mask, return_type=None)

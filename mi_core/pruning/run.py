@@ -43,6 +43,7 @@ from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, ablate, load_means
 from mi_core.interventions.components import model_dims
 from mi_core.io import read_json, read_safetensors, write_csv, write_json, write_safetensors
+from mi_core.models.classifier import StagedClassifier
 from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import weights_fingerprint
 from mi_core.models.frozen import frozen
@@ -142,7 +143,7 @@ def _load_model(model: Any, task: str | None, device: str = "auto") -> tuple[Any
         from mi_core.models import load_model
 
         return load_model(model, task=task, device=str(resolve_device(device))), os.fspath(model)
-    if not hasattr(model, "cfg") or not hasattr(model, "tokenizer"):
+    if not isinstance(model, StagedClassifier) or getattr(model, "tokenizer", None) is None:
         raise ConfigError("model must be a hooked classifier or a checkpoint path / model name")
     return model, str(getattr(model, "model_name", "") or "model")
 
