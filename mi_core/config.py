@@ -134,19 +134,61 @@ class Config:
     def from_json(cls: type[C], path: str | os.PathLike[str]) -> C:
         """Read a config written by :meth:`to_json` (or by hand)."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from None
-        return cls.from_dict(data, source=path.name)
+        return cls.from_dict(read_config_json(path), source=path.name)
 
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+# ----------------------------------------------------------------------- config files
+def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in config file ``path``; :class:`ConfigError` (one line) if it cannot be
+    read, is not JSON or is not an object."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path.name}: a config is a JSON object")
+    return data
+
+
+def shipped_names(folder: str) -> list[str]:
+    """Names of the configs shipped in ``mi_core/<folder>/*.json`` (e.g. ``configs``)."""
+    from importlib import resources
+
+    root = resources.files("mi_core") / folder
+    try:
+        entries = list(root.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(p.name[: -len(".json")] for p in entries if p.name.endswith(".json"))
+
+
+def resolve_shipped(
+    folder: str, name_or_path: str | os.PathLike[str], what: str = "config"
+) -> Path:
+    """A config file: ``name_or_path`` if it is a file, else the config of that name shipped in
+    ``mi_core/<folder>`` (``.json`` optional); :class:`ConfigError` listing them otherwise."""
+    from importlib import resources
+
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    name = os.fspath(name_or_path).removesuffix(".json")
+    names = shipped_names(folder)
+    if name in names:
+        return Path(str(resources.files("mi_core") / folder / f"{name}.json"))
+    raise ConfigError(
+        f"no config file or shipped {what} named {os.fspath(name_or_path)!r}; shipped {what}s: "
+        f"{', '.join(names) or '(none)'}"
+    )
 
 
 # ------------------------------------------------------------------------------ building

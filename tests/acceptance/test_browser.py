@@ -79,6 +79,7 @@ def test_the_report_renders_offline_with_its_figures(tiny_checkpoints, data_dir,
         "pruning": {
             "sparsities": [0.3, 0.5],
             "seeds": [1, 2],
+            "profile": "quick",
             "overrides": {"steps": 6, "batch_size": 8, "checkpoint_every": 3},
         },
         "attention": {"max_examples": 8, "n_views": 1},

@@ -30,7 +30,7 @@ def minimal(**changes) -> dict:
         "task": "mnli",
         "data": {"train": "mnli:train", "eval": ["mnli:validation_matched", "hans:so_swap"]},
         "finetune": {"steps": 10},
-        "pruning": {"sparsities": [0.3, 0.5], "seeds": "1-4"},
+        "pruning": {"sparsities": [0.3, 0.5], "seeds": "1-4", "profile": "quick"},
     }
     config.update(changes)
     return config
@@ -210,6 +210,7 @@ def tiny_config(model_path) -> dict:
         "pruning": {
             "sparsities": [0.3, 0.5],
             "seeds": [1, 2],
+            "profile": "quick",
             "overrides": {
                 "steps": 6,
                 "batch_size": 8,

@@ -105,6 +105,8 @@ def _args(checkpoints, out, *extra):
         "--eval-batch-size",
         "16",
         "--no-progress",
+        "--profile",
+        "quick",
         *extra,
     ]
 

@@ -228,7 +228,7 @@ def test_shipped_report_config_runs_on_a_tiny_opt(tiny_checkpoints, tmp_path, ca
     # a config that does not exist, or with an unknown key, is one clear line
     capsys.readouterr()
     assert main(["separability", "--config", "nope", "--out", str(tmp_path / "x")]) == 2
-    assert "shipped: opt-1.3b-pile-code" in capsys.readouterr().err
+    assert "shipped separability configs: opt-1.3b-pile-code" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"ff_fraction": 0.1}))
     assert main(["separability", "--config", str(bad), "--out", str(tmp_path / "y")]) == 2

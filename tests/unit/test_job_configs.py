@@ -142,6 +142,18 @@ def test_seed_specs_mean_the_same_everywhere():
     assert SweepConfig.from_dict({**JOBS[5][3], "seeds": "42-44"}).seeds == [42, 43, 44]
 
 
+def test_every_pruning_entry_point_defaults_to_the_authors_profile():
+    """``--profile`` means the same everywhere: ``paper`` for prune, sweep, effective size and
+    the experiment (the embedded demo's config asks for ``quick`` itself)."""
+    from mi_core.methods.heuristic_core.config import PruningSettings, load_config
+
+    assert PruneRunConfig.from_dict(JOBS[4][3]).profile == "paper"
+    assert SweepConfig.from_dict(JOBS[5][3]).profile == "paper"
+    assert EffectiveSizeConfig.from_dict(JOBS[6][3]).profile == "paper"
+    assert PruningSettings(sparsities=[0.5], seeds=[1]).profile == "paper"
+    assert load_config("minilm-mnli-quick").pruning.profile == "quick"
+
+
 def test_validation_is_one_place_and_one_line():
     with pytest.raises(ConfigError, match="sparsity_estimate must be one of"):
         make_prune_config("paper", 0.5, 1, sparsity_estimate="median")

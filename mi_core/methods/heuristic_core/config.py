@@ -29,14 +29,12 @@ key. Relative paths (checkpoints, local data files) are relative to the working 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mi_core.config import Config, option
+from mi_core.config import Config, option, read_config_json, resolve_shipped, shipped_names
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import FILLS, MeansSettings
@@ -167,8 +165,8 @@ class EffectiveSizeConfig(EffectiveSizeOptions, SweepExecution, DeviceOption):
     """Means file per checkpoint, with {step} in the path (default: computed on train)."""
     task: str | None = option(None, choices=TASKS)
     """Model task if ambiguous."""
-    profile: str = option("quick", choices=PROFILES)
-    """Pruning profile."""
+    profile: str = option("paper", choices=PROFILES)
+    """Pruning profile (the authors' recipe by default, as ``mi-core prune`` and ``sweep``)."""
     overrides: dict[str, Any] = option(default_factory=dict, cli=False)
     """PruneConfig fields that differ from the profile (the recipe flags set them)."""
     max_train_examples: int | None = None
@@ -246,7 +244,7 @@ class PruningSettings(SweepExecution):
     """Target sparsities: a list, or a range like "0.05:0.7:0.05"."""
     seeds: list[int] = option(parse=parse_seed_spec)
     """Seeds: a list, a count (3: seeds 0-2) or a spec like "1-12"."""
-    profile: str = "quick"
+    profile: str = "paper"
     overrides: dict[str, Any] = field(default_factory=dict)
     """PruneConfig fields to override, e.g. ``{"steps": 200}``."""
     max_train_examples: int | None = None
@@ -479,37 +477,15 @@ def _positive_or_none(name: str, value: int | None) -> None:
 # -------------------------------------------------------------------------------- loading
 def shipped_configs() -> list[str]:
     """Names of the configs shipped with mi_core (``mi_core/configs/*.json``)."""
-    root = resources.files("mi_core") / "configs"
-    try:
-        entries = list(root.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(p.name[: -len(".json")] for p in entries if p.name.endswith(".json"))
+    return shipped_names("configs")
 
 
 def resolve_config_path(name_or_path: str | os.PathLike[str]) -> Path:
     """A config file: ``name_or_path`` if it is a file, else the shipped config of that name."""
-    path = Path(name_or_path).expanduser()
-    if path.is_file():
-        return path
-    name = os.fspath(name_or_path)
-    if name.endswith(".json"):
-        name = name[: -len(".json")]
-    if name in shipped_configs():
-        return Path(str(resources.files("mi_core") / "configs" / f"{name}.json"))
-    raise ConfigError(
-        f"no config file or shipped config named {os.fspath(name_or_path)!r}; shipped configs: "
-        f"{', '.join(shipped_configs()) or '(none)'}"
-    )
+    return resolve_shipped("configs", name_or_path)
 
 
 def load_config(name_or_path: str | os.PathLike[str]) -> ExperimentConfig:
     """Read and validate a config file, or a shipped config by name (e.g. ``minilm-mnli-quick``)."""
     path = resolve_config_path(name_or_path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from None
-    return ExperimentConfig.from_dict(data, source=path.name)
+    return ExperimentConfig.from_dict(read_config_json(path), source=path.name)

@@ -11,12 +11,11 @@ Shipped configs (``mi_core/configs/separability``) hold the report's settings
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from importlib import resources
 from pathlib import Path
 
+from mi_core.config import read_config_json, resolve_shipped, shipped_names
 from mi_core.data import token_texts, token_windows
 from mi_core.errors import ConfigError
 from mi_core.methods.separability.report import write_separability_outputs
@@ -61,30 +60,13 @@ def _task(tokenizer, spec: str, config: SeparabilityConfig, eval_tokens: int) ->
 
 def shipped_separability_configs() -> list[str]:
     """Names of the separability configs shipped with mi_core."""
-    root = resources.files("mi_core") / SHIPPED
-    return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))
+    return shipped_names(SHIPPED)
 
 
 def separability_config_values(name_or_path: str | os.PathLike[str]) -> dict:
     """The keys of a separability config file, or of a shipped config by name (unchecked: the
     command line lays its flags over them before :meth:`SeparabilityConfig.from_dict`)."""
-    name_or_path = os.fspath(name_or_path)
-    path = Path(name_or_path).expanduser()
-    if not path.is_file():
-        name = name_or_path.removesuffix(".json")
-        if name not in shipped_separability_configs():
-            raise ConfigError(
-                f"no config file or shipped separability config named {name_or_path!r}; "
-                f"shipped: {', '.join(shipped_separability_configs())}"
-            )
-        path = Path(str(resources.files("mi_core") / SHIPPED / f"{name}.json"))
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read separability config {path}: {exc}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path.name}: a separability config is a JSON object")
-    return values
+    return read_config_json(resolve_shipped(SHIPPED, name_or_path, "separability config"))
 
 
 def load_separability_config(name_or_path: str | os.PathLike[str]) -> SeparabilityConfig:
