@@ -154,6 +154,37 @@ def test_every_pruning_entry_point_defaults_to_the_authors_profile():
     assert load_config("minilm-mnli-quick").pruning.profile == "quick"
 
 
+def test_the_experiment_flags_are_its_fields_over_the_config_file(tmp_path):
+    """``mi-core heuristic-core``: with no flags, the config is the file's; each top-level
+    field has a generated flag; ``--set section.key=value`` reaches nested sections."""
+    from mi_core.cli.heuristic_core import config_from_args
+    from mi_core.methods.heuristic_core.config import ExperimentConfig, load_config
+
+    parser = build_parser()
+    base = ["heuristic-core", "--config", "minilm-mnli-quick", "--out", str(tmp_path)]
+    assert config_from_args(parser.parse_args(base)) == load_config("minilm-mnli-quick")
+    flags = {flag_name(f) for f in dataclasses.fields(ExperimentConfig)}
+    help_text = parser._subparsers._group_actions[0].choices["heuristic-core"].format_help()
+    for flag in ("--model", "--task", "--checkpoint", "--device", "--name"):
+        assert flag in flags and flag in help_text
+    args = parser.parse_args(
+        [*base, "--task", "qqp", "--set", "pruning.profile=cofi",
+         "--set", "pruning.sparsities=[0.2, 0.4]", "--set", "attention.max_examples=7"]
+    )  # fmt: skip
+    config = config_from_args(args)
+    assert config.task == "qqp" and config.pruning.profile == "cofi"
+    assert config.pruning.sparsities == [0.2, 0.4] and config.attention.max_examples == 7
+    assert config.pruning.seeds == load_config("minilm-mnli-quick").pruning.seeds
+    for bad, words in [
+        ("pruning.profil=cofi", "profil"),
+        ("pruning", "SECTION.KEY=VALUE"),
+        ("pruning.profile=fast", "profile"),
+        ("name.x=1", "not a section"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            config_from_args(parser.parse_args([*base, "--set", bad]))
+
+
 def test_validation_is_one_place_and_one_line():
     with pytest.raises(ConfigError, match="sparsity_estimate must be one of"):
         make_prune_config("paper", 0.5, 1, sparsity_estimate="median")

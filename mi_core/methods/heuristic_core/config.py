@@ -408,10 +408,13 @@ class ExperimentConfig(DeviceOption):
     data: DataSettings
     pruning: PruningSettings
     name: str = "experiment"
+    """The experiment's name (the report's title)."""
     description: str = ""
+    """One line on what the experiment is, shown under the report's title."""
     model: str | None = None
     """The model to fine-tune (checkpoint dir, hub name or ``minilm``)."""
     task: str = "mnli"
+    """The task (``mnli`` or ``qqp``): the classifier's head and the labels."""
     checkpoint: str | None = None
     """An already fine-tuned checkpoint: no fine-tuning stage."""
     finetune: FinetuneSettings | None = None
