@@ -54,6 +54,10 @@ class ExperimentLayout:
     def stages(self) -> Path:
         return self.root / "stages"
 
+    def stage_marker(self, stage: str) -> Path:
+        """The file a finished stage leaves (its key and outputs)."""
+        return self.stages / f"{stage}.json"
+
     @property
     def finetune(self) -> Path:
         return self.root / "finetune"

@@ -47,8 +47,6 @@ __all__ = [
     "run_experiment",
 ]
 
-CONFIG_FILE = "experiment.json"
-
 
 @dataclass
 class StageOutcome:
@@ -111,11 +109,8 @@ class HeuristicCoreExperiment:
         self._keys: dict[str, str] = {}
 
     # ------------------------------------------------------------------------- paths / keys
-    def path(self, *parts: str) -> Path:
-        return self.out.joinpath(*parts)
-
     def done_file(self, stage: str) -> Path:
-        return self.path("stages", f"{stage}.json")
+        return self.layout.stage_marker(stage)
 
     def stage_key(self, stage: str) -> str:
         """The key of ``stage``: a hash of its settings and of its upstream stages' keys."""
@@ -157,9 +152,9 @@ class HeuristicCoreExperiment:
             return self.config.checkpoint
         from mi_core.training.checkpoints import list_checkpoints
 
-        found = list_checkpoints(self.path("finetune"))
+        found = list_checkpoints(self.layout.finetune)
         if not found:
-            raise ConfigError(f"no checkpoint in {self.path('finetune')}; run the finetune stage")
+            raise ConfigError(f"no checkpoint in {self.layout.finetune}; run the finetune stage")
         return str(found[-1][1])
 
     @property
@@ -209,7 +204,7 @@ class HeuristicCoreExperiment:
         """Run every stage that is not finished yet; return where the report is."""
         self.check_data()
         self.out.mkdir(parents=True, exist_ok=True)
-        write_json(self.path(CONFIG_FILE), self.config.to_dict())
+        write_json(self.layout.config, self.config.to_dict())
         outcomes = []
         for spec in STAGE_SPECS:
             stage = spec.name
@@ -254,7 +249,7 @@ class HeuristicCoreExperiment:
                 model=c.model,
                 task=c.task,
                 train=c.data.train,
-                out=str(self.path("finetune")),
+                out=str(self.layout.finetune),
                 eval=list(c.data.eval),
                 device=self.device,
             ).replace(
@@ -286,7 +281,7 @@ class HeuristicCoreExperiment:
 
     def _run_sweep(self) -> None:
         p = self.config.pruning
-        self._prune_grid(self.path("sweep"), p.sparsities, p.seeds)
+        self._prune_grid(self.layout.sweep, p.sparsities, p.seeds)
 
     def _prune_grid(
         self,
@@ -325,13 +320,13 @@ class HeuristicCoreExperiment:
         """The sweep's finished runs of this config's sparsities and seeds."""
 
         p = self.config.pruning
-        return load_sweep(self.path("sweep"), sparsities=p.sparsities, seeds=p.seeds)
+        return load_sweep(self.layout.sweep, sparsities=p.sparsities, seeds=p.seeds)
 
     def _run_analysis(self) -> None:
         from mi_core.methods.heuristic_core.comparison import compare_subnetworks, write_comparison
 
         results = self.load_sweep()
-        write_comparison(results, compare_subnetworks(results), self.path("analysis"))
+        write_comparison(results, compare_subnetworks(results), self.layout.analysis)
 
     def chosen_heads(self) -> tuple[list[str], str]:
         """The heads to inspect and why: ``(heads, "config" | "core" | "most frequent")``."""
@@ -375,7 +370,7 @@ class HeuristicCoreExperiment:
         table.insert(1, "chosen_as", reason)
         write_csv(self.layout.attention_classes, table)
         views = attention_views(self.model, dataset, heads, a.n_views)
-        write_views(views, self.path("attention"))
+        write_views(views, self.layout.attention)
 
     def _run_ablation(self) -> None:
         from mi_core.methods.heuristic_core.ablation import run_core_ablation
@@ -401,7 +396,7 @@ class HeuristicCoreExperiment:
             ablation=b.ablation,
             others=b.others,
             batch_size=b.batch_size,
-            out=self.path("ablation"),
+            out=self.layout.ablation,
             heads_chosen_as=reason,
             progress=self.progress is not False,
         )
@@ -411,10 +406,10 @@ class HeuristicCoreExperiment:
 
         c, es = self.config, self.config.effective_size
         run_effective_size(
-            es.checkpoints_dir or self.path("finetune"),
+            es.checkpoints_dir or self.layout.finetune,
             c.data.train,
             list(c.data.eval),
-            self.path("effective_size"),
+            self.layout.effective_size,
             es.sparsities,
             es.seeds,
             ood_sets=c.ood_sets,
@@ -436,7 +431,7 @@ class HeuristicCoreExperiment:
     def _run_grid(self) -> None:
         """Figure 4: the fine-tuned model pruned at every sparsity x seed of the grid."""
         g = self.config.grid
-        self._prune_grid(self.path("grid"), g.sparsities, g.seeds)
+        self._prune_grid(self.layout.grid, g.sparsities, g.seeds)
 
     def _run_core_before(self) -> None:
         """Prune the last checkpoint before the out-of-domain accuracy rises; compare cores."""
@@ -453,10 +448,10 @@ class HeuristicCoreExperiment:
         from mi_core.training.checkpoints import list_checkpoints
 
         c, p = self.config, self.config.pruning
-        out = self.path("core_before")
+        out = self.layout.core_before
         metrics = pd.read_csv(self.layout.finetune_metrics)
         names = {spec: dataset_name(spec, task=c.task) for spec in c.ood_sets}
-        saved = dict(list_checkpoints(self.path("finetune")))
+        saved = dict(list_checkpoints(self.layout.finetune))
         found = pre_generalisation_checkpoint(
             metrics, list(names.values()), sorted(saved), c.core_before.margin
         )
@@ -549,7 +544,7 @@ class HeuristicCoreExperiment:
             .reset_index()
             .merge(pd.DataFrame(gaps), on="subnetwork", how="left")
         )
-        self.path("core_edges").mkdir(parents=True, exist_ok=True)
+        self.layout.core_edges.mkdir(parents=True, exist_ok=True)
         write_csv(self.layout.core_edges_table, edges)
         write_csv(self.layout.core_edges_summary, summary)
 

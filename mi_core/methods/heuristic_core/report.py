@@ -25,6 +25,7 @@ import pandas as pd
 
 from mi_core.data import HANS_PAPER_SUBCASES
 from mi_core.io import write_csv, write_text
+from mi_core.methods.heuristic_core.layout import ExperimentLayout
 from mi_core.methods.heuristic_core.results import ExperimentTables
 from mi_core.methods.heuristic_core.stages import STAGES
 
@@ -629,22 +630,19 @@ def _findings_section(findings: pd.DataFrame) -> ReportSection | None:
 
 
 def _files_section(root: Path) -> ReportSection:
-    section = ReportSection("Files")
+    """Every table and figure the stages left, read from the layout's folders (no file name is
+    repeated here: a stage that writes a new file shows up by itself)."""
+    layout = ExperimentLayout(root)
+    folders = (
+        layout.finetune, layout.sweep, layout.analysis, layout.attention, layout.ablation,
+        layout.effective_size, layout.grid, layout.core_before, layout.core_edges,
+    )  # fmt: skip
     lines = []
-    for pattern in (
-        "analysis/*.csv",
-        "attention/*.csv",
-        "attention/view_*.html",
-        "ablation/*.csv",
-        "effective_size/*.csv",
-        "effective_size/*.html",
-        "core_edges/*.csv",
-        "finetune/metrics.csv",
-        "finetune/training_dynamics.html",
-        "sweep/subnetworks.csv",
-        "sweep/subnetworks.html",
-    ):
-        lines += [f"- `{p.relative_to(root).as_posix()}`" for p in sorted(root.glob(pattern))]
+    for folder in folders:
+        for path in sorted(folder.glob("*")):
+            if path.is_file() and path.suffix in (".csv", ".html", ".md"):
+                lines.append(f"- `{path.relative_to(root).as_posix()}`")
+    section = ReportSection("Files")
     section.text("\n".join(lines) or "No files.")
     return section
 
