@@ -184,10 +184,19 @@ def test_stage_keys_follow_the_settings_they_depend_on(tmp_path):
         "core_edges",
     ]
     ray = ExperimentConfig.from_dict(
-        minimal(pruning={"sparsities": [0.3, 0.5], "seeds": "1-4", "executor": "ray"})
+        minimal(
+            pruning={
+                "sparsities": [0.3, 0.5],
+                "seeds": "1-4",
+                "profile": "quick",
+                "executor": "ray",
+            }
+        )
     )
     assert HeuristicCoreExperiment(ray, tmp_path).stage_key("sweep") == keys.stage_key("sweep")
-    more = ExperimentConfig.from_dict(minimal(pruning={"sparsities": [0.3], "seeds": "1-4"}))
+    more = ExperimentConfig.from_dict(
+        minimal(pruning={"sparsities": [0.3], "seeds": "1-4", "profile": "quick"})
+    )
     moved = HeuristicCoreExperiment(more, tmp_path)
     assert moved.stage_key("means") == keys.stage_key("means")
     assert moved.stage_key("sweep") != keys.stage_key("sweep")
