@@ -25,6 +25,8 @@ _NAMES: dict[str, str] = {
     "pair_batches": "mi_core.data",
     "token_windows": "mi_core.data",
     "evaluate": "mi_core.evaluation",
+    "FinetuneConfig": "mi_core.training",
+    "finetune": "mi_core.training",
     # interventions
     "ComponentMask": "mi_core.interventions",
     "Subnetwork": "mi_core.interventions",

@@ -387,6 +387,14 @@ def test_run_heuristic_core_in_memory_equals_the_report_directory(
     assert [s.status for s in in_memory.stages] == [s.status for s in on_disk.stages]
     again = HeuristicCoreResult.load(tmp_path / "report")  # the typed loader
     assert again.core == on_disk.core and again.ablation is not None
+    from mi_core.methods.heuristic_core import render_report
+
+    html, markdown = render_report(tmp_path / "report")  # the report as text, nothing written
+    # equal to the files but for the stages table, which now lists the report stage too
+    written = (tmp_path / "report" / "report.md").read_text()
+    assert markdown.split("## Findings", 1)[1] == written.split("## Findings", 1)[1]
+    assert markdown.count("\n") == written.count("\n") + 1
+    assert html.startswith("<!DOCTYPE html>") and "<title>Heuristic core: " in html
 
 
 def test_in_domain_sets_are_named_once_and_are_not_out_of_domain():

@@ -48,7 +48,12 @@ if TYPE_CHECKING:
         run_experiment,
         run_heuristic_core,
     )
-    from mi_core.methods.heuristic_core.report import build_report, display_name, write_report
+    from mi_core.methods.heuristic_core.report import (
+        build_report,
+        display_name,
+        render_report,
+        write_report,
+    )
     from mi_core.methods.heuristic_core.results import ExperimentTables
 
 #: Public name -> the module that defines it (imported on first use).
@@ -75,6 +80,7 @@ _NAMES = {
     "run_heuristic_core": "mi_core.methods.heuristic_core.pipeline",
     "build_report": "mi_core.methods.heuristic_core.report",
     "display_name": "mi_core.methods.heuristic_core.report",
+    "render_report": "mi_core.methods.heuristic_core.report",
     "write_report": "mi_core.methods.heuristic_core.report",
     "ExperimentTables": "mi_core.methods.heuristic_core.results",
 }
@@ -105,5 +111,6 @@ __all__ = [
     "run_heuristic_core",
     "shipped_configs",
     "write_comparison",
+    "render_report",
     "write_report",
 ]

@@ -672,8 +672,19 @@ def build_report(
     ):
         if part is not None:
             sections.append(part)
-    sections.append(_files_section(root))
+    if root.is_dir():  # tables built in memory have no files to list
+        sections.append(_files_section(root))
     return title, sections
+
+
+def render_report(
+    results: str | os.PathLike[str] | ExperimentTables, findings: pd.DataFrame | None = None
+) -> tuple[str, str]:
+    """The report as text, nothing written: self-contained offline HTML and its Markdown twin,
+    from a report directory or from tables built in memory (a notebook's sweep and comparison:
+    ``ExperimentTables(root=Path("mine"), runs=result.runs, comparison=comparison)``)."""
+    title, sections = build_report(results, findings)
+    return _render_html(title, sections), _render_markdown(title, sections)
 
 
 def write_report(root: str | os.PathLike[str]) -> tuple[Path, Path]:
