@@ -55,13 +55,13 @@ from mi_core.data._sources import (
     resolve_data_dir,
 )
 from mi_core.errors import DataError
-from mi_core.tasks import TASK_NUM_LABELS
+from mi_core.tasks import TASK_LABELS, TASK_NUM_LABELS, TASK_SPLITS
 
 logger = logging.getLogger(__name__)
 
-MNLI_LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
+MNLI_LABELS: tuple[str, ...] = TASK_LABELS["mnli"]
 HANS_LABELS: tuple[str, ...] = ("entailment", "non-entailment")
-QQP_LABELS: tuple[str, ...] = ("not_duplicate", "duplicate")
+QQP_LABELS: tuple[str, ...] = TASK_LABELS["qqp"]
 PAWS_LABELS: tuple[str, ...] = ("not_paraphrase", "paraphrase")
 
 #: Number of output classes of a model fine-tuned on each task.
@@ -114,10 +114,7 @@ HANS_PAPER_SUBCASES: dict[str, str] = {
 
 _warned_paws: set[str] = set()
 
-_GLUE_SPLITS: dict[str, tuple[str, ...]] = {
-    "mnli": ("train", "validation_matched", "validation_mismatched", "heldout"),
-    "qqp": ("train", "validation"),
-}
+_GLUE_SPLITS: dict[str, tuple[str, ...]] = TASK_SPLITS
 _LOCAL_ONLY = {("mnli", "heldout")}
 _TEXT_COLUMNS = (("premise", "hypothesis"), ("question1", "question2"), ("sentence1", "sentence2"))
 _LABEL_COLUMNS = ("label", "gold_label")

@@ -31,7 +31,7 @@ from mi_core.models.classifier import (
     HookedEncoderClassifier,
 )
 from mi_core.models.dropout import DropoutRates
-from mi_core.tasks import TASK_NUM_LABELS
+from mi_core.tasks import TASK_LABELS, TASK_NUM_LABELS
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,8 @@ CAUSAL_LM_ARCHITECTURES = ("GPT2LMHeadModel", "OPTForCausalLM", "LlamaForCausalL
 SUPPORTED_ARCHITECTURES = tuple(
     dict.fromkeys(CLASSIFIER_ARCHITECTURES + BODY_ARCHITECTURES + CAUSAL_LM_ARCHITECTURES)
 )
-TASK_LABEL_NAMES = {
-    "mnli": ["entailment", "neutral", "contradiction"],
-    "qqp": ["not_duplicate", "duplicate"],
-}
+#: Task -> its label names (:data:`mi_core.tasks.TASK_LABELS`, as lists for HF configs).
+TASK_LABEL_NAMES = {task: list(labels) for task, labels in TASK_LABELS.items()}
 
 
 @dataclass(frozen=True)
