@@ -52,6 +52,7 @@ from jaxtyping import Bool, Float
 from transformer_lens.components import BertBlock, TransformerBlock
 
 from mi_core.errors import InterventionError
+from mi_core.interventions.components import Component
 from mi_core.interventions.config import FILLS
 from mi_core.io import read_json, read_safetensors, write_safetensors
 from mi_core.models.hooks import act_name
@@ -76,8 +77,15 @@ SUPPORTED_GRAPHS = (
     "pre-LayerNorm decoders (GPT-2, OPT and Llama families; GPT-2 classifiers) and "
     "post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"
 )
-_SENDER = re.compile(r"^(?:input|L(\d+)\.(?:H(\d+)|MLP))$")
-_RECEIVER = re.compile(r"^(?:output|L(\d+)\.(?:H(\d+)\.([qkv])|MLP))$")
+
+
+def _component(text: str) -> Component | None:
+    """The head or MLP named ``text`` (``L2.H5``, ``L3.MLP``), or None for another name."""
+    try:
+        return Component.parse(text)
+    except InterventionError:
+        return None
+
 
 #: Outputs of every sender in one run, in graph order: ``[sender, batch, pos, d_model]``.
 NodeOutputs = Float[torch.Tensor, "sender batch pos d_model"]
@@ -165,7 +173,8 @@ class Graph:
     def senders(self) -> list[str]:
         names = ["input"]
         for layer in range(self.n_layers):
-            names += [f"L{layer}.H{h}" for h in range(self.n_heads)] + [f"L{layer}.MLP"]
+            names += [str(Component(layer, h)) for h in range(self.n_heads)]
+            names.append(str(Component(layer)))
         return names
 
     @cached_property
@@ -173,8 +182,8 @@ class Graph:
         names = []
         for layer in range(self.n_layers):
             for kind in "qkv":
-                names += [f"L{layer}.H{h}.{kind}" for h in range(self.n_heads)]
-            names.append(f"L{layer}.MLP")
+                names += [f"{Component(layer, h)}.{kind}" for h in range(self.n_heads)]
+            names.append(str(Component(layer)))
         return [*names, "output"]
 
     @cached_property
@@ -280,29 +289,37 @@ class Graph:
         return index
 
     def _parse_sender(self, text: str, name: str) -> int | None:
-        match = _SENDER.match(text)
-        if match is None:
-            return None
         if text == "input":
             return 0
-        layer, head = int(match[1]), match[2]
-        self._check_range(layer, head, name)
-        return self.mlp_sender(layer) if head is None else self.head_sender(layer, int(head))
+        node = _component(text)
+        if node is None:
+            return None
+        self._check_range(node, name)
+        return (
+            self.mlp_sender(node.layer)
+            if node.is_mlp
+            else self.head_sender(node.layer, int(node.head or 0))
+        )
 
     def _parse_receiver(self, text: str, name: str) -> int | None:
-        match = _RECEIVER.match(text)
-        if match is None:
-            return None
         if text == "output":
             return self.output_receiver
-        layer, head, kind = int(match[1]), match[2], match[3]
-        self._check_range(layer, head, name)
-        if head is None:
-            return self.mlp_receiver(layer)
-        return self.qkv_receivers(layer).start + "qkv".index(kind) * self.n_heads + int(head)
+        base, _, kind = text.rpartition(".")
+        if kind in ("q", "k", "v"):  # a head's query / key / value input
+            node = _component(base)
+            if node is None or node.is_mlp:
+                return None
+            self._check_range(node, name)
+            start = self.qkv_receivers(node.layer).start
+            return start + "qkv".index(kind) * self.n_heads + int(node.head or 0)
+        node = _component(text)
+        if node is None or not node.is_mlp:
+            return None
+        self._check_range(node, name)
+        return self.mlp_receiver(node.layer)
 
-    def _check_range(self, layer: int, head: str | None, name: str) -> None:
-        if layer >= self.n_layers or (head is not None and int(head) >= self.n_heads):
+    def _check_range(self, node: Component, name: str) -> None:
+        if node.layer >= self.n_layers or (node.head is not None and node.head >= self.n_heads):
             raise InterventionError(
                 f"no edge {name!r}: the model has {self.n_layers} layers of {self.n_heads} heads"
             )
@@ -1073,8 +1090,8 @@ def _from_mib_name(name: str) -> str:
         if text in ("input", "logits"):
             return "output" if text == "logits" else "input"
         if found[3] is not None:
-            return f"L{found[3]}.MLP"
-        return f"L{found[1]}.H{found[2]}"
+            return str(Component(int(found[3])))
+        return str(Component(int(found[1]), int(found[2])))
 
     receiver = node(match[2]) + (f".{match[3]}" if match[3] else "")
     return f"{node(match[1])}->{receiver}"
@@ -1087,8 +1104,8 @@ def to_mib_name(name: str) -> str:
     def node(text: str) -> str:
         if text in ("input", "output"):
             return "logits" if text == "output" else "input"
-        layer, _, rest = text.partition(".")
-        return f"m{layer[1:]}" if rest == "MLP" else f"a{layer[1:]}.h{rest[1:]}"
+        part = Component.parse(text)
+        return f"m{part.layer}" if part.is_mlp else f"a{part.layer}.h{part.head}"
 
     suffix = ""
     if receiver.endswith((".q", ".k", ".v")):
