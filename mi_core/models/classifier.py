@@ -30,6 +30,7 @@ from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
 from mi_core.models.text import encode_pairs, pad_token_id
+from mi_core.naming import Component
 
 Ids = Int[torch.Tensor, "batch pos"]
 #: Keys of an mi_core batch that ``forward`` accepts and ignores (``model(**batch)``).
@@ -277,8 +278,9 @@ class HookedClassifier:
     @property
     def component_labels(self) -> list[str]:
         """``L{l}.H{h}`` for every head, then ``L{l}.MLP`` for every layer."""
-        heads = [f"L{l}.H{h}" for l in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
-        return heads + [f"L{l}.MLP" for l in range(self.cfg.n_layers)]
+        n_layers, n_heads = self.cfg.n_layers, self.cfg.n_heads
+        heads = [Component(l, h) for l in range(n_layers) for h in range(n_heads)]
+        return [str(c) for c in heads + [Component(l) for l in range(n_layers)]]
 
 
 _POST_LN = (

@@ -28,8 +28,8 @@ def _node_xy(graph: Graph) -> dict[str, tuple[float, float]]:
     xy = {"input": (spread / 2, -1.0), "output": (spread / 2, 2.0 * graph.n_layers)}
     for layer in range(graph.n_layers):
         for head in range(graph.n_heads):
-            xy[f"L{layer}.H{head}"] = (float(head), 2.0 * layer)
-        xy[f"L{layer}.MLP"] = (graph.n_heads + 0.5, 2.0 * layer + 1)  # a column of its own
+            xy[graph.senders[graph.head_sender(layer, head)]] = (float(head), 2.0 * layer)
+        xy[graph.senders[graph.mlp_sender(layer)]] = (graph.n_heads + 0.5, 2.0 * layer + 1)
     return xy
 
 

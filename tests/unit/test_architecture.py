@@ -17,6 +17,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
         "errors tasks seeding lazy",
+        "naming",
         "io",
         "config",
         "devices",
