@@ -98,8 +98,7 @@ def apply(model: Any, *interventions: Intervention) -> Iterator[Any]:
 
 def load_intervention(path: str | os.PathLike[str]) -> Intervention:
     """Read any saved intervention, by the ``kind`` in its file's metadata."""
-    from mi_core.interventions.neurons import FORMAT as NEURONS_FORMAT
-    from mi_core.interventions.neurons import PruneMasks
+    from mi_core.interventions.neurons import PruneMasks, is_neuron_masks
 
     try:
         _, metadata = read_safetensors(path)
@@ -110,7 +109,7 @@ def load_intervention(path: str | os.PathLike[str]) -> Intervention:
     kind = metadata.get("kind") or metadata.get("format")
     if kind == SUBNETWORK_KIND:
         return Subnetwork.load(path)
-    if kind == NEURONS_FORMAT:
+    if is_neuron_masks(metadata):
         return PruneMasks.load(path)
     if kind == EDGE_MASK_KIND:
         return EdgeMask.load(path)

@@ -38,8 +38,18 @@ from mi_core.errors import InterventionError
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.hooks import act_name
 
-#: The format tag written into the metadata of saved masks.
+#: The kind written into the metadata of saved masks (with ``format_version``), as every
+#: intervention file has.
+NEURON_MASKS_KIND = "mi_core.PruneMasks"
+_FORMAT_VERSION = "1"
+#: The tag files written before the kind / format_version metadata carried (still read).
 FORMAT = "mi_core.interventions.neurons/1"
+
+
+def is_neuron_masks(metadata: dict[str, str]) -> bool:
+    """Whether a safetensors file's metadata says it holds :class:`PruneMasks` (this version's
+    ``kind`` or the older ``format`` tag)."""
+    return metadata.get("kind") == NEURON_MASKS_KIND or metadata.get("format") == FORMAT
 
 
 @dataclass(eq=False)
@@ -171,6 +181,16 @@ class PruneMasks:
     __or__ = union
     __and__ = intersection
 
+    def __sub__(self, other: PruneMasks) -> PruneMasks:
+        """Refused: masks are a pruning history (the step each neuron was removed at), and
+        "kept here but not there" would remove neurons that neither run pruned, with no step
+        to record; use :meth:`union` / :meth:`intersection`, or compare :meth:`tensors`."""
+        raise InterventionError(
+            "the difference of two PruneMasks is not defined: they record the step each neuron "
+            "was pruned at, and a difference would remove neurons neither run pruned; use "
+            "union (|) or intersection (&), or compare masks.tensors()"
+        )
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PruneMasks):
             return NotImplemented
@@ -220,7 +240,7 @@ class PruneMasks:
 
     def save(self, path: str | os.PathLike[str], metadata: dict[str, str] | None = None) -> Path:
         """Write the masks as safetensors (atomically)."""
-        meta = {"format": FORMAT, **(metadata or {})}
+        meta = {**(metadata or {}), "kind": NEURON_MASKS_KIND, "format_version": _FORMAT_VERSION}
         return write_safetensors(
             path,
             {
@@ -239,8 +259,15 @@ class PruneMasks:
             tensors, metadata = read_safetensors(path)
         except FileNotFoundError as exc:
             raise InterventionError(f"no masks file at {path}") from exc
-        if metadata.get("format") != FORMAT:
-            raise InterventionError(f"{path} is not a separability masks file ({FORMAT})")
+        if not is_neuron_masks(metadata):
+            raise InterventionError(
+                f"{path} is not a separability masks file (kind {NEURON_MASKS_KIND})"
+            )
+        if metadata.get("kind") and metadata.get("format_version") != _FORMAT_VERSION:
+            raise InterventionError(
+                f"{path}: masks format {metadata.get('format_version')!r} is not "
+                f"{_FORMAT_VERSION!r}; it was written by another mi_core version"
+            )
         return cls.from_tensors(tensors)
 
     @classmethod

@@ -186,3 +186,30 @@ def test_whole_heads_are_counted(decoder):
     masks.prune(1, attn=attn)
     assert masks.n_heads_pruned == 1
     assert masks.listing()["heads_fully_pruned"] == [[1, 2]]
+
+
+def test_masks_files_carry_kind_and_version_and_old_files_still_load(decoder, tmp_path):
+    from mi_core.interventions import load_intervention
+    from mi_core.io import read_safetensors, write_safetensors
+
+    masks = random_masks(decoder, seed=4)
+    path = masks.save(tmp_path / "m.safetensors")
+    _, metadata = read_safetensors(path)
+    assert metadata["kind"] == "mi_core.PruneMasks" and metadata["format_version"] == "1"
+    assert "format" not in metadata
+    # a file written before kind / format_version: the old "format" tag
+    old = write_safetensors(
+        tmp_path / "old.safetensors",
+        masks.tensors(),
+        metadata={"format": "mi_core.interventions.neurons/1"},
+    )
+    assert PruneMasks.load(old) == masks and load_intervention(old) == masks
+    newer = write_safetensors(
+        tmp_path / "new.safetensors",
+        masks.tensors(),
+        metadata={"kind": "mi_core.PruneMasks", "format_version": "9"},
+    )
+    with pytest.raises(InterventionError, match="format '9'"):
+        PruneMasks.load(newer)
+    with pytest.raises(InterventionError, match="difference of two PruneMasks"):
+        masks - random_masks(decoder, seed=5)
