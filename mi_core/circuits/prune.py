@@ -180,7 +180,7 @@ def prune_edges(
     if config.fill == "mean" and means is None:
         raise InterventionError("fill='mean' needs means (sender_means)")
     device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(derive_seed("circuit", "init", config.seed))
     log_alpha = torch.nn.Parameter(
         (torch.randn(graph.n_edges, generator=generator) * config.init_std + config.init_mean).to(
             device

@@ -16,6 +16,7 @@ from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions import EdgeMask, Graph, graph_switches
 from mi_core.interventions.edges import _Correction
+from mi_core.seeding import derive_seed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -185,8 +186,8 @@ def test_the_learning_rate_warms_up_as_the_authors(tmp_path):
     model = tiny_model("gpt2")
     config = EdgePruneSettings(sparsity=0.5, steps=2, sparsity_warmup_steps=1, batch_size=8,
                                lr_warmup_steps=2, init_mean=1.0, weight_decay=0.0)  # fmt: skip
-    start = torch.randn(Graph.from_model(model).n_edges,
-                        generator=torch.Generator().manual_seed(0)) * 0.01 + 1.0  # fmt: skip
+    init = torch.Generator().manual_seed(derive_seed("circuit", "init", 0))  # the run's init stream
+    start = torch.randn(Graph.from_model(model).n_edges, generator=init) * 0.01 + 1.0
     one = prune_edges(model, _pairs(), EdgePruneSettings(**{**config.to_dict(), "steps": 1}),
                       progress=False)  # fmt: skip
     torch.testing.assert_close(one.log_alpha, start)  # lr factor 0 at step 0
