@@ -228,7 +228,7 @@ def prune_edges(
             index = _batch_indices(len(pairs), config.batch_size, config.seed, step)
             batch = pairs.select(index)
             target = target_sparsity_at(step, config.sparsity, config.sparsity_warmup_steps)
-            step_gen = torch.Generator(device=device).manual_seed(
+            step_gen = torch.Generator().manual_seed(  # CPU: one stream on every device
                 derive_seed("circuit", config.seed, step)
             )
             z = sample_hard_concrete(log_alpha, generator=step_gen)

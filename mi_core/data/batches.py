@@ -54,16 +54,16 @@ class TokenizedPairs:
         """One right-padded batch of the examples at ``indices``, as wide as its longest one."""
         idx = [int(i) for i in indices]
         width = max((len(self.input_ids[i]) for i in idx), default=0)
-        n = len(idx)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((n, width), dtype=torch.long)
-        token_type_ids = torch.zeros((n, width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids = self.input_ids[i]
-            k = len(ids)
-            input_ids[row, :k] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, :k] = 1
-            token_type_ids[row, :k] = torch.tensor(self.token_type_ids[i], dtype=torch.long)
+        pad, rows, types, ones = self.pad_token_id, [], [], []
+        for i in idx:  # padded as Python lists, one tensor each: a loop of row copies is slow
+            ids, extra = self.input_ids[i], width - len(self.input_ids[i])
+            rows.append(ids + [pad] * extra)
+            types.append(self.token_type_ids[i] + [0] * extra)
+            ones.append([1] * len(ids) + [0] * extra)
+        shape = (len(idx), width)
+        input_ids = torch.tensor(rows, dtype=torch.long).reshape(shape)
+        attention_mask = torch.tensor(ones, dtype=torch.long).reshape(shape)
+        token_type_ids = torch.tensor(types, dtype=torch.long).reshape(shape)
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,

@@ -49,11 +49,25 @@ def sample_hard_concrete(
 ) -> Float[torch.Tensor, "*components"]:
     """Draw one hard-concrete gate per entry of ``log_alpha``, differentiable wrt ``log_alpha``.
 
-    ``generator`` (on the same device as ``log_alpha``) makes the draw reproducible.
+    ``generator`` makes the draw reproducible. The uniform noise is drawn on the generator's
+    device and moved to ``log_alpha``'s, so a CPU generator gives the same gates on the CPU and
+    on a GPU (a seed means one subnetwork whatever the device; the jobs all pass one).
     """
-    u = torch.rand(
-        log_alpha.shape, generator=generator, device=log_alpha.device, dtype=log_alpha.dtype
-    )
+    noise_device = generator.device if generator is not None else log_alpha.device
+    u = torch.rand(log_alpha.shape, generator=generator, device=noise_device, dtype=log_alpha.dtype)
+    if u.device != log_alpha.device and log_alpha.is_cuda:  # pinned: the host need not wait
+        u = u.pin_memory().to(log_alpha.device, non_blocking=True)
+    return hard_concrete_from_uniform(log_alpha, u.to(log_alpha.device), beta)
+
+
+def hard_concrete_from_uniform(
+    log_alpha: Float[torch.Tensor, "*components"],
+    u: Float[torch.Tensor, "*components"],
+    beta: float = BETA,
+) -> Float[torch.Tensor, "*components"]:
+    """The hard-concrete gates for given uniform noise ``u`` in [0, 1): the stretched, clamped
+    ``sigmoid((log u - log(1 - u) + log_alpha) / beta)``. :func:`sample_hard_concrete` draws
+    ``u``; a batched group stacks its runs' draws and transforms them in one pass."""
     u = u * (1.0 - 2.0 * EPS) + EPS
     s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / beta)
     return torch.clamp(s * (LIMIT_RIGHT - LIMIT_LEFT) + LIMIT_LEFT, 0.0, 1.0)

@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, load_pairs
@@ -48,9 +49,14 @@ from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import weights_fingerprint
 from mi_core.models.frozen import frozen
 from mi_core.pruning.discretize import discretize, unflatten_components
-from mi_core.pruning.hard_concrete import HardConcrete
+from mi_core.pruning.hard_concrete import (
+    HardConcrete,
+    hard_concrete_from_uniform,
+    hard_concrete_prob_nonzero,
+)
 from mi_core.pruning.lagrangian import (
     LagrangianController,
+    _check_weights,
     component_weights,
     expected_sparsity,
     pruning_optimizer,
@@ -367,60 +373,98 @@ def group_pruning_step(
     device = reference.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
     n_runs = len(members)
+    # the runs' gates and lambdas side by side, so the per-run arithmetic is a few kernels for
+    # the whole group (on a GPU the per-run launches, not the shared pass, dominated a step)
+    log_alpha = torch.stack([m.gates.log_alpha for m in members])
+    beta = members[0].gates.beta
+    lambda_1 = torch.stack([m.controller.lambda_1 for m in members])
+    lambda_2 = torch.stack([m.controller.lambda_2 for m in members])
+    target = to_device({"t": torch.tensor([m.target_sparsity for m in members])}, device)["t"]
+    estimate = members[0].sparsity_estimate
+    if weights is not None:
+        _check_weights(weights, log_alpha[0])
+        weights = weights.to(log_alpha)
     keys = ("loss", "kl", "penalty", "sampled_sparsity")
     sums = torch.zeros(n_runs, len(keys), device=device)  # read once at the end: no syncs
-    expected: list[torch.Tensor] = []
+    t_expected = log_alpha.new_zeros(n_runs)
     for batch, split in zip(batches, sizes, strict=True):
         if len(split) != n_runs:
             raise ConfigError(f"{len(split)} sizes for {n_runs} runs in a pruning step")
-        counts = torch.tensor(split, device=device)
-        owner = torch.repeat_interleave(torch.arange(n_runs, device=device), counts)
-        zs = [m.gates.sample(m.noise) for m in members]
-        rows = torch.stack(zs)[owner]
-        inputs = to_device(model_inputs(model, batch), device)
-        index = batch["index"].to(device)
+        # each run's noise from its own generator (as alone), on the generator's device
+        u = torch.stack(
+            [
+                torch.rand(
+                    m.gates.log_alpha.shape, generator=m.noise, device=_noise_device(m, device)
+                )
+                for m in members
+            ]
+        )
+        counts = torch.tensor(split)
+        owner = torch.repeat_interleave(torch.arange(n_runs), counts)
         lengths = batch["attention_mask"].sum(dim=1)
+        chunks = length_chunks(lengths, max_chunk)
+        # the small per-step tensors too go through pinned memory: a pageable copy to a GPU
+        # waits for the device, and the host would stop queueing work
+        moved = to_device(
+            {"u": u, "counts": counts, "owner": owner, "index": batch["index"]}
+            | {f"chunk{i}": chunk for i, chunk in enumerate(chunks)},
+            device,
+        )
+        counts, owner, index = moved["counts"], moved["owner"], moved["index"]
+        zs = hard_concrete_from_uniform(log_alpha, moved["u"], beta)
+        rows = zs[owner]
+        inputs = to_device(model_inputs(model, batch), device)
         kl_sums = rows.new_zeros(n_runs)
-        for chunk in length_chunks(lengths, max_chunk):
+        for i, chunk in enumerate(chunks):
             width = int(lengths[chunk].max())
-            chunk_d = chunk.to(device)
+            chunk_d = moved[f"chunk{i}"]
             mask.heads, mask.mlps = unflatten_components(rows[chunk_d], n_layers, n_heads)
             with autocast(device, precision):
                 logits = model(**{k: v[chunk_d, :width] for k, v in inputs.items()})
             kl = kl_per_example(reference[index[chunk_d]], logits.float())
             kl_sums = kl_sums.index_add(0, owner[chunk_d], kl)
         kls = kl_sums / counts
-        total = kls.new_zeros(())
-        expected = []
-        for k, (member, z) in enumerate(zip(members, zs, strict=True)):
-            t_sampled = sampled_sparsity(z, weights)
-            t_expected = expected_sparsity(member.gates.prob_nonzero(), weights)
-            expected.append(t_expected)
-            t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
-            penalty = member.controller.penalty(t, member.target_sparsity)
-            loss = kls[k] + penalty
-            total = total + (loss if scalers[k] is None else scalers[k].scale(loss))
-            values = torch.stack([kls[k] + penalty, kls[k], penalty, t_sampled]).detach()
-            sums[k] += values / len(batches)
-        (total / len(batches)).backward()
-    ends = torch.stack(
-        [
-            torch.stack(
-                [t.detach(), m.controller.lambda_1.detach(), m.controller.lambda_2.detach()]
+        t_sampled = _row_sparsity(zs, weights)
+        t_expected = _row_sparsity(hard_concrete_prob_nonzero(log_alpha, beta), weights)
+        gap = (t_sampled if estimate == "sampled" else t_expected) - target
+        penalty = lambda_1 * gap + lambda_2 * gap * gap  # LagrangianController.penalty, per run
+        losses = kls + penalty
+        if all(scaler is None for scaler in scalers):
+            total = losses.sum()
+        else:  # fp16: each run's loss carries its own scale
+            total = sum(
+                loss if scaler is None else scaler.scale(loss)
+                for loss, scaler in zip(losses, scalers, strict=True)
             )
-            for t, m in zip(expected, members, strict=True)
-        ]
-    ).tolist()
+        sums += torch.stack([losses, kls, penalty, t_sampled], dim=1).detach() / len(batches)
+        (total / len(batches)).backward()
+    ends = torch.stack([t_expected, lambda_1, lambda_2], dim=1).detach()
+    values = torch.cat([sums, ends], dim=1).tolist()  # the step's one read from the device
+    n = len(keys)
     return [
         {
-            **dict(zip(keys, row, strict=True)),
-            "expected_sparsity": end[0],
+            **dict(zip(keys, row[:n], strict=True)),
+            "expected_sparsity": row[n],
             "target_sparsity": member.target_sparsity,
-            "lambda_1": end[1],
-            "lambda_2": end[2],
+            "lambda_1": row[n + 1],
+            "lambda_2": row[n + 2],
         }
-        for row, end, member in zip(sums.tolist(), ends, members, strict=True)
+        for row, member in zip(values, members, strict=True)
     ]
+
+
+def _noise_device(member: StepMember, device: torch.device) -> torch.device:
+    return member.noise.device if member.noise is not None else device
+
+
+def _row_sparsity(
+    gates: Float[torch.Tensor, "runs components"],
+    weights: Float[torch.Tensor, " components"] | None,
+) -> Float[torch.Tensor, " runs"]:
+    """:func:`sampled_sparsity` / :func:`expected_sparsity` of each row (one run per row)."""
+    if weights is None:
+        return 1.0 - gates.mean(dim=-1)
+    return 1.0 - (gates * weights).sum(dim=-1) / weights.sum()
 
 
 def _single_step(
@@ -436,37 +480,40 @@ def _single_step(
     """One run's step: one forward per micro-batch, the mask one sample for all examples."""
     device = reference.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
-    total = kl = penalty = sampled = 0.0
+    parts = []
     for batch in batches:
         z = member.gates.sample(member.noise)
         mask.heads, mask.mlps = unflatten_components(z, n_layers, n_heads)
         t_sampled = sampled_sparsity(z, weights)
         t_expected = expected_sparsity(member.gates.prob_nonzero(), weights)
         t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
-        inputs = to_device(model_inputs(model, batch), device)
+        inputs = to_device({**model_inputs(model, batch), "index": batch["index"]}, device)
+        index = inputs.pop("index")
         with autocast(device, precision):
             logits = model(**inputs)
         loss = pruning_loss(
-            reference[batch["index"].to(device)],
+            reference[index],
             logits if precision == "fp32" else logits.float(),
             member.controller,
             t,
             member.target_sparsity,
         )
         _backward(loss.total / len(batches), scaler)
-        total += loss.total.item() / len(batches)
-        kl += loss.kl.item() / len(batches)
-        penalty += loss.penalty.item() / len(batches)
-        sampled += t_sampled.item() / len(batches)
+        parts.append(torch.stack([loss.total, loss.kl, loss.penalty, t_sampled]).detach())
+    ends = torch.stack([t_expected, member.controller.lambda_1, member.controller.lambda_2])
+    # the step's one read from the device (each .item() would wait for the GPU)
+    total, kl, penalty, sampled, expected, lambda_1, lambda_2 = torch.cat(
+        [torch.stack(parts).mean(dim=0), ends.detach()]
+    ).tolist()
     return {
         "loss": total,
         "kl": kl,
         "penalty": penalty,
-        "expected_sparsity": t_expected.item(),
+        "expected_sparsity": expected,
         "sampled_sparsity": sampled,
         "target_sparsity": member.target_sparsity,
-        "lambda_1": member.controller.lambda_1.item(),
-        "lambda_2": member.controller.lambda_2.item(),
+        "lambda_1": lambda_1,
+        "lambda_2": lambda_2,
     }
 
 
@@ -667,7 +714,7 @@ def _train_group(
                         r.gates,
                         r.controller,
                         target_sparsity_at(step, r.cfg.target_sparsity, r.cfg.warmup_steps),
-                        torch.Generator(device=device).manual_seed(
+                        torch.Generator().manual_seed(  # CPU: one stream on every device
                             derive_seed("prune", r.cfg.seed, step)
                         ),
                         r.cfg.sparsity_estimate,
@@ -685,8 +732,10 @@ def _train_group(
                     model, mask, members, batches, sizes, targets, weights, max_chunk,
                     cfg.precision, [r.scaler for r in active],
                 )  # fmt: skip
-            for r, row, factor in zip(active, rows, factors, strict=True):
-                _finish_step(r, step, row, factor)
+            # clip every run, then read all the norms at once (one device sync per step)
+            norms = torch.stack([_clip(r) for r in active]).tolist()
+            for r, row, factor, norm in zip(active, rows, factors, norms, strict=True):
+                _finish_step(r, step, row, factor, norm)
             shown = active[0].rows[-1] if active[0].rows else None
             if shown is not None:
                 bar.set_postfix(
@@ -695,15 +744,21 @@ def _train_group(
     bar.close()
 
 
-def _finish_step(r: _RunState, step: int, row: dict[str, float], factor: float) -> None:
-    """Clip, check, take the optimizer step, log and checkpoint one run after a step."""
+def _clip(r: _RunState) -> torch.Tensor:
+    """Unscale (fp16) and clip one run's gradients; their total norm before clipping."""
+    if r.scaler is not None:
+        r.scaler.unscale_(r.optimizer)
+    max_norm = r.cfg.max_grad_norm if r.cfg.max_grad_norm > 0 else math.inf
+    return torch.nn.utils.clip_grad_norm_(r.trained, max_norm).float()
+
+
+def _finish_step(
+    r: _RunState, step: int, row: dict[str, float], factor: float, norm: float
+) -> None:
+    """Check, take the optimizer step, log and checkpoint one run after a step (clipped by
+    :func:`_clip`, whose ``norm`` is logged)."""
     cfg, scaler = r.cfg, r.scaler
-    if scaler is not None:
-        scaler.unscale_(r.optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(
-        r.trained, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-    )
-    row.update(lr_factor=factor, grad_norm=float(norm))
+    row.update(lr_factor=factor, grad_norm=norm)
     total = row["loss"]
     if not math.isfinite(total):
         where = (

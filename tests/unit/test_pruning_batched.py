@@ -81,12 +81,18 @@ def test_length_chunks_cut_longest_first():
     assert [c.tolist() for c in length_chunks([5, 9, 7], None)] == [[1, 2, 0]]
 
 
-@pytest.mark.parametrize("max_chunk", [None, 3])
-def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train, means, max_chunk):
+@pytest.mark.parametrize(("max_chunk", "weighted"), [(None, False), (3, False), (None, True)])
+def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(
+    tiny, train, means, max_chunk, weighted
+):
+    """The group's per-run arithmetic (gates, sparsities, penalties: one stacked pass for all
+    runs) gives each run the loss, log row and gradients of its step alone, with and without
+    per-component sparsity weights."""
     tokenized = tokenize_pairs(train, tiny.tokenizer, 128)
     with torch.no_grad():
         reference = torch.randn(len(train), 3, generator=torch.Generator().manual_seed(0))
     n = tiny.cfg.n_layers * (tiny.cfg.n_heads + 1)
+    weights = torch.arange(1.0, n + 1) if weighted else None
 
     def member(seed, target):
         gates = HardConcrete(n, init_mean=2.0, init_std=0.5,
@@ -103,7 +109,7 @@ def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train,
         with ablate(tiny, mask, means, skip_unmasked=False):
             batches = [tokenized.collate(idx) for idx in micro]
             row = group_pruning_step(
-                tiny, mask, [m], batches, [[len(idx)] for idx in micro], reference
+                tiny, mask, [m], batches, [[len(idx)] for idx in micro], reference, weights
             )[0]
         alone.append((m, row))
     together = [member(1, 0.3), member(2, 0.6)]
@@ -111,13 +117,14 @@ def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(tiny, train,
     with ablate(tiny, mask, means, skip_unmasked=False):
         batches = [tokenized.collate(parts[0][m] + parts[1][m]) for m in range(2)]
         rows = group_pruning_step(
-            tiny, mask, together, batches, [[5, 7], [3, 4]], reference, None, max_chunk
+            tiny, mask, together, batches, [[5, 7], [3, 4]], reference, weights, max_chunk
         )
     for (m, row), t, row_t in zip(alone, together, rows, strict=True):
-        assert row_t["kl"] == pytest.approx(row["kl"], abs=1e-6)
-        assert row_t["sampled_sparsity"] == pytest.approx(row["sampled_sparsity"], abs=1e-7)
+        for key in ("loss", "kl", "penalty", "sampled_sparsity", "expected_sparsity"):
+            assert row_t[key] == pytest.approx(row[key], abs=1e-6), key
         assert torch.allclose(t.gates.log_alpha.grad, m.gates.log_alpha.grad, atol=1e-6)
         assert torch.allclose(t.controller.lambda_1.grad, m.controller.lambda_1.grad, atol=1e-6)
+        assert torch.allclose(t.controller.lambda_2.grad, m.controller.lambda_2.grad, atol=1e-6)
     assert not torch.allclose(rows[0]["kl"] * torch.ones(1), rows[1]["kl"] * torch.ones(1))
 
 

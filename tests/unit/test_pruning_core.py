@@ -61,6 +61,21 @@ def test_samples_lie_in_unit_interval_with_exact_zeros_and_ones():
     assert 0.6 < 1 - frac_zero - frac_one < 0.7
 
 
+def test_a_sample_is_the_transform_of_its_generators_uniform_draw():
+    """The noise is the generator's own draw (on the generator's device, moved to the gates'),
+    so one seed gives one sample whatever device the gates are on; by hand at u = 0.5 the
+    gate is the stretched sigmoid(log_alpha / beta)."""
+    from mi_core.pruning.hard_concrete import LIMIT_LEFT, LIMIT_RIGHT, hard_concrete_from_uniform
+
+    log_alpha = torch.linspace(-4.0, 4.0, 50)
+    z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(7))
+    u = torch.rand(50, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(z, hard_concrete_from_uniform(log_alpha, u))
+    half = hard_concrete_from_uniform(torch.tensor([0.3]), torch.tensor([0.5])).item()
+    stretched = (LIMIT_RIGHT - LIMIT_LEFT) / (1 + math.exp(-0.3 / BETA)) + LIMIT_LEFT
+    assert half == pytest.approx(stretched, rel=1e-6)
+
+
 @pytest.mark.parametrize("log_alpha", [-3.0, -1.0, 0.0, 1.5, 3.0])
 def test_empirical_nonzero_rate_matches_prob_nonzero(log_alpha):
     la = torch.full((200_000,), log_alpha)
