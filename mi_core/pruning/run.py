@@ -223,6 +223,10 @@ def save_checkpoint(
     write_safetensors(path, tensors, {"kind": CHECKPOINT_KIND, "state": json.dumps(info)})
 
 
+#: AdamW's implementation flags, which follow the device a run resumes on.
+_OPTIMIZER_IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
+
+
 def load_checkpoint(
     path: Path,
     gates: HardConcrete,
@@ -252,7 +256,12 @@ def load_checkpoint(
         if name.startswith("optimizer."):
             _, param_id, key = name.split(".", 2)
             opt_state.setdefault(int(param_id), {})[key] = value
-    optimizer.load_state_dict({"state": opt_state, "param_groups": info["groups"]})
+    # how AdamW computes (fused on a GPU, foreach, ...) is this machine's choice, not the file's
+    groups = [
+        {**saved, **{k: current[k] for k in _OPTIMIZER_IMPLEMENTATION if k in current}}
+        for saved, current in zip(info["groups"], optimizer.param_groups, strict=True)
+    ]
+    optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
     if scaler is not None and info.get("scaler"):
         scaler.load_state_dict(info["scaler"])
     return int(info["step"])

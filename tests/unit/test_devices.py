@@ -177,3 +177,31 @@ def test_fine_tuning_resumes_its_fp16_loss_scale(tiny_checkpoints, tmp_path, dat
     # the saved one (a fresh scaler would count the 2 new steps only)
     assert first["_growth_tracker"] == 2 and second["_growth_tracker"] == 4
     assert second["scale"] == first["scale"]
+
+
+def test_a_checkpoint_resumes_with_this_devices_adamw_implementation(tmp_path):
+    """A run checkpointed on a GPU (fused AdamW) resumes on a CPU with the CPU's optimizer
+    flags and the same moments; the file's flags do not carry over."""
+    from mi_core.pruning.hard_concrete import HardConcrete
+    from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer
+    from mi_core.pruning.run import load_checkpoint, save_checkpoint
+
+    gates, controller = HardConcrete(6, init_mean=1.0), LagrangianController()
+    gpu_like = torch.optim.AdamW(
+        [{"params": list(gates.parameters())}, {"params": list(controller.parameters())}],
+        fused=True,  # as pruning_optimizer builds it on a GPU (CPU fused kernels exist too)
+    )
+    gates.log_alpha.grad = torch.linspace(-1, 1, 6)
+    controller.lambda_1.grad = torch.tensor(0.5)
+    controller.lambda_2.grad = torch.tensor(0.25)
+    gpu_like.step()
+    save_checkpoint(tmp_path / "c.safetensors", 1, 0, gates, controller, gpu_like)
+
+    fresh_gates, fresh_controller = HardConcrete(6), LagrangianController()
+    optimizer = pruning_optimizer(fresh_gates.parameters(), fresh_controller, 0.1, 1.0)
+    assert load_checkpoint(tmp_path / "c.safetensors", fresh_gates, fresh_controller,
+                           optimizer) == 1  # fmt: skip
+    assert all(not group["fused"] for group in optimizer.param_groups)
+    moments = optimizer.state[fresh_gates.log_alpha]["exp_avg"]
+    torch.testing.assert_close(moments, gpu_like.state[gates.log_alpha]["exp_avg"])
+    assert torch.equal(fresh_gates.log_alpha, gates.log_alpha)
