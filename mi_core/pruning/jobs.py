@@ -7,7 +7,7 @@ also a flag). :func:`run_prune_job` and :func:`run_sweep_job` take the config wh
     config = SweepConfig(model="runs/ft/checkpoint-3000", means="means.safetensors",
                          train="mnli:train", eval=["mnli:validation_matched", "hans:so_swap"],
                          out="runs/sweep", sparsities=[0.5, 0.7], seeds=list(range(1, 13)))
-    table = run_sweep_job(config)
+    result = run_sweep_job(config)  # a SweepResult: result.runs, result.masks
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from mi_core.pruning.profiles import (
 from mi_core.tasks import TASKS
 
 if TYPE_CHECKING:  # the jobs import them when they run: the configs stay light
-    import pandas as pd
-
     from mi_core.pruning.run import PruneResult
+    from mi_core.pruning.sweep import SweepResult
 
 __all__ = [
     "EXECUTION_FIELDS",
@@ -163,11 +162,12 @@ def run_prune_job(config: PruneRunConfig, *, progress: bool | None = None) -> Pr
     )
 
 
-def run_sweep_job(config: SweepConfig, *, progress: bool | None = None) -> pd.DataFrame:
-    """Run every missing run of ``config``'s sweep; return the subnetworks table."""
-    from mi_core.pruning.sweep import run_sweep
+def run_sweep_job(config: SweepConfig, *, progress: bool | None = None) -> SweepResult:
+    """Run every missing run of ``config``'s sweep; return its runs (metrics table and masks,
+    ``SweepResult.load(config.out)``, as :func:`~mi_core.pruning.sweep.sweep` returns them)."""
+    from mi_core.pruning.sweep import SweepResult, run_sweep
 
-    return run_sweep(
+    run_sweep(
         config.model,
         config.train,
         config.out,
@@ -184,3 +184,4 @@ def run_sweep_job(config: SweepConfig, *, progress: bool | None = None) -> pd.Da
         device=config.device,
         **config.execution(),
     )
+    return SweepResult.load(config.out, config.sparsities, config.seeds)

@@ -62,6 +62,7 @@ def test_sweep_runs_every_pair_then_only_what_is_missing(
         "--no-progress",
     ]  # fmt: skip
     assert main(args) == 0, capsys.readouterr().err
+    assert f"4 subnetworks in {out}/subnetworks.csv" in capsys.readouterr().out
     table = pd.read_csv(out / "subnetworks.csv")
     evals = ["mnli:validation_matched", "hans:ln_preposition"]
     assert list(table.columns) == [
@@ -100,6 +101,14 @@ def test_sweep_runs_every_pair_then_only_what_is_missing(
     monkeypatch.setattr(sweep_module, "prune_group", counting)
     assert main(args) == 0
     assert calls == []
+    # the job function returns the runs in memory: the table and the masks, as sweep() does
+    from mi_core.cli import build_parser
+    from mi_core.cli.sweep import config_from_args
+    from mi_core.pruning import run_sweep_job
+
+    result = run_sweep_job(config_from_args(build_parser().parse_args(args)))
+    assert len(result.runs) == 4 and len(result.masks) == 4
+    assert sorted(result.runs.n_removed) == sorted(table.n_removed)
     (out / "s0.50" / "seed1" / "metrics.json").unlink()
     assert main(args) == 0
     assert calls == [out / "s0.50" / "seed1"]
