@@ -33,7 +33,6 @@ def add_parser(subparsers) -> None:
         "ones), whose keys (the fields of SeparabilityConfig) set the defaults; flags given on "
         "the command line override it",
     )
-    p.add_argument("--out", default=None, help="output directory (also the resume state)")
     add_config_flags(p, SeparabilityConfig)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -56,9 +55,9 @@ def run(args: argparse.Namespace) -> None:
     from mi_core.methods.separability.job import run_separability_job
 
     config = config_from_args(args)
-    if not args.out:
+    if not config.out:
         raise ConfigError("missing --out (the output directory, also the resume state)")
-    result = run_separability_job(config, args.out, progress=not args.no_progress)
+    result = run_separability_job(config, progress=not args.no_progress)
     summary = result.summary()
     for metric in ("top1", "skip50_top1"):
         area = summary["areas"][metric]
@@ -71,4 +70,4 @@ def run(args: argparse.Namespace) -> None:
             f"{finding['finding']}: {finding['verdict']} ({finding['this run']}; the report: "
             f"{finding['paper']})"
         )
-    print(f"wrote the trajectory, summary, figures and masks to {args.out}")
+    print(f"wrote the trajectory, summary, figures and masks to {config.out}")

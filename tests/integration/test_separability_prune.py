@@ -280,3 +280,13 @@ def test_cli_runs_resumes_and_reports_bad_input(tiny_checkpoints, small_data_dir
     assert err.startswith("mi-core: error:") and "tokens" in err
     assert len(err.strip().splitlines()) == 1
     assert main([*args, "--ff-frac", "2"]) == 2
+    # the output folder is a field of the config: a config file may name it, and a moved
+    # folder resumes (where it lies is not one of the run's settings)
+    i = args.index("--out")
+    config_file = tmp_path / "job.json"
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    config_file.write_text(json.dumps({"out": str(moved)}))
+    assert main(["separability", "--config", str(config_file), *args[1:i], *args[i + 2 :]]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(moved / "trajectory.csv"), frame)
+    assert "out" not in SeparabilityConfig(out="x").pruning_options()

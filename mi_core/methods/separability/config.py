@@ -24,6 +24,7 @@ EVAL_PROTOCOLS = ("windows", "texts")
 #: rather than how to prune; the resume state checks them through ``identity``.
 JOB_FIELDS = (
     "description",
+    "out",
     "model",
     "focus",
     "cripple",
@@ -102,6 +103,8 @@ class SeparabilityConfig(DeviceOption):
     """Data set to keep, e.g. text:wikitext."""
     cripple: str | None = None
     """Data set to remove, e.g. text:python."""
+    out: str | None = None
+    """Output directory (also the resume state); the job needs it, run_separability does not."""
     tokens: int = 100_000
     """Statistics tokens per data set."""
     eval_tokens: int | None = None

@@ -2,8 +2,9 @@
 
 ::
 
-    config = SeparabilityConfig(model="smollm2", focus="text:wikitext", cripple="text:python")
-    result = run_separability_job(config, "runs/separability")  # resumes when re-run
+    config = SeparabilityConfig(model="smollm2", focus="text:wikitext", cripple="text:python",
+                                out="runs/separability")
+    result = run_separability_job(config)  # resumes when re-run
 
 Shipped configs (``mi_core/configs/separability``) hold the report's settings
 (``opt-1.3b-pile-code``) and the local ones (``smollm2-wikitext-python``).
@@ -78,11 +79,12 @@ def load_separability_config(name_or_path: str | os.PathLike[str]) -> Separabili
 
 def run_separability_job(
     config: SeparabilityConfig,
-    out: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
     *,
     progress: bool = True,
 ) -> SeparabilityResult:
-    """Run (or resume) ``config`` with its model and data sets; write the outputs under ``out``.
+    """Run (or resume) ``config`` with its model and data sets; write the outputs under
+    ``config.out`` (``out``, when given, overrides it).
 
     The state after every step goes to ``out/state.safetensors``, so a re-run after a crash
     goes on from the last finished step; a state from other settings is refused before the
@@ -90,7 +92,9 @@ def run_separability_job(
     """
     from mi_core.models import load_model
 
-    missing = [k for k in ("model", "focus", "cripple") if not getattr(config, k)]
+    if out is not None:
+        config = config.replace(out=os.fspath(out))
+    missing = [k for k in ("model", "focus", "cripple", "out") if not getattr(config, k)]
     if missing:
         raise ConfigError(f"a separability job needs {', '.join(missing)}")
     eval_tokens = config.eval_tokens or config.tokens
@@ -104,7 +108,7 @@ def run_separability_job(
     }
     if config.eval_protocol == "texts":
         identity["text_tokens"] = config.text_tokens
-    out = Path(out)
+    out = Path(config.out)
     state_path = out / STATE_FILE
     done = check_state(state_path, config, identity)  # fails fast on a mismatched state
     if done >= 0:
