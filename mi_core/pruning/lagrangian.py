@@ -51,12 +51,16 @@ def sampled_sparsity(
     """
     if weights is None:
         return 1.0 - z.mean()
-    _check_weights(weights, z)
+    check_sparsity_weights(weights, z)
     weights = weights.to(z)
     return 1.0 - (weights * z).sum() / weights.sum()
 
 
-def _check_weights(weights: torch.Tensor, gates: torch.Tensor) -> None:
+def check_sparsity_weights(
+    weights: Float[torch.Tensor, " components"], gates: Float[torch.Tensor, " components"]
+) -> None:
+    """Raise :class:`ConfigError` unless ``weights`` give each gate a non-negative weight with a
+    positive total."""
     if weights.shape != gates.shape:
         raise ConfigError(
             f"sparsity weights have shape {tuple(weights.shape)} but the gates have shape "
@@ -77,7 +81,7 @@ def expected_sparsity(
     """
     if weights is None:
         return 1.0 - prob_nonzero.mean()
-    _check_weights(weights, prob_nonzero)
+    check_sparsity_weights(weights, prob_nonzero)
     weights = weights.to(prob_nonzero)
     return 1.0 - (weights * prob_nonzero).sum() / weights.sum()
 
@@ -111,6 +115,18 @@ def component_weights(
     return torch.cat([head, mlp])
 
 
+def lagrangian_penalty(
+    lambda_1: Float[torch.Tensor, "*runs"],
+    lambda_2: Float[torch.Tensor, "*runs"],
+    sparsity: Float[torch.Tensor, "*runs"],
+    target: float | Float[torch.Tensor, "*runs"],
+) -> Float[torch.Tensor, "*runs"]:
+    """``lambda1 * (t - s) + lambda2 * (t - s) ** 2`` for sparsity ``t`` and target ``s``
+    (elementwise: a batched group passes one entry per run)."""
+    gap = sparsity - target
+    return lambda_1 * gap + lambda_2 * gap * gap
+
+
 class LagrangianController(nn.Module):
     """Holds lambda1 and lambda2 (both start at 0) and computes the sparsity penalty."""
 
@@ -123,8 +139,7 @@ class LagrangianController(nn.Module):
         self, expected_sparsity: Float[torch.Tensor, ""], target: float
     ) -> Float[torch.Tensor, ""]:
         """``lambda1 * (t - s) + lambda2 * (t - s) ** 2``, ``t`` expected, ``s`` target sparsity."""
-        gap = expected_sparsity - target
-        return self.lambda_1 * gap + self.lambda_2 * gap * gap
+        return lagrangian_penalty(self.lambda_1, self.lambda_2, expected_sparsity, target)
 
     def forward(
         self, expected_sparsity: Float[torch.Tensor, ""], target: float

@@ -56,9 +56,10 @@ from mi_core.pruning.hard_concrete import (
 )
 from mi_core.pruning.lagrangian import (
     LagrangianController,
-    _check_weights,
+    check_sparsity_weights,
     component_weights,
     expected_sparsity,
+    lagrangian_penalty,
     pruning_optimizer,
     sampled_sparsity,
 )
@@ -391,7 +392,7 @@ def group_pruning_step(
     target = to_device({"t": torch.tensor([m.target_sparsity for m in members])}, device)["t"]
     estimate = members[0].sparsity_estimate
     if weights is not None:
-        _check_weights(weights, log_alpha[0])
+        check_sparsity_weights(weights, log_alpha[0])
         weights = weights.to(log_alpha)
     keys = ("loss", "kl", "penalty", "sampled_sparsity")
     sums = torch.zeros(n_runs, len(keys), device=device)  # read once at the end: no syncs
@@ -435,8 +436,8 @@ def group_pruning_step(
         kls = kl_sums / counts
         t_sampled = _row_sparsity(zs, weights)
         t_expected = _row_sparsity(hard_concrete_prob_nonzero(log_alpha, beta), weights)
-        gap = (t_sampled if estimate == "sampled" else t_expected) - target
-        penalty = lambda_1 * gap + lambda_2 * gap * gap  # LagrangianController.penalty, per run
+        t = t_sampled if estimate == "sampled" else t_expected
+        penalty = lagrangian_penalty(lambda_1, lambda_2, t, target)  # one entry per run
         losses = kls + penalty
         if all(scaler is None for scaler in scalers):
             total = losses.sum()
