@@ -97,17 +97,19 @@ def grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradSca
 def to_device(
     batch: Mapping[str, torch.Tensor], device: torch.device | str
 ) -> dict[str, torch.Tensor]:
-    """``batch`` on ``device``; CPU tensors go to a GPU through pinned memory, without blocking
-    the host (tensors already on a GPU are moved as ``Tensor.to`` does)."""
+    """``batch`` on ``device``, each tensor moved by :func:`move`."""
+    return {k: move(v, device) for k, v in batch.items()}
+
+
+def move(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device``; a CPU tensor goes to a GPU through pinned memory, without
+    blocking the host (a pageable copy would wait for the GPU to finish its queued work)."""
     import torch
 
     device = torch.device(device)
-    if device.type != "cuda":
-        return {k: v.to(device) for k, v in batch.items()}
-    return {
-        k: v.pin_memory().to(device, non_blocking=True) if v.device.type == "cpu" else v.to(device)
-        for k, v in batch.items()
-    }
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 @dataclass(kw_only=True)

@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import nn
 
+from mi_core.devices import move
 from mi_core.errors import ConfigError
 from mi_core.pruning.constants import (  # noqa: F401 (re-exported)
     BETA,
@@ -55,9 +56,7 @@ def sample_hard_concrete(
     """
     noise_device = generator.device if generator is not None else log_alpha.device
     u = torch.rand(log_alpha.shape, generator=generator, device=noise_device, dtype=log_alpha.dtype)
-    if u.device != log_alpha.device and log_alpha.is_cuda:  # pinned: the host need not wait
-        u = u.pin_memory().to(log_alpha.device, non_blocking=True)
-    return hard_concrete_from_uniform(log_alpha, u.to(log_alpha.device), beta)
+    return hard_concrete_from_uniform(log_alpha, move(u, log_alpha.device), beta)
 
 
 def hard_concrete_from_uniform(

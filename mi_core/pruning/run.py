@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, load_pairs
 from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
-from mi_core.devices import autocast, grad_scaler, to_device
+from mi_core.devices import autocast, grad_scaler, move, to_device
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, ablate, load_means
@@ -389,7 +389,7 @@ def group_pruning_step(
     beta = members[0].gates.beta
     lambda_1 = torch.stack([m.controller.lambda_1 for m in members])
     lambda_2 = torch.stack([m.controller.lambda_2 for m in members])
-    target = to_device({"t": torch.tensor([m.target_sparsity for m in members])}, device)["t"]
+    target = move(torch.tensor([m.target_sparsity for m in members]), device)
     estimate = members[0].sparsity_estimate
     if weights is not None:
         check_sparsity_weights(weights, log_alpha[0])
