@@ -156,10 +156,14 @@ def _load_state(folder: Path, params, optimizer, config, inputs) -> tuple[int, l
         for name, p in params.items():
             p.copy_(tensors[name])
     for group, params in enumerate(optimizer.param_groups):
+        # fused (a GPU) and capturable AdamW keep the step count beside the parameter, as
+        # ``Optimizer.load_state_dict`` would place it; the others keep it on the CPU
+        on_device = bool(params.get("fused") or params.get("capturable"))
         for i, p in enumerate(params["params"]):
             if f"optim.{group}.{i}.exp_avg" in tensors:
+                step = tensors[f"optim.{group}.{i}.step"].reshape(()).float()
                 optimizer.state[p] = {
-                    "step": tensors[f"optim.{group}.{i}.step"].reshape(()),
+                    "step": step.to(p.device) if on_device else step,
                     "exp_avg": tensors[f"optim.{group}.{i}.exp_avg"].to(p),
                     "exp_avg_sq": tensors[f"optim.{group}.{i}.exp_avg_sq"].to(p),
                 }

@@ -380,6 +380,12 @@ def group_pruning_step(
                 model, mask, members[0], batches, reference, weights, precision, scalers[0]
             )
         ]
+    # the stacked arithmetic below takes these from the first run: every run must share them
+    for name, value in (("hard-concrete beta", lambda m: m.gates.beta),
+                        ("sparsity estimate", lambda m: m.sparsity_estimate)):  # fmt: skip
+        values = sorted({str(value(m)) for m in members})
+        if len(values) > 1:
+            raise ConfigError(f"the runs of a group need one {name}; got {', '.join(values)}")
     device = reference.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
     n_runs = len(members)

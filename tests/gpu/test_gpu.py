@@ -141,3 +141,34 @@ def test_eap_and_an_edge_pruning_step_on_the_gpu_match_the_cpu(tiny_checkpoints,
         results[device] = (scores, log_alpha.grad)
     for cpu, gpu in zip(results["cpu"], results["cuda"], strict=True):
         torch.testing.assert_close(gpu, cpu, rtol=1e-3, atol=1e-5)
+
+
+def test_edge_pruning_resumes_on_the_gpu(tmp_path):
+    """A GPU edge-pruning run (fused AdamW, whose step count lives on the device) killed after a
+    checkpoint resumes from it and ends where an uninterrupted GPU run ends."""
+    from helpers import random_prompt_pairs
+
+    from mi_core.circuits.prune import EdgePruneSettings, prune_edges
+
+    model = tiny_model("gpt2").to("cuda")
+    config = EdgePruneSettings(
+        sparsity=0.7, steps=12, sparsity_warmup_steps=8, batch_size=8, checkpoint_every=5
+    )
+    pairs = random_prompt_pairs(16, 6, high=90).to("cuda")
+    whole = prune_edges(model, pairs, config, tmp_path / "whole", progress=False)
+    calls = {"n": 0}
+
+    def crash(module, args, output):
+        calls["n"] += 1
+        if calls["n"] == 2 * 8:  # two forwards per step: killed during step 8
+            raise KeyboardInterrupt
+
+    handle = model.blocks[1].register_forward_hook(crash)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            prune_edges(model, pairs, config, tmp_path / "killed", progress=False)
+    finally:
+        handle.remove()
+    resumed = prune_edges(model, pairs, config, tmp_path / "killed", progress=False)
+    torch.testing.assert_close(resumed.log_alpha, whole.log_alpha, atol=1e-5, rtol=0)
+    assert resumed.circuit.kept == whole.circuit.kept

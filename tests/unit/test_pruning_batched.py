@@ -165,6 +165,15 @@ def test_each_run_of_a_group_scales_its_own_loss(tiny, train, means):
                            scalers=torch.amp.GradScaler("cpu"))  # fmt: skip
     with pytest.raises(ConfigError, match="1 loss scalers for 2 runs"):
         group_pruning_step(tiny, mask, members(), batches, [[4, 3]], reference, scalers=[None])
+    # the group's stacked arithmetic has one beta and one sparsity estimate for all its runs
+    mixed = members()
+    mixed[1].sparsity_estimate = "expected"
+    with pytest.raises(ConfigError, match="one sparsity estimate; got expected, sampled"):
+        group_pruning_step(tiny, mask, mixed, batches, [[4, 3]], reference)
+    mixed = members()
+    mixed[1].gates.beta = 0.5
+    with pytest.raises(ConfigError, match="one hard-concrete beta"):
+        group_pruning_step(tiny, mask, mixed, batches, [[4, 3]], reference)
 
 
 # -------------------------------------------------------------------------- whole runs
