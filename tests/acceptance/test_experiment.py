@@ -267,6 +267,11 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
     assert set(gaps["fill"]) == {"mean"} and len(gaps) == 2
     assert (gaps["full"] != gaps["empty"]).all() and (gaps["gap_se"] > 0).all()
     assert "entailment logit (against the others) of the subnetwork" in markdown
+    # every results file a caption names (spelled from the layout) is where it says
+    named = set(re.findall(r"\b([a-z_]+/[a-z_]+\.(?:csv|json))\b", markdown))
+    assert {"finetune/metrics.csv", "analysis/subnetworks.csv", "core_edges/edges.csv",
+            "ablation/ablation_table.csv"} <= named  # fmt: skip
+    assert [name for name in sorted(named) if not (out / name).is_file()] == []
     findings = pd.read_csv(out / "findings.csv")
     assert len(findings) >= 8 and set(findings["verdict"]) <= {
         "reproduced",

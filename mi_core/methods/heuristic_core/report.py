@@ -25,6 +25,7 @@ import pandas as pd
 
 from mi_core.data import HANS_PAPER_SUBCASES
 from mi_core.io import write_csv, write_text
+from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES
 from mi_core.methods.heuristic_core.layout import ExperimentLayout
 from mi_core.methods.heuristic_core.results import ExperimentTables
 from mi_core.methods.heuristic_core.stages import STAGES
@@ -294,6 +295,16 @@ def _overview(tables: ExperimentTables) -> ReportSection:
     return section
 
 
+def _file(tables: ExperimentTables, path: Path) -> str:
+    """A results file as a caption names it: its path under the report folder."""
+    return path.relative_to(tables.root).as_posix()
+
+
+def _analysis(tables: ExperimentTables, role: str) -> Path:
+    """The subnetwork comparison's file ``role`` (:data:`COMPARISON_FILES`)."""
+    return tables.layout.analysis / COMPARISON_FILES[role]
+
+
 def _finetune_section(tables: ExperimentTables) -> ReportSection | None:
     from mi_core.viz.figures import training_dynamics
 
@@ -307,7 +318,7 @@ def _finetune_section(tables: ExperimentTables) -> ReportSection | None:
     section.figure(
         training_dynamics(pretty, id_datasets=[in_domain], n=n, chance=chance),
         "In-domain and out-of-domain accuracy of the full model during fine-tuning "
-        "(finetune/metrics.csv).",
+        f"({_file(tables, tables.layout.finetune_metrics)}).",
     )
     last = metrics[metrics["step"] == metrics["step"].max()]
     section.table(
@@ -344,7 +355,8 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
         pd.concat([pd.DataFrame([full_row]), table[shown]], ignore_index=True).reindex(
             columns=shown
         ),
-        "Accuracy of every subnetwork (analysis/subnetworks.csv); the first row is the full model.",
+        f"Accuracy of every subnetwork ({_file(tables, _analysis(tables, 'subnetworks'))}); the "
+        "first row is the full model.",
     )
     gen.figure(
         subnetworks_figure(runs, names, full, n=sizes, chance=chance).update_layout(
@@ -415,14 +427,15 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
             "Per sparsity and over all subnetworks: heads kept on average, the heads kept by "
             "every subnetwork (core) and the expected intersection of as many random "
             "subnetworks, n (m/n)^k, with m the heads kept on average and, as the paper "
-            "computes it, m = n (1 - target sparsity) (analysis/core_summary.csv).",
+            f"computes it, m = n (1 - target sparsity) "
+            f"({_file(tables, _analysis(tables, 'core_summary'))}).",
         )
     spearman = None if comparison is None else comparison.spearman
     if spearman is not None and not spearman.empty:
         core.table(
             spearman,
             "Spearman's rho between the head frequencies of two sparsities "
-            "(analysis/spearman.csv).",
+            f"({_file(tables, _analysis(tables, 'spearman'))}).",
         )
     for (a, b), counts in ({} if comparison is None else comparison.heatmaps).items():
         core.figure(
@@ -437,7 +450,11 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
         )
     core_heads = None if comparison is None else comparison.core_heads_table()
     if core_heads is not None and not core_heads.empty:
-        core.table(core_heads, "Heads in a core, with their frequencies (analysis/core_heads.csv).")
+        core.table(
+            core_heads,
+            "Heads in a core, with their frequencies "
+            f"({_file(tables, _analysis(tables, 'core_heads'))}).",
+        )
     sections.append(core)
     return sections
 
@@ -467,7 +484,7 @@ def _attention_section(tables: ExperimentTables) -> ReportSection | None:
         table[[c for c in columns if c in table.columns]],
         f"Mean attention mass per key class over `{display_name(dataset)}`; a head is labelled "
         "with its dominant class when the mass is high and well above a uniform pattern "
-        "(attention/attention_classes.csv).",
+        f"({_file(tables, tables.layout.attention_classes)}).",
     )
     if len(table):
         section.figure(
@@ -515,7 +532,7 @@ def _ablation_section(tables: ExperimentTables) -> ReportSection | None:
         "Accuracy in % with each head ablated from the full model (change in points), the "
         "average and std over every other head, joint ablations, and their superadditivity: "
         "the joint drop minus the sum of the single drops (positive = superadditive). Numbers: "
-        "ablation/ablation_table.csv.",
+        f"{_file(tables, tables.layout.ablation_file('table'))}.",
     )
     return section
 
@@ -538,7 +555,9 @@ def _effective_size_section(tables: ExperimentTables) -> ReportSection | None:
         "within the margin of the checkpoint's full model (in-domain, out-of-domain, mixed).",
     )
     section.table(
-        sizes, "Effective size per checkpoint and target (effective_size/effective_size.csv)."
+        sizes,
+        "Effective size per checkpoint and target "
+        f"({_file(tables, tables.layout.effective_size_file('effective_size'))}).",
     )
     return section
 
@@ -568,7 +587,7 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
             f"subnetworks share {len(info['core'])} heads: {' '.join(info['core']) or 'none'}. "
             f"Of the final model's core ({' '.join(info['final_core']) or 'none'}), "
             f"{len(present)} are already there: {' '.join(present) or 'none'} "
-            "(core_before/summary.json)."
+            f"({_file(tables, tables.layout.core_before_summary)})."
         )
     return section
 
@@ -588,7 +607,7 @@ def _core_edges_section(tables: ExperimentTables) -> ReportSection | None:
         "Edge-attribution scores (the estimated change of the entailment logit when an edge "
         f"carries {carries}) of every edge into or out of the core heads, with each subnetwork "
         "applied: total |score| per direction, for the subnetworks that generalise best and "
-        "worst out of domain (core_edges/edges.csv has every edge)."
+        f"worst out of domain ({_file(tables, tables.layout.core_edges_table)} has every edge)."
     )
     index = ["subnetwork", "group", "ood_accuracy"]
     gap_columns = [c for c in ("full", "empty", "gap_se", "small_gap") if c in summary]
