@@ -427,7 +427,7 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
             "Per sparsity and over all subnetworks: heads kept on average, the heads kept by "
             "every subnetwork (core) and the expected intersection of as many random "
             "subnetworks, n (m/n)^k, with m the heads kept on average and, as the paper "
-            f"computes it, m = n (1 - target sparsity) "
+            "computes it, m = n (1 - target sparsity) "
             f"({_file(tables, _analysis(tables, 'core_summary'))}).",
         )
     spearman = None if comparison is None else comparison.spearman
