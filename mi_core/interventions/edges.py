@@ -391,25 +391,35 @@ def _head_results(model: Any, layer: int, z: torch.Tensor) -> torch.Tensor:
 
 
 def _recorder_hooks(
-    model: Any, graph: Graph, store: list[torch.Tensor | None]
+    model: Any, graph: Graph, store: dict[str, torch.Tensor]
 ) -> list[tuple[str, Callable]]:
-    """Hooks that put each sender's output into ``store`` (one slot per sender block)."""
+    """Hooks that write each sender's output into one buffer, ``store["out"]``, allocated at
+    the first hook (``[sender, batch, pos, d_model]``; no per-block copies to concatenate)."""
 
-    def at(index: int, value: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
-        def hook(x: torch.Tensor, hook: Any) -> None:
-            store[index] = value(x)
+    def start(x: torch.Tensor, hook: Any) -> None:
+        store["out"] = x.new_empty((graph.n_senders, *x.shape))
+        store["out"][0] = x
+
+    def heads(layer: int) -> Callable:
+        first = graph.head_sender(layer, 0)
+
+        def hook(z: torch.Tensor, hook: Any) -> None:
+            store["out"][first : first + graph.n_heads] = _head_results(model, layer, z)
 
         return hook
 
-    hooks = [(act_name("resid_pre", 0), at(0, lambda x: x[None]))]
+    def mlp(layer: int) -> Callable:
+        index = graph.mlp_sender(layer)
+
+        def hook(x: torch.Tensor, hook: Any) -> None:
+            store["out"][index] = x
+
+        return hook
+
+    hooks = [(act_name("resid_pre", 0), start)]
     for layer in range(graph.n_layers):
-        hooks.append(
-            (
-                act_name("z", layer),
-                at(1 + 2 * layer, lambda z, l=layer: _head_results(model, l, z)),
-            )
-        )
-        hooks.append((act_name("mlp_out", layer), at(2 + 2 * layer, lambda x: x[None])))
+        hooks.append((act_name("z", layer), heads(layer)))
+        hooks.append((act_name("mlp_out", layer), mlp(layer)))
     return hooks
 
 
@@ -419,7 +429,7 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
     Outputs are in each sender's own space (before any later LayerNorm).
     """
     graph.check_model(model)
-    store: list[torch.Tensor | None] = [None] * (1 + 2 * graph.n_layers)
+    store: dict[str, torch.Tensor] = {}
     # the recording needs no per-head copies of the stream (the same values, faster)
     with (
         _config_flags(model, use_split_qkv_input=False),
@@ -427,7 +437,7 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
         model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)),
     ):
         model(*args, **kwargs)
-    return torch.cat([t for t in store if t is not None])  # type: ignore[misc]
+    return store["out"]
 
 
 def sender_means(
