@@ -390,21 +390,21 @@ def _head_results(model: Any, layer: int, z: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bphe,hem->hbpm", z, w_o.to(z.dtype))
 
 
-def _recorder_hooks(
-    model: Any, graph: Graph, store: dict[str, torch.Tensor]
-) -> list[tuple[str, Callable]]:
+def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tuple[str, Callable]]:
     """Hooks that write each sender's output into one buffer, ``store["out"]``, allocated at
     the first hook (``[sender, batch, pos, d_model]``; no per-block copies to concatenate)."""
 
     def start(x: torch.Tensor, hook: Any) -> None:
         store["out"] = x.new_empty((graph.n_senders, *x.shape))
         store["out"][0] = x
+        written.append(1)
 
     def heads(layer: int) -> Callable:
         first = graph.head_sender(layer, 0)
 
         def hook(z: torch.Tensor, hook: Any) -> None:
             store["out"][first : first + graph.n_heads] = _head_results(model, layer, z)
+            written.append(graph.n_heads)
 
         return hook
 
@@ -413,9 +413,11 @@ def _recorder_hooks(
 
         def hook(x: torch.Tensor, hook: Any) -> None:
             store["out"][index] = x
+            written.append(1)
 
         return hook
 
+    written: list[int] = store.setdefault("written", [])
     hooks = [(act_name("resid_pre", 0), start)]
     for layer in range(graph.n_layers):
         hooks.append((act_name("z", layer), heads(layer)))
@@ -429,7 +431,7 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
     Outputs are in each sender's own space (before any later LayerNorm).
     """
     graph.check_model(model)
-    store: dict[str, torch.Tensor] = {}
+    store: dict[str, Any] = {}
     # the recording needs no per-head copies of the stream (the same values, faster)
     with (
         _config_flags(model, use_split_qkv_input=False),
@@ -437,6 +439,11 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
         model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)),
     ):
         model(*args, **kwargs)
+    if sum(store.get("written", [])) != graph.n_senders:
+        raise InterventionError(
+            f"the forward wrote {sum(store.get('written', []))} of the graph's "
+            f"{graph.n_senders} sender outputs (a hook point was not reached)"
+        )
     return store["out"]
 
 

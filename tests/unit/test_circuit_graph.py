@@ -169,6 +169,26 @@ def test_mean_fill_is_the_corrupted_fill_with_means_as_the_corrupted_run(gpt2):
     torch.testing.assert_close(mean_filled, corrupt_filled, atol=1e-5, rtol=0)
 
 
+def test_node_outputs_are_each_senders_output_and_a_short_forward_is_refused(gpt2):
+    graph = Graph.from_model(gpt2)
+    ids = random_tokens(2, 5, seed=3, high=90)
+    outputs = node_outputs(gpt2, graph, ids)
+    _, cache = gpt2.run_with_cache(ids)
+    assert outputs.shape == (graph.n_senders, 2, 5, gpt2.cfg.d_model)
+    torch.testing.assert_close(outputs[0], cache["blocks.0.hook_resid_pre"])
+    for layer in range(graph.n_layers):
+        z, w_o = cache[f"blocks.{layer}.attn.hook_z"], gpt2.blocks[layer].attn.W_O
+        for head in range(graph.n_heads):
+            by_hand = z[:, :, head] @ w_o[head]
+            got = outputs[graph.head_sender(layer, head)]
+            torch.testing.assert_close(got, by_hand, atol=1e-5, rtol=0)
+        mlp = cache[f"blocks.{layer}.hook_mlp_out"]
+        torch.testing.assert_close(outputs[graph.mlp_sender(layer)], mlp)
+    # a forward that stops early leaves senders unwritten: refused, not returned uninitialised
+    with pytest.raises(InterventionError, match="sender outputs"):
+        node_outputs(gpt2, graph, ids, stop_at_layer=1)
+
+
 def test_edge_mask_saves_loads_and_refuses_what_it_cannot_do(gpt2, tmp_path):
     graph = Graph.from_model(gpt2)
     mask = EdgeMask.from_edges(graph, ["input->L1.H2.v", "L0.MLP->output"])
