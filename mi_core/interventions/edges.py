@@ -397,14 +397,14 @@ def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tup
     def start(x: torch.Tensor, hook: Any) -> None:
         store["out"] = x.new_empty((graph.n_senders, *x.shape))
         store["out"][0] = x
-        written.append(1)
+        store["written"] += 1
 
     def heads(layer: int) -> Callable:
         first = graph.head_sender(layer, 0)
 
         def hook(z: torch.Tensor, hook: Any) -> None:
             store["out"][first : first + graph.n_heads] = _head_results(model, layer, z)
-            written.append(graph.n_heads)
+            store["written"] += graph.n_heads
 
         return hook
 
@@ -413,11 +413,11 @@ def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tup
 
         def hook(x: torch.Tensor, hook: Any) -> None:
             store["out"][index] = x
-            written.append(1)
+            store["written"] += 1
 
         return hook
 
-    written: list[int] = store.setdefault("written", [])
+    store["written"] = 0  # senders written so far
     hooks = [(act_name("resid_pre", 0), start)]
     for layer in range(graph.n_layers):
         hooks.append((act_name("z", layer), heads(layer)))
@@ -439,9 +439,9 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
         model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)),
     ):
         model(*args, **kwargs)
-    if sum(store.get("written", [])) != graph.n_senders:
+    if store["written"] != graph.n_senders:
         raise InterventionError(
-            f"the forward wrote {sum(store.get('written', []))} of the graph's "
+            f"the forward wrote {store['written']} of the graph's "
             f"{graph.n_senders} sender outputs (a hook point was not reached)"
         )
     return store["out"]
