@@ -801,19 +801,22 @@ class _EdgeRun:
         self.deltas: list[torch.Tensor] = []  # with gradients: one tensor per sender block
         self.buffer: torch.Tensor | None = None  # without: [sender, batch, pos, d_model]
         self.side_by_side: torch.Tensor | None = None  # with, decoders: detached copies
+        self.sink: _GradientSink | None = None  # with, decoders: the deltas' gradients
         self.total: torch.Tensor | None = None
         self.n = 0  # senders so far
-        self.pending: tuple[torch.Tensor, ...] | None = None
+        self.pending: tuple[torch.Tensor, ...] | _HeadInputs | None = None
+        self.stream: torch.Tensor | None = None  # decoders: the layer's shared input
 
     def _reset(self, x: torch.Tensor) -> None:
         self.deltas, self.n, self.pending = [], 0, None
         differentiable = self.removed.requires_grad or x.requires_grad
-        self.side_by_side = None
+        self.side_by_side, self.sink = None, None
         if torch.is_grad_enabled() and differentiable:
             self.buffer = None
             self.total = torch.zeros_like(x) if self.sparse else None
             if not self.graph.post_ln:  # rows never change after writing: no concatenation
                 self.side_by_side = x.new_empty((self.graph.n_senders, *x.shape))
+                self.sink = _GradientSink(self.side_by_side.shape, x)
         else:
             self.buffer = x.new_empty((self.graph.n_senders, *x.shape))
             self.total = torch.zeros_like(x)
@@ -823,9 +826,11 @@ class _EdgeRun:
         delta = outputs if fill is None else outputs - fill
         self.n = start + delta.shape[0]
         if self.buffer is None:
-            self.deltas.append(delta)
-            if self.side_by_side is not None:
+            if self.sink is not None:
+                assert self.side_by_side is not None
                 self.side_by_side[start : self.n] = delta.detach()
+                delta = _Tap.apply(delta, self.sink, start)
+            self.deltas.append(delta)
             if self.total is not None:
                 self.total = self.total + delta.sum(0)
         else:
@@ -850,7 +855,7 @@ class _EdgeRun:
         columns = columns[: self.n]
         if self.buffer is None and not self.sparse:
             stacked = None if self.side_by_side is None else self.side_by_side[: self.n]
-            return _Correction.apply(columns, None, stacked, *self.deltas)
+            return _Correction.apply(columns, None, stacked, self.sink, *self.deltas)
         assert self.total is not None
         kept = 1.0 - columns
         rows_removed = columns.detach().any(1).nonzero().flatten()
@@ -865,9 +870,9 @@ class _EdgeRun:
         elif self.buffer is None:  # with gradients, hard-concrete weights
             stacked = None if self.side_by_side is None else self.side_by_side[: self.n]
             if 2 * len(rows) > self.n:  # most senders: no gather, the whole block
-                part = _Correction.apply(weights, None, stacked, *self.deltas)
+                part = _Correction.apply(weights, None, stacked, self.sink, *self.deltas)
             else:
-                part = _Correction.apply(weights[rows], rows, stacked, *self.deltas)
+                part = _Correction.apply(weights[rows], rows, stacked, self.sink, *self.deltas)
         elif 2 * len(rows) > self.n:  # most senders: no copy, the whole block
             flat = self.buffer[: self.n].reshape(self.n, -1)
             part = (weights.T @ flat).reshape(shape)
@@ -885,7 +890,7 @@ class _EdgeRun:
             self._append(0, x[None])
 
         hooks.append((act_name("resid_pre", 0), start))
-        if self.sparse:
+        if self.sparse and graph.post_ln:
             hooks += self._unsplit_hooks(model, graph)
         for layer in range(graph.n_layers):
             hooks += self._layer_hooks(model, graph, layer)
@@ -923,6 +928,46 @@ class _EdgeRun:
                           (act_name("q", layer), switch_back)]  # fmt: skip
         return hooks
 
+    def _decoder_head_hooks(
+        self, model: Any, graph: Graph, layer: int
+    ) -> list[tuple[str, Callable]]:
+        """Pre-LN decoders: the block runs TransformerLens's shared-input path (one ``ln1``,
+        one projection), and where an edge into the layer's heads is removed, ``hook_q`` /
+        ``hook_k`` / ``hook_v`` return each head's projection of its own input instead
+        (:class:`_HeadInputs`: the inputs head-major, normalised and projected without a copy
+        of the stream per head in ``[batch, pos, head, d_model]`` order). The values are
+        TransformerLens's per-head (split) inputs' (tested); the switch is on again after
+        ``hook_q``, so the model's configuration is as it was once the forward is done."""
+        attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
+        cfg = model.cfg
+
+        def shared(x: torch.Tensor, hook: Any) -> None:
+            self.stream = x
+            cfg.use_split_qkv_input = False
+
+        def query(q: torch.Tensor, hook: Any) -> torch.Tensor:
+            cfg.use_split_qkv_input = True
+            correction = self._correction(graph.qkv_receivers(layer))
+            if correction is None:
+                self.pending = None
+                return q
+            assert self.stream is not None
+            self.pending = _HeadInputs(self.stream, correction, attn, ln, cfg.normalization_type)
+            return self.pending.get(0, q)
+
+        def key_value(kind: int) -> Callable:
+            def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+                return self.pending.get(kind, x) if isinstance(self.pending, _HeadInputs) else x
+
+            return hook
+
+        return [
+            (act_name("resid_pre", layer), shared),
+            (act_name("q", layer), query),
+            (act_name("k", layer), key_value(1)),
+            (act_name("v", layer), key_value(2)),
+        ]
+
     def _layer_hooks(self, model: Any, graph: Graph, layer: int) -> list[tuple[str, Callable]]:
         n_heads = graph.n_heads
         block = model.blocks[layer]
@@ -939,6 +984,7 @@ class _EdgeRun:
 
         def kv_input(offset: int) -> Callable:
             def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+                assert not isinstance(self.pending, _HeadInputs)
                 return x if self.pending is None else x - self.pending[offset]
 
             return hook
@@ -949,12 +995,15 @@ class _EdgeRun:
         def mlp_out(x: torch.Tensor, hook: Any) -> None:
             self._append(graph.mlp_sender(layer), x[None])
 
-        hooks = [
-            (act_name("q_input", layer), q_input),
-            (act_name("k_input", layer), kv_input(1)),
-            (act_name("v_input", layer), kv_input(2)),
-            (act_name("z", layer), heads),
-        ]
+        if graph.post_ln:
+            hooks = [
+                (act_name("q_input", layer), q_input),
+                (act_name("k_input", layer), kv_input(1)),
+                (act_name("v_input", layer), kv_input(2)),
+            ]
+        else:
+            hooks = self._decoder_head_hooks(model, graph, layer)
+        hooks.append((act_name("z", layer), heads))
         if graph.post_ln:
 
             def layer_norm(ln: Any) -> Callable:
@@ -985,13 +1034,163 @@ class _EdgeRun:
         return hooks
 
 
+class _HeadInputs:
+    """Each head's query, key and value of a pre-LN decoder layer from its own input.
+
+    ``stream - correction[i]`` for every receiver ``i`` (``[3 * heads, batch, pos, d_model]``,
+    head-major), normalised as ``ln1`` does (centred for LayerNorm; the scale per head and
+    token) and projected by ``W_Q`` / ``W_K`` / ``W_V``, all in one matrix product; the gain is
+    folded into the weights and the scale divides the product. The per-head inputs are never
+    copied per head in ``[batch, pos, head, d_model]`` order nor sliced (TransformerLens's
+    split inputs copy the stream per head and run ``ln1`` element-wise over every copy, and
+    slicing would fill zero tensors of their size in the backward pass). With the weights
+    frozen (edge pruning), :class:`_HeadProjection` also writes the backward pass by hand.
+    """
+
+    def __init__(
+        self,
+        stream: Float[torch.Tensor, "batch pos d_model"],
+        correction: Float[torch.Tensor, "receiver batch pos d_model"],
+        attn: Any,
+        ln: Any,
+        normalization: str,
+    ) -> None:
+        weight = torch.cat([attn.W_Q, attn.W_K, attn.W_V])  # [3 * heads, d_model, d_head]
+        bias = torch.cat([attn.b_Q, attn.b_K, attn.b_V])
+        gain = getattr(ln, "w", None) if normalization in ("LN", "RMS") else None
+        folded = weight if gain is None else gain[:, None] * weight
+        if normalization == "LN":
+            bias = bias + torch.einsum("d,hde->he", ln.b, weight)
+        centred = normalization in ("LN", "LNPre")
+        folded = folded.to(stream.dtype)
+        if torch.is_grad_enabled() and (folded.requires_grad or bias.requires_grad):
+            out = _head_projection(stream, correction, folded, ln.eps, centred)
+        else:
+            out = _HeadProjection.apply(stream, correction, folded.detach(), ln.eps, centred)
+        self.out = out + bias[:, None, None, :].to(out.dtype)
+        self.n_heads = correction.shape[0] // 3
+
+    def get(
+        self, kind: int, like: Float[torch.Tensor, "batch pos head d_head"]
+    ) -> Float[torch.Tensor, "batch pos head d_head"]:
+        """The query (``kind`` 0), key (1) or value (2) of every head, shaped as ``like``."""
+        part = self.out[kind * self.n_heads : (kind + 1) * self.n_heads]
+        return part.permute(1, 2, 0, 3).to(like.dtype)
+
+
+def _head_projection(
+    stream: Float[torch.Tensor, "batch pos d_model"],
+    correction: Float[torch.Tensor, "receiver batch pos d_model"],
+    folded: Float[torch.Tensor, "receiver d_model d_head"],
+    eps: float,
+    centred: bool,
+) -> Float[torch.Tensor, "receiver batch pos d_head"]:
+    """``norm(stream - correction[i]) @ folded[i]`` (no bias) with autograd's backward."""
+    inputs = stream[None] - correction
+    if centred:
+        inputs = inputs - inputs.mean(-1, keepdim=True)
+    receivers, batch, pos, d_model = inputs.shape
+    stats = inputs if inputs.dtype in (torch.float32, torch.float64) else inputs.float()
+    norm = torch.linalg.vector_norm(stats, dim=-1, keepdim=True)
+    scale = (norm.square() / d_model + eps).sqrt()
+    out = torch.bmm(inputs.reshape(receivers, -1, d_model), folded)
+    return out.view(receivers, batch, pos, -1) / scale
+
+
+class _HeadProjection(torch.autograd.Function):
+    """:func:`_head_projection` with frozen weights and a backward pass written out: one new
+    tensor of the inputs' size (the product's gradient), the rest in place, where autograd
+    would allocate one for each of the norm's division, multiplication and masking, the sum
+    of the two paths and the negation."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        stream: torch.Tensor,
+        correction: torch.Tensor,
+        folded: torch.Tensor,
+        eps: float,
+        centred: bool,
+    ) -> torch.Tensor:
+        inputs = stream[None] - correction
+        if centred:
+            inputs -= inputs.mean(-1, keepdim=True)
+        receivers, batch, pos, d_model = inputs.shape
+        stats = inputs if inputs.dtype in (torch.float32, torch.float64) else inputs.float()
+        norm = torch.linalg.vector_norm(stats, dim=-1, keepdim=True)
+        scale = (norm.square() / d_model + eps).sqrt()
+        out = torch.bmm(inputs.reshape(receivers, -1, d_model), folded)
+        out = out.view(receivers, batch, pos, -1) / scale.to(out.dtype)
+        ctx.save_for_backward(inputs, folded, scale, out)
+        ctx.centred = centred
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inputs, folded, scale, out = ctx.saved_tensors
+        receivers, batch, pos, d_model = inputs.shape
+        # out = inputs @ folded / scale, scale = sqrt(mean(inputs^2) + eps)
+        scaled = grad / scale.to(grad.dtype)
+        # d out / d scale = -out / scale; d scale / d inputs = inputs / (d_model * scale)
+        through_scale = -(scaled * out).sum(-1, keepdim=True) / (d_model * scale)
+        grad_inputs = torch.bmm(scaled.reshape(receivers, -1, scaled.shape[-1]), folded.mT)
+        grad_inputs = grad_inputs.view(receivers, batch, pos, d_model)
+        grad_inputs.addcmul_(inputs, through_scale.to(inputs.dtype))
+        if ctx.centred:
+            grad_inputs -= grad_inputs.mean(-1, keepdim=True)
+        grad_stream = grad_inputs.sum(0) if ctx.needs_input_grad[0] else None
+        grad_correction = grad_inputs.neg_() if ctx.needs_input_grad[1] else None
+        return grad_stream, grad_correction, None, None, None
+
+
+class _GradientSink:
+    """The gradients of every delta of one masked forward (decoders), summed in one buffer.
+
+    Each receiver point's backward adds its product straight into the rows of the senders it
+    read (``addmm_`` / ``index_add_``, no fresh ``[senders, batch, pos, d_model]`` block per
+    point for autograd to sum), and :class:`_Tap` hands a sender block its rows once every
+    point that read it is done: autograd runs a node's backward only after every node that
+    used its output, and every point takes the tapped deltas as inputs.
+    """
+
+    def __init__(self, shape: torch.Size, like: torch.Tensor) -> None:
+        self.shape, self.like = shape, like
+        self.buffer: torch.Tensor | None = None  # allocated at the first gradient
+
+    def flat(self) -> torch.Tensor:
+        if self.buffer is None:
+            self.buffer = self.like.new_zeros(self.shape)
+        return self.buffer.view(self.shape[0], -1)
+
+    def take(self, start: int, size: int) -> torch.Tensor | None:
+        return None if self.buffer is None else self.buffer[start : start + size]
+
+
+class _Tap(torch.autograd.Function):
+    """Identity on a block of deltas; its backward adds what the sink gathered for them."""
+
+    @staticmethod
+    def forward(ctx: Any, delta: torch.Tensor, sink: _GradientSink, start: int) -> torch.Tensor:
+        ctx.set_materialize_grads(False)
+        ctx.sink, ctx.start, ctx.size = sink, start, delta.shape[0]
+        return delta.view_as(delta)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor | None) -> tuple[torch.Tensor | None, None, None]:
+        gathered = ctx.sink.take(ctx.start, ctx.size)
+        if gathered is None:
+            return grad, None, None
+        return (gathered if grad is None else grad + gathered), None, None
+
+
 class _Correction(torch.autograd.Function):
     """``columns.T @ cat(deltas)[rows]`` as one matrix product, keeping only references.
 
     Autograd would otherwise save a concatenated copy of every delta at every receiver point
     (memory quadratic in depth); this saves the delta blocks themselves, shared by all points,
     and gathers them again in the backward pass. ``rows`` (sorted sender indices, or None for
-    all of them) picks the senders that are read; the others get no gradient.
+    all of them) picks the senders that are read; the others get no gradient. With a
+    ``sink`` (decoders) the deltas' gradients go into it instead of being returned.
     """
 
     @staticmethod
@@ -1000,13 +1199,15 @@ class _Correction(torch.autograd.Function):
         columns: torch.Tensor,
         rows: torch.Tensor | None,
         stacked: torch.Tensor | None,
+        sink: _GradientSink | None,
         *deltas: torch.Tensor,
     ) -> torch.Tensor:
         # ``stacked``: the deltas already side by side (a detached view of a buffer whose rows
         # are never written again, decoders), or None to gather them here and again in the
         # backward pass
-        ctx.save_for_backward(columns, *deltas)
-        ctx.stacked, ctx.rows = stacked, rows
+        ctx.save_for_backward(columns, *([] if stacked is not None else deltas))
+        ctx.stacked, ctx.rows, ctx.sink = stacked, rows, sink
+        ctx.sizes = [d.shape[0] for d in deltas]
         read = _gather(stacked, rows, deltas)
         out = columns.T @ read.reshape(read.shape[0], -1)
         return out.reshape(columns.shape[1], *read.shape[1:])
@@ -1014,16 +1215,21 @@ class _Correction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         columns, *deltas = ctx.saved_tensors
-        rows = ctx.rows
+        rows, sizes = ctx.rows, ctx.sizes
         flat_grad = grad.reshape(grad.shape[0], -1)
         grad_columns = None
         if ctx.needs_input_grad[0]:
             read = _gather(ctx.stacked, rows, deltas)
             grad_columns = read.reshape(read.shape[0], -1) @ flat_grad.T
-        grad_deltas: list[torch.Tensor | None] = [None] * len(deltas)
-        if any(ctx.needs_input_grad[3:]):
+        grad_deltas: list[torch.Tensor | None] = [None] * len(sizes)
+        if any(ctx.needs_input_grad[4:]):
+            if ctx.sink is not None:  # summed in place; the taps hand them on
+                if rows is None:
+                    ctx.sink.flat()[: columns.shape[0]].addmm_(columns, flat_grad)
+                else:
+                    ctx.sink.flat().index_add_(0, rows, columns @ flat_grad)
+                return (grad_columns, None, None, None, *grad_deltas)
             flat = (columns @ flat_grad).reshape(columns.shape[0], *grad.shape[1:])
-            sizes = [d.shape[0] for d in deltas]
             if rows is None:
                 grad_deltas = list(torch.split(flat, sizes))
             else:
@@ -1034,7 +1240,7 @@ class _Correction(torch.autograd.Function):
                         block = flat.new_zeros((size, *flat.shape[1:]))
                         grad_deltas[i] = block.index_copy_(0, rows[inside] - start, flat[inside])
                     start += size
-        return (grad_columns, None, None, *grad_deltas)
+        return (grad_columns, None, None, None, *grad_deltas)
 
 
 def _gather(

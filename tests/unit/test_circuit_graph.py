@@ -289,10 +289,14 @@ def test_hard_concrete_masks_skip_exact_gates_with_the_same_values_and_gradients
     model.zero_grad(set_to_none=True)
 
 
-def test_default_masks_keep_every_gradient_and_hard_concrete_ones_run_unsplit_layers(gpt2):
+def test_default_masks_keep_every_gradient_and_hard_concrete_ones_run_unsplit_layers(
+    gpt2, checkpoints_loaded
+):
     """A plain edge mask at exactly 1 still gives every edge its gradient (gradient-based
-    attribution from a full mask); a hard-concrete mask runs a layer with nothing removed
-    through the shared input, and the switch is back on after the forward."""
+    attribution from a full mask). A decoder never runs TransformerLens's per-head copies
+    of the stream (each head's input is projected by hand); an encoder under a hard-concrete
+    mask runs a layer with nothing removed through the shared input. The switch is back on
+    after the forward either way."""
     graph = Graph.from_model(gpt2)
     clean = {"input": random_tokens(3, 9, seed=0, high=90)}
     corrupted = {"input": random_tokens(3, 9, seed=1, high=90)}
@@ -303,25 +307,141 @@ def test_default_masks_keep_every_gradient_and_hard_concrete_ones_run_unsplit_la
     qkv = [i for i, name in enumerate(graph.edge_names) if name.endswith((".q", ".k", ".v"))]
     assert bool((weights.grad[qkv] != 0).all())
 
-    values = torch.ones(graph.n_edges)
-    values[graph.edge_index("L0.H1->L1.H2.k")] = 0.0  # layer 1 needs per-head inputs, layer 0 not
-    fired: list[str] = []
-    counting = [(f"blocks.{layer}.hook_q_input", lambda x, hook: fired.append(hook.name))
-                for layer in range(graph.n_layers)]  # fmt: skip
-    results = []
-    for sparse in (False, True):
-        bound = EdgeMask(graph, values, hard_concrete=sparse).patching(gpt2, **corrupted)
-        with torch.no_grad(), graph_switches(gpt2):
-            with gpt2.hooks(fwd_hooks=[*counting, *bound.hooks(gpt2)]):
-                fired.clear()
-                results.append(gpt2(**clean))
-            assert gpt2.cfg.use_split_qkv_input
-            assert fired == (
-                ["blocks.1.hook_q_input"]
-                if sparse
-                else ["blocks.0.hook_q_input", "blocks.1.hook_q_input"]
-            )
-    torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
+    for model, kind in ((gpt2, "gpt2"), (checkpoints_loaded["bert-cls"], "bert-cls")):
+        graph = Graph.from_model(model)
+        clean = _inputs(kind, 0) if kind != "gpt2" else clean
+        corrupted = _inputs(kind, 1) if kind != "gpt2" else corrupted
+        values = torch.ones(graph.n_edges)
+        values[graph.edge_index("L0.H1->L1.H2.k")] = 0.0  # layer 1 needs per-head inputs
+        fired: list[str] = []
+
+        def count(x, hook, fired=fired):
+            fired.append(hook.name)
+
+        counting = [(f"blocks.{layer}.hook_q_input", count) for layer in range(graph.n_layers)]
+        results = []
+        for sparse in (False, True):
+            bound = EdgeMask(graph, values, hard_concrete=sparse).patching(model, **corrupted)
+            with torch.no_grad(), graph_switches(model):
+                with model.hooks(fwd_hooks=[*counting, *bound.hooks(model)]):
+                    fired.clear()
+                    results.append(model(**clean))
+                assert model.cfg.use_split_qkv_input
+                if kind == "gpt2":
+                    assert fired == []
+                else:
+                    assert fired == (
+                        ["blocks.1.hook_q_input"]
+                        if sparse
+                        else [f"blocks.{i}.hook_q_input" for i in range(graph.n_layers)]
+                    )
+        torch.testing.assert_close(results[0], results[1], atol=1e-5, rtol=1e-5)
+        assert (results[0] - model(**clean)).abs().max() > 1e-4  # the edge matters
+
+
+def _split_reference(model, graph, weights, clean, corrupted_outputs):
+    """A decoder's masked logits the plain way: TransformerLens's per-head inputs
+    (``use_split_qkv_input``), each minus ``sum removed * (output - corrupted output)`` over
+    the senders so far, recorded as the forward goes (no code shared with the edge run)."""
+    removed = graph.to_dense(1.0 - weights)
+    outputs: list[torch.Tensor] = []
+    n_heads = graph.n_heads
+    pending = {}
+
+    def correction(receivers):
+        done = torch.cat(outputs)
+        delta = done - corrupted_outputs[: done.shape[0]]
+        return torch.einsum("sr,sbpd->rbpd", removed[: done.shape[0], receivers], delta)
+
+    def start(x, hook):
+        outputs.clear()
+        outputs.append(x[None])
+
+    def head_input(layer, kind):
+        def hook(x, hook):
+            if kind == "q":
+                pending["c"] = correction(graph.qkv_receivers(layer)).permute(1, 2, 0, 3)
+            i = "qkv".index(kind)
+            return x - pending["c"][:, :, i * n_heads : (i + 1) * n_heads]
+
+        return hook
+
+    def heads(layer):
+        def hook(z, hook):
+            w_o = model.blocks[layer].attn.W_O
+            outputs.append(torch.einsum("bphe,hem->hbpm", z, w_o))
+
+        return hook
+
+    def receiver(index):
+        return lambda x, hook: x - correction([index])[0]
+
+    hooks = [("blocks.0.hook_resid_pre", start)]
+    for layer in range(graph.n_layers):
+        hooks += [(f"blocks.{layer}.hook_{k}_input", head_input(layer, k)) for k in "qkv"]
+        hooks += [
+            (f"blocks.{layer}.attn.hook_z", heads(layer)),
+            (f"blocks.{layer}.hook_mlp_in", receiver(graph.mlp_receiver(layer))),
+            (f"blocks.{layer}.hook_mlp_out", lambda x, hook: outputs.append(x[None])),
+        ]
+    last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
+    hooks.append((last, receiver(graph.output_receiver)))
+    with graph_switches(model), model.hooks(fwd_hooks=hooks):
+        return model(**clean)
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trainable", "frozen"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt2-cls", "opt-lm", "llama-lm"])
+def test_decoder_heads_projected_by_hand_equal_transformer_lens_split_inputs(
+    checkpoints_loaded, kind, frozen
+):
+    """The masked forward of a decoder (each head's input normalised and projected by hand)
+    equals TransformerLens's per-head inputs with the same edges removed, in values and in
+    the gradients of the edge weights: LayerNorm with gain and bias and RMSNorm with grouped
+    key / value heads (random 2-layer models), and the folded LNPre / RMSPre of loaded
+    checkpoints; with trainable weights (autograd's backward) and frozen ones (edge pruning:
+    the backward written by hand)."""
+    model = tiny_model(kind) if kind in ("gpt2", "llama") else checkpoints_loaded[kind]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:
+        p.requires_grad_(not frozen)
+    graph = Graph.from_model(model)
+    if kind in ("gpt2", "llama"):
+        gen = torch.Generator().manual_seed(6)
+        with torch.no_grad():  # a gain and a shift (LayerNorm) that are not 1 and 0
+            for block in model.blocks:
+                block.ln1.w.copy_(1 + 0.5 * torch.randn(block.ln1.w.shape, generator=gen))
+                if hasattr(block.ln1, "b"):
+                    block.ln1.b.copy_(0.5 * torch.randn(block.ln1.b.shape, generator=gen))
+        clean = {"input": random_tokens(3, 9, seed=0, high=90)}
+        corrupted = {"input": random_tokens(3, 9, seed=1, high=90)}
+    else:
+        clean, corrupted = _inputs(kind, 0), _inputs(kind, 1)
+    gen = torch.Generator().manual_seed(5)
+    values = torch.rand(graph.n_edges, generator=gen)
+    values[values < 0.3] = 0.0  # some edges exactly removed, some exactly kept
+    values[values > 0.8] = 1.0
+    outputs = node_outputs(model, graph, **corrupted)
+    grads = []
+    for reference in (False, True):
+        weights = values.clone().requires_grad_(True)
+        if reference:
+            logits = _split_reference(model, graph, weights, clean, outputs)
+        else:
+            mask = EdgeMask(graph, weights).with_corrupted(outputs)
+            with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+                logits = model(**clean)
+        (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+        grads.append((logits.detach(), weights.grad))
+    (ours, our_grad), (expected, expected_grad) = grads
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+    scale = float(expected_grad.abs().max())  # float32 rounding of sums this large
+    assert scale > 0
+    torch.testing.assert_close(our_grad, expected_grad, atol=1e-6 * scale, rtol=1e-4)
+    assert (ours - model(**clean)).abs().max() > 1e-3  # the mask changes the logits
+    for p in trainable:
+        p.requires_grad_(True)
+    model.zero_grad(set_to_none=True)
 
 
 def test_connected_keeps_only_edges_on_an_input_to_output_path():
