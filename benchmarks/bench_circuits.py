@@ -182,7 +182,7 @@ def edge_vs_node_step(model, graph, pairs: PromptPairs, repeats: int) -> None:
     # the start (log_alpha ~ 10, the authors' init: nearly every gate exactly 1), the middle
     # (log_alpha 3: a fifth of the gates undecided) and the end (95 % of the edges at -5,
     # the rest at 5: nearly every gate exactly 0 or 1). "dense" reads every sender (no use of
-    # the exact 0s and 1s), as the step did before hard_concrete masks.
+    # the exact 0s and 1s: a plain mask).
     for p in model.parameters():
         p.requires_grad_(False)
     with torch.no_grad():

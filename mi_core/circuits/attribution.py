@@ -494,30 +494,66 @@ def _decoder_attribution(
     groups.append(
         (graph.n_senders, [graph.mlp_receiver(graph.n_layers - 1), graph.output_receiver])
     )
-    pending: dict[int, dict[int, torch.Tensor]] = {}
+    # Each group's receiver gradients are written into one buffer [columns, batch, pos, d]
+    # as backward reaches them: the MLP / output inputs' as they are, a layer's 27 head inputs
+    # at once, head-major, from its three projection gradients (one product and the norm's
+    # backward in place), so the group's product needs no gather.
     sizes = [len(cols) for _, cols in groups]
+    buffers: dict[int, torch.Tensor] = {}
+    filled: dict[int, set[int]] = {}  # positions written in each group's buffer
+    projections: dict[int, dict[int, torch.Tensor]] = {}  # layer -> kind -> [b, p, h, e]
+
+    def buffer(group: int, like: torch.Tensor) -> torch.Tensor:
+        if group not in buffers:
+            buffers[group] = like.new_empty((sizes[group], *like.shape[-3:]))
+            filled[group] = set()
+        return buffers[group]
 
     def flush(group: int) -> None:
-        parts = pending.pop(group, {})
-        if not parts:
+        if group not in buffers:
             return
-        upto = groups[group][0]
-        chosen = sorted(parts)
-        ordered = [parts[c] for c in chosen]  # [1, batch, pos, d] each, in column order
-        grads = torch.cat(ordered) if len(ordered) > 1 else ordered[0]
+        grads, written = buffers.pop(group), filled.pop(group)
+        if len(written) < sizes[group]:  # receivers backward never reached: no gradient
+            for position in set(range(sizes[group])) - written:
+                grads[position].zero_()
+        upto, columns = groups[group]
         flat = deltas[:upto].reshape(upto, -1)
         block = flat @ grads.reshape(grads.shape[0], -1).T.to(flat)
-        scores[:upto, chosen] += weight * block.float().cpu()
+        scores[:upto, columns] += weight * block.float().cpu()
 
-    def arrive(group: int, first_column: int) -> Callable:
+    def written(group: int, positions: range) -> None:
+        filled[group].update(positions)
+        if len(filled[group]) == sizes[group]:
+            flush(group)
+
+    def arrive(group: int, column: int) -> Callable:
+        position = groups[group][1].index(column)
+
         def on_grad(grad: torch.Tensor) -> None:
-            rows = grad.permute(2, 0, 1, 3) if grad.dim() == 4 else grad[None]
-            for i in range(rows.shape[0]):
-                pending.setdefault(group, {})[first_column + i] = rows[i : i + 1]
-            if len(pending[group]) == sizes[group]:
-                flush(group)
+            buffer(group, grad)[position].copy_(grad)
+            written(group, range(position, position + 1))
 
         return on_grad
+
+    def head_inputs(layer: int) -> None:
+        """The layer's 27 head-input gradients from its q, k and v projection gradients."""
+        parts = projections.pop(layer)
+        like = next(iter(parts.values()))
+        heads = graph.n_heads
+        # [3, heads, batch * pos, d_head]; a kind backward never reached contributes zero
+        stacked = torch.stack([parts[k] if k in parts else torch.zeros_like(like)
+                               for k in range(3)]).permute(0, 3, 1, 2, 4)  # fmt: skip
+        stacked = stacked.reshape(3 * heads, -1, like.shape[-1])
+        attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
+        w_t = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach().mT.to(like)  # [3h, e, d]
+        x_hat = normalised[layer].reshape(-1, w_t.shape[-1]).to(like)  # [batch * pos, d]
+        scale = scales[layer].reshape(-1, 1).to(like)
+        first = groups[layer][1].index(graph.qkv_receivers(layer).start)
+        target = buffer(layer, normalised[layer])[first : first + 3 * heads]
+        out = target.view(3 * heads, -1, w_t.shape[-1])
+        torch.bmm(stacked, w_t, out=out)
+        _norm_backward(out, x_hat, scale, getattr(ln, "w", None), centred)
+        written(layer, range(first, first + 3 * heads))
 
     leaf: dict[str, torch.Tensor] = {}
     normalised: dict[int, torch.Tensor] = {}  # per layer: ln1's x_hat and scale of this run
@@ -530,23 +566,17 @@ def _decoder_attribution(
             leaf["x"] = (ref + alpha * (x.detach() - ref)).requires_grad_(True)
             return leaf["x"]
 
-        def keep(group: int, first_column: int) -> Callable:
+        def keep(group: int, column: int) -> Callable:
             def hook(x: torch.Tensor, hook: Any) -> None:
-                x.register_hook(arrive(group, first_column))
+                x.register_hook(arrive(group, column))
 
             return hook
 
-        def head_input(layer: int, kind: str, group: int, first_column: int) -> Callable:
-            block = model.blocks[layer]
-            weight = getattr(block.attn, f"W_{kind.upper()}").detach()  # [head, d_model, d_head]
-            gain = getattr(block.ln1, "w", None)  # none for LNPre / RMSPre
-            gain = None if gain is None else gain.detach()
-            on_input = arrive(group, first_column)
-
+        def projection(layer: int, kind: int) -> Callable:
             def on_grad(grad: torch.Tensor) -> None:
-                per_head = torch.einsum("bphe,hde->bphd", grad, weight.to(grad))
-                x_hat, scale = normalised[layer][:, :, None], scales[layer][:, :, None]
-                on_input(_norm_backward(per_head, x_hat, scale, gain, centred))
+                projections.setdefault(layer, {})[kind] = grad.detach()
+                if len(projections[layer]) == 3:
+                    head_inputs(layer)
 
             def hook(x: torch.Tensor, hook: Any) -> None:
                 x.register_hook(on_grad)
@@ -564,10 +594,8 @@ def _decoder_attribution(
         for layer in range(graph.n_layers):
             hooks += [(act_name("normalized", layer, "ln1"), keep_stat(normalised, layer)),
                       (act_name("scale", layer, "ln1"), keep_stat(scales, layer))]  # fmt: skip
-            qkv = graph.qkv_receivers(layer)
             for i, kind in enumerate("qkv"):
-                first = qkv.start + i * graph.n_heads
-                hooks.append((act_name(kind, layer), head_input(layer, kind, layer, first)))
+                hooks.append((act_name(kind, layer), projection(layer, i)))
             hooks.append((act_name("mlp_in", layer), keep(layer + 1, graph.mlp_receiver(layer))))
         last = act_name("resid_post", graph.n_layers - 1)
         hooks.append((last, keep(graph.n_layers, graph.output_receiver)))
@@ -583,31 +611,36 @@ def _decoder_attribution(
                 value = metric(model(**pairs.clean), pairs).mean()
                 # the receivers' hooks score as backward passes them; no parameter gradient
                 torch.autograd.grad(value, leaf["x"])
-            for group in list(pending):  # receivers backward never reached (no gradient)
+            for layer in list(projections):  # some of q / k / v never reached by backward
+                head_inputs(layer)
+            for group in list(buffers):  # receivers backward never reached (no gradient)
                 flush(group)
     return graph.from_dense(scores).detach()
 
 
 def _norm_backward(
-    grad: Float[torch.Tensor, "batch pos head d_model"],
-    normalised: Float[torch.Tensor, "batch pos 1 d_model"],
-    scale: Float[torch.Tensor, "batch pos 1 1"],
-    gain: Float[torch.Tensor, " d_model"] | None,
+    grad: Float[torch.Tensor, "head token d_model"],
+    normalised: Float[torch.Tensor, "token d_model"],
+    scale: Float[torch.Tensor, "token 1"],
+    gain: torch.Tensor | None,
     centred: bool,
-) -> Float[torch.Tensor, "batch pos head d_model"]:
+) -> None:
     """The gradient at a LayerNorm's (``centred``) or RMSNorm's input, given the gradient at
-    its output, the normalised input ``x_hat`` and the scale of the run::
+    its output (every head's at once, head-major), the normalised input ``x_hat`` and the
+    scale of the run, computed in place in ``grad``::
 
         g = grad * gain
         d input = (g - mean(g) - x_hat * mean(g * x_hat)) / scale      (LayerNorm)
         d input = (g - x_hat * mean(g * x_hat)) / scale                (RMSNorm)
     """
-    g = grad if gain is None else grad * gain.to(grad)
-    normalised, scale = normalised.to(grad), scale.to(grad)
-    out = g - normalised * (g * normalised).mean(-1, keepdim=True)
-    if centred:
-        out = out - g.mean(-1, keepdim=True)
-    return out / scale
+    if gain is not None:
+        grad.mul_(gain.detach().to(grad))
+    dot = torch.linalg.vecdot(grad, normalised, dim=-1).unsqueeze(-1) / grad.shape[-1]
+    mean = grad.mean(-1, keepdim=True) if centred else None
+    grad.addcmul_(normalised, dot, value=-1.0)
+    if mean is not None:
+        grad.sub_(mean)
+    grad.div_(scale)
 
 
 def exact_patching(

@@ -783,8 +783,11 @@ class _EdgeRun:
     (edge pruning) the deltas are a list and :class:`_Correction` keeps autograd from copying
     them at every receiver point: memory linear in depth for decoders; every sender is read
     unless the weights are hard-concrete samples (``sparse``), whose exact 0s and 1s need no
-    gradient. For post-LN encoders every LayerNorm makes new (transformed) deltas that later
-    points keep, so memory grows with depth squared: fine for MiniLM, heavy for BERT-large.
+    gradient. For decoders the deltas' gradients from all receiver points are summed in place
+    in one buffer (:class:`_GradientSink`), and the heads' inputs are projected by hand
+    (:class:`_HeadInputs`), never as TransformerLens's copies of the stream per head. For
+    post-LN encoders every LayerNorm makes new (transformed) deltas that later points keep,
+    so memory grows with depth squared: fine for MiniLM, heavy for BERT-large.
     """
 
     def __init__(
@@ -869,13 +872,15 @@ class _EdgeRun:
             part = self.total.new_zeros(shape)
         elif self.buffer is None:  # with gradients, hard-concrete weights
             stacked = None if self.side_by_side is None else self.side_by_side[: self.n]
-            if 2 * len(rows) > self.n:  # most senders: no gather, the whole block
-                part = _Correction.apply(weights, None, stacked, self.sink, *self.deltas)
-            else:
-                part = _Correction.apply(weights[rows], rows, stacked, self.sink, *self.deltas)
-        elif 2 * len(rows) > self.n:  # most senders: no copy, the whole block
+            # the whole block side by side is read in place, so it beats a gather of a sixth
+            # or more of it (measured); a list of blocks would be concatenated: half. Read
+            # whole, the removed weights give the correction itself (no total - kept part).
+            if (6 if stacked is not None else 2) * len(rows) > self.n:
+                return _Correction.apply(columns, None, stacked, self.sink, *self.deltas)
+            part = _Correction.apply(weights[rows], rows, stacked, self.sink, *self.deltas)
+        elif 6 * len(rows) > self.n:  # a sixth or more: the whole block beats a copy
             flat = self.buffer[: self.n].reshape(self.n, -1)
-            part = (weights.T @ flat).reshape(shape)
+            return (columns.T @ flat).reshape(shape)
         else:
             flat = self.buffer.index_select(0, rows).reshape(len(rows), -1)
             part = (weights[rows].T @ flat).reshape(shape)
@@ -1129,11 +1134,15 @@ class _HeadProjection(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inputs, folded, scale, out = ctx.saved_tensors
         receivers, batch, pos, d_model = inputs.shape
-        # out = inputs @ folded / scale, scale = sqrt(mean(inputs^2) + eps)
-        scaled = grad / scale.to(grad.dtype)
+        # out = inputs @ folded / scale, scale = sqrt(mean(inputs^2) + eps); in the inputs'
+        # dtype (under autocast the product, and so ``grad``, may be in a lower one)
+        dtype = inputs.dtype
+        scaled = grad.to(dtype) / scale.to(dtype)
         # d out / d scale = -out / scale; d scale / d inputs = inputs / (d_model * scale)
-        through_scale = -(scaled * out).sum(-1, keepdim=True) / (d_model * scale)
-        grad_inputs = torch.bmm(scaled.reshape(receivers, -1, scaled.shape[-1]), folded.mT)
+        through_scale = -(scaled * out.to(dtype)).sum(-1, keepdim=True) / (d_model * scale)
+        grad_inputs = torch.bmm(
+            scaled.reshape(receivers, -1, scaled.shape[-1]), folded.mT.to(dtype)
+        )
         grad_inputs = grad_inputs.view(receivers, batch, pos, d_model)
         grad_inputs.addcmul_(inputs, through_scale.to(inputs.dtype))
         if ctx.centred:
@@ -1216,7 +1225,8 @@ class _Correction(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         columns, *deltas = ctx.saved_tensors
         rows, sizes = ctx.rows, ctx.sizes
-        flat_grad = grad.reshape(grad.shape[0], -1)
+        # under autocast the product, and so ``grad``, may be in a lower dtype than the deltas
+        flat_grad = grad.reshape(grad.shape[0], -1).to(columns.dtype)
         grad_columns = None
         if ctx.needs_input_grad[0]:
             read = _gather(ctx.stacked, rows, deltas)

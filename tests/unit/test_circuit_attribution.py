@@ -179,16 +179,25 @@ def test_decoder_eap_from_the_unsplit_forward_equals_split_input_gradients(kind,
     assert not model.cfg.use_split_qkv_input  # the switches are restored
 
 
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
 @pytest.mark.parametrize(("steps", "fill"), [(3, "corrupted"), (2, "mean"), (1, "zero")])
-def test_decoder_eap_ig_and_every_fill_equal_the_split_input_path(steps, fill):
+def test_decoder_eap_ig_and_every_fill_equal_the_split_input_path(steps, fill, kind):
     """EAP-IG and the mean / zero fills through the decoder path equal the generic path that
-    reads TransformerLens's split per-head inputs. In float64: the two paths sum in other
-    orders, and in float32 each is within about 1e-6 of the largest score from the exact one
-    (measured: 1.7e-7 and 1.8e-7 of 0.20), so their float32 difference is rounding."""
+    reads TransformerLens's split per-head inputs, for RMSNorm with grouped key / value heads
+    and LayerNorm, each with a gain (and shift) that is not 1 (and 0). In float64: the two
+    paths sum in other orders, and in float32 each is within about 1e-6 of the largest score
+    from the exact one (measured: 1.7e-7 and 1.8e-7 of 0.20), so their float32 difference is
+    rounding."""
     from mi_core.circuits.attribution import _reference, _sweep_attribution
     from mi_core.interventions import sender_means
 
-    model = tiny_model("llama")
+    model = tiny_model(kind)
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.ln1.w.copy_(1 + 0.5 * torch.randn(block.ln1.w.shape, generator=gen))
+            if hasattr(block.ln1, "b"):
+                block.ln1.b.copy_(0.5 * torch.randn(block.ln1.b.shape, generator=gen))
     model.to(torch.float64)
     model.cfg.dtype = torch.float64
     pairs = _lm_pairs()
