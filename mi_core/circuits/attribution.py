@@ -503,9 +503,9 @@ def _decoder_attribution(
     filled: dict[int, set[int]] = {}  # positions written in each group's buffer
     projections: dict[int, dict[int, torch.Tensor]] = {}  # layer -> kind -> [b, p, h, e]
 
-    def buffer(group: int, like: torch.Tensor) -> torch.Tensor:
-        if group not in buffers:
-            buffers[group] = like.new_empty((sizes[group], *like.shape[-3:]))
+    def buffer(group: int, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+        if group not in buffers:  # [columns, batch, pos, d_model], like the first to arrive
+            buffers[group] = like.new_empty((sizes[group], *shape))
             filled[group] = set()
         return buffers[group]
 
@@ -530,7 +530,7 @@ def _decoder_attribution(
         position = groups[group][1].index(column)
 
         def on_grad(grad: torch.Tensor) -> None:
-            buffer(group, grad)[position].copy_(grad)
+            buffer(group, grad.shape, grad)[position].copy_(grad)
             written(group, range(position, position + 1))
 
         return on_grad
@@ -543,13 +543,13 @@ def _decoder_attribution(
         # [3, heads, batch * pos, d_head]; a kind backward never reached contributes zero
         stacked = torch.stack([parts[k] if k in parts else torch.zeros_like(like)
                                for k in range(3)]).permute(0, 3, 1, 2, 4)  # fmt: skip
-        stacked = stacked.reshape(3 * heads, -1, like.shape[-1])
-        attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
-        w_t = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach().mT.to(like)  # [3h, e, d]
-        x_hat = normalised[layer].reshape(-1, w_t.shape[-1]).to(like)  # [batch * pos, d]
-        scale = scales[layer].reshape(-1, 1).to(like)
         first = groups[layer][1].index(graph.qkv_receivers(layer).start)
-        target = buffer(layer, normalised[layer])[first : first + 3 * heads]
+        target = buffer(layer, normalised[layer].shape, like)[first : first + 3 * heads]
+        stacked = stacked.reshape(3 * heads, -1, like.shape[-1]).to(target)
+        attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
+        w_t = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach().mT.to(target)  # [3h, e, d]
+        x_hat = normalised[layer].reshape(-1, w_t.shape[-1]).to(target)  # [batch * pos, d]
+        scale = scales[layer].reshape(-1, 1).to(target)
         out = target.view(3 * heads, -1, w_t.shape[-1])
         torch.bmm(stacked, w_t, out=out)
         _norm_backward(out, x_hat, scale, getattr(ln, "w", None), centred)

@@ -1069,7 +1069,7 @@ class _HeadInputs:
         centred = normalization in ("LN", "LNPre")
         folded = folded.to(stream.dtype)
         if torch.is_grad_enabled() and (folded.requires_grad or bias.requires_grad):
-            out = _head_projection(stream, correction, folded, ln.eps, centred)
+            out = _head_projection(stream, correction, folded, ln.eps, centred)[2]
         else:
             out = _HeadProjection.apply(stream, correction, folded.detach(), ln.eps, centred)
         self.out = out + bias[:, None, None, :].to(out.dtype)
@@ -1089,17 +1089,19 @@ def _head_projection(
     folded: Float[torch.Tensor, "receiver d_model d_head"],
     eps: float,
     centred: bool,
-) -> Float[torch.Tensor, "receiver batch pos d_head"]:
-    """``norm(stream - correction[i]) @ folded[i]`` (no bias) with autograd's backward."""
+) -> tuple[torch.Tensor, torch.Tensor, Float[torch.Tensor, "receiver batch pos d_head"]]:
+    """``norm(stream - correction[i]) @ folded[i]`` (no bias), with the normalised inputs
+    before their scale and the scale: ``(inputs, scale, out)``. Differentiable as it stands
+    (autograd's backward); :class:`_HeadProjection` runs it with a backward written out."""
     inputs = stream[None] - correction
     if centred:
-        inputs = inputs - inputs.mean(-1, keepdim=True)
+        inputs -= inputs.mean(-1, keepdim=True)
     receivers, batch, pos, d_model = inputs.shape
     stats = inputs if inputs.dtype in (torch.float32, torch.float64) else inputs.float()
     norm = torch.linalg.vector_norm(stats, dim=-1, keepdim=True)
     scale = (norm.square() / d_model + eps).sqrt()
     out = torch.bmm(inputs.reshape(receivers, -1, d_model), folded)
-    return out.view(receivers, batch, pos, -1) / scale
+    return inputs, scale, out.view(receivers, batch, pos, -1) / scale.to(out.dtype)
 
 
 class _HeadProjection(torch.autograd.Function):
@@ -1117,15 +1119,7 @@ class _HeadProjection(torch.autograd.Function):
         eps: float,
         centred: bool,
     ) -> torch.Tensor:
-        inputs = stream[None] - correction
-        if centred:
-            inputs -= inputs.mean(-1, keepdim=True)
-        receivers, batch, pos, d_model = inputs.shape
-        stats = inputs if inputs.dtype in (torch.float32, torch.float64) else inputs.float()
-        norm = torch.linalg.vector_norm(stats, dim=-1, keepdim=True)
-        scale = (norm.square() / d_model + eps).sqrt()
-        out = torch.bmm(inputs.reshape(receivers, -1, d_model), folded)
-        out = out.view(receivers, batch, pos, -1) / scale.to(out.dtype)
+        inputs, scale, out = _head_projection(stream, correction, folded, eps, centred)
         ctx.save_for_backward(inputs, folded, scale, out)
         ctx.centred = centred
         return out
