@@ -784,7 +784,7 @@ class _EdgeRun:
     them at every receiver point: memory linear in depth for decoders; every sender is read
     unless the weights are hard-concrete samples (``sparse``), whose exact 0s and 1s need no
     gradient. For decoders the deltas' gradients from all receiver points are summed in place
-    in one buffer (:class:`_GradientSink`), and the heads' inputs are projected by hand
+    in one buffer (:class:`_SideBySide`), and the heads' inputs are projected by hand
     (:class:`_HeadInputs`), never as TransformerLens's copies of the stream per head. For
     post-LN encoders every LayerNorm makes new (transformed) deltas that later points keep,
     so memory grows with depth squared: fine for MiniLM, heavy for BERT-large.
@@ -803,23 +803,22 @@ class _EdgeRun:
         self.sparse = sparse
         self.deltas: list[torch.Tensor] = []  # with gradients: one tensor per sender block
         self.buffer: torch.Tensor | None = None  # without: [sender, batch, pos, d_model]
-        self.side_by_side: torch.Tensor | None = None  # with, decoders: detached copies
-        self.sink: _GradientSink | None = None  # with, decoders: the deltas' gradients
+        self.side: _SideBySide | None = None  # with, decoders: detached copies, gradients
         self.total: torch.Tensor | None = None
         self.n = 0  # senders so far
-        self.pending: tuple[torch.Tensor, ...] | _HeadInputs | None = None
+        self.pending: tuple[torch.Tensor, ...] | None = None  # encoders: q / k / v corrections
+        self.heads: _HeadInputs | None = None  # decoders: the layer's heads' q / k / v
         self.stream: torch.Tensor | None = None  # decoders: the layer's shared input
 
     def _reset(self, x: torch.Tensor) -> None:
-        self.deltas, self.n, self.pending = [], 0, None
+        self.deltas, self.n, self.pending, self.heads = [], 0, None, None
         differentiable = self.removed.requires_grad or x.requires_grad
-        self.side_by_side, self.sink = None, None
+        self.side = None
         if torch.is_grad_enabled() and differentiable:
             self.buffer = None
             self.total = torch.zeros_like(x) if self.sparse else None
             if not self.graph.post_ln:  # rows never change after writing: no concatenation
-                self.side_by_side = x.new_empty((self.graph.n_senders, *x.shape))
-                self.sink = _GradientSink(self.side_by_side.shape, x)
+                self.side = _SideBySide(self.graph.n_senders, x)
         else:
             self.buffer = x.new_empty((self.graph.n_senders, *x.shape))
             self.total = torch.zeros_like(x)
@@ -829,10 +828,9 @@ class _EdgeRun:
         delta = outputs if fill is None else outputs - fill
         self.n = start + delta.shape[0]
         if self.buffer is None:
-            if self.sink is not None:
-                assert self.side_by_side is not None
-                self.side_by_side[start : self.n] = delta.detach()
-                delta = _Tap.apply(delta, self.sink, start)
+            if self.side is not None:
+                self.side.values[start : self.n] = delta.detach()
+                delta = _Tap.apply(delta, self.side, start)
             self.deltas.append(delta)
             if self.total is not None:
                 self.total = self.total + delta.sum(0)
@@ -857,8 +855,7 @@ class _EdgeRun:
         columns = removed[:, receivers] if isinstance(receivers, slice) else removed[:, [receivers]]
         columns = columns[: self.n]
         if self.buffer is None and not self.sparse:
-            stacked = None if self.side_by_side is None else self.side_by_side[: self.n]
-            return _Correction.apply(columns, None, stacked, self.sink, *self.deltas)
+            return _Correction.apply(columns, None, self.side, *self.deltas)
         assert self.total is not None
         kept = 1.0 - columns
         rows_removed = columns.detach().any(1).nonzero().flatten()
@@ -871,13 +868,12 @@ class _EdgeRun:
                 return None  # nothing removed: the input stays as it is
             part = self.total.new_zeros(shape)
         elif self.buffer is None:  # with gradients, hard-concrete weights
-            stacked = None if self.side_by_side is None else self.side_by_side[: self.n]
             # the whole block side by side is read in place, so it beats a gather of a sixth
             # or more of it (measured); a list of blocks would be concatenated: half. Read
             # whole, the removed weights give the correction itself (no total - kept part).
-            if (6 if stacked is not None else 2) * len(rows) > self.n:
-                return _Correction.apply(columns, None, stacked, self.sink, *self.deltas)
-            part = _Correction.apply(weights[rows], rows, stacked, self.sink, *self.deltas)
+            if (6 if self.side is not None else 2) * len(rows) > self.n:
+                return _Correction.apply(columns, None, self.side, *self.deltas)
+            part = _Correction.apply(weights[rows], rows, self.side, *self.deltas)
         elif 6 * len(rows) > self.n:  # a sixth or more: the whole block beats a copy
             flat = self.buffer[: self.n].reshape(self.n, -1)
             return (columns.T @ flat).reshape(shape)
@@ -910,7 +906,8 @@ class _EdgeRun:
         return hooks
 
     def _unsplit_hooks(self, model: Any, graph: Graph) -> list[tuple[str, Callable]]:
-        """Hard-concrete masks (edge pruning): a layer none of whose query / key / value inputs
+        """Encoders under hard-concrete masks (edge pruning; decoders never build per-head
+        copies, see :meth:`_decoder_head_hooks`): a layer none of whose query / key / value inputs
         has a removed edge runs with one shared input, TransformerLens's unsplit path, instead
         of a copy of the stream per head (at the start of a run that is most layers; their
         weights are exactly 1 and need no gradient). A block reads the switch after its
@@ -954,15 +951,15 @@ class _EdgeRun:
             cfg.use_split_qkv_input = True
             correction = self._correction(graph.qkv_receivers(layer))
             if correction is None:
-                self.pending = None
+                self.heads = None
                 return q
             assert self.stream is not None
-            self.pending = _HeadInputs(self.stream, correction, attn, ln, cfg.normalization_type)
-            return self.pending.get(0, q)
+            self.heads = _HeadInputs(self.stream, correction, attn, ln, cfg.normalization_type)
+            return self.heads.get(0, q)
 
         def key_value(kind: int) -> Callable:
             def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
-                return self.pending.get(kind, x) if isinstance(self.pending, _HeadInputs) else x
+                return x if self.heads is None else self.heads.get(kind, x)
 
             return hook
 
@@ -989,7 +986,6 @@ class _EdgeRun:
 
         def kv_input(offset: int) -> Callable:
             def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
-                assert not isinstance(self.pending, _HeadInputs)
                 return x if self.pending is None else x - self.pending[offset]
 
             return hook
@@ -1146,41 +1142,45 @@ class _HeadProjection(torch.autograd.Function):
         return grad_stream, grad_correction, None, None, None
 
 
-class _GradientSink:
-    """The gradients of every delta of one masked forward (decoders), summed in one buffer.
+class _SideBySide:
+    """The deltas of one masked forward side by side, and their gradients (decoders, with
+    gradients).
 
-    Each receiver point's backward adds its product straight into the rows of the senders it
-    read (``addmm_`` / ``index_add_``, no fresh ``[senders, batch, pos, d_model]`` block per
-    point for autograd to sum), and :class:`_Tap` hands a sender block its rows once every
-    point that read it is done: autograd runs a node's backward only after every node that
-    used its output, and every point takes the tapped deltas as inputs.
+    ``values`` (``[senders, batch, pos, d_model]``): each sender's delta, detached, written
+    once as the forward reaches it and read in place by every receiver point after it, in
+    the forward and the backward pass. ``gradients``: each receiver point's backward adds its
+    product straight into the rows of the senders it read (``addmm_`` / ``index_add_``, no
+    fresh block per point for autograd to sum), and :class:`_Tap` hands a sender block its
+    rows once every point that read it is done: autograd runs a node's backward only after
+    every node that used its output, and every point takes the tapped deltas as inputs.
     """
 
-    def __init__(self, shape: torch.Size, like: torch.Tensor) -> None:
-        self.shape, self.like = shape, like
-        self.buffer: torch.Tensor | None = None  # allocated at the first gradient
+    def __init__(self, n_senders: int, like: torch.Tensor) -> None:
+        self.values = like.new_empty((n_senders, *like.shape))
+        self.gradients: torch.Tensor | None = None  # allocated at the first gradient
 
-    def flat(self) -> torch.Tensor:
-        if self.buffer is None:
-            self.buffer = self.like.new_zeros(self.shape)
-        return self.buffer.view(self.shape[0], -1)
+    def flat_gradients(self) -> torch.Tensor:
+        if self.gradients is None:
+            self.gradients = torch.zeros_like(self.values)
+        return self.gradients.view(self.values.shape[0], -1)
 
     def take(self, start: int, size: int) -> torch.Tensor | None:
-        return None if self.buffer is None else self.buffer[start : start + size]
+        return None if self.gradients is None else self.gradients[start : start + size]
 
 
 class _Tap(torch.autograd.Function):
-    """Identity on a block of deltas; its backward adds what the sink gathered for them."""
+    """Identity on a block of deltas; its backward adds what :class:`_SideBySide` gathered
+    for them."""
 
     @staticmethod
-    def forward(ctx: Any, delta: torch.Tensor, sink: _GradientSink, start: int) -> torch.Tensor:
+    def forward(ctx: Any, delta: torch.Tensor, side: _SideBySide, start: int) -> torch.Tensor:
         ctx.set_materialize_grads(False)
-        ctx.sink, ctx.start, ctx.size = sink, start, delta.shape[0]
+        ctx.side, ctx.start, ctx.size = side, start, delta.shape[0]
         return delta.view_as(delta)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor | None) -> tuple[torch.Tensor | None, None, None]:
-        gathered = ctx.sink.take(ctx.start, ctx.size)
+        gathered = ctx.side.take(ctx.start, ctx.size)
         if gathered is None:
             return grad, None, None
         return (gathered if grad is None else grad + gathered), None, None
@@ -1192,8 +1192,9 @@ class _Correction(torch.autograd.Function):
     Autograd would otherwise save a concatenated copy of every delta at every receiver point
     (memory quadratic in depth); this saves the delta blocks themselves, shared by all points,
     and gathers them again in the backward pass. ``rows`` (sorted sender indices, or None for
-    all of them) picks the senders that are read; the others get no gradient. With a
-    ``sink`` (decoders) the deltas' gradients go into it instead of being returned.
+    all of them) picks the senders that are read; the others get no gradient. With ``side``
+    (decoders) the deltas are read from its values, and their gradients go into it instead of
+    being returned.
     """
 
     @staticmethod
@@ -1201,16 +1202,15 @@ class _Correction(torch.autograd.Function):
         ctx: Any,
         columns: torch.Tensor,
         rows: torch.Tensor | None,
-        stacked: torch.Tensor | None,
-        sink: _GradientSink | None,
+        side: _SideBySide | None,
         *deltas: torch.Tensor,
     ) -> torch.Tensor:
-        # ``stacked``: the deltas already side by side (a detached view of a buffer whose rows
-        # are never written again, decoders), or None to gather them here and again in the
-        # backward pass
-        ctx.save_for_backward(columns, *([] if stacked is not None else deltas))
-        ctx.stacked, ctx.rows, ctx.sink = stacked, rows, sink
+        # the deltas already side by side (decoders: rows never written again), or None to
+        # gather them here and again in the backward pass
         ctx.sizes = [d.shape[0] for d in deltas]
+        stacked = None if side is None else side.values[: sum(ctx.sizes)]
+        ctx.save_for_backward(columns, *([] if side is not None else deltas))
+        ctx.stacked, ctx.rows, ctx.side = stacked, rows, side
         read = _gather(stacked, rows, deltas)
         out = columns.T @ read.reshape(read.shape[0], -1)
         return out.reshape(columns.shape[1], *read.shape[1:])
@@ -1226,13 +1226,13 @@ class _Correction(torch.autograd.Function):
             read = _gather(ctx.stacked, rows, deltas)
             grad_columns = read.reshape(read.shape[0], -1) @ flat_grad.T
         grad_deltas: list[torch.Tensor | None] = [None] * len(sizes)
-        if any(ctx.needs_input_grad[4:]):
-            if ctx.sink is not None:  # summed in place; the taps hand them on
+        if any(ctx.needs_input_grad[3:]):
+            if ctx.side is not None:  # summed in place; the taps hand them on
                 if rows is None:
-                    ctx.sink.flat()[: columns.shape[0]].addmm_(columns, flat_grad)
+                    ctx.side.flat_gradients()[: columns.shape[0]].addmm_(columns, flat_grad)
                 else:
-                    ctx.sink.flat().index_add_(0, rows, columns @ flat_grad)
-                return (grad_columns, None, None, None, *grad_deltas)
+                    ctx.side.flat_gradients().index_add_(0, rows, columns @ flat_grad)
+                return (grad_columns, None, None, *grad_deltas)
             flat = (columns @ flat_grad).reshape(columns.shape[0], *grad.shape[1:])
             if rows is None:
                 grad_deltas = list(torch.split(flat, sizes))
@@ -1244,7 +1244,7 @@ class _Correction(torch.autograd.Function):
                         block = flat.new_zeros((size, *flat.shape[1:]))
                         grad_deltas[i] = block.index_copy_(0, rows[inside] - start, flat[inside])
                     start += size
-        return (grad_columns, None, None, None, *grad_deltas)
+        return (grad_columns, None, None, *grad_deltas)
 
 
 def _gather(

@@ -15,7 +15,7 @@ from mi_core.circuits.prune import (
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions import EdgeMask, Graph, graph_switches
-from mi_core.interventions.edges import _Correction, _GradientSink, _Tap
+from mi_core.interventions.edges import _Correction, _SideBySide, _Tap
 from mi_core.seeding import derive_seed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,28 +30,25 @@ def test_the_correction_has_the_gradients_of_the_plain_product():
     columns = torch.rand(5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     deltas = [torch.randn(n, 2, 4, 6, generator=gen, dtype=torch.float64, requires_grad=True)
               for n in (1, 4)]  # fmt: skip
-    assert torch.autograd.gradcheck(_Correction.apply, (columns, None, None, None, *deltas))
-    # with the deltas already side by side (decoders), and with their gradients summed in a
-    # sink and handed on by taps (decoders with gradients), for all rows and for some: the
-    # same values and gradients
+    assert torch.autograd.gradcheck(_Correction.apply, (columns, None, None, *deltas))
+    # with the deltas side by side and their gradients summed there, handed on by taps
+    # (decoders with gradients), for all rows and for some: the same values and gradients
     grad = torch.randn(3, 2, 4, 6, generator=gen, dtype=torch.float64)
-    stacked = torch.cat(deltas).detach()
     for rows in (None, torch.tensor([1, 3])):
         results = []
-        for variant in ("list", "stacked", "sink"):
+        for variant in ("list", "side by side"):
             weights = columns if rows is None else columns[rows]
-            inputs, sink = list(deltas), None
-            if variant == "sink":
-                sink = _GradientSink(stacked.shape, stacked)
-                inputs = [_Tap.apply(deltas[0], sink, 0), _Tap.apply(deltas[1], sink, 1)]
-            side = None if variant == "list" else stacked
-            out = _Correction.apply(weights, rows, side, sink, *inputs)
+            inputs, side = list(deltas), None
+            if variant == "side by side":
+                side = _SideBySide(5, deltas[0][0])
+                side.values[:] = torch.cat(deltas).detach()
+                inputs = [_Tap.apply(deltas[0], side, 0), _Tap.apply(deltas[1], side, 1)]
+            out = _Correction.apply(weights, rows, side, *inputs)
             # the deltas also feed the output directly, as a sender's output feeds the stream
             value = (out * grad).sum() + sum((d * d).sum() for d in inputs)
             results.append((out, *torch.autograd.grad(value, (columns, *deltas))))
-        for other in results[1:]:
-            for a, b in zip(results[0], other, strict=True):
-                torch.testing.assert_close(a, b)
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b)
 
 
 def test_masked_forward_gradients_match_finite_differences():
