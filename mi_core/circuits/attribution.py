@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from mi_core.buffers import reusing_buffers, scratch
 from mi_core.circuits.config import ATTRIBUTION_METHODS, SELECTIONS
 from mi_core.circuits.metrics import Metric, logit_difference
 from mi_core.data.circuit_pairs import PromptPairs
@@ -377,8 +378,9 @@ def edge_attribution(
     if fill not in FILLS:
         raise ConfigError(f"unknown fill {fill!r}; expected one of {FILLS}")
     graph.check_model(model)
-    # no weight gradients: autograd then keeps no activations for them (restored afterwards)
-    with frozen(model, eval_mode=False):
+    # no weight gradients: autograd then keeps no activations for them (restored afterwards);
+    # the large buffers are reused within the call and across the calls of a reusing block
+    with frozen(model, eval_mode=False), reusing_buffers():
         reference = _reference(model, graph, pairs, fill, means)
         if not graph.post_ln:
             return _decoder_attribution(model, graph, pairs, metric, steps, reference)
@@ -505,7 +507,7 @@ def _decoder_attribution(
 
     def buffer(group: int, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
         if group not in buffers:  # [columns, batch, pos, d_model], like the first to arrive
-            buffers[group] = like.new_empty((sizes[group], *shape))
+            buffers[group] = scratch("receiver gradients", (sizes[group], *shape), like)
             filled[group] = set()
         return buffers[group]
 
@@ -689,11 +691,12 @@ def attribute(
         raise ConfigError(f"unknown attribution method {method!r}; choose {ATTRIBUTION_METHODS}")
     graph = Graph.from_model(model)
     total = torch.zeros(graph.n_edges, dtype=torch.float64)
-    for batch in tqdm(list(pairs.batches(batch_size)), desc=method, disable=not progress):
-        if method == "exact":
-            scores = exact_patching(model, graph, batch, metric, fill=fill, means=means)
-        else:
-            n_steps = 1 if method == "eap" else steps
-            scores = edge_attribution(model, graph, batch, metric, n_steps, fill, means)
-        total += scores.double() * len(batch)
+    with reusing_buffers():  # one set of large buffers for every batch
+        for batch in tqdm(list(pairs.batches(batch_size)), desc=method, disable=not progress):
+            if method == "exact":
+                scores = exact_patching(model, graph, batch, metric, fill=fill, means=means)
+            else:
+                n_steps = 1 if method == "eap" else steps
+                scores = edge_attribution(model, graph, batch, metric, n_steps, fill, means)
+            total += scores.double() * len(batch)
     return EdgeScores(graph, (total / len(pairs)).float(), method, len(pairs))

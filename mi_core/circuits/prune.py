@@ -40,6 +40,7 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from mi_core.buffers import reusing_buffers
 from mi_core.circuits.config import EdgePruneSettings
 from mi_core.circuits.metrics import answer_logits, kl_divergence
 from mi_core.data.circuit_pairs import PromptPairs
@@ -227,7 +228,8 @@ def prune_edges(
         )
     bar = tqdm(range(start, config.steps), desc="edge pruning", disable=not progress)
     # the weights stay frozen while the gates learn; restored at the end
-    with graph_switches(model), frozen(model, eval_mode=False):
+    # the step's large buffers (corrupted outputs, deltas, their gradients) are reused
+    with graph_switches(model), frozen(model, eval_mode=False), reusing_buffers():
         for step in bar:
             index = _batch_indices(len(pairs), config.batch_size, config.seed, step)
             batch = pairs.select(index)

@@ -51,6 +51,7 @@ import torch
 from jaxtyping import Bool, Float
 from transformer_lens.components import BertBlock, TransformerBlock
 
+from mi_core.buffers import scratch
 from mi_core.errors import InterventionError
 from mi_core.interventions.components import Component
 from mi_core.interventions.config import FILLS
@@ -395,7 +396,7 @@ def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tup
     the first hook (``[sender, batch, pos, d_model]``; no per-block copies to concatenate)."""
 
     def start(x: torch.Tensor, hook: Any) -> None:
-        store["out"] = x.new_empty((graph.n_senders, *x.shape))
+        store["out"] = scratch("senders", (graph.n_senders, *x.shape), x)
         store["out"][0] = x
         store["written"] += 1
 
@@ -414,6 +415,8 @@ def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tup
         def hook(x: torch.Tensor, hook: Any) -> None:
             store["out"][index] = x
             store["written"] += 1
+            if layer == graph.n_layers - 1:
+                raise _Recorded  # the last sender: the final norm and unembedding are not run
 
         return hook
 
@@ -425,10 +428,17 @@ def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tup
     return hooks
 
 
+class _Recorded(Exception):
+    """Raised by the recording's last hook: the rest of the forward is not needed."""
+
+
 def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOutputs:
     """Run ``model(*args, **kwargs)`` without gradients and return every sender's output.
 
-    Outputs are in each sender's own space (before any later LayerNorm).
+    Outputs are in each sender's own space (before any later LayerNorm). The forward stops at
+    the last sender: the final norm, the unembedding or the classifier head never run (for
+    SmolLM2 at 8 x 64 tokens on a CPU, a fifth of a forward: the unembedding and its 100 MB
+    of logits).
     """
     graph.check_model(model)
     store: dict[str, Any] = {}
@@ -438,7 +448,10 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
         torch.no_grad(),
         model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)),
     ):
-        model(*args, **kwargs)
+        try:
+            model(*args, **kwargs)
+        except _Recorded:
+            pass
     if store["written"] != graph.n_senders:
         raise InterventionError(
             f"the forward wrote {store['written']} of the graph's "
@@ -820,7 +833,7 @@ class _EdgeRun:
             if not self.graph.post_ln:  # rows never change after writing: no concatenation
                 self.side = _SideBySide(self.graph.n_senders, x)
         else:
-            self.buffer = x.new_empty((self.graph.n_senders, *x.shape))
+            self.buffer = scratch("edge deltas", (self.graph.n_senders, *x.shape), x)
             self.total = torch.zeros_like(x)
 
     def _append(self, start: int, outputs: torch.Tensor) -> None:
@@ -954,7 +967,9 @@ class _EdgeRun:
                 self.heads = None
                 return q
             assert self.stream is not None
-            self.heads = _HeadInputs(self.stream, correction, attn, ln, cfg.normalization_type)
+            self.heads = _HeadInputs(
+                self.stream, correction, attn, ln, cfg.normalization_type, f"head inputs L{layer}"
+            )
             return self.heads.get(0, q)
 
         def key_value(kind: int) -> Callable:
@@ -1055,6 +1070,7 @@ class _HeadInputs:
         attn: Any,
         ln: Any,
         normalization: str,
+        role: str | None = None,
     ) -> None:
         weight = torch.cat([attn.W_Q, attn.W_K, attn.W_V])  # [3 * heads, d_model, d_head]
         bias = torch.cat([attn.b_Q, attn.b_K, attn.b_V])
@@ -1067,7 +1083,7 @@ class _HeadInputs:
         if torch.is_grad_enabled() and (folded.requires_grad or bias.requires_grad):
             out = _head_projection(stream, correction, folded, ln.eps, centred)[2]
         else:
-            out = _HeadProjection.apply(stream, correction, folded.detach(), ln.eps, centred)
+            out = _HeadProjection.apply(stream, correction, folded.detach(), ln.eps, centred, role)
         self.out = out + bias[:, None, None, :].to(out.dtype)
         self.n_heads = correction.shape[0] // 3
 
@@ -1085,11 +1101,16 @@ def _head_projection(
     folded: Float[torch.Tensor, "receiver d_model d_head"],
     eps: float,
     centred: bool,
+    role: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Float[torch.Tensor, "receiver batch pos d_head"]]:
     """``norm(stream - correction[i]) @ folded[i]`` (no bias), with the normalised inputs
     before their scale and the scale: ``(inputs, scale, out)``. Differentiable as it stands
-    (autograd's backward); :class:`_HeadProjection` runs it with a backward written out."""
-    inputs = stream[None] - correction
+    (autograd's backward); :class:`_HeadProjection` runs it with a backward written out, the
+    inputs in a :func:`~mi_core.buffers.scratch` buffer of ``role``."""
+    if role is None:
+        inputs = stream[None] - correction
+    else:
+        inputs = torch.sub(stream[None], correction, out=scratch(role, correction.shape, stream))
     if centred:
         inputs -= inputs.mean(-1, keepdim=True)
     receivers, batch, pos, d_model = inputs.shape
@@ -1114,8 +1135,9 @@ class _HeadProjection(torch.autograd.Function):
         folded: torch.Tensor,
         eps: float,
         centred: bool,
+        role: str | None,
     ) -> torch.Tensor:
-        inputs, scale, out = _head_projection(stream, correction, folded, eps, centred)
+        inputs, scale, out = _head_projection(stream, correction, folded, eps, centred, role)
         ctx.save_for_backward(inputs, folded, scale, out)
         ctx.centred = centred
         return out
@@ -1130,8 +1152,11 @@ class _HeadProjection(torch.autograd.Function):
         scaled = grad.to(dtype) / scale.to(dtype)
         # d out / d scale = -out / scale; d scale / d inputs = inputs / (d_model * scale)
         through_scale = -(scaled * out.to(dtype)).sum(-1, keepdim=True) / (d_model * scale)
-        grad_inputs = torch.bmm(
-            scaled.reshape(receivers, -1, scaled.shape[-1]), folded.mT.to(dtype)
+        grad_inputs = scratch("head input gradients", inputs.shape, inputs)
+        torch.bmm(
+            scaled.reshape(receivers, -1, scaled.shape[-1]),
+            folded.mT.to(dtype),
+            out=grad_inputs.view(receivers, -1, d_model),
         )
         grad_inputs = grad_inputs.view(receivers, batch, pos, d_model)
         grad_inputs.addcmul_(inputs, through_scale.to(inputs.dtype))
@@ -1139,7 +1164,7 @@ class _HeadProjection(torch.autograd.Function):
             grad_inputs -= grad_inputs.mean(-1, keepdim=True)
         grad_stream = grad_inputs.sum(0) if ctx.needs_input_grad[0] else None
         grad_correction = grad_inputs.neg_() if ctx.needs_input_grad[1] else None
-        return grad_stream, grad_correction, None, None, None
+        return grad_stream, grad_correction, None, None, None, None
 
 
 class _SideBySide:
@@ -1156,12 +1181,12 @@ class _SideBySide:
     """
 
     def __init__(self, n_senders: int, like: torch.Tensor) -> None:
-        self.values = like.new_empty((n_senders, *like.shape))
+        self.values = scratch("side values", (n_senders, *like.shape), like)
         self.gradients: torch.Tensor | None = None  # allocated at the first gradient
 
     def flat_gradients(self) -> torch.Tensor:
         if self.gradients is None:
-            self.gradients = torch.zeros_like(self.values)
+            self.gradients = scratch("side gradients", self.values.shape, self.values).zero_()
         return self.gradients.view(self.values.shape[0], -1)
 
     def take(self, start: int, size: int) -> torch.Tensor | None:
@@ -1212,8 +1237,12 @@ class _Correction(torch.autograd.Function):
         ctx.save_for_backward(columns, *([] if side is not None else deltas))
         ctx.stacked, ctx.rows, ctx.side = stacked, rows, side
         read = _gather(stacked, rows, deltas)
-        out = columns.T @ read.reshape(read.shape[0], -1)
-        return out.reshape(columns.shape[1], *read.shape[1:])
+        flat = read.reshape(read.shape[0], -1)
+        # into a reused buffer: the receiver's input is formed from it before the next
+        # point's correction, and nothing keeps it
+        out = scratch("correction", (columns.shape[1], flat.shape[1]), flat)
+        torch.mm(columns.T.to(flat.dtype), flat, out=out)
+        return out.view(columns.shape[1], *read.shape[1:])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from transformer_lens import HookedTransformer
 
+from mi_core.buffers import Workspace
 from mi_core.data.text import iter_batches
 from mi_core.errors import ConfigError
 from mi_core.models.hooks import act_name
@@ -40,26 +41,6 @@ STATISTICS: tuple[str, ...] = ("freq", "mean", "abs", "sqrt", "std", "rms")
 #: The two kinds of neurons the statistics cover, and their hook point (TransformerLens's
 #: short name: ``post`` is ``blocks.{l}.mlp.hook_post``, ``z`` is ``blocks.{l}.attn.hook_z``).
 SITES: dict[str, str] = {"mlp": "post", "attn": "z"}
-
-
-class Workspace:
-    """A scratch buffer reused across batches and layers, grown to the largest batch seen."""
-
-    def __init__(self) -> None:
-        self._buffer: torch.Tensor | None = None
-
-    def get(self, like: torch.Tensor) -> torch.Tensor:
-        """A buffer with ``like``'s shape, dtype and device (contents undefined)."""
-        buf = self._buffer
-        if (
-            buf is None
-            or buf.shape[1:] != like.shape[1:]
-            or buf.shape[0] < like.shape[0]
-            or buf.dtype != like.dtype
-            or buf.device != like.device
-        ):
-            buf = self._buffer = torch.empty_like(like)
-        return buf[: like.shape[0]]
 
 
 @dataclass

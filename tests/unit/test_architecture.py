@@ -16,7 +16,7 @@ ROOT = Path(mi_core.__file__).parent
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
-        "errors tasks seeding lazy",
+        "errors tasks seeding lazy buffers",
         "naming",
         "io",
         "config",

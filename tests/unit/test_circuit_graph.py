@@ -172,7 +172,13 @@ def test_mean_fill_is_the_corrupted_fill_with_means_as_the_corrupted_run(gpt2):
 def test_node_outputs_are_each_senders_output_and_a_short_forward_is_refused(gpt2):
     graph = Graph.from_model(gpt2)
     ids = random_tokens(2, 5, seed=3, high=90)
-    outputs = node_outputs(gpt2, graph, ids)
+    reached = []
+    # the forward stops at the last sender: the final norm (and the unembedding) never run
+    with gpt2.hooks(fwd_hooks=[("ln_final.hook_normalized", lambda x, hook: reached.append(1))]):
+        outputs = node_outputs(gpt2, graph, ids)
+        assert not reached
+        gpt2(ids)
+        assert reached
     _, cache = gpt2.run_with_cache(ids)
     assert outputs.shape == (graph.n_senders, 2, 5, gpt2.cfg.d_model)
     torch.testing.assert_close(outputs[0], cache["blocks.0.hook_resid_pre"])

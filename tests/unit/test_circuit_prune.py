@@ -110,7 +110,7 @@ def test_edge_pruning_resumes_after_a_kill_and_takes_the_same_steps(tmp_path):
         if calls["n"] == 2 * 25:  # two forwards per step: killed during step 25
             raise KeyboardInterrupt
 
-    handle = model.blocks[1].register_forward_hook(crash)
+    handle = model.blocks[0].register_forward_hook(crash)
     try:
         with pytest.raises(KeyboardInterrupt):
             prune_edges(model, pairs, config, tmp_path / "killed", progress=False)

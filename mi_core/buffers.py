@@ -1,0 +1,123 @@
+"""Scratch buffers reused across batches, steps and layers.
+
+On a CPU, a fresh buffer of tens of megabytes is memory the kernel must map and zero page by
+page the first time it is written (glibc returns every freed block above 32 MiB to the
+system at once), and that costs as much as the arithmetic done on it: an edge-pruning step
+or an EAP pass over SmolLM2 allocates about a gigabyte of such buffers. A :class:`Workspace`
+keeps them between uses.
+
+Two ways to use one:
+
+- **owned**: a loop that knows its buffer is free again at the next batch calls
+  :meth:`Workspace.get` (the separability statistics);
+- **scoped**: code deep inside a forward or backward pass asks :func:`scratch` for a buffer
+  by role; inside :func:`reusing_buffers` (an edge-pruning run, an attribution over batches)
+  it gets a kept buffer that nothing else references any more, else a fresh one. A buffer
+  still referenced (a view, a tensor autograd saved, a caller's result) is never handed out
+  again, so reuse cannot change a result: it is checked, not promised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+
+import torch
+
+__all__ = ["Workspace", "reusing_buffers", "scratch"]
+
+#: Buffers kept per role: two, so a loop that allocates the next step's buffer while the last
+#: step's result is still held (``mask = mask.with_corrupted(node_outputs(...))``) alternates.
+_SLOTS = 2
+
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _unshared(buffer: torch.Tensor) -> bool:
+    """Whether nothing but the workspace holds ``buffer``'s memory (no view, no saved tensor).
+
+    The storage's use count is the kept tensor's handle plus the one this call takes; where
+    torch does not expose it, nothing is reused."""
+    if _storage_use_count is None:
+        return False
+    return _storage_use_count(buffer.untyped_storage()._cdata) <= 2
+
+
+class Workspace:
+    """Scratch buffers reused across batches and layers, grown to the largest batch seen."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+        self._roles: dict[str, list[torch.Tensor]] = {}
+
+    def get(self, like: torch.Tensor) -> torch.Tensor:
+        """A buffer with ``like``'s shape, dtype and device (contents undefined); the caller
+        owns the workspace and is done with the last one."""
+        buf = self._buffer
+        if (
+            buf is None
+            or buf.shape[1:] != like.shape[1:]
+            or buf.shape[0] < like.shape[0]
+            or buf.dtype != like.dtype
+            or buf.device != like.device
+        ):
+            buf = self._buffer = torch.empty_like(like)
+        return buf[: like.shape[0]]
+
+    def empty(self, role: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+        """A buffer of ``shape`` with ``like``'s dtype and device (contents undefined): a kept
+        one of ``role`` that nothing references any more and is large enough, else a new one
+        (kept in place of the role's oldest)."""
+        numel = 1
+        for size in shape:
+            numel *= int(size)
+        kept = self._roles.setdefault(role, [])
+        for flat in kept:
+            if (
+                flat.numel() >= numel
+                and flat.dtype == like.dtype
+                and flat.device == like.device
+                and _unshared(flat)
+            ):
+                return flat[:numel].view(tuple(shape))
+        flat = like.new_empty(numel)
+        if len(kept) >= _SLOTS:
+            kept.pop(0)
+        kept.append(flat)
+        return flat.view(tuple(shape))
+
+    def clear(self) -> None:
+        """Let every kept buffer go."""
+        self._buffer = None
+        self._roles.clear()
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def reusing_buffers(workspace: Workspace | None = None) -> Iterator[Workspace]:
+    """Within the block, :func:`scratch` reuses buffers (``workspace``, else a new one that
+    is let go at the end). Nested blocks share the outermost workspace."""
+    outer = getattr(_local, "workspace", None)
+    if outer is not None and workspace is None:
+        yield outer
+        return
+    current = workspace if workspace is not None else Workspace()
+    _local.workspace = current
+    try:
+        yield current
+    finally:
+        _local.workspace = outer
+        if workspace is None:
+            current.clear()
+
+
+def scratch(role: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised buffer of ``shape`` (``like``'s dtype and device) for ``role``: reused
+    inside :func:`reusing_buffers` when a kept one is free, else new."""
+    workspace = getattr(_local, "workspace", None)
+    if workspace is None:
+        return like.new_empty(tuple(shape))
+    return workspace.empty(role, shape, like)
