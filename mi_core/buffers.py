@@ -6,15 +6,16 @@ system at once), and that costs as much as the arithmetic done on it: an edge-pr
 or an EAP pass over SmolLM2 allocates about a gigabyte of such buffers. A :class:`Workspace`
 keeps them between uses.
 
-Two ways to use one:
+A buffer is asked for by role (:meth:`Workspace.empty`) and is a kept one that nothing else
+references any more, else a fresh one. A buffer still referenced (a view, a tensor autograd
+saved, a caller's result) is never handed out again, so reuse cannot change a result: it is
+checked, not promised. Two ways to reach one:
 
-- **owned**: a loop that knows its buffer is free again at the next batch calls
-  :meth:`Workspace.get` (the separability statistics);
-- **scoped**: code deep inside a forward or backward pass asks :func:`scratch` for a buffer
-  by role; inside :func:`reusing_buffers` (an edge-pruning run, an attribution over batches)
-  it gets a kept buffer that nothing else references any more, else a fresh one. A buffer
-  still referenced (a view, a tensor autograd saved, a caller's result) is never handed out
-  again, so reuse cannot change a result: it is checked, not promised.
+- **owned**: a loop holds a workspace and passes it down (the separability statistics,
+  :meth:`Workspace.get`);
+- **scoped**: code deep inside a forward or backward pass calls :func:`scratch`, which uses
+  the workspace of the enclosing :func:`reusing_buffers` block (an edge-pruning run, an
+  attribution over batches), and allocates fresh memory outside one.
 """
 
 from __future__ import annotations
@@ -45,25 +46,14 @@ def _unshared(buffer: torch.Tensor) -> bool:
 
 
 class Workspace:
-    """Scratch buffers reused across batches and layers, grown to the largest batch seen."""
+    """Scratch buffers by role, reused while nothing else references them (two per role)."""
 
     def __init__(self) -> None:
-        self._buffer: torch.Tensor | None = None
         self._roles: dict[str, list[torch.Tensor]] = {}
 
     def get(self, like: torch.Tensor) -> torch.Tensor:
-        """A buffer with ``like``'s shape, dtype and device (contents undefined); the caller
-        owns the workspace and is done with the last one."""
-        buf = self._buffer
-        if (
-            buf is None
-            or buf.shape[1:] != like.shape[1:]
-            or buf.shape[0] < like.shape[0]
-            or buf.dtype != like.dtype
-            or buf.device != like.device
-        ):
-            buf = self._buffer = torch.empty_like(like)
-        return buf[: like.shape[0]]
+        """A buffer with ``like``'s shape, dtype and device (contents undefined)."""
+        return self.empty("", like.shape, like)
 
     def empty(self, role: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
         """A buffer of ``shape`` with ``like``'s dtype and device (contents undefined): a kept
@@ -89,7 +79,6 @@ class Workspace:
 
     def clear(self) -> None:
         """Let every kept buffer go."""
-        self._buffer = None
         self._roles.clear()
 
 
