@@ -325,7 +325,7 @@ def _sweep_scores(
     frozen-scale LayerNorms of a post-LN model. ``projected``: the query / key / value
     gradients are at the projections, and each head's input gradient is ``grad @ W^T``."""
     scores = torch.zeros(graph.n_senders, graph.n_receivers)
-    buffer = deltas[0].new_empty((graph.n_senders, *deltas[0].shape[1:]))
+    buffer = scratch("sweep deltas", (graph.n_senders, *deltas[0].shape[1:]), deltas[0])
     filled = 0
 
     def add(start: int, delta: torch.Tensor) -> None:

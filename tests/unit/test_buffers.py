@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_prompt_pairs, tiny_model
+from helpers import random_prompt_pairs, random_tokens, tiny_model
 
 from mi_core.buffers import Workspace, reusing_buffers, scratch
 from mi_core.circuits import edge_attribution
 from mi_core.circuits.attribution import attribute
+from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.interventions import EdgeMask, Graph, graph_switches, node_outputs
+from mi_core.models import load_model
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -117,11 +119,28 @@ def test_edge_pruning_steps_with_reused_buffers_have_the_gradients_of_fresh_ones
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-def test_eap_over_batches_with_reused_buffers_equals_each_batch_alone():
-    model = tiny_model("llama")
+@pytest.mark.parametrize("kind", ["llama", "bert-cls"])
+def test_eap_over_batches_with_reused_buffers_equals_each_batch_alone(kind, tiny_checkpoints):
+    """A decoder (scored inside the backward pass) and a post-LN encoder (the sweep)."""
+    if kind == "llama":
+        model = tiny_model("llama")
+        pairs = random_prompt_pairs(8, 5, high=90)
+    else:
+        model = load_model(tiny_checkpoints[kind], task="mnli")
+        pairs = PromptPairs(
+            clean_ids=random_tokens(8, 7, seed=1, low=1000, high=2000),
+            corrupted_ids=random_tokens(8, 7, seed=2, low=1000, high=2000),
+            attention_mask=torch.ones(8, 7, dtype=torch.long),
+            answer=torch.arange(8) % 3,
+            distractor=torch.full((8,), -1),
+            position=torch.zeros(8, dtype=torch.long),
+            kind="classifier",
+        )
     graph = Graph.from_model(model)
-    pairs = random_prompt_pairs(8, 5, high=90)
-    alone = [edge_attribution(model, graph, b) for b in pairs.batches(4)]
+    alone = [edge_attribution(model, graph, b, steps=2) for b in pairs.batches(4)]
     expected = (alone[0] * 4 + alone[1] * 4) / 8
-    scores = attribute(model, pairs, method="eap", batch_size=4, progress=False)
+    assert expected.abs().max() > 1e-5
+    with reusing_buffers() as workspace:
+        scores = attribute(model, pairs, method="eap-ig", steps=2, batch_size=4, progress=False)
+        assert workspace._roles  # the batches' buffers went through the one workspace
     torch.testing.assert_close(scores.scores, expected, rtol=1e-6, atol=1e-7)
