@@ -313,3 +313,20 @@ def test_curve_area_and_difference_by_hand():
     # overshooting by 0.5 costs what undershooting by 0.5 does
     assert curve_difference(rows) == pytest.approx(0.5 * 1.5 / 2 + 0.5 * 0.5 / 2)  # 0.5
     assert curve_difference([row(0.0, 1.0), row(1.0, 1.0)]) == 0.0
+
+
+@pytest.mark.parametrize("per_product", [1, 2])
+def test_decoder_eap_scores_groups_side_by_side_as_one_at_a_time(per_product, monkeypatch):
+    """Receiver groups scored several per product (the default) equal each group's own
+    product, whether a block fills (1 or 2 per product on a 2-layer model's 3 groups) or
+    is scored at the end of the backward pass (the default 4)."""
+    import mi_core.circuits.attribution as attribution
+
+    model = tiny_model("llama")
+    graph = Graph.from_model(model)
+    pairs = random_prompt_pairs(4, 5, high=90)
+    together = edge_attribution(model, graph, pairs, steps=2)
+    monkeypatch.setattr(attribution, "_GROUPS_PER_PRODUCT", per_product)
+    alone = edge_attribution(model, graph, pairs, steps=2)
+    assert together.abs().max() > 1e-4
+    torch.testing.assert_close(alone, together, rtol=1e-6, atol=1e-8)
