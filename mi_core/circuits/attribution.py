@@ -512,8 +512,9 @@ def _decoder_attribution(
     buffers: dict[int, torch.Tensor] = {}  # groups backward is filling
     filled: dict[int, set[int]] = {}  # positions written in each group's buffer
     offsets: dict[int, int] = {}  # each group's first row in the block (if it is in it)
+    # groups in the block that backward has finished: in ``offsets``, no longer in ``buffers``
     projections: dict[int, dict[int, torch.Tensor]] = {}  # layer -> kind -> [b, p, h, e]
-    block: dict[str, Any] = {"rows": None, "used": 0, "waiting": []}
+    block: dict[str, Any] = {"rows": None, "used": 0}
     block_rows = _GROUPS_PER_PRODUCT * max(sizes)
 
     def buffer(group: int, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
@@ -535,7 +536,7 @@ def _decoder_attribution(
         return flat @ grads.reshape(grads.shape[0], -1).T.to(flat)
 
     def score_waiting() -> None:
-        waiting = block["waiting"]
+        waiting = [group for group in offsets if group not in buffers]
         if waiting:
             upto = max(groups[group][0] for group in waiting)
             products = product(upto, block["rows"][: block["used"]])
@@ -543,7 +544,7 @@ def _decoder_attribution(
                 rows, columns = groups[group]
                 part = products[:rows, offsets.pop(group) :][:, : sizes[group]]
                 scores[:rows, columns] += weight * part.float().cpu()
-        block.update(rows=None, used=0, waiting=[])
+        block.update(rows=None, used=0)
 
     def flush(group: int) -> None:
         if group not in buffers:
@@ -556,11 +557,8 @@ def _decoder_attribution(
             upto, columns = groups[group]
             scores[:upto, columns] += weight * product(upto, grads).float().cpu()
             return
-        block["waiting"].append(group)
         full = block_rows - block["used"] < max(sizes)
-        if not any(g in offsets for g in buffers) and (
-            full or len(block["waiting"]) == _GROUPS_PER_PRODUCT
-        ):
+        if not any(g in offsets for g in buffers) and (full or len(offsets) == _GROUPS_PER_PRODUCT):
             score_waiting()
 
     def written(group: int, positions: range) -> None:
