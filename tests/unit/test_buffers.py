@@ -3,6 +3,8 @@ computed with reuse equal those computed with fresh buffers."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from helpers import random_prompt_pairs, random_tokens, tiny_model
@@ -12,6 +14,7 @@ from mi_core.circuits import edge_attribution
 from mi_core.circuits.attribution import attribute
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.interventions import EdgeMask, Graph, graph_switches, node_outputs
+from mi_core.interventions.edges import _EdgeRun, _LayerGroup, _SideBySide
 from mi_core.models import load_model
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 
@@ -87,14 +90,27 @@ def test_edge_pruning_steps_with_reused_buffers_have_the_gradients_of_fresh_ones
     gen = torch.Generator().manual_seed(0)
     log_alpha = (torch.randn(graph.n_edges, generator=gen) * 2).requires_grad_(True)
 
-    def step(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(seed: int, hard_concrete: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(seed))
-        mask = EdgeMask(graph, z, hard_concrete=True)
+        mask = EdgeMask(graph, z, hard_concrete=hard_concrete)
         mask = mask.with_corrupted(node_outputs(model, graph, **pairs.corrupted))
         with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
             logits = model(pairs.clean_ids)[:, -1]
         (grad,) = torch.autograd.grad(logits.logsumexp(-1).sum(), log_alpha)
         return logits.detach(), grad
+
+    # a step's buffers are free when it returns: no reference cycle keeps them until the next
+    # garbage collection (the layer groups, which every point of a dense mask uses, included)
+    gc.collect()
+    gc.disable()
+    try:
+        for hard_concrete in (True, False):
+            step(0, hard_concrete)
+            kinds = (_EdgeRun, _LayerGroup, _SideBySide)  # type(): isinstance would warn
+            alive = [o for o in gc.get_objects() if type(o) in kinds]
+            assert not alive
+    finally:
+        gc.enable()
 
     fresh = [step(seed) for seed in range(3)]
     with reusing_buffers() as workspace:

@@ -291,9 +291,10 @@ def test_hard_concrete_masks_skip_exact_gates_with_the_same_values_and_gradients
     assert dense_grad.abs().max() > 0
     torch.testing.assert_close(sparse_grad, dense_grad, atol=1e-6, rtol=1e-4)
     if state != "middle":  # most gates exact: fewer senders read (decoders read a whole
-        # block in place once a sixth of it is needed, cheaper than gathering: on a 3-layer
-        # model that is more often than not)
-        assert read[True] < (0.5 if kind == "bert-cls" else 0.7) * read[False]
+        # block in place once a sixth of it is needed, cheaper than gathering: on a 2-layer
+        # model that is more often than not; and the dense path's layer groups read the
+        # block once for several points: 116 rows here, 128 one point at a time)
+        assert read[True] < (0.5 if kind == "bert-cls" else 0.75) * read[False]
     model.zero_grad(set_to_none=True)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import random_prompt_pairs, tiny_model
 
+from mi_core.buffers import reusing_buffers
 from mi_core.circuits.prune import (
     EdgePruneSettings,
     discretize_circuit,
@@ -14,8 +15,10 @@ from mi_core.circuits.prune import (
 )
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
-from mi_core.interventions import EdgeMask, Graph, graph_switches
-from mi_core.interventions.edges import _Correction, _SideBySide, _Tap
+from mi_core.interventions import EdgeMask, Graph, graph_switches, node_outputs
+from mi_core.interventions import edges as edges_module
+from mi_core.interventions.edges import _Correction, _EdgeRun, _LayerGroup, _SideBySide, _Tap
+from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.seeding import derive_seed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -49,6 +52,75 @@ def test_the_correction_has_the_gradients_of_the_plain_product():
             results.append((out, *torch.autograd.grad(value, (columns, *deltas))))
         for a, b in zip(*results, strict=True):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("hard_concrete", [False, True])
+def test_layer_groups_give_the_values_and_gradients_of_points_one_by_one(
+    family, hard_concrete, monkeypatch
+):
+    """Decoders with gradients correct a few layers' receivers from one product over the
+    senders before them (``_LayerGroup``): the logits and the gradients of log_alpha are those
+    of the receiver points one by one, with groups of one layer and of two (a point adds the
+    senders since its group's product; the output is a group of its own). Hard-concrete
+    weights form a group only where it reads fewer rows than the points would: most gates
+    undecided here, so the group of two layers does, and one layer's never pays."""
+    model = tiny_model(family)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    graph = Graph.from_model(model)
+    pairs = _pairs(n=6, pos=5)
+    log_alpha = torch.randn(graph.n_edges, generator=torch.Generator().manual_seed(0)) * 0.5
+    outputs = node_outputs(model, graph, **pairs.corrupted)
+    products = []
+    group_product = edges_module._GroupProduct.apply
+
+    def counted(*args):
+        products.append(args[0].shape)
+        return group_product(*args)
+
+    monkeypatch.setattr(edges_module._GroupProduct, "apply", counted)
+    point_by_point = _EdgeRun._grouped
+    results = {}
+    for layers in (None, 1, 2):
+        if layers is None:
+            monkeypatch.setattr(_EdgeRun, "_grouped", lambda self, receivers, removed: None)
+        else:
+            monkeypatch.setattr(_EdgeRun, "_grouped", point_by_point)
+            monkeypatch.setattr(edges_module, "_LAYERS_PER_PRODUCT", layers)
+        products.clear()
+        leaf = log_alpha.clone().requires_grad_(True)
+        weights = sample_hard_concrete(leaf, generator=torch.Generator().manual_seed(1))
+        mask = EdgeMask(graph, weights, hard_concrete=hard_concrete).with_corrupted(outputs)
+        with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+            logits = model(pairs.clean_ids)[:, -1]
+        (grad,) = torch.autograd.grad(logits.logsumexp(-1).sum(), leaf)
+        results[layers] = (logits.detach(), grad, len(products))
+    logits, grad, count = results[None]
+    assert count == 0 and grad.abs().max() > 0
+    for layers in (1, 2):
+        torch.testing.assert_close(results[layers][0], logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(results[layers][1], grad, rtol=1e-4, atol=1e-6)
+    counts = {layers: results[layers][2] for layers in (1, 2)}
+    assert counts == ({1: 0, 2: 1} if hard_concrete else {1: 3, 2: 2})
+
+
+def test_a_layer_group_zeroes_the_gradients_of_receivers_none_came_to():
+    with reusing_buffers():
+        first = _LayerGroup(0, 4, n=3, blocks=1)
+        first.write(0, torch.full((4, 5), 7.0))
+        kept = first.take()
+        assert kept is not None and first.take() is None
+        pointer = kept.data_ptr()
+        del kept
+        second = _LayerGroup(0, 4, n=3, blocks=1)
+        assert second.take() is None  # no gradient came at all
+        second.write(1, torch.ones(2, 5))
+        got = second.take()
+        assert got is not None and got.data_ptr() == pointer  # the first's buffer, reused
+    expected = torch.zeros(4, 5)
+    expected[1:3] = 1.0
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def test_masked_forward_gradients_match_finite_differences():
