@@ -928,6 +928,7 @@ class _EdgeRun:
                 return None  # few senders to read: point by point
             columns = removed[: self.n, first:end]
             self.product = _GroupProduct.apply(columns, group, self.side, *self.deltas)
+            group.active = True
         if self.product is None:
             return None
         extra = removed[group.n : self.n, first:stop] if self.n > group.n else None
@@ -938,6 +939,24 @@ class _EdgeRun:
             product, extra, group, first - group.start, stop - group.start, self.side,
             *self.deltas[group.blocks :],
         )  # fmt: skip
+
+    def _gradient_rows(
+        self, receivers: slice
+    ) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+        """Where the gradient of the correction at ``receivers`` can be formed in place: its
+        rows in the group's buffer (shaped and typed as the inputs it is the gradient of), so
+        the group need not copy it; None outside a group."""
+        group = self.group
+        if group is None or not group.start <= receivers.start < group.stop or not group.active:
+            return None
+        assert self.side is not None  # groups are formed only with the deltas side by side
+        first, size = receivers.start - group.start, receivers.stop - receivers.start
+        dtype = self.side.values.dtype
+
+        def rows(like: torch.Tensor) -> torch.Tensor | None:
+            return None if like.dtype != dtype else group.rows(first, size, like)
+
+        return rows
 
     def _group_pays(self, first: int, end: int, removed: torch.Tensor) -> bool:
         """Whether a group of receivers ``first:end`` reads fewer sender rows than its points
@@ -1034,8 +1053,9 @@ class _EdgeRun:
                 return q
             assert self.stream is not None
             self.heads = _HeadInputs(
-                self.stream, correction, attn, ln, cfg.normalization_type, f"head inputs L{layer}"
-            )
+                self.stream, correction, attn, ln, cfg.normalization_type, f"head inputs L{layer}",
+                self._gradient_rows(graph.qkv_receivers(layer)),
+            )  # fmt: skip
             return self.heads.get(0, q)
 
         def key_value(kind: int) -> Callable:
@@ -1137,6 +1157,7 @@ class _HeadInputs:
         ln: Any,
         normalization: str,
         role: str | None = None,
+        gradient_into: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         weight = torch.cat([attn.W_Q, attn.W_K, attn.W_V])  # [3 * heads, d_model, d_head]
         bias = torch.cat([attn.b_Q, attn.b_K, attn.b_V])
@@ -1149,7 +1170,9 @@ class _HeadInputs:
         if torch.is_grad_enabled() and (folded.requires_grad or bias.requires_grad):
             out = _head_projection(stream, correction, folded, ln.eps, centred)[2]
         else:
-            out = _HeadProjection.apply(stream, correction, folded.detach(), ln.eps, centred, role)
+            out = _HeadProjection.apply(
+                stream, correction, folded.detach(), ln.eps, centred, role, gradient_into
+            )
         self.out = out + bias[:, None, None, :].to(out.dtype)
         self.n_heads = correction.shape[0] // 3
 
@@ -1202,10 +1225,11 @@ class _HeadProjection(torch.autograd.Function):
         eps: float,
         centred: bool,
         role: str | None,
+        gradient_into: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         inputs, scale, out = _head_projection(stream, correction, folded, eps, centred, role)
         ctx.save_for_backward(inputs, folded, scale, out)
-        ctx.centred = centred
+        ctx.centred, ctx.gradient_into = centred, gradient_into
         return out
 
     @staticmethod
@@ -1218,7 +1242,11 @@ class _HeadProjection(torch.autograd.Function):
         scaled = grad.to(dtype) / scale.to(dtype)
         # d out / d scale = -out / scale; d scale / d inputs = inputs / (d_model * scale)
         through_scale = -(scaled * out.to(dtype)).sum(-1, keepdim=True) / (d_model * scale)
-        grad_inputs = scratch("head input gradients", inputs.shape, inputs)
+        grad_inputs = None
+        if ctx.gradient_into is not None and ctx.needs_input_grad[1]:
+            grad_inputs = ctx.gradient_into(inputs)  # where the correction's gradient goes
+        if grad_inputs is None:
+            grad_inputs = scratch("head input gradients", inputs.shape, inputs)
         torch.bmm(
             scaled.reshape(receivers, -1, scaled.shape[-1]),
             folded.mT.to(dtype),
@@ -1230,7 +1258,7 @@ class _HeadProjection(torch.autograd.Function):
             grad_inputs -= grad_inputs.mean(-1, keepdim=True)
         grad_stream = grad_inputs.sum(0) if ctx.needs_input_grad[0] else None
         grad_correction = grad_inputs.neg_() if ctx.needs_input_grad[1] else None
-        return grad_stream, grad_correction, None, None, None, None
+        return grad_stream, grad_correction, None, None, None, None, None
 
 
 class _SideBySide:
@@ -1276,12 +1304,22 @@ class _LayerGroup:
         self.start, self.stop, self.n, self.blocks = start, stop, n, blocks
         self.gradients: torch.Tensor | None = None
         self.written = [False] * (stop - start)
+        self.active = False  # its points are corrected from its product
+
+    def rows(self, first: int, size: int, like: torch.Tensor) -> torch.Tensor:
+        """The gradient rows of receivers ``first:first + size`` (relative), ``[size, ...]``
+        shaped as ``like``'s trailing dimensions (its dtype and device)."""
+        width = like[0].numel()
+        if self.gradients is None:
+            self.gradients = scratch("group gradients", (len(self.written), width), like)
+        return self.gradients[first : first + size].view(size, *like.shape[1:])
 
     def write(self, first: int, grad: torch.Tensor) -> None:
-        """Keep the gradient of receivers ``first:first + len(grad)`` (relative)."""
-        if self.gradients is None:
-            self.gradients = scratch("group gradients", (len(self.written), grad.shape[1]), grad)
-        self.gradients[first : first + grad.shape[0]] = grad
+        """Keep the gradient of receivers ``first:first + len(grad)`` (relative): a copy,
+        unless it was formed in its rows already (:meth:`rows`)."""
+        rows = self.rows(first, grad.shape[0], grad)
+        if rows.data_ptr() != grad.data_ptr():
+            rows.copy_(grad)
         self.written[first : first + grad.shape[0]] = [True] * grad.shape[0]
 
     def take(self) -> torch.Tensor | None:
