@@ -818,6 +818,7 @@ class _EdgeRun:
         self.buffer: torch.Tensor | None = None  # without: [sender, batch, pos, d_model]
         self.side: _SideBySide | None = None  # with, decoders: detached copies, gradients
         self.total: torch.Tensor | None = None
+        self.folded = 0  # with gradients: the delta blocks summed into ``total`` so far
         self.n = 0  # senders so far
         self.pending: tuple[torch.Tensor, ...] | None = None  # encoders: q / k / v corrections
         self.heads: _HeadInputs | None = None  # decoders: the layer's heads' q / k / v
@@ -833,6 +834,7 @@ class _EdgeRun:
         if torch.is_grad_enabled() and differentiable:
             self.buffer = None
             self.total = torch.zeros_like(x) if self.sparse else None
+            self.folded = 0
             if not self.graph.post_ln:  # rows never change after writing: no concatenation
                 self.side = _SideBySide(self.graph.n_senders, x)
         else:
@@ -847,9 +849,7 @@ class _EdgeRun:
             if self.side is not None:
                 self.side.values[start : self.n] = delta.detach()
                 delta = _Tap.apply(delta, self.side, start)
-            self.deltas.append(delta)
-            if self.total is not None:
-                self.total = self.total + delta.sum(0)
+            self.deltas.append(delta)  # summed into ``total`` only if a point needs it
         else:
             assert self.total is not None
             self.buffer[start : self.n] = delta
@@ -876,17 +876,17 @@ class _EdgeRun:
                 return grouped
         if self.buffer is None and not self.sparse:
             return _Correction.apply(columns, None, self.side, *self.deltas)
-        assert self.total is not None
+        total = self._total()
         kept = 1.0 - columns
         rows_removed = columns.detach().any(1).nonzero().flatten()
         rows_kept = kept.detach().any(1).nonzero().flatten()
         use_kept = len(rows_kept) < len(rows_removed)
         rows, weights = (rows_kept, kept) if use_kept else (rows_removed, columns)
-        shape = (columns.shape[1], *self.total.shape)
+        shape = (columns.shape[1], *total.shape)
         if len(rows) == 0:
             if not use_kept:
                 return None  # nothing removed: the input stays as it is
-            part = self.total.new_zeros(shape)
+            part = total.new_zeros(shape)
         elif self.buffer is None:  # with gradients, hard-concrete weights
             # the whole block side by side is read in place, so it beats a gather of a sixth
             # or more of it (measured); a list of blocks would be concatenated: half. Read
@@ -900,7 +900,18 @@ class _EdgeRun:
         else:
             flat = self.buffer.index_select(0, rows).reshape(len(rows), -1)
             part = (weights[rows].T @ flat).reshape(shape)
-        return self.total[None] - part if use_kept else part
+        return total[None] - part if use_kept else part
+
+    def _total(self) -> torch.Tensor:
+        """The sum of every delta so far. With gradients the blocks are added when a point
+        first needs the sum (in the middle and at the end of an edge-pruning run, the layer
+        groups read the senders whole and none does: no sum per block, no autograd node)."""
+        assert self.total is not None
+        if self.buffer is None:
+            for delta in self.deltas[self.folded :]:
+                self.total = self.total + delta.sum(0)
+            self.folded = len(self.deltas)
+        return self.total
 
     def _grouped(self, receivers: slice | int, removed: torch.Tensor) -> torch.Tensor | None:
         """The correction at ``receivers`` from their layer group's product (decoders, with
