@@ -916,7 +916,7 @@ class _EdgeRun:
         """The correction at ``receivers`` from their layer group's product (decoders, with
         gradients), or None where the group reads senders point by point.
 
-        The receivers of :data:`_LAYERS_PER_PRODUCT` layers form a group. At its first point,
+        The receivers of a few layers form a group (:func:`_layers_per_group`). At its first point,
         one matrix product over every sender before it serves all the group's receivers
         (:class:`_GroupProduct`), and each point adds only the senders that came since
         (:class:`_GroupPart`); in the backward pass the group's receivers' gradients meet in
@@ -932,7 +932,8 @@ class _EdgeRun:
         if group is None or not group.start <= first < stop <= group.stop:
             self.product = None
             per_layer = 3 * self.graph.n_heads + 1
-            end = min((first // per_layer + _LAYERS_PER_PRODUCT) * per_layer, removed.shape[1])
+            layers = _layers_per_group(per_layer)
+            end = min((first // per_layer + layers) * per_layer, removed.shape[1])
             group = self.group = _LayerGroup(first, end, self.n, len(self.deltas))
             if self.sparse and not self._group_pays(first, end, removed.detach().cpu()):
                 return None  # few senders to read: point by point
@@ -1297,11 +1298,20 @@ class _SideBySide:
         return None if self.gradients is None else self.gradients[start : start + size]
 
 
-#: Layers whose receivers share one product over the senders before them (:class:`_LayerGroup`).
-#: A SmolLM2 step in the middle of a run (8 x 64 tokens, 2 CPU cores, two interleaved rounds)
-#: took 4.83 / 5.23 s with groups of 2, 4.66 / 4.94 with 4, 4.82 / 5.05 with 8 and 6.23 / 5.07
-#: with 16 (larger groups read the block less often, but each point adds more senders itself).
-_LAYERS_PER_PRODUCT = 4
+#: Receivers that share one product over the senders before them (:class:`_LayerGroup`), in
+#: whole layers. A SmolLM2 step (28 receivers a layer) in the middle of a run (8 x 64 tokens,
+#: 2 CPU cores, two interleaved rounds) took 4.83 / 5.23 s with groups of 2 layers (56
+#: receivers), 4.66 / 4.94 with 4 (112), 4.82 / 5.05 with 8 and 6.23 / 5.07 with 16: larger
+#: groups read the senders' block less often, but each point adds more senders itself. A
+#: model with many heads a layer already has products this wide (and a group's product and
+#: gradients hold its receivers' inputs: memory), so it groups fewer layers, down to one.
+_RECEIVERS_PER_PRODUCT = 112
+
+
+def _layers_per_group(per_layer: int) -> int:
+    """Layers of ``per_layer`` receivers each in a group: about :data:`_RECEIVERS_PER_PRODUCT`
+    receivers, at least one layer."""
+    return max(1, round(_RECEIVERS_PER_PRODUCT / per_layer))
 
 
 class _LayerGroup:

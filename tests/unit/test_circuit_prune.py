@@ -87,7 +87,8 @@ def test_layer_groups_give_the_values_and_gradients_of_points_one_by_one(
             monkeypatch.setattr(_EdgeRun, "_grouped", lambda self, receivers, removed: None)
         else:
             monkeypatch.setattr(_EdgeRun, "_grouped", point_by_point)
-            monkeypatch.setattr(edges_module, "_LAYERS_PER_PRODUCT", layers)
+            per_layer = 3 * graph.n_heads + 1  # receivers a layer
+            monkeypatch.setattr(edges_module, "_RECEIVERS_PER_PRODUCT", layers * per_layer)
         products.clear()
         leaf = log_alpha.clone().requires_grad_(True)
         weights = sample_hard_concrete(leaf, generator=torch.Generator().manual_seed(1))
@@ -103,6 +104,12 @@ def test_layer_groups_give_the_values_and_gradients_of_points_one_by_one(
         torch.testing.assert_close(results[layers][1], grad, rtol=1e-4, atol=1e-6)
     counts = {layers: results[layers][2] for layers in (1, 2)}
     assert counts == ({1: 0, 2: 1} if hard_concrete else {1: 3, 2: 2})
+
+
+def test_layer_groups_hold_about_112_receivers_and_at_least_one_layer():
+    """SmolLM2 (9 heads: 28 receivers a layer) groups 4 layers, GPT-2 small (12 heads) 3, a
+    model with 32 heads a layer (97 receivers) one."""
+    assert [edges_module._layers_per_group(3 * h + 1) for h in (9, 12, 32, 64)] == [4, 3, 1, 1]
 
 
 def test_a_layer_group_zeroes_the_gradients_of_receivers_none_came_to():
