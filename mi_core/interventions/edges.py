@@ -916,13 +916,13 @@ class _EdgeRun:
         """The correction at ``receivers`` from their layer group's product (decoders, with
         gradients), or None where the group reads senders point by point.
 
-        The receivers of a few layers form a group (:func:`_layers_per_group`). At its first point,
-        one matrix product over every sender before it serves all the group's receivers
+        The receivers of a few layers form a group (:func:`_layers_per_group`). At its first
+        point, one matrix product over every sender before it serves all the group's receivers
         (:class:`_GroupProduct`), and each point adds only the senders that came since
         (:class:`_GroupPart`); in the backward pass the group's receivers' gradients meet in
         one buffer for one product of each kind. On a CPU these products are memory-bound: one
-        read of the senders' block (and one write of its gradients) serves four layers' eight
-        points instead of one each. A group reads its senders whole, so under hard-concrete
+        read of the senders' block (and one write of its gradients) serves all the group's
+        points (eight for SmolLM2's four layers) instead of one each. A group reads its senders whole, so under hard-concrete
         weights (whose exact 0s and 1s let a point read few senders, or none) it is formed
         only where that reads fewer rows than its points would one by one
         (:meth:`_group_pays`)."""
