@@ -922,10 +922,10 @@ class _EdgeRun:
         (:class:`_GroupPart`); in the backward pass the group's receivers' gradients meet in
         one buffer for one product of each kind. On a CPU these products are memory-bound: one
         read of the senders' block (and one write of its gradients) serves all the group's
-        points (eight for SmolLM2's four layers) instead of one each. A group reads its senders whole, so under hard-concrete
-        weights (whose exact 0s and 1s let a point read few senders, or none) it is formed
-        only where that reads fewer rows than its points would one by one
-        (:meth:`_group_pays`)."""
+        points (eight for SmolLM2's four layers) instead of one each. A group reads its
+        senders whole, so under hard-concrete weights (whose exact 0s and 1s let a point read
+        few senders, or none) it is formed only where that reads fewer rows than its points
+        would one by one (:meth:`_group_pays`)."""
         first = receivers.start if isinstance(receivers, slice) else receivers
         stop = receivers.stop if isinstance(receivers, slice) else receivers + 1
         group = self.group
