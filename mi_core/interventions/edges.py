@@ -885,12 +885,12 @@ class _EdgeRun:
         into them is removed)."""
         ref = self.deltas[0] if self.buffer is None else self.buffer
         removed = self.removed.to(device=ref.device, dtype=ref.dtype)
-        columns = removed[:, receivers] if isinstance(receivers, slice) else removed[:, [receivers]]
-        columns = columns[: self.n]
         if self.side is not None:
             grouped = self._grouped(receivers, removed)
             if grouped is not None:
                 return grouped
+        columns = removed[:, receivers] if isinstance(receivers, slice) else removed[:, [receivers]]
+        columns = columns[: self.n]
         if self.buffer is None and not self.sparse:
             return _Correction.apply(columns, None, self.side, *self.deltas)
         kept = 1.0 - columns
