@@ -1368,44 +1368,6 @@ class _LayerGroup:
         return gradients
 
 
-class _GroupProduct(torch.autograd.Function):
-    """``columns.T @ values[:n]`` for every receiver of a :class:`_LayerGroup`; its backward
-    runs once every point of the group has handed its gradient on (they take the product as
-    input), as one product for the columns' gradient and one ``addmm_`` into the senders'."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        columns: torch.Tensor,
-        group: _LayerGroup,
-        side: _SideBySide,
-        *deltas: torch.Tensor,
-    ) -> torch.Tensor:
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(columns)
-        ctx.group, ctx.side = group, side
-        values = _gather(side.values[: columns.shape[0]], None, deltas)
-        flat = values.reshape(values.shape[0], -1)
-        out = scratch("group correction", (columns.shape[1], flat.shape[1]), flat)
-        torch.mm(columns.T.to(flat.dtype), flat, out=out)
-        return out.view(columns.shape[1], *values.shape[1:])
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        (columns,) = ctx.saved_tensors
-        nones = (None,) * (len(ctx.needs_input_grad) - 1)
-        gradients = ctx.group.take()  # the points' parts pass None: theirs come here
-        if gradients is None:
-            return (None, *nones)
-        grad_columns = None
-        if ctx.needs_input_grad[0]:
-            values = _gather(ctx.side.values[: columns.shape[0]], None, ())
-            grad_columns = values.reshape(columns.shape[0], -1) @ gradients.T
-        if any(ctx.needs_input_grad[3:]):
-            ctx.side.flat_gradients()[: columns.shape[0]].addmm_(columns, gradients)
-        return (grad_columns, *nones)
-
-
 class _GroupPart(torch.autograd.Function):
     """A point's correction from its group's product (rows ``first:stop``) plus
     ``extra.T @ values[group.n:]``, the senders since the product; its backward hands the
@@ -1497,8 +1459,9 @@ class _Correction(torch.autograd.Function):
         read = _gather(stacked, rows, deltas)
         flat = read.reshape(read.shape[0], -1)
         # into a reused buffer: the receiver's input is formed from it before the next
-        # point's correction, and nothing keeps it
-        out = scratch("correction", (columns.shape[1], flat.shape[1]), flat)
+        # point's correction, and nothing keeps it (a subclass may name another role)
+        role = getattr(ctx, "role", "correction")
+        out = scratch(role, (columns.shape[1], flat.shape[1]), flat)
         torch.mm(columns.T.to(flat.dtype), flat, out=out)
         return out.view(columns.shape[1], *read.shape[1:])
 
@@ -1532,6 +1495,33 @@ class _Correction(torch.autograd.Function):
                         grad_deltas[i] = block.index_copy_(0, rows[inside] - start, flat[inside])
                     start += size
         return (grad_columns, None, None, *grad_deltas)
+
+
+class _GroupProduct(_Correction):
+    """:class:`_Correction` over every sender so far, for every receiver of a
+    :class:`_LayerGroup`. The points' parts take the product as input and hand their
+    gradients to the group, not to autograd, so its backward runs once every part's has, and
+    takes the group's gradients: one product for the columns' gradient and one ``addmm_``
+    into the senders'."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        columns: torch.Tensor,
+        group: _LayerGroup,
+        side: _SideBySide,
+        *deltas: torch.Tensor,
+    ) -> torch.Tensor:
+        ctx.set_materialize_grads(False)  # the parts pass None
+        ctx.group, ctx.role = group, "group correction"
+        return _Correction.forward(ctx, columns, None, side, *deltas)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        gradients = ctx.group.take()
+        if gradients is None:
+            return (None,) * len(ctx.needs_input_grad)
+        return _Correction.backward(ctx, gradients)
 
 
 def _gather(
