@@ -14,7 +14,14 @@
 
 Runs interleave (A, B, A, B, ...) so background load hits both alike.
 
+``--device cuda`` runs all three on a GPU (times after ``torch.cuda.synchronize``; memory as
+``torch.cuda.max_memory_allocated`` above the loaded model, in this process). ``--random-weights``
+times a model whose weights are not on the machine: ``--model`` names a folder holding only its
+``config.json`` and tokenizer, and the weights are drawn at random (the timings and the memory
+do not depend on the weights' values).
+
     python benchmarks/bench_circuits.py [--model smollm2] [--batch 8] [--tokens 64] [--repeats 3]
+        [--device cuda] [--random-weights]
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +53,7 @@ def _pairs(model, batch: int, tokens: int) -> PromptPairs:
     gen = torch.Generator().manual_seed(0)
     vocab = model.cfg.d_vocab
     ids = torch.randint(100, vocab - 1, (2, batch, tokens), generator=gen)
-    return PromptPairs(
+    pairs = PromptPairs(
         clean_ids=ids[0],
         corrupted_ids=ids[1],
         attention_mask=torch.ones(batch, tokens, dtype=torch.long),
@@ -51,10 +61,11 @@ def _pairs(model, batch: int, tokens: int) -> PromptPairs:
         distractor=torch.randint(100, vocab - 1, (batch,), generator=gen),
         position=torch.full((batch,), tokens - 1),
     )
+    return pairs.to(model.cfg.device)
 
 
 def _metric(logits, pairs):
-    rows = torch.arange(logits.shape[0])
+    rows = torch.arange(logits.shape[0], device=logits.device)
     last = logits[rows, pairs.position]
     return last[rows, pairs.answer] - last[rows, pairs.distractor]
 
@@ -105,10 +116,32 @@ def edge_step(
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _timed(fn, *args) -> float:
+    _sync()
     start = time.perf_counter()
     fn(*args)
+    _sync()
     return time.perf_counter() - start
+
+
+def _random_checkpoint(folder: str) -> str:
+    """A checkpoint with ``folder``'s config and tokenizer and weights drawn at random (seed 0),
+    saved to a temporary folder: its path."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    torch.manual_seed(0)
+    out = Path(tempfile.mkdtemp(prefix="random-weights-"))
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    for f in Path(folder).iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json"):
+            shutil.copy(f, out / f.name)
+    return str(out)
 
 
 def _memory(args) -> None:
@@ -116,7 +149,7 @@ def _memory(args) -> None:
     every millisecond from /proc (the process's lifetime peak is the model loading's)."""
     import gc
 
-    model = load_model(args.model)
+    model = load_model(args.model, device=args.device)
     for p in model.parameters():
         p.requires_grad_(False)
     pairs = _pairs(model, args.batch, args.tokens)
@@ -140,6 +173,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--random-weights", action="store_true")
     parser.add_argument(
         "--parts", default="eap,step,memory", help="which measurements: eap, step, memory"
     )
@@ -151,10 +186,13 @@ def main() -> None:
         _memory(args)
         return
 
-    model = load_model(args.model)
+    if args.random_weights:
+        args.model = _random_checkpoint(args.model)
+    model = load_model(args.model, device=args.device)
     pairs = _pairs(model, args.batch, args.tokens)
     graph = Graph.from_model(model)
-    print(f"{args.model}: {graph}; batch {args.batch} x {args.tokens} tokens")
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "the CPU"
+    print(f"{args.model}: {graph}; batch {args.batch} x {args.tokens} tokens on {device}")
 
     parts = set(args.parts.split(","))
     if "eap" in parts:
@@ -162,7 +200,10 @@ def main() -> None:
     if "step" in parts:
         edge_vs_node_step(model, graph, pairs, args.repeats)
     if "memory" in parts:
-        memory(args)
+        if args.device.startswith("cuda"):
+            gpu_memory(model, graph, pairs)
+        else:
+            memory(args)
 
 
 def eap_vs_bare(model, graph, pairs: PromptPairs, repeats: int) -> None:
@@ -196,7 +237,8 @@ def edge_vs_node_step(model, graph, pairs: PromptPairs, repeats: int) -> None:
     with torch.no_grad():
         reference = model(pairs.clean_ids)[:, -1].log_softmax(-1)
     n_nodes = model.cfg.n_layers * (model.cfg.n_heads + 1)
-    node_alpha = torch.full((n_nodes,), 3.0, requires_grad=True)
+    device = model.cfg.device
+    node_alpha = torch.full((n_nodes,), 3.0, device=device, requires_grad=True)
     gen = torch.Generator().manual_seed(0)
     end = torch.full((graph.n_edges,), -5.0)
     end[torch.randperm(graph.n_edges, generator=gen)[: graph.n_edges // 20]] = 5.0
@@ -212,7 +254,7 @@ def edge_vs_node_step(model, graph, pairs: PromptPairs, repeats: int) -> None:
 
 
 def _edge_vs_node_at(model, graph, pairs, state, alpha, node_alpha, reference, repeats) -> None:
-    edge_alpha = alpha.clone().requires_grad_(True)
+    edge_alpha = alpha.to(model.cfg.device).requires_grad_(True)
     edge_step(model, graph, pairs, edge_alpha, reference)
     t_node = t_edge = t_dense = 0.0
     for i in range(repeats):
@@ -229,6 +271,32 @@ def _edge_vs_node_at(model, graph, pairs, state, alpha, node_alpha, reference, r
     print(f"edge-pruning step at the {state}: {t_edge / n:.2f} s (dense {t_dense / n:.2f} s) "
           f"vs node-pruning step {t_node / n:.2f} s: ratio {t_edge / t_node:.2f} "
           f"(dense {t_dense / t_node:.2f}; target <= 3)")  # fmt: skip
+
+
+def gpu_memory(model, graph, pairs: PromptPairs) -> None:
+    """3. on a GPU: peak ``max_memory_allocated`` above the loaded model of EAP, of
+    ``run_with_cache`` and of the bare passes, one after another in this process."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    runs = {
+        "cache": lambda: model.run_with_cache(pairs.clean_ids),
+        "eap": lambda: edge_attribution(model, graph, pairs, _metric),
+        "bare": lambda: bare(model, pairs),
+    }
+    mib = {}
+    for what, run in runs.items():
+        _sync()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad() if what == "cache" else torch.enable_grad():
+            out = run()
+        _sync()
+        mib[what] = (torch.cuda.max_memory_allocated() - base) / 2**20
+        del out
+    print(f"peak GPU memory above the model: EAP {mib['eap']:.0f} MiB vs run_with_cache "
+          f"{mib['cache']:.0f} MiB: ratio {mib['eap'] / mib['cache']:.2f} (target <= 2); the "
+          f"bare 2 forward + 1 backward: {mib['bare']:.0f} MiB")  # fmt: skip
 
 
 def memory(args) -> None:

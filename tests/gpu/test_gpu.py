@@ -148,7 +148,7 @@ def test_edge_pruning_resumes_on_the_gpu(tmp_path):
     checkpoint resumes from it and ends where an uninterrupted GPU run ends."""
     from helpers import random_prompt_pairs
 
-    from mi_core.circuits.prune import EdgePruneSettings, prune_edges
+    from mi_core.circuits.prune import EdgePruneSettings, load_edge_prune_history, prune_edges
 
     model = tiny_model("gpt2").to("cuda")
     config = EdgePruneSettings(
@@ -163,12 +163,13 @@ def test_edge_pruning_resumes_on_the_gpu(tmp_path):
         if calls["n"] == 2 * 8:  # two forwards per step: killed during step 8
             raise KeyboardInterrupt
 
-    handle = model.blocks[1].register_forward_hook(crash)
+    handle = model.blocks[0].register_forward_hook(crash)  # the corrupted and masked forwards
     try:
         with pytest.raises(KeyboardInterrupt):
             prune_edges(model, pairs, config, tmp_path / "killed", progress=False)
     finally:
         handle.remove()
+    assert len(load_edge_prune_history(tmp_path / "killed")) == 5  # the last checkpoint
     resumed = prune_edges(model, pairs, config, tmp_path / "killed", progress=False)
     torch.testing.assert_close(resumed.log_alpha, whole.log_alpha, atol=1e-5, rtol=0)
     assert resumed.circuit.kept == whole.circuit.kept
