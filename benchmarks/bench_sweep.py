@@ -54,8 +54,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
-        "--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
-        help="autocast of the forward passes, both executors (the masks stay fp32)",
+        "--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
+        help="tf32 products or autocast of the forward passes, both executors (masks stay fp32)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.threads:

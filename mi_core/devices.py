@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,11 @@ if TYPE_CHECKING:  # torch is imported where a device is used: a job's config st
     import torch
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-PRECISIONS = ("fp32", "bf16", "fp16")
+#: ``fp32``: float32 throughout; ``tf32``: float32 tensors, with a job's matrix products in
+#: TensorFloat-32 on CUDA GPUs that have it (Ampere and later; 10 mantissa bits in the products'
+#: inputs, float32 sums; :func:`matmul_precision`); ``bf16`` / ``fp16``: autocast of the forward
+#: passes (:func:`autocast`), what is trained kept in float32.
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def check_device_name(name: str) -> str:
@@ -73,16 +77,35 @@ def check_precision(precision: str) -> str:
 def autocast(
     device: torch.device | str, precision: str = "fp32"
 ) -> contextlib.AbstractContextManager:
-    """Autocast of the forward pass to ``precision`` on ``device`` (nothing for ``fp32``)."""
+    """Autocast of the forward pass to ``precision`` on ``device`` (nothing for ``fp32`` and
+    ``tf32``, whose tensors stay float32)."""
     import torch
 
     check_precision(precision)
-    if precision == "fp32":
+    if precision in ("fp32", "tf32"):
         return contextlib.nullcontext()
     device_type = torch.device(device).type
     return torch.autocast(
         device_type=device_type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     )
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """For the duration of a job (its forward and backward passes): with ``tf32``, float32
+    matrix products in TensorFloat-32 where the device has it
+    (``torch.set_float32_matmul_precision("high")``); restored afterwards. Other precisions
+    leave torch's setting as the user left it."""
+    import torch
+
+    check_precision(precision)
+    before = torch.get_float32_matmul_precision()
+    if precision == "tf32":
+        torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler | None:

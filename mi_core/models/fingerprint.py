@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
+#: id(model) -> its fingerprint (a list: empty until first computed), while a job holds it
+_HELD: dict[int, list[str]] = {}
+
+
+@contextlib.contextmanager
+def fingerprint_held(model: nn.Module) -> Iterator[None]:
+    """Inside, :func:`weights_fingerprint` of ``model`` is computed once and then reused: for a
+    job that keeps the weights fixed while it checks them against several files (a sweep's runs,
+    a group's folders, each with its means and reference logits). A nested scope uses the outer
+    one's value. Not a cache across calls: weights edited in place (``W.data[...] = 0``) do not
+    change a tensor's version counter, so only a scope that knows the weights are fixed may
+    reuse the value."""
+    key = id(model)
+    if key in _HELD:
+        yield
+        return
+    _HELD[key] = []
+    try:
+        yield
+    finally:
+        del _HELD[key]
+
 
 def weights_fingerprint(model: nn.Module) -> str:
-    """blake2b over every parameter and buffer (names, shapes, float32 bytes); 16 hex digits."""
+    """blake2b over every parameter and buffer (names, shapes, float32 bytes); 16 hex digits.
+    Computed once inside :func:`fingerprint_held`."""
+    held = _HELD.get(id(model))
+    if held:
+        return held[0]
+    value = _weights_digest(model)
+    if held is not None:
+        held.append(value)
+    return value
+
+
+def _weights_digest(model: nn.Module) -> str:
     digest = hashlib.blake2b(digest_size=8)
     for name, tensor in sorted(model.state_dict().items()):
         if not torch.is_floating_point(tensor):

@@ -112,8 +112,10 @@ class PruneConfig(Config):
     """``"reference"``: the authors' per-module rounding and threshold grid; ``"exact"``: remove
     exactly ``round(target * n)`` components by ``log_alpha``."""
     precision: str = option("fp32", choices=PRECISIONS)
-    """Autocast of the pruned model's forward pass: fp32 (none), bf16 or fp16 (with loss
-    scaling); gates, lambdas and optimizer state stay float32."""
+    """fp32; tf32 (float32 tensors, the steps' matrix products in TensorFloat-32 on GPUs that
+    have it: the GPU default of many frameworks, not of torch); or autocast of the pruned model's
+    forward pass to bf16 or fp16 (with loss scaling). Gates, lambdas and optimizer state stay
+    float32 in every case."""
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, load_pairs
 from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
-from mi_core.devices import autocast, grad_scaler, move, to_device
+from mi_core.devices import autocast, grad_scaler, matmul_precision, move, to_device
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, ablate, load_means
@@ -46,7 +46,7 @@ from mi_core.interventions.components import model_dims
 from mi_core.io import read_json, read_safetensors, write_csv, write_json, write_safetensors
 from mi_core.models.classifier import StagedClassifier
 from mi_core.models.dropout import train_dropout
-from mi_core.models.fingerprint import weights_fingerprint
+from mi_core.models.fingerprint import fingerprint_held, weights_fingerprint
 from mi_core.models.frozen import frozen
 from mi_core.pruning.discretize import discretize, unflatten_components
 from mi_core.pruning.hard_concrete import (
@@ -713,6 +713,7 @@ def _train_group(
         frozen(model),
         ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
         train_dropout(model, cfg.dropout),
+        matmul_precision(cfg.precision),  # tf32: the steps' forward and backward passes
     ):
         for step in bar:
             active = [r for r in runs if r.start <= step < r.cfg.steps and r.error is None]
@@ -1041,64 +1042,65 @@ def prune_group(
     if len(set(dirs)) != len(dirs):
         raise ConfigError("the runs of a group need distinct folders")
     model, model_spec = _load_model(model, task, device)
-    task = getattr(model, "task", None) or task
-    means_obj = _load_means(means, model, configs[0].ablation)
-    train_set = _load_data(train, task, max_train_examples, "training")
-    evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
-    names = [d.name for d in evals]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"eval sets must differ; got {names}")
-    for cfg, run_dir in zip(configs, dirs, strict=True):
-        _claim_run_dir(
-            run_dir, cfg, model, model_spec, task, train_set, means, means_obj, names,
-            max_eval_examples, reference_logits_path,
-        )  # fmt: skip
-    results: dict[int, PruneResult] = {}
-    pending = []
-    for k, (cfg, run_dir) in enumerate(zip(configs, dirs, strict=True)):
-        if is_complete(run_dir):
-            results[k] = _report_complete(model, means_obj, cfg, run_dir, evals, full_accuracy)
-        else:
-            pending.append(k)
-    failures: list[TrainingError] = []
-    if pending:
-        started = time.perf_counter()
-        tokenized = tokenize_pairs(train_set, model.tokenizer, configs[0].max_length)
-        targets = _run_targets(
-            model, tokenized, configs[0], dirs[pending[0]], reference_logits_path, progress
-        )
-        if reference_logits_path is None:  # every folder keeps its logits, as a run alone does
-            for k in pending[1:]:
-                path = dirs[k] / "reference_logits.safetensors"
-                if not path.is_file():
-                    write_safetensors(
-                        path, {"logits": targets.cpu()}, reference_metadata(model, tokenized)
-                    )
-        states = [_start_run(model, tokenized, configs[k], dirs[k], None) for k in pending]
-        if max_chunk == "auto":
-            max_chunk = default_chunk(model, configs[0])
-        _train_group(model, means_obj, tokenized, targets, states, progress, max_chunk)
-        seconds = (time.perf_counter() - started) / len(pending)
-        for k, state in zip(pending, states, strict=True):
-            if state.error is not None:
-                failures.append(state.error)
-                continue
-            log_alpha = state.gates.log_alpha.detach().cpu().clone()
-            result = _finish(
-                model, means_obj, configs[k], dirs[k], log_alpha, state.log(), evals,
-                full_accuracy, seconds,
+    with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
+        task = getattr(model, "task", None) or task
+        means_obj = _load_means(means, model, configs[0].ablation)
+        train_set = _load_data(train, task, max_train_examples, "training")
+        evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
+        names = [d.name for d in evals]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"eval sets must differ; got {names}")
+        for cfg, run_dir in zip(configs, dirs, strict=True):
+            _claim_run_dir(
+                run_dir, cfg, model, model_spec, task, train_set, means, means_obj, names,
+                max_eval_examples, reference_logits_path,
             )  # fmt: skip
-            result.resumed_from = state.start if state.start > 0 else None
-            results[k] = result
-    if len(configs) == 1 and failures:  # a run alone fails as prune_run does
-        raise failures[0]
-    if failures:
-        first = next(k for k in pending if k not in results)
-        raise TrainingError(
-            f"{len(failures)} of {len(configs)} runs trained together failed (first: "
-            f"{dirs[first]}: {failures[0]}); the others finished"
-        )
-    return [results[k] for k in range(len(configs))]
+        results: dict[int, PruneResult] = {}
+        pending = []
+        for k, (cfg, run_dir) in enumerate(zip(configs, dirs, strict=True)):
+            if is_complete(run_dir):
+                results[k] = _report_complete(model, means_obj, cfg, run_dir, evals, full_accuracy)
+            else:
+                pending.append(k)
+        failures: list[TrainingError] = []
+        if pending:
+            started = time.perf_counter()
+            tokenized = tokenize_pairs(train_set, model.tokenizer, configs[0].max_length)
+            targets = _run_targets(
+                model, tokenized, configs[0], dirs[pending[0]], reference_logits_path, progress
+            )
+            if reference_logits_path is None:  # every folder keeps its logits, as a run alone does
+                for k in pending[1:]:
+                    path = dirs[k] / "reference_logits.safetensors"
+                    if not path.is_file():
+                        write_safetensors(
+                            path, {"logits": targets.cpu()}, reference_metadata(model, tokenized)
+                        )
+            states = [_start_run(model, tokenized, configs[k], dirs[k], None) for k in pending]
+            if max_chunk == "auto":
+                max_chunk = default_chunk(model, configs[0])
+            _train_group(model, means_obj, tokenized, targets, states, progress, max_chunk)
+            seconds = (time.perf_counter() - started) / len(pending)
+            for k, state in zip(pending, states, strict=True):
+                if state.error is not None:
+                    failures.append(state.error)
+                    continue
+                log_alpha = state.gates.log_alpha.detach().cpu().clone()
+                result = _finish(
+                    model, means_obj, configs[k], dirs[k], log_alpha, state.log(), evals,
+                    full_accuracy, seconds,
+                )  # fmt: skip
+                result.resumed_from = state.start if state.start > 0 else None
+                results[k] = result
+        if len(configs) == 1 and failures:  # a run alone fails as prune_run does
+            raise failures[0]
+        if failures:
+            first = next(k for k in pending if k not in results)
+            raise TrainingError(
+                f"{len(failures)} of {len(configs)} runs trained together failed (first: "
+                f"{dirs[first]}: {failures[0]}); the others finished"
+            )
+        return [results[k] for k in range(len(configs))]
 
 
 def prune_run(

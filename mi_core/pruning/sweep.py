@@ -41,6 +41,7 @@ from mi_core.errors import ConfigError, MiCoreError, TrainingError
 from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ComponentMeans
 from mi_core.io import read_json, write_csv, write_json
+from mi_core.models.fingerprint import fingerprint_held
 from mi_core.pruning.constants import EXECUTORS
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
@@ -569,83 +570,86 @@ def run_sweep(
             )
 
     model_obj, _ = _load_model(model, task, device)
-    task = getattr(model_obj, "task", None) or task
-    means_obj = _load_means(means, model_obj, cfg.ablation)
-    train_set = _load_data(train, task, max_train_examples, "training")
-    evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
-    eval_names = [d.name for d in evals]
+    with fingerprint_held(model_obj):  # the weights stay fixed: one fingerprint for every check
+        task = getattr(model_obj, "task", None) or task
+        means_obj = _load_means(means, model_obj, cfg.ablation)
+        train_set = _load_data(train, task, max_train_examples, "training")
+        evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
+        eval_names = [d.name for d in evals]
 
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    ref_path = sweep_dir / "reference_logits.safetensors"
-    tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
-    reference_logits(model_obj, tokenized, ref_path, cfg.eval_batch_size, bool(progress))
-    full = _full_model_accuracy(model_obj, evals, cfg, sweep_dir / "full_model.json")
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        ref_path = sweep_dir / "reference_logits.safetensors"
+        tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
+        reference_logits(model_obj, tokenized, ref_path, cfg.eval_batch_size, bool(progress))
+        full = _full_model_accuracy(model_obj, evals, cfg, sweep_dir / "full_model.json")
 
-    pending = [r for r in runs if not is_complete(r.run_dir)]
-    logger.info("sweep %s: %d of %d runs to do", sweep_dir, len(pending), len(runs))
-    failures: list[str] = []
-    if executor in ("local", "batched") and pending:  # local: groups of one run
-        size = (
-            1
-            if executor == "local"
-            else group_size or auto_group_size(model_obj, cfg, len(pending))
+        pending = [r for r in runs if not is_complete(r.run_dir)]
+        logger.info("sweep %s: %d of %d runs to do", sweep_dir, len(pending), len(runs))
+        failures: list[str] = []
+        if executor in ("local", "batched") and pending:  # local: groups of one run
+            size = (
+                1
+                if executor == "local"
+                else group_size or auto_group_size(model_obj, cfg, len(pending))
+            )
+            if size > 1:
+                logger.info("sweep %s: groups of %d runs trained together", sweep_dir, size)
+            for start in range(0, len(pending), size):
+                group = pending[start : start + size]
+                try:
+                    prune_group(
+                        model_obj,
+                        train_set,
+                        means_obj,
+                        [r.config for r in group],
+                        [r.run_dir for r in group],
+                        eval_sets=evals,
+                        task=task,
+                        reference_logits_path=ref_path,
+                        full_accuracy=full,
+                        progress=progress,
+                    )
+                except MiCoreError as exc:  # a failed run or group: finish the others, report
+                    where = f"{group[0].run_dir}: " if len(group) == 1 else ""
+                    logger.warning("%s%s", where or "a group failed: ", exc)
+                    failures.append(f"{where}{exc}")
+        elif pending:
+            common = {
+                "model": os.fspath(model),
+                "train": os.fspath(train),
+                "means": None if means is None else os.fspath(means),
+                "eval_sets": [os.fspath(d) for d in eval_sets],
+                "task": task,
+                "max_train_examples": max_train_examples,
+                "max_eval_examples": max_eval_examples,
+                "reference_logits_path": str(ref_path),
+                "full_accuracy": full,
+                "progress": False,
+                "device": device,
+            }
+            size = group_size or 1
+            groups = [pending[i : i + size] for i in range(0, len(pending), size)]
+            failures = _run_with_ray(
+                groups, common, ray_address, num_cpus_per_run, num_gpus_per_run
+            )
+
+        table = collect_subnetworks(runs, eval_names)
+        write_csv(sweep_dir / "subnetworks.csv", table)
+        from mi_core.viz.figures import subnetworks_figure, write_figure_html
+
+        figure = subnetworks_figure(
+            table,
+            eval_names,
+            full,
+            n={d.name: len(d) for d in evals},
+            chance={d.name: 1.0 / d.num_labels for d in evals},
         )
-        if size > 1:
-            logger.info("sweep %s: groups of %d runs trained together", sweep_dir, size)
-        for start in range(0, len(pending), size):
-            group = pending[start : start + size]
-            try:
-                prune_group(
-                    model_obj,
-                    train_set,
-                    means_obj,
-                    [r.config for r in group],
-                    [r.run_dir for r in group],
-                    eval_sets=evals,
-                    task=task,
-                    reference_logits_path=ref_path,
-                    full_accuracy=full,
-                    progress=progress,
-                )
-            except MiCoreError as exc:  # a failed run or group: finish the others, report
-                where = f"{group[0].run_dir}: " if len(group) == 1 else ""
-                logger.warning("%s%s", where or "a group failed: ", exc)
-                failures.append(f"{where}{exc}")
-    elif pending:
-        common = {
-            "model": os.fspath(model),
-            "train": os.fspath(train),
-            "means": None if means is None else os.fspath(means),
-            "eval_sets": [os.fspath(d) for d in eval_sets],
-            "task": task,
-            "max_train_examples": max_train_examples,
-            "max_eval_examples": max_eval_examples,
-            "reference_logits_path": str(ref_path),
-            "full_accuracy": full,
-            "progress": False,
-            "device": device,
-        }
-        size = group_size or 1
-        groups = [pending[i : i + size] for i in range(0, len(pending), size)]
-        failures = _run_with_ray(groups, common, ray_address, num_cpus_per_run, num_gpus_per_run)
-
-    table = collect_subnetworks(runs, eval_names)
-    write_csv(sweep_dir / "subnetworks.csv", table)
-    from mi_core.viz.figures import subnetworks_figure, write_figure_html
-
-    figure = subnetworks_figure(
-        table,
-        eval_names,
-        full,
-        n={d.name: len(d) for d in evals},
-        chance={d.name: 1.0 / d.num_labels for d in evals},
-    )
-    write_figure_html(figure, sweep_dir / "subnetworks.html")
-    incomplete = [str(r.run_dir) for r in runs if not is_complete(r.run_dir)]
-    if incomplete:
-        first = failures[0] if failures else incomplete[0]
-        raise TrainingError(
-            f"{len(incomplete)} of {len(runs)} sweep runs did not finish (first: {first}); "
-            "subnetworks.csv lists the finished ones; re-run the sweep to retry the rest"
-        )
-    return table
+        write_figure_html(figure, sweep_dir / "subnetworks.html")
+        incomplete = [str(r.run_dir) for r in runs if not is_complete(r.run_dir)]
+        if incomplete:
+            first = failures[0] if failures else incomplete[0]
+            raise TrainingError(
+                f"{len(incomplete)} of {len(runs)} sweep runs did not finish (first: {first}); "
+                "subnetworks.csv lists the finished ones; re-run the sweep to retry the rest"
+            )
+        return table

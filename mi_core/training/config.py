@@ -49,8 +49,9 @@ class FinetuneSettings(Config):
     """Keep only the newest this many checkpoints (default: all of them, as effective size
     over training needs). The optimizer state is kept in the newest two only."""
     precision: str = option("fp32", choices=PRECISIONS)
-    """Autocast of the forward pass: fp32 (none), bf16 or fp16 (with loss scaling); weights and
-    optimizer state stay float32."""
+    """fp32; tf32 (float32 tensors, matrix products in TensorFloat-32 on GPUs that have it); or
+    autocast of the forward pass to bf16 or fp16 (with loss scaling). Weights and optimizer
+    state stay float32."""
 
     def validate(self) -> None:
         super().validate()

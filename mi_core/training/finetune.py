@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from mi_core.data import load_pairs, pair_batches
-from mi_core.devices import autocast, grad_scaler, to_device
+from mi_core.devices import autocast, grad_scaler, matmul_precision, to_device
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.io import read_json, write_csv, write_json
@@ -125,23 +125,24 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         torch.manual_seed(derive_seed("finetune", cfg.seed, step))
         if device.type == "cuda":
             torch.cuda.manual_seed_all(derive_seed("finetune", cfg.seed, step))
-        with autocast(device, cfg.precision):
-            loss = model(**model_inputs(model, batch), labels=batch["labels"]).loss
-        if not math.isfinite(loss.item()):
-            raise TrainingError(
-                f"loss became {loss.item()} at step {step + 1}; the last good checkpoint is kept "
-                f"in {out} (lower --lr and re-run)"
-            )
-        if scaler is None:
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-        else:  # fp16: scaled loss, unscaled gradients clipped, steps with inf gradients skipped
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(optimizer)
-            scaler.update()
+        with matmul_precision(cfg.precision):  # tf32: the forward and the backward pass
+            with autocast(device, cfg.precision):
+                loss = model(**model_inputs(model, batch), labels=batch["labels"]).loss
+            if not math.isfinite(loss.item()):
+                raise TrainingError(
+                    f"loss became {loss.item()} at step {step + 1}; the last good checkpoint is "
+                    f"kept in {out} (lower --lr and re-run)"
+                )
+            if scaler is None:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+            else:  # fp16: scaled loss, unscaled gradients clipped, inf-gradient steps skipped
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(optimizer)
+                scaler.update()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         bar.update(1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mi_core.cli import main
-from mi_core.devices import DeviceOption, autocast, grad_scaler, resolve_device
+from mi_core.devices import DeviceOption, autocast, grad_scaler, matmul_precision, resolve_device
 from mi_core.errors import ConfigError
 from mi_core.pruning import make_prune_config, prune_run
 
@@ -79,6 +79,59 @@ def test_autocast_is_nothing_at_fp32_and_bf16_otherwise():
     assert grad_scaler("cpu", "bf16") is None and grad_scaler("cpu", "fp16") is not None
     with pytest.raises(ConfigError, match="precision must be one of"):
         autocast("cpu", "fp8")
+
+
+def test_tf32_sets_the_matmul_precision_for_its_scope_and_restores_it():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")  # a user's own setting
+        with matmul_precision("tf32"):
+            assert torch.get_float32_matmul_precision() == "high"
+            with autocast("cpu", "tf32"):  # tensors stay float32: no autocast
+                assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+        assert torch.get_float32_matmul_precision() == "medium"
+        with matmul_precision("fp32"):  # the other precisions leave the user's setting alone
+            assert torch.get_float32_matmul_precision() == "medium"
+        assert grad_scaler("cpu", "tf32") is None
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def _precision_seen(model) -> tuple[list[str], object]:
+    """Record torch's float32 matmul precision at each forward and backward pass of
+    ``model``'s first block (a hook removed by the returned handle's ``remove``)."""
+    seen: list[str] = []
+
+    def forward(module, args, output):
+        seen.append("forward " + torch.get_float32_matmul_precision())
+        if output.requires_grad:
+            output.register_hook(
+                lambda g: seen.append("backward " + torch.get_float32_matmul_precision())
+            )
+
+    return seen, model.blocks[0].register_forward_hook(forward)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_tf32_pruning_runs_its_forward_and_backward_passes_in_tf32(
+    tiny, train, means, tmp_path, precision
+):
+    config = make_prune_config("paper", 0.5, 1, steps=2, batch_size=8, grad_accumulation=1,
+                               checkpoint_every=2, eval_batch_size=16, dropout=False,
+                               warmup_steps=1, lr_warmup_steps=1, precision=precision)  # fmt: skip
+    before = torch.get_float32_matmul_precision()
+    seen, handle = _precision_seen(tiny)
+    try:
+        prune_run(tiny, train, tmp_path, config, means=means)
+    finally:
+        handle.remove()
+    # the steps' passes in TF32 ("high"); the reference logits and the evaluation stay float32
+    want = "high" if precision == "tf32" else before
+    backward = [entry.split()[1] for entry in seen if entry.startswith("backward")]
+    forward = [entry.split()[1] for entry in seen if entry.startswith("forward")]
+    assert len(backward) == 2 and set(backward) == {want}  # one per step
+    assert forward.count(want) >= 2 and set(forward) == {want, before}
+    assert torch.get_float32_matmul_precision() == before  # restored after the job
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -160,6 +213,29 @@ def test_finetuning_in_bf16_keeps_the_weights_in_fp32(tiny_checkpoints, tmp_path
     b = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bf16" / "checkpoint-3")
     wa, wb = a.classifier.weight.detach(), b.classifier.weight.detach()
     assert 0 < float((wa - wb).abs().max()) < 1e-2  # bf16 forward: close, not equal
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_tf32_fine_tuning_runs_its_steps_in_tf32(
+    tiny_checkpoints, tmp_path, data_dir, monkeypatch, precision
+):
+    from mi_core.training import FinetuneConfig, finetune
+
+    seen = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def clip_and_record(*args, **kwargs):  # called between the backward pass and the update
+        seen.append(torch.get_float32_matmul_precision())
+        return clip(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_and_record)
+    before = torch.get_float32_matmul_precision()
+    finetune(FinetuneConfig(model=str(tiny_checkpoints["bert-cls"]), task="mnli",
+                            train="mnli:train", steps=2, save_every=2, batch_size=8,
+                            max_train_examples=16, out=str(tmp_path / "ft"),
+                            precision=precision), progress=False)  # fmt: skip
+    assert seen == ["high" if precision == "tf32" else before] * 2
+    assert torch.get_float32_matmul_precision() == before
 
 
 def test_fine_tuning_resumes_its_fp16_loss_scale(tiny_checkpoints, tmp_path, data_dir):

@@ -250,8 +250,13 @@ def test_a_group_refuses_runs_that_differ_in_more_than_sparsity_and_seed(
 # -------------------------------------------------------------------------------- sweep
 @pytest.mark.slow
 def test_the_batched_executor_writes_the_local_executors_sweep(
-    tiny_checkpoints, means, tmp_path, data_dir
+    tiny_checkpoints, means, tmp_path, data_dir, monkeypatch
 ):
+    import mi_core.models.fingerprint as fingerprint
+
+    digests = []
+    digest = fingerprint._weights_digest
+    monkeypatch.setattr(fingerprint, "_weights_digest", lambda m: digests.append(1) or digest(m))
     model = load_model(tiny_checkpoints["bert-cls"], task="mnli")
     means_path = means.save(tmp_path / "means.safetensors")
     # the quick profile as a user runs it: its warm-ups follow the target sparsity
@@ -276,6 +281,8 @@ def test_the_batched_executor_writes_the_local_executors_sweep(
             assert a == b
     assert batched.drop(columns="run_dir").equals(local.drop(columns="run_dir"))
     assert (tmp_path / "batched" / "subnetworks.csv").is_file()
+    # each sweep hashed the weights once, not once per run, its means and its reference logits
+    assert len(digests) == 2
 
 
 def test_group_size_is_chosen_from_memory(tiny, monkeypatch):
