@@ -29,16 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from peak_memory import peak_growth
+from random_weights import random_checkpoint
 
 from mi_core.buffers import reusing_buffers
 from mi_core.circuits import Graph, edge_attribution
@@ -129,21 +127,6 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
-def _random_checkpoint(folder: str) -> str:
-    """A checkpoint with ``folder``'s config and tokenizer and weights drawn at random (seed 0),
-    saved to a temporary folder: its path."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(folder)
-    torch.manual_seed(0)
-    out = Path(tempfile.mkdtemp(prefix="random-weights-"))
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    for f in Path(folder).iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json"):
-            shutil.copy(f, out / f.name)
-    return str(out)
-
-
 def _memory(args) -> None:
     """In a fresh process: peak RSS growth (MiB) during one EAP or one run_with_cache, sampled
     every millisecond from /proc (the process's lifetime peak is the model loading's)."""
@@ -187,7 +170,7 @@ def main() -> None:
         return
 
     if args.random_weights:
-        args.model = _random_checkpoint(args.model)
+        args.model = str(random_checkpoint(args.model))
     model = load_model(args.model, device=args.device)
     pairs = _pairs(model, args.batch, args.tokens)
     graph = Graph.from_model(model)

@@ -17,25 +17,12 @@ on the weights' values).
 from __future__ import annotations
 
 import argparse
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-
-def _random_classifier(folder: str, out: Path) -> Path:
-    import transformers
-
-    config = transformers.AutoConfig.from_pretrained(folder, num_labels=3)
-    config.architectures = ["BertForSequenceClassification"]
-    torch.manual_seed(0)
-    transformers.BertForSequenceClassification(config).save_pretrained(out)
-    for f in Path(folder).iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("vocab.txt", "special_tokens_map.json"):
-            shutil.copy(f, out / f.name)
-    return out
+from random_weights import random_checkpoint
 
 
 def main() -> None:
@@ -54,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     short, long = (int(x) for x in args.steps.split(","))
     tmp = Path(tempfile.mkdtemp())
-    name = _random_classifier(args.random_weights, tmp / "ck") if args.random_weights else "minilm"
+    name = random_checkpoint(args.random_weights, num_labels=3) if args.random_weights else "minilm"
     model = load_model(name, task="mnli", seed=0, device=args.device)
     train = load_pairs("mnli:train", max_examples=args.train_examples)
     means = compute_means(model, pair_batches(train, model.tokenizer, batch_size=64))
