@@ -49,6 +49,7 @@ from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import fingerprint_held, weights_fingerprint
 from mi_core.models.frozen import frozen
 from mi_core.pruning.discretize import discretize, unflatten_components
+from mi_core.pruning.group_optimizer import GroupAdamW
 from mi_core.pruning.hard_concrete import (
     HardConcrete,
     hard_concrete_from_uniform,
@@ -709,6 +710,15 @@ def _train_group(
         leave=False,
     )
     mask = ComponentMask.ones(model, device=device)
+    # a group's optimizer steps taken together (fp16's per-run loss scalers step run by run)
+    stacked = None
+    if len(runs) > 1 and all(r.scaler is None for r in runs):
+        stacked = GroupAdamW(
+            [r.optimizer for r in runs],
+            [r.trained for r in runs],
+            [r.cfg.max_grad_norm if r.cfg.max_grad_norm > 0 else math.inf for r in runs],
+        )
+    slot = {id(r): k for k, r in enumerate(runs)}
     with (
         frozen(model),
         ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
@@ -749,16 +759,27 @@ def _train_group(
                     model, mask, members, batches, sizes, targets, weights, max_chunk,
                     cfg.precision, [r.scaler for r in active],
                 )  # fmt: skip
-            # clip every run, then read all the norms at once (one device sync per step)
-            norms = torch.stack([_clip(r) for r in active]).tolist()
-            for r, row, factor, norm in zip(active, rows, factors, norms, strict=True):
-                _finish_step(r, step, row, factor, norm)
+            if stacked is None:
+                # clip every run, then read all the norms at once (one device sync per step)
+                norms = torch.stack([_clip(r) for r in active]).tolist()
+                for r, row, factor, norm in zip(active, rows, factors, norms, strict=True):
+                    _finish_step(r, step, row, factor, norm)
+            else:  # every run's clipping and AdamW step at once; a failed run takes none
+                good = [math.isfinite(row["loss"]) for row in rows]
+                taken = [slot[id(r)] for r, ok in zip(active, good, strict=True) if ok]
+                norms = iter(stacked.step(taken).tolist() if taken else [])
+                for r, row, factor, ok in zip(active, rows, factors, good, strict=True):
+                    _finish_step(r, step, row, factor, next(norms) if ok else math.nan,
+                                 export=lambda r=r: stacked.export(slot[id(r)]))  # fmt: skip
             shown = active[0].rows[-1] if active[0].rows else None
             if shown is not None:
                 bar.set_postfix(
                     kl=f"{shown['kl']:.4f}", sparsity=f"{shown['expected_sparsity']:.3f}"
                 )
     bar.close()
+    if stacked is not None:  # each run's AdamW holds its state, as after a run alone
+        for r in runs:
+            stacked.export(slot[id(r)])
 
 
 def _clip(r: _RunState) -> torch.Tensor:
@@ -770,10 +791,17 @@ def _clip(r: _RunState) -> torch.Tensor:
 
 
 def _finish_step(
-    r: _RunState, step: int, row: dict[str, float], factor: float, norm: float
+    r: _RunState,
+    step: int,
+    row: dict[str, float],
+    factor: float,
+    norm: float,
+    export: Callable[[], None] | None = None,
 ) -> None:
     """Check, take the optimizer step, log and checkpoint one run after a step (clipped by
-    :func:`_clip`, whose ``norm`` is logged)."""
+    :func:`_clip`, whose ``norm`` is logged). With ``export``, the step was already taken
+    (:class:`GroupAdamW`, for the group); ``export`` gives the run's AdamW its state before its
+    checkpoint is written."""
     cfg, scaler = r.cfg, r.scaler
     row.update(lr_factor=factor, grad_norm=norm)
     total = row["loss"]
@@ -789,14 +817,16 @@ def _finish_step(
             "--lr-log-alpha / --lr-lambda or check the means and data"
         )
         return
-    if scaler is None:
+    if export is None and scaler is None:
         r.optimizer.step()
-    else:  # skipped when the scaled gradients overflowed; the scale then shrinks
+    elif export is None:  # skipped when the scaled gradients overflowed; the scale then shrinks
         scaler.step(r.optimizer)
         scaler.update()
     r.rows.append({"step": step, **row})
     done = step + 1
     if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+        if export is not None:
+            export()
         save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer, r.scaler)
         write_csv(r.log_path, r.log())
         r.last_good = done
