@@ -115,7 +115,7 @@ def edge_step(
 
 
 def _sync() -> None:
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # only where this process used the GPU
         torch.cuda.synchronize()
 
 
@@ -237,7 +237,7 @@ def edge_vs_node_step(model, graph, pairs: PromptPairs, repeats: int) -> None:
 
 
 def _edge_vs_node_at(model, graph, pairs, state, alpha, node_alpha, reference, repeats) -> None:
-    edge_alpha = alpha.to(model.cfg.device).requires_grad_(True)
+    edge_alpha = alpha.to(model.cfg.device, copy=True).requires_grad_(True)
     edge_step(model, graph, pairs, edge_alpha, reference)
     t_node = t_edge = t_dense = 0.0
     for i in range(repeats):

@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # torch is imported where a device is used: a job's config st
     import torch
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-#: ``fp32``: float32 throughout; ``tf32``: float32 tensors, with a job's matrix products in
-#: TensorFloat-32 on CUDA GPUs that have it (Ampere and later; 10 mantissa bits in the products'
+#: ``fp32``: float32 throughout; ``tf32``: float32 tensors, with a job's CUDA matrix products in
+#: TensorFloat-32 on GPUs that have it (Ampere and later; 10 mantissa bits in the products'
 #: inputs, float32 sums; :func:`matmul_precision`); ``bf16`` / ``fp16``: autocast of the forward
 #: passes (:func:`autocast`), what is trained kept in float32.
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -90,22 +90,33 @@ def autocast(
     )
 
 
+def matmul_precision(precision: str) -> contextlib.AbstractContextManager:
+    """For the duration of a job's steps (their forward and backward passes): with ``tf32``,
+    CUDA's float32 matrix products in TensorFloat-32, restored afterwards; nothing for the other
+    precisions (torch's settings stay as the user left them). Only cuBLAS's flag is touched
+    (CPU products are unchanged), through the API the user's torch session already uses: the
+    legacy ``allow_tf32``, or ``fp32_precision`` where the user set that one (torch refuses a
+    mix of the two)."""
+    check_precision(precision)
+    if precision != "tf32":
+        return contextlib.nullcontext()
+    return _cuda_tf32()
+
+
 @contextlib.contextmanager
-def matmul_precision(precision: str) -> Iterator[None]:
-    """For the duration of a job (its forward and backward passes): with ``tf32``, float32
-    matrix products in TensorFloat-32 where the device has it
-    (``torch.set_float32_matmul_precision("high")``); restored afterwards. Other precisions
-    leave torch's setting as the user left it."""
+def _cuda_tf32() -> Iterator[None]:
     import torch
 
-    check_precision(precision)
-    before = torch.get_float32_matmul_precision()
-    if precision == "tf32":
-        torch.set_float32_matmul_precision("high")
+    matmul = torch.backends.cuda.matmul
+    try:
+        name, before, value = "allow_tf32", matmul.allow_tf32, True
+    except RuntimeError:  # the session set the per-backend API: keep to it
+        name, before, value = "fp32_precision", matmul.fp32_precision, "tf32"
+    setattr(matmul, name, value)
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(before)
+        setattr(matmul, name, before)
 
 
 def grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler | None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 from jaxtyping import Float
 
+from mi_core.devices import move
 from mi_core.errors import ConfigError
 
 #: ``clip_grad_norm_``'s guard against a zero norm
@@ -110,10 +111,13 @@ class GroupAdamW:
             norms = (g_gates.square().sum(1) + g_lambdas.square().sum(1)).sqrt()
             coef = (take(self.max_norm) / (norms + _CLIP_EPS)).clamp(max=1.0)[:, None]
             g_gates, g_lambdas = g_gates * coef, -(g_lambdas * coef)  # the lambdas ascend
-            lr = torch.tensor(
-                [[g["lr"] for g in self.optimizers[r].param_groups] for r in rows],
-                dtype=gates.dtype,
-            ).to(gates.device, non_blocking=True)
+            lr = move(  # through pinned memory: the host does not wait for the device
+                torch.tensor(
+                    [[g["lr"] for g in self.optimizers[r].param_groups] for r in rows],
+                    dtype=gates.dtype,
+                ),
+                gates.device,
+            )
             steps = take(self.steps) + 1
             put(self.steps, steps)
             decay = take(self.decay)
@@ -167,4 +171,6 @@ class GroupAdamW:
 
 
 def _grad(t: torch.Tensor) -> torch.Tensor:
+    # every run's loss reaches its gates and lambdas, so a gradient is always there; AdamW
+    # would skip a parameter without one, which a stacked step cannot (zeros: close, not equal)
     return t.grad if t.grad is not None else torch.zeros_like(t)

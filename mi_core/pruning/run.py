@@ -920,53 +920,54 @@ def prune(
     """
     run_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     model, model_spec = _load_model(model, task, device)
-    task = getattr(model, "task", None) or task
-    means_obj = _load_means(means, model, config.ablation)
-    train_set = _load_data(train, task, max_train_examples, "training")
-    evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
-    names = [d.name for d in evals]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"eval sets must differ; got {names}")
-    if run_dir is None:
-        return _prune_in_memory(
+    with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
+        task = getattr(model, "task", None) or task
+        means_obj = _load_means(means, model, config.ablation)
+        train_set = _load_data(train, task, max_train_examples, "training")
+        evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
+        names = [d.name for d in evals]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"eval sets must differ; got {names}")
+        if run_dir is None:
+            return _prune_in_memory(
+                model,
+                means_obj,
+                config,
+                train_set,
+                evals,
+                full_accuracy,
+                progress,
+                callback,
+                reference_logits_path,
+                reference,
+            )
+
+        _claim_run_dir(
+            run_dir, config, model, model_spec, task, train_set, means, means_obj, names,
+            max_eval_examples, reference_logits_path,
+        )  # fmt: skip
+        if is_complete(run_dir):
+            return _report_complete(model, means_obj, config, run_dir, evals, full_accuracy)
+
+        started = time.perf_counter()
+        tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
+        targets = _run_targets(model, tokenized, config, run_dir, reference_logits_path, progress)
+        log_alpha, log, resumed_from = _train(
+            model, means_obj, tokenized, targets, config, run_dir, progress, callback
+        )
+        result = _finish(
             model,
             means_obj,
             config,
-            train_set,
+            run_dir,
+            log_alpha,
+            log,
             evals,
             full_accuracy,
-            progress,
-            callback,
-            reference_logits_path,
-            reference,
+            time.perf_counter() - started,
         )
-
-    _claim_run_dir(
-        run_dir, config, model, model_spec, task, train_set, means, means_obj, names,
-        max_eval_examples, reference_logits_path,
-    )  # fmt: skip
-    if is_complete(run_dir):
-        return _report_complete(model, means_obj, config, run_dir, evals, full_accuracy)
-
-    started = time.perf_counter()
-    tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
-    targets = _run_targets(model, tokenized, config, run_dir, reference_logits_path, progress)
-    log_alpha, log, resumed_from = _train(
-        model, means_obj, tokenized, targets, config, run_dir, progress, callback
-    )
-    result = _finish(
-        model,
-        means_obj,
-        config,
-        run_dir,
-        log_alpha,
-        log,
-        evals,
-        full_accuracy,
-        time.perf_counter() - started,
-    )
-    result.resumed_from = resumed_from
-    return result
+        result.resumed_from = resumed_from
+        return result
 
 
 def _claim_run_dir(

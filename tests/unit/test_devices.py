@@ -81,35 +81,57 @@ def test_autocast_is_nothing_at_fp32_and_bf16_otherwise():
         autocast("cpu", "fp8")
 
 
-def test_tf32_sets_the_matmul_precision_for_its_scope_and_restores_it():
+def _tf32() -> str:
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def test_tf32_sets_cublas_tf32_for_its_scope_and_restores_it():
+    assert not torch.backends.cuda.matmul.allow_tf32  # torch's default
+    with matmul_precision("tf32"):
+        assert torch.backends.cuda.matmul.allow_tf32
+        with autocast("cpu", "tf32"):  # tensors stay float32: no autocast
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    assert not torch.backends.cuda.matmul.allow_tf32
+    with pytest.raises(KeyError), matmul_precision("tf32"):
+        raise KeyError  # restored on an exception too
+    assert not torch.backends.cuda.matmul.allow_tf32
     before = torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("medium")  # a user's own setting
-        with matmul_precision("tf32"):
-            assert torch.get_float32_matmul_precision() == "high"
-            with autocast("cpu", "tf32"):  # tensors stay float32: no autocast
-                assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
-        assert torch.get_float32_matmul_precision() == "medium"
-        with matmul_precision("fp32"):  # the other precisions leave the user's setting alone
-            assert torch.get_float32_matmul_precision() == "medium"
-        assert grad_scaler("cpu", "tf32") is None
-    finally:
-        torch.set_float32_matmul_precision(before)
+    with matmul_precision("fp32"):  # the other precisions touch nothing
+        assert torch.get_float32_matmul_precision() == before
+    assert grad_scaler("cpu", "tf32") is None
 
 
-def _precision_seen(model) -> tuple[list[str], object]:
-    """Record torch's float32 matmul precision at each forward and backward pass of
-    ``model``'s first block (a hook removed by the returned handle's ``remove``)."""
+def test_tf32_keeps_to_the_per_backend_api_where_the_session_uses_it():
+    """torch refuses a mix of the legacy and the per-backend TF32 settings: a session that set
+    ``fp32_precision`` gets it set and restored, and fp32 jobs read nothing (own process: the
+    setting cannot be undone here)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from mi_core.devices import matmul_precision\n"
+        "m = torch.backends.cuda.matmul\n"
+        "m.fp32_precision = 'ieee'\n"
+        "with matmul_precision('fp32'): pass\n"
+        "with matmul_precision('tf32'): inside = m.fp32_precision\n"
+        "print(inside, m.fp32_precision)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["tf32", "ieee"]
+
+
+def _precision_seen(module) -> tuple[list[str], object]:
+    """Record cuBLAS's TF32 setting at each forward and backward pass of ``module`` (a hook
+    removed by the returned handle's ``remove``)."""
     seen: list[str] = []
 
     def forward(module, args, output):
-        seen.append("forward " + torch.get_float32_matmul_precision())
+        seen.append("forward " + _tf32())
         if output.requires_grad:
-            output.register_hook(
-                lambda g: seen.append("backward " + torch.get_float32_matmul_precision())
-            )
+            output.register_hook(lambda g: seen.append("backward " + _tf32()))
 
-    return seen, model.blocks[0].register_forward_hook(forward)
+    return seen, module.register_forward_hook(forward)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
@@ -119,19 +141,18 @@ def test_tf32_pruning_runs_its_forward_and_backward_passes_in_tf32(
     config = make_prune_config("paper", 0.5, 1, steps=2, batch_size=8, grad_accumulation=1,
                                checkpoint_every=2, eval_batch_size=16, dropout=False,
                                warmup_steps=1, lr_warmup_steps=1, precision=precision)  # fmt: skip
-    before = torch.get_float32_matmul_precision()
-    seen, handle = _precision_seen(tiny)
+    seen, handle = _precision_seen(tiny.blocks[0])
     try:
         prune_run(tiny, train, tmp_path, config, means=means)
     finally:
         handle.remove()
-    # the steps' passes in TF32 ("high"); the reference logits and the evaluation stay float32
-    want = "high" if precision == "tf32" else before
+    # the steps' passes in TF32; the reference logits and the evaluation stay float32
+    before, want = "ieee", "tf32" if precision == "tf32" else "ieee"
     backward = [entry.split()[1] for entry in seen if entry.startswith("backward")]
     forward = [entry.split()[1] for entry in seen if entry.startswith("forward")]
     assert len(backward) == 2 and set(backward) == {want}  # one per step
     assert forward.count(want) >= 2 and set(forward) == {want, before}
-    assert torch.get_float32_matmul_precision() == before  # restored after the job
+    assert _tf32() == before  # restored after the job
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -219,23 +240,30 @@ def test_finetuning_in_bf16_keeps_the_weights_in_fp32(tiny_checkpoints, tmp_path
 def test_tf32_fine_tuning_runs_its_steps_in_tf32(
     tiny_checkpoints, tmp_path, data_dir, monkeypatch, precision
 ):
+    import importlib
+
     from mi_core.training import FinetuneConfig, finetune
 
-    seen = []
-    clip = torch.nn.utils.clip_grad_norm_
+    finetune_module = importlib.import_module("mi_core.training.finetune")  # not the function
 
-    def clip_and_record(*args, **kwargs):  # called between the backward pass and the update
-        seen.append(torch.get_float32_matmul_precision())
-        return clip(*args, **kwargs)
+    hooked: dict[str, object] = {}
+    inputs = finetune_module.model_inputs
 
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_and_record)
-    before = torch.get_float32_matmul_precision()
+    def hook_the_model(model, batch):  # the HF model fine-tuning loads: hook it once
+        if "seen" not in hooked:
+            hooked["seen"], hooked["handle"] = _precision_seen(model.get_input_embeddings())
+        return inputs(model, batch)
+
+    monkeypatch.setattr(finetune_module, "model_inputs", hook_the_model)
     finetune(FinetuneConfig(model=str(tiny_checkpoints["bert-cls"]), task="mnli",
                             train="mnli:train", steps=2, save_every=2, batch_size=8,
                             max_train_examples=16, out=str(tmp_path / "ft"),
                             precision=precision), progress=False)  # fmt: skip
-    assert seen == ["high" if precision == "tf32" else before] * 2
-    assert torch.get_float32_matmul_precision() == before
+    hooked["handle"].remove()
+    # both steps' forward and backward passes (no evaluation set: nothing else runs the model)
+    want = "tf32" if precision == "tf32" else "ieee"
+    assert sorted(hooked["seen"]) == sorted([f"forward {want}", f"backward {want}"] * 2)
+    assert _tf32() == "ieee"
 
 
 def test_fine_tuning_resumes_its_fp16_loss_scale(tiny_checkpoints, tmp_path, data_dir):

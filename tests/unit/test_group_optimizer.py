@@ -4,6 +4,8 @@ with each run's learning rate, step count and clipping; its state goes back to e
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -30,23 +32,33 @@ def _grads(step: int, k: int, params) -> list[torch.Tensor]:
     return [torch.randn(p.shape, generator=gen) * scale for p in params]
 
 
-def test_group_adamw_equals_each_runs_own_clipping_and_adamw():
+@pytest.mark.parametrize(
+    "fused, max_norms",
+    [(False, [1.0, 1.0, 2.5]), (True, [1.0, 1.0, 2.5]), (False, [math.inf] * 3)],
+    ids=["clipped", "fused", "no-clipping"],
+)
+def test_group_adamw_equals_each_runs_own_clipping_and_adamw(fused, max_norms):
+    """``fused``: AdamW as pruning_optimizer builds it on a GPU (its step count is a tensor on
+    the parameters' device; the CPU has the fused kernel too). ``inf``: max_grad_norm 0."""
     runs = 3
     alone = [_run(k) for k in range(runs)]
     together = [_run(k) for k in range(runs)]
+    for _, optimizer in alone + together:
+        for group_ in optimizer.param_groups:
+            group_["fused"] = fused
     # run 2 resumes: its AdamW already took two steps, alone and in the group alike
     for params, optimizer in (alone[2], together[2]):
         for step in (-2, -1):
             for p, g in zip(params, _grads(step, 2, params), strict=True):
                 p.grad = g
             optimizer.step()
-    group = GroupAdamW([o for _, o in together], [p for p, _ in together], [1.0, 1.0, 2.5])
+    group = GroupAdamW([o for _, o in together], [p for p, _ in together], max_norms)
     for step in range(6):
         rows = [0, 2] if step == 3 else [0, 1, 2]  # run 1 sits a step out
         factors = [0.5 + 0.1 * step, 1.0, 0.2 * (step + 1)]  # each run's own schedule
         norms_alone = []
         for k in rows:
-            for (params, optimizer), max_norm in ((alone[k], [1.0, 1.0, 2.5][k]),
+            for (params, optimizer), max_norm in ((alone[k], max_norms[k]),
                                                   (together[k], None)):  # fmt: skip
                 for p, g in zip(params, _grads(step, k, params), strict=True):
                     p.grad = g.clone()
@@ -61,7 +73,7 @@ def test_group_adamw_equals_each_runs_own_clipping_and_adamw():
             for a, b in zip(alone[k][0], together[k][0], strict=True):
                 torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
     # the clipping acted on some steps (else the test would not test it)
-    assert max(norms_alone) > 2.5
+    assert max(norms_alone) > 2.5 or math.isinf(max_norms[0])
     for k in range(runs):
         group.export(k)
         want, got = alone[k][1].state_dict()["state"], together[k][1].state_dict()["state"]

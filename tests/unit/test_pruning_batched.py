@@ -4,6 +4,7 @@ executor and the memory-based group size."""
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
@@ -225,6 +226,89 @@ def test_a_group_resumes_each_run_from_its_own_checkpoint(tiny, train, means, tm
     for r, s in zip(results, straight, strict=True):
         assert (r.log_alpha - s.log_alpha).abs().max() < 1e-4
         assert len(r.log) == 20
+
+
+def _group_steps_until(monkeypatch, n: int, change=None):
+    """Make the group's step function raise KeyboardInterrupt at its ``n``-th call (a kill), or
+    hand its rows to ``change(call, rows)``."""
+    import mi_core.pruning.run as run_module
+
+    step, calls = run_module.group_pruning_step, {"n": 0}
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n and change is None:
+            raise KeyboardInterrupt
+        rows = step(*args, **kwargs)
+        if change is not None:
+            change(calls["n"], rows)
+        return rows
+
+    monkeypatch.setattr(run_module, "group_pruning_step", counted)
+
+
+def test_a_killed_group_resumes_from_the_checkpoints_it_wrote(
+    tiny, train, means, tmp_path, monkeypatch
+):
+    from mi_core.io import read_safetensors
+
+    configs = [recipe(0.4, 1), recipe(0.6, 2)]
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    with monkeypatch.context() as m:
+        _group_steps_until(m, 13)  # killed during step 12; the last checkpoints are at 10
+        with pytest.raises(KeyboardInterrupt):
+            prune_group(tiny, train, means, configs, dirs)
+    # the group's checkpoint holds what a run alone holds at step 10 (its AdamW moments too)
+    alone = tmp_path / "alone"
+
+    def stop(step, row):
+        if step + 1 == 12:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prune_run(tiny, train, alone, configs[1], means=means, callback=stop)
+    mine, _ = read_safetensors(dirs[1] / "checkpoint.safetensors")
+    theirs, _ = read_safetensors(alone / "checkpoint.safetensors")
+    assert sorted(mine) == sorted(theirs) and any(k.endswith("exp_avg_sq") for k in mine)
+    for key in theirs:
+        torch.testing.assert_close(mine[key], theirs[key], rtol=1e-4, atol=1e-6)
+    results = prune_group(tiny, train, means, configs, dirs)
+    assert [r.resumed_from for r in results] == [10, 10]
+    straight = [prune_run(tiny, train, tmp_path / f"s{k}", c, means=means)
+                for k, c in enumerate(configs)]  # fmt: skip
+    for r, s in zip(results, straight, strict=True):
+        assert (r.log_alpha - s.log_alpha).abs().max() < 1e-4
+        assert r.mask == s.mask
+
+
+def test_a_run_that_fails_in_a_group_takes_no_step_and_the_others_go_on(
+    tiny, train, means, tmp_path, monkeypatch
+):
+    from mi_core.errors import TrainingError
+    from mi_core.pruning.run import is_complete
+
+    configs = [recipe(0.4, 1), recipe(0.5, 2), recipe(0.6, 3)]
+    dirs = [tmp_path / f"g{k}" for k in range(3)]
+
+    def poison(call, rows):  # the middle run's loss is NaN at step 7
+        if call == 8:
+            rows[1]["loss"] = float("nan")
+
+    with monkeypatch.context() as m:
+        _group_steps_until(m, 0, change=poison)
+        with pytest.raises(TrainingError, match="1 of 3 runs trained together failed"):
+            prune_group(tiny, train, means, configs, dirs)
+    # the failed run keeps its last good checkpoint (step 5) and the log up to it
+    assert not is_complete(dirs[1])
+    assert len(pd.read_csv(dirs[1] / "log.csv")) == 5
+    for k in (0, 2):  # the others ended where they end alone
+        assert is_complete(dirs[k])
+        alone = prune_run(tiny, train, tmp_path / f"alone{k}", configs[k], means=means)
+        again = prune_run(tiny, train, dirs[k], configs[k], means=means)  # read back
+        assert (again.log_alpha - alone.log_alpha).abs().max() < 1e-4
+        assert again.log.grad_norm.to_numpy() == pytest.approx(
+            alone.log.grad_norm.to_numpy(), rel=1e-3
+        )
 
 
 @pytest.mark.slow
