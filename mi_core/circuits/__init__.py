@@ -36,7 +36,13 @@ if TYPE_CHECKING:
         to_mib,
         write_mib,
     )
-    from mi_core.circuits.metrics import answer_logits, kl_divergence, logit_difference
+    from mi_core.circuits.metrics import (
+        answer_logits,
+        kl_divergence,
+        logit_difference,
+        metric_logits,
+        reads_answer_logits,
+    )
     from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
     from mi_core.interventions.edges import (
         EdgeMask,
@@ -71,6 +77,8 @@ _NAMES = {
     "answer_logits": "mi_core.circuits.metrics",
     "kl_divergence": "mi_core.circuits.metrics",
     "logit_difference": "mi_core.circuits.metrics",
+    "metric_logits": "mi_core.circuits.metrics",
+    "reads_answer_logits": "mi_core.circuits.metrics",
     "EdgePruneResult": "mi_core.circuits.prune",
     "EdgePruneSettings": "mi_core.circuits.config",
     "prune_edges": "mi_core.circuits.prune",
@@ -113,6 +121,8 @@ __all__ = [
     "graph_error",
     "kl_divergence",
     "logit_difference",
+    "metric_logits",
+    "reads_answer_logits",
     "node_outputs",
     "sender_means",
     "to_mib_name",

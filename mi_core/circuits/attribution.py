@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from mi_core.buffers import reusing_buffers, scratch
 from mi_core.circuits.config import ATTRIBUTION_METHODS, SELECTIONS
-from mi_core.circuits.metrics import Metric, logit_difference
+from mi_core.circuits.metrics import Metric, logit_difference, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.edges import (
@@ -413,7 +413,7 @@ def _sweep_attribution(
         for k in range(1, steps + 1):
             run = _GradientRun(model, graph, reference[0], k / steps, projected)
             with torch.enable_grad(), model.hooks(fwd_hooks=run.hooks()):
-                value = metric(model(**pairs.clean), pairs).mean()
+                value = metric(metric_logits(model, pairs, metric), pairs).mean()
                 grads = torch.autograd.grad(value, run.receivers, allow_unused=True)
             grads = [
                 torch.zeros_like(r) if g is None else g
@@ -477,9 +477,10 @@ def _decoder_attribution(
         for layer in range(graph.n_layers):
 
             def heads(z: torch.Tensor, hook: Any, layer: int = layer) -> None:
-                out = _head_results(model, layer, z.detach()).detach()
                 first = graph.head_sender(layer, 0)
-                deltas[first : first + graph.n_heads] -= out.to(deltas)
+                rows = deltas[first : first + graph.n_heads]
+                with torch.no_grad():
+                    _head_results(model, layer, z.detach(), into=rows, subtract=True)
 
             hooks += [
                 (act_name("z", layer), heads),
@@ -644,11 +645,11 @@ def _decoder_attribution(
     with graph_switches(model, split_inputs=False):  # per-head gradients by hand (see above)
         if steps > 1:  # the clean outputs first: every step's backward needs the differences
             with torch.no_grad(), model.hooks(fwd_hooks=record_clean()):
-                model(**pairs.clean)
+                metric_logits(model, pairs)  # the blocks' hooks record; no full unembedding
         for k in range(1, steps + 1):
             record = steps == 1  # EAP: the one clean pass records as it goes
             with torch.enable_grad(), model.hooks(fwd_hooks=receiver_hooks(k / steps, record)):
-                value = metric(model(**pairs.clean), pairs).mean()
+                value = metric(metric_logits(model, pairs, metric), pairs).mean()
                 # the receivers' hooks score as backward passes them; no parameter gradient
                 torch.autograd.grad(value, leaf["x"])
             for layer in list(projections):  # some of q / k / v never reached by backward
@@ -676,7 +677,9 @@ def _norm_backward(
     """
     if gain is not None:
         grad.mul_(gain.detach().to(grad))
-    dot = torch.linalg.vecdot(grad, normalised, dim=-1).unsqueeze(-1) / grad.shape[-1]
+    # every head's per-token dot products as one batched product (no [head, token, d] temporary:
+    # vecdot's elementwise product was one per layer, 32 MB for SmolLM2 at 8 x 64 tokens)
+    dot = torch.einsum("htd,td->ht", grad, normalised).unsqueeze(-1) / grad.shape[-1]
     mean = grad.mean(-1, keepdim=True) if centred else None
     grad.addcmul_(normalised, dot, value=-1.0)
     if mean is not None:
@@ -703,13 +706,15 @@ def exact_patching(
         mask = mask.with_corrupted(reference)
     result = torch.full((graph.n_edges,), float("nan"))
     with torch.no_grad():
-        base = float(metric(model(**pairs.clean), pairs).mean())
+        base = float(metric(metric_logits(model, pairs, metric), pairs).mean())
         with graph_switches(model):
             for edge in chosen:
                 mask.weights = torch.ones(graph.n_edges)
                 mask.weights[edge] = 0.0
                 with model.hooks(fwd_hooks=mask.hooks(model)):
-                    result[edge] = float(metric(model(**pairs.clean), pairs).mean()) - base
+                    result[edge] = (
+                        float(metric(metric_logits(model, pairs, metric), pairs).mean()) - base
+                    )
     return result
 
 

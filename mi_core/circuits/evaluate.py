@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from mi_core.circuits.attribution import EdgeScores, select_circuit
 from mi_core.circuits.config import CURVE_FRACTIONS
-from mi_core.circuits.metrics import Metric, kl_divergence, logit_difference
+from mi_core.circuits.metrics import Metric, kl_divergence, logit_difference, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, to_mib_name
@@ -97,10 +97,10 @@ def _masked_metric(
     values, total_kl = [], 0.0
     with torch.no_grad():
         for batch in pairs.batches(batch_size):
-            reference = model(**batch.clean)
+            reference = metric_logits(model, batch, metric)  # kl_divergence reads answer_logits
             bound = mask.patching(model, **batch.corrupted) if mask.fill == "corrupted" else mask
             with graph_switches(model), model.hooks(fwd_hooks=bound.hooks(model)):
-                logits = model(**batch.clean)
+                logits = metric_logits(model, batch, metric)
             values.append(metric(logits, batch).detach().double().cpu())
             total_kl += float(kl_divergence(logits, reference, batch).sum())
     return torch.cat(values), total_kl / len(pairs)
@@ -110,7 +110,10 @@ def _full_metric(model: Any, pairs: PromptPairs, metric: Metric, batch_size: int
     """Per-example metric of the full model on ``pairs``."""
     with torch.no_grad():
         return torch.cat(
-            [metric(model(**b.clean), b).detach().double().cpu() for b in pairs.batches(batch_size)]
+            [
+                metric(metric_logits(model, b, metric), b).detach().double().cpu()
+                for b in pairs.batches(batch_size)
+            ]
         )
 
 

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
+from transformer_lens import HookedTransformer
 
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 
-__all__ = ["METRICS", "Metric", "answer_logits", "kl_divergence", "logit_difference"]
+__all__ = [
+    "METRICS",
+    "Metric",
+    "answer_logits",
+    "kl_divergence",
+    "logit_difference",
+    "metric_logits",
+    "reads_answer_logits",
+]
 
 #: ``metric(logits, pairs) -> [batch]``.
 Metric = Callable[[torch.Tensor, PromptPairs], Float[torch.Tensor, " batch"]]
@@ -25,6 +35,34 @@ def answer_logits(logits: torch.Tensor, pairs: PromptPairs) -> Float[torch.Tenso
     return logits
 
 
+def reads_answer_logits(metric: Metric) -> Metric:
+    """Mark ``metric`` as reading a language model's logits only through :func:`answer_logits`
+    (each example's ``position``): the circuit methods then hand it the ``[batch, vocab]``
+    logits of those positions alone (:func:`metric_logits`), not ``[batch, pos, vocab]``."""
+    metric.reads_answer_logits = True  # type: ignore[attr-defined]
+    return metric
+
+
+def metric_logits(model: Any, pairs: PromptPairs, metric: Metric | None = None) -> torch.Tensor:
+    """``model``'s output on ``pairs``' clean inputs, as ``metric`` needs it.
+
+    For a language model (``pairs.kind == "lm"``) and a metric marked by
+    :func:`reads_answer_logits` (or ``None``: the caller reads :func:`answer_logits`), the
+    blocks run as usual (every hook on them fires) and the final norm and the unembedding are
+    applied at each example's ``position`` only: ``[batch, vocab]``, which
+    :func:`answer_logits` passes through. The unembedding of every position is most of a small
+    model's forward and backward beyond its blocks (SmolLM2 at 8 x 64 tokens: 512 x 49,152
+    logits, 100 MB, and their gradient). Otherwise: ``model(**pairs.clean)``."""
+    positions_only = metric is None or getattr(metric, "reads_answer_logits", False)
+    if not (positions_only and pairs.kind == "lm" and isinstance(model, HookedTransformer)):
+        return model(**pairs.clean)
+    resid = model(**pairs.clean, stop_at_layer=model.cfg.n_layers)
+    rows = torch.arange(resid.shape[0], device=resid.device)
+    picked = resid[rows, pairs.position.to(resid.device)][:, None]  # [batch, 1, d_model]
+    return model.unembed(model.ln_final(picked))[:, 0]
+
+
+@reads_answer_logits
 def logit_difference(logits: torch.Tensor, pairs: PromptPairs) -> Float[torch.Tensor, " batch"]:
     """Answer logit minus distractor logit (IOI: indirect object minus subject).
 

@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from mi_core.buffers import reusing_buffers
 from mi_core.circuits.config import EdgePruneSettings
-from mi_core.circuits.metrics import answer_logits, kl_divergence
+from mi_core.circuits.metrics import answer_logits, kl_divergence, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, node_outputs
@@ -224,7 +224,7 @@ def prune_edges(
             start, history = _load_state(folder, params, optimizer, config, inputs)
     with torch.no_grad():  # the full model's answers, once
         reference = torch.cat(
-            [answer_logits(model(**b.clean), b).float() for b in pairs.batches(64)]
+            [answer_logits(metric_logits(model, b), b).float() for b in pairs.batches(64)]
         )
     bar = tqdm(range(start, config.steps), desc="edge pruning", disable=not progress)
     # the weights stay frozen while the gates learn; restored at the end
@@ -252,7 +252,7 @@ def prune_edges(
             if config.fill == "corrupted":
                 mask = mask.with_corrupted(node_outputs(model, graph, **batch.corrupted))
             with model.hooks(fwd_hooks=mask.hooks(model)):
-                logits = answer_logits(model(**batch.clean), batch)
+                logits = answer_logits(metric_logits(model, batch), batch)
             kl = kl_divergence(logits, reference[index.to(reference.device)], batch).mean()
             sparsity = sampled_sparsity(z)
             loss = kl + controller.penalty(sparsity, target)

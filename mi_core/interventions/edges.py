@@ -385,10 +385,32 @@ def graph_switches(model: Any, split_inputs: bool = True) -> contextlib.Abstract
     return _config_flags(model, **flags)
 
 
-def _head_results(model: Any, layer: int, z: torch.Tensor) -> torch.Tensor:
-    """``[n_heads, batch, pos, d_model]``: each head's output in the residual stream."""
+def _head_results(
+    model: Any,
+    layer: int,
+    z: torch.Tensor,
+    into: torch.Tensor | None = None,
+    subtract: bool = False,
+) -> torch.Tensor:
+    """``[n_heads, batch, pos, d_model]``: each head's output in the residual stream.
+
+    ``into`` (contiguous, of that shape and ``z``'s dtype): the product is written there (or,
+    with ``subtract``, taken from it) by one batched product, with no result of the stream's
+    size to allocate and then copy; returns ``into``."""
     w_o = model.blocks[layer].attn.W_O  # [head, d_head, d_model]
-    return torch.einsum("bphe,hem->hbpm", z, w_o.to(z.dtype))
+    if into is None or into.dtype != z.dtype or not into.is_contiguous():
+        out = torch.einsum("bphe,hem->hbpm", z, w_o.to(z.dtype))
+        if into is None:
+            return out
+        return into.sub_(out.to(into)) if subtract else into.copy_(out)
+    heads = w_o.shape[0]
+    per_head = z.permute(2, 0, 1, 3).reshape(heads, -1, z.shape[-1])  # [head, batch*pos, d_head]
+    target = into.view(heads, -1, into.shape[-1])
+    if subtract:
+        target.baddbmm_(per_head, w_o.to(z.dtype), alpha=-1.0)
+    else:
+        torch.bmm(per_head, w_o.to(z.dtype), out=target)
+    return into
 
 
 def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tuple[str, Callable]]:
@@ -404,7 +426,8 @@ def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tup
         first = graph.head_sender(layer, 0)
 
         def hook(z: torch.Tensor, hook: Any) -> None:
-            store["out"][first : first + graph.n_heads] = _head_results(model, layer, z)
+            with torch.no_grad():  # a recording: detached
+                _head_results(model, layer, z, into=store["out"][first : first + graph.n_heads])
             store["written"] += graph.n_heads
 
         return hook

@@ -330,3 +330,39 @@ def test_decoder_eap_scores_groups_side_by_side_as_one_at_a_time(per_product, mo
     alone = edge_attribution(model, graph, pairs, steps=2)
     assert together.abs().max() > 1e-4
     torch.testing.assert_close(alone, together, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_metric_reading_answer_logits_gets_those_positions_alone(kind):
+    """``logit_difference`` reads the logits through ``answer_logits``: the circuit methods
+    unembed each example's ``position`` only ([batch, vocab]). Those logits are the full
+    forward's at the positions, every hook on the blocks still fires, and EAP / EAP-IG scores
+    equal those of the same metric given the whole output. Positions differ per example."""
+    from mi_core.circuits.metrics import answer_logits, metric_logits
+
+    model = tiny_model(kind)
+    pairs = _lm_pairs()
+    pairs = PromptPairs(
+        clean_ids=pairs.clean_ids, corrupted_ids=pairs.corrupted_ids,
+        attention_mask=pairs.attention_mask, answer=pairs.answer, distractor=pairs.distractor,
+        position=torch.arange(len(pairs)) % pairs.clean_ids.shape[1],
+    )  # fmt: skip
+    seen = []
+    hook = (f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", lambda x, hook: seen.append(1))
+    with torch.no_grad(), model.hooks(fwd_hooks=[hook]):
+        full = model(**pairs.clean)
+        picked = metric_logits(model, pairs, logit_difference)
+    assert picked.shape == (len(pairs), model.cfg.d_vocab) and seen == [1, 1]
+    torch.testing.assert_close(picked, answer_logits(full, pairs), rtol=1e-5, atol=1e-5)
+
+    def whole_output(logits, pairs):  # the same metric, unmarked: gets [batch, pos, vocab]
+        assert logits.dim() == 3
+        return logit_difference(logits, pairs)
+
+    assert metric_logits(model, pairs, whole_output).shape == full.shape
+    graph = Graph.from_model(model)
+    for steps in (1, 2):
+        fast = edge_attribution(model, graph, pairs, logit_difference, steps=steps)
+        plain = edge_attribution(model, graph, pairs, whole_output, steps=steps)
+        assert plain.abs().max() > 1e-3
+        torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-5 * float(plain.abs().max()))
