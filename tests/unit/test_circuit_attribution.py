@@ -348,11 +348,13 @@ def test_a_metric_reading_answer_logits_gets_those_positions_alone(kind):
         position=torch.arange(len(pairs)) % pairs.clean_ids.shape[1],
     )  # fmt: skip
     seen = []
-    hook = (f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", lambda x, hook: seen.append(1))
-    with torch.no_grad(), model.hooks(fwd_hooks=[hook]):
+    hooks = [(f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", lambda x, hook: seen.append(1)),
+             ("unembed.hook_out", lambda x, hook: seen.append(tuple(x.shape)))]  # fmt: skip
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         full = model(**pairs.clean)
         picked = metric_logits(model, pairs, logit_difference)
-    assert picked.shape == (len(pairs), model.cfg.d_vocab) and seen == [1, 1]
+    assert picked.shape == (len(pairs), model.cfg.d_vocab)
+    assert seen == [1, full.shape, 1, (len(pairs), 1, model.cfg.d_vocab)]  # every hook fires
     torch.testing.assert_close(picked, answer_logits(full, pairs), rtol=1e-5, atol=1e-5)
 
     def whole_output(logits, pairs):  # the same metric, unmarked: gets [batch, pos, vocab]
