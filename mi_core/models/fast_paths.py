@@ -1,4 +1,4 @@
-"""Fused fast paths for hooked classifiers that keep every hook working.
+"""Fused fast paths for hooked models that keep every hook working.
 
 TransformerLens computes attention and LayerNorm step by step so that every intermediate can be
 hooked. When nobody hooks those intermediates (no hook on ``hook_attn_scores`` / ``hook_pattern``,
@@ -15,9 +15,11 @@ import types
 
 import torch
 import torch.nn.functional as F
-from transformer_lens.components import LayerNorm
+from transformer_lens.components import GatedMLP, LayerNorm, Unembed
 from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.hook_points import HookPoint
+
+_FULL_PRECISION = (torch.float32, torch.float64)
 
 
 def _hooked(*points: HookPoint) -> bool:
@@ -101,3 +103,38 @@ def enable_fast_paths(model: torch.nn.Module) -> None:
             module.forward = types.MethodType(_fast_layer_norm, module)
         elif isinstance(module, AbstractAttention) and plain_attention:
             module.forward = types.MethodType(_fast_attention, module)
+
+
+def _fast_gated_mlp(self: GatedMLP, x: torch.Tensor) -> torch.Tensor:
+    """TransformerLens's gated MLP (Llama family) without its per-call copies of the three
+    weights' transposes (``W.T.contiguous()``: 10.6 MB a layer for SmolLM2, made at every
+    forward so that bfloat16 sums in Hugging Face's order); the same hooks, in the same order.
+    bfloat16 / float16 and the layer-norm-activation variant keep TransformerLens's code."""
+    if x.dtype not in _FULL_PRECISION or self.cfg.is_layer_norm_activation():
+        return GatedMLP.forward(self, x)
+    if self.W_gate.device != x.device:
+        x = x.to(self.W_gate.device)
+    pre_act = self.hook_pre(F.linear(x, self.W_gate.T))
+    pre_linear = self.hook_pre_linear(F.linear(x, self.W_in.T))
+    post_act = self.hook_post((self.act_fn(pre_act) * pre_linear) + self.b_in)
+    return F.linear(post_act, self.W_out.T, self.b_out)
+
+
+def _fast_unembed(self: Unembed, residual: torch.Tensor) -> torch.Tensor:
+    """TransformerLens's unembedding without its per-call copy of ``W_U``'s transpose (113 MB
+    for SmolLM2's 49,152 x 576); ``hook_in`` and ``hook_out`` fire as in its forward."""
+    if residual.dtype not in _FULL_PRECISION:
+        return Unembed.forward(self, residual)
+    residual = self.hook_in(residual)
+    return self.hook_out(F.linear(residual, self.W_U.T, self.b_U))
+
+
+def enable_lm_fast_paths(model: torch.nn.Module) -> None:
+    """Give a causal LM's gated MLPs and unembedding forwards without TransformerLens's
+    per-call weight copies (float32 / float64: the same values to float rounding, the same
+    hooks; SmolLM2's forward at 8 x 64 tokens on 2 CPU cores: 0.96 s -> 0.80 s from the MLPs)."""
+    for module in model.modules():
+        if type(module) is GatedMLP:
+            module.forward = types.MethodType(_fast_gated_mlp, module)
+        elif type(module) is Unembed:
+            module.forward = types.MethodType(_fast_unembed, module)

@@ -31,6 +31,7 @@ from mi_core.models.classifier import (
     HookedEncoderClassifier,
 )
 from mi_core.models.dropout import DropoutRates
+from mi_core.models.fast_paths import enable_lm_fast_paths
 from mi_core.tasks import TASK_LABELS, TASK_NUM_LABELS
 
 log = logging.getLogger(__name__)
@@ -444,6 +445,7 @@ def load_model(
         model = hooked_classifier_from_hf(hf_model, tokenizer, task, device=device, dtype=dtype)
     else:
         model = _load_causal_lm(source, device, dtype, fold_ln)
+        enable_lm_fast_paths(model)  # no per-call weight copies in the MLPs and unembedding
     if source.local and source.name not in embedded.EMBEDDED_MODELS:
         model.model_name = str(Path(source.path).resolve())
     elif source.name in embedded.EMBEDDED_MODELS:

@@ -228,3 +228,40 @@ def test_loading_prints_nothing_on_stdout(tiny_checkpoints, capsys):
     load_model(tiny_checkpoints["bert-cls"], task="mnli")
     load_model(tiny_checkpoints["gpt2-lm"])
     assert capsys.readouterr().out == ""  # a pipe gets only what a command means to say
+
+
+@pytest.mark.parametrize("kind", ["llama-lm", "gpt2-lm"])
+def test_lm_fast_paths_give_transformer_lens_values_and_hooks(tiny_checkpoints, kind, monkeypatch):
+    """A loaded causal LM's gated MLPs and unembedding skip TransformerLens's per-call weight
+    copies: the same logits and cached activations (every MLP and unembedding hook fires) as
+    TransformerLens's own forwards; bfloat16 keeps TransformerLens's code."""
+    import types
+
+    from transformer_lens.components import GatedMLP, Unembed
+
+    model = load_model(tiny_checkpoints[kind])
+    assert "forward" in vars(model.unembed)  # the fast path is installed
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7], [2, 8, 4, 6, 11, 12]])
+    with torch.no_grad():
+        fast_logits, fast = model.run_with_cache(ids)
+        for module in model.modules():
+            if type(module) in (GatedMLP, Unembed):
+                module.forward = types.MethodType(type(module).forward, module)
+        slow_logits, slow = model.run_with_cache(ids)
+    assert set(fast.keys()) == set(slow.keys())
+    names = [k for k in fast.keys() if ".mlp." in k or k.startswith("unembed")]
+    assert len(names) >= (3 if kind == "llama-lm" else 2) * model.cfg.n_layers
+    for name in names:
+        torch.testing.assert_close(fast[name], slow[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fast_logits, slow_logits, rtol=1e-5, atol=1e-5)
+
+    calls = []
+    tl_forward = Unembed.forward
+    monkeypatch.setattr(Unembed, "forward", lambda self, x: calls.append(1) or tl_forward(self, x))
+    fp32 = load_model(tiny_checkpoints[kind])
+    bf16 = load_model(tiny_checkpoints[kind], dtype=torch.bfloat16)
+    with torch.no_grad():
+        fp32(ids)
+        assert calls == []  # float32: the fast path
+        bf16(ids)
+        assert calls == [1]  # bfloat16: TransformerLens's own code, Hugging Face's sum order
