@@ -6,7 +6,11 @@ or on ``ln.hook_scale`` / ``ln.hook_normalized``), the same result comes from Py
 kernels: ``scaled_dot_product_attention`` and ``layer_norm``. Each call checks for hooks and
 falls back to TL's own code when any is attached, so ``run_with_cache`` and pattern hooks see
 exactly what they always see; hooks on ``hook_q/k/v``, ``hook_z`` and everything outside these
-modules fire on both paths.
+modules fire on both paths (classifiers: :func:`enable_fast_paths`).
+
+Causal LMs (:func:`enable_lm_fast_paths`): TransformerLens's gated MLP and unembedding copy their
+weights' transposes to contiguous blocks at every call (so that bfloat16 sums in Hugging Face's
+order); in float32 / float64 the transposed views serve as they are, with every hook in place.
 """
 
 from __future__ import annotations
