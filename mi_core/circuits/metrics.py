@@ -12,6 +12,7 @@ from transformer_lens import HookedTransformer
 
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
+from mi_core.models.fast_paths import fast_unembed
 
 __all__ = [
     "METRICS",
@@ -59,12 +60,9 @@ def metric_logits(model: Any, pairs: PromptPairs, metric: Metric | None = None) 
     resid = model(**pairs.clean, stop_at_layer=model.cfg.n_layers)
     rows = torch.arange(resid.shape[0], device=resid.device)
     picked = resid[rows, pairs.position.to(resid.device)][:, None]  # [batch, 1, d_model]
-    unembed = model.unembed
-    # TransformerLens's Unembed copies W_U^T to a contiguous block at every call (113 MB for
-    # SmolLM2's 49,152 x 576, longer than the product for a few positions); F.linear reads the
-    # transposed view as it is. Its hooks fire as in TransformerLens's forward.
-    x = unembed.hook_in(model.ln_final(picked))
-    return unembed.hook_out(F.linear(x, unembed.W_U.T, unembed.b_U))[:, 0]
+    # without TransformerLens's per-call copy of W_U^T (113 MB for SmolLM2), also for a model
+    # not loaded by mi_core; its hooks fire as in TransformerLens's forward
+    return fast_unembed(model.unembed, model.ln_final(picked))[:, 0]
 
 
 @reads_answer_logits

@@ -124,7 +124,7 @@ def _fast_gated_mlp(self: GatedMLP, x: torch.Tensor) -> torch.Tensor:
     return F.linear(post_act, self.W_out.T, self.b_out)
 
 
-def _fast_unembed(self: Unembed, residual: torch.Tensor) -> torch.Tensor:
+def fast_unembed(self: Unembed, residual: torch.Tensor) -> torch.Tensor:
     """TransformerLens's unembedding without its per-call copy of ``W_U``'s transpose (113 MB
     for SmolLM2's 49,152 x 576); ``hook_in`` and ``hook_out`` fire as in its forward."""
     if residual.dtype not in _FULL_PRECISION:
@@ -141,4 +141,4 @@ def enable_lm_fast_paths(model: torch.nn.Module) -> None:
         if type(module) is GatedMLP:
             module.forward = types.MethodType(_fast_gated_mlp, module)
         elif type(module) is Unembed:
-            module.forward = types.MethodType(_fast_unembed, module)
+            module.forward = types.MethodType(fast_unembed, module)
