@@ -479,8 +479,7 @@ def _decoder_attribution(
             def heads(z: torch.Tensor, hook: Any, layer: int = layer) -> None:
                 first = graph.head_sender(layer, 0)
                 rows = deltas[first : first + graph.n_heads]
-                with torch.no_grad():
-                    _head_results(model, layer, z.detach(), into=rows, subtract=True)
+                _head_results(model, layer, z.detach(), into=rows, subtract=True)
 
             hooks += [
                 (act_name("z", layer), heads),

@@ -9,10 +9,12 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
+from transformer_lens.components import Unembed
+from transformer_lens.utilities import apply_softcap
 
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
-from mi_core.models.fast_paths import fast_unembed
+from mi_core.models.fast_paths import FastUnembed, fast_unembed
 
 __all__ = [
     "METRICS",
@@ -53,16 +55,25 @@ def metric_logits(model: Any, pairs: PromptPairs, metric: Metric | None = None) 
     applied at each example's ``position`` only: ``[batch, vocab]``, which
     :func:`answer_logits` passes through. The unembedding of every position is most of a small
     model's forward and backward beyond its blocks (SmolLM2 at 8 x 64 tokens: 512 x 49,152
-    logits, 100 MB, and their gradient). Otherwise: ``model(**pairs.clean)``."""
+    logits, 100 MB, and their gradient); hooks on ``ln_final`` and ``unembed`` see
+    ``[batch, 1, ...]``. Otherwise (a classifier, a model whose unembedding is not
+    TransformerLens's, an unmarked metric): ``model(**pairs.clean)``."""
     positions_only = metric is None or getattr(metric, "reads_answer_logits", False)
-    if not (positions_only and pairs.kind == "lm" and isinstance(model, HookedTransformer)):
+    plain_lm = (  # not a classifier's head, nor an unembedding of the user's own
+        isinstance(model, HookedTransformer)
+        and type(getattr(model, "unembed", None)) in (Unembed, FastUnembed)
+    )
+    if not (positions_only and pairs.kind == "lm" and plain_lm):
         return model(**pairs.clean)
     resid = model(**pairs.clean, stop_at_layer=model.cfg.n_layers)
     rows = torch.arange(resid.shape[0], device=resid.device)
     picked = resid[rows, pairs.position.to(resid.device)][:, None]  # [batch, 1, d_model]
+    if model.cfg.normalization_type is not None:  # as TransformerLens's forward (per position)
+        picked = model.ln_final(picked)
     # without TransformerLens's per-call copy of W_U^T (113 MB for SmolLM2), also for a model
-    # not loaded by mi_core; its hooks fire as in TransformerLens's forward
-    return fast_unembed(model.unembed, model.ln_final(picked))[:, 0]
+    # not loaded by mi_core; its hooks fire as in TransformerLens's forward, on [batch, 1, ...]
+    logits = fast_unembed(model.unembed, picked)
+    return apply_softcap(logits, model.cfg.output_logits_soft_cap)[:, 0]
 
 
 @reads_answer_logits

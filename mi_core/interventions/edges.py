@@ -398,18 +398,19 @@ def _head_results(
     with ``subtract``, taken from it) by one batched product, with no result of the stream's
     size to allocate and then copy; returns ``into``."""
     w_o = model.blocks[layer].attn.W_O  # [head, d_head, d_model]
-    if into is None or into.dtype != z.dtype or not into.is_contiguous():
-        out = torch.einsum("bphe,hem->hbpm", z, w_o.to(z.dtype))
-        if into is None:
-            return out
-        return into.sub_(out.to(into)) if subtract else into.copy_(out)
-    heads = w_o.shape[0]
-    per_head = z.permute(2, 0, 1, 3).reshape(heads, -1, z.shape[-1])  # [head, batch*pos, d_head]
-    target = into.view(heads, -1, into.shape[-1])
-    if subtract:
-        target.baddbmm_(per_head, w_o.to(z.dtype), alpha=-1.0)
-    else:
-        torch.bmm(per_head, w_o.to(z.dtype), out=target)
+    if into is None:
+        return torch.einsum("bphe,hem->hbpm", z, w_o.to(z.dtype))
+    with torch.no_grad():  # a recording: ``into`` holds no graph
+        if into.dtype != z.dtype or into.device != z.device or not into.is_contiguous():
+            out = torch.einsum("bphe,hem->hbpm", z, w_o.to(z.dtype)).to(into)
+            return into.sub_(out) if subtract else into.copy_(out)
+        heads = w_o.shape[0]
+        per_head = z.permute(2, 0, 1, 3).reshape(heads, -1, z.shape[-1])  # [head, b*p, d_head]
+        target = into.view(heads, -1, into.shape[-1])
+        if subtract:
+            target.baddbmm_(per_head, w_o.to(z), alpha=-1.0)
+        else:
+            torch.bmm(per_head, w_o.to(z), out=target)
     return into
 
 
@@ -426,8 +427,7 @@ def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tup
         first = graph.head_sender(layer, 0)
 
         def hook(z: torch.Tensor, hook: Any) -> None:
-            with torch.no_grad():  # a recording: detached
-                _head_results(model, layer, z, into=store["out"][first : first + graph.n_heads])
+            _head_results(model, layer, z, into=store["out"][first : first + graph.n_heads])
             store["written"] += graph.n_heads
 
         return hook

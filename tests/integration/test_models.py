@@ -235,18 +235,24 @@ def test_lm_fast_paths_give_transformer_lens_values_and_hooks(tiny_checkpoints, 
     """A loaded causal LM's gated MLPs and unembedding skip TransformerLens's per-call weight
     copies: the same logits and cached activations (every MLP and unembedding hook fires) as
     TransformerLens's own forwards; bfloat16 keeps TransformerLens's code."""
-    import types
+    import pickle
 
-    from transformer_lens.components import GatedMLP, Unembed
+    from transformer_lens.components import Unembed
+
+    from mi_core.models.fast_paths import FastGatedMLP, FastUnembed
 
     model = load_model(tiny_checkpoints[kind])
-    assert "forward" in vars(model.unembed)  # the fast path is installed
+    assert type(model.unembed) is FastUnembed  # the fast paths are installed
+    if kind == "llama-lm":
+        assert all(type(block.mlp) is FastGatedMLP for block in model.blocks)
+    pickle.dumps(model)  # module-level classes: the model still pickles
     ids = torch.tensor([[1, 5, 9, 14, 3, 7], [2, 8, 4, 6, 11, 12]])
     with torch.no_grad():
         fast_logits, fast = model.run_with_cache(ids)
         for module in model.modules():
-            if type(module) in (GatedMLP, Unembed):
-                module.forward = types.MethodType(type(module).forward, module)
+            if type(module) in (FastGatedMLP, FastUnembed):
+                module.__class__ = type(module).__mro__[1]  # back to TransformerLens's class
+        assert type(model.unembed) is Unembed
         slow_logits, slow = model.run_with_cache(ids)
     assert set(fast.keys()) == set(slow.keys())
     names = [k for k in fast.keys() if ".mlp." in k or k.startswith("unembed")]

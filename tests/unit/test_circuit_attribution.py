@@ -364,7 +364,31 @@ def test_a_metric_reading_answer_logits_gets_those_positions_alone(kind):
     assert metric_logits(model, pairs, whole_output).shape == full.shape
     graph = Graph.from_model(model)
     for steps in (1, 2):
-        fast = edge_attribution(model, graph, pairs, logit_difference, steps=steps)
+        shapes = []
+        spy = ("unembed.hook_out", lambda x, hook, shapes=shapes: shapes.append(x.shape[1]))
+        with model.hooks(fwd_hooks=[spy]):
+            fast = edge_attribution(model, graph, pairs, logit_difference, steps=steps)
+        assert set(shapes) == {1}  # EAP unembedded the answer positions alone
         plain = edge_attribution(model, graph, pairs, whole_output, steps=steps)
         assert plain.abs().max() > 1e-3
         torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-5 * float(plain.abs().max()))
+
+
+@pytest.mark.parametrize("change", ["soft-cap", "no-final-norm"])
+def test_answer_logits_follow_the_forward_with_a_soft_cap_or_no_final_norm(change):
+    """``metric_logits`` does what TransformerLens's forward does after the blocks: the final
+    norm only where the model has one, and the output soft cap (Gemma's) where it is set."""
+    from mi_core.circuits.metrics import answer_logits, metric_logits
+
+    model = tiny_model("llama")
+    if change == "soft-cap":
+        model.cfg.output_logits_soft_cap = 2.0
+    else:
+        model.cfg.normalization_type = None  # the forward then skips ln_final
+    pairs = _lm_pairs()
+    with torch.no_grad():
+        full = answer_logits(model(**pairs.clean), pairs)
+        picked = metric_logits(model, pairs, logit_difference)
+    if change == "soft-cap":
+        assert full.abs().max() <= 2.0
+    torch.testing.assert_close(picked, full, rtol=1e-5, atol=1e-5)
