@@ -184,6 +184,28 @@ def _load_means(means: Any, model: Any, ablation: str) -> ComponentMeans | None:
     return load_means(means, model)
 
 
+def _load_inputs(
+    model: Any,
+    task: str | None,
+    means: Any,
+    ablation: str,
+    train: Any,
+    max_train_examples: int | None,
+    eval_sets: Sequence[Any],
+    max_eval_examples: int | None,
+) -> tuple[str | None, ComponentMeans | None, PairDataset, list[PairDataset], list[str]]:
+    """A job's task, means, training set and eval sets (whose names must differ), for a loaded
+    ``model``: inside the job's :func:`fingerprint_held`, as means files check the weights."""
+    task = getattr(model, "task", None) or task
+    means_obj = _load_means(means, model, ablation)
+    train_set = _load_data(train, task, max_train_examples, "training")
+    evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
+    names = [d.name for d in evals]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"eval sets must differ; got {names}")
+    return task, means_obj, train_set, evals, names
+
+
 def _means_identity(means: ComponentMeans | None) -> dict[str, Any] | None:
     if means is None:
         return None
@@ -921,13 +943,10 @@ def prune(
     run_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
     model, model_spec = _load_model(model, task, device)
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
-        task = getattr(model, "task", None) or task
-        means_obj = _load_means(means, model, config.ablation)
-        train_set = _load_data(train, task, max_train_examples, "training")
-        evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
-        names = [d.name for d in evals]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"eval sets must differ; got {names}")
+        task, means_obj, train_set, evals, names = _load_inputs(
+            model, task, means, config.ablation, train, max_train_examples, eval_sets,
+            max_eval_examples,
+        )  # fmt: skip
         if run_dir is None:
             return _prune_in_memory(
                 model,
@@ -1074,13 +1093,10 @@ def prune_group(
         raise ConfigError("the runs of a group need distinct folders")
     model, model_spec = _load_model(model, task, device)
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
-        task = getattr(model, "task", None) or task
-        means_obj = _load_means(means, model, configs[0].ablation)
-        train_set = _load_data(train, task, max_train_examples, "training")
-        evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
-        names = [d.name for d in evals]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"eval sets must differ; got {names}")
+        task, means_obj, train_set, evals, names = _load_inputs(
+            model, task, means, configs[0].ablation, train, max_train_examples, eval_sets,
+            max_eval_examples,
+        )  # fmt: skip
         for cfg, run_dir in zip(configs, dirs, strict=True):
             _claim_run_dir(
                 run_dir, cfg, model, model_spec, task, train_set, means, means_obj, names,

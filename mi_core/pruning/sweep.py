@@ -47,6 +47,7 @@ from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
 from mi_core.pruning.run import (
     _load_data,
+    _load_inputs,
     _load_means,
     _load_model,
     is_complete,
@@ -571,11 +572,10 @@ def run_sweep(
 
     model_obj, _ = _load_model(model, task, device)
     with fingerprint_held(model_obj):  # the weights stay fixed: one fingerprint for every check
-        task = getattr(model_obj, "task", None) or task
-        means_obj = _load_means(means, model_obj, cfg.ablation)
-        train_set = _load_data(train, task, max_train_examples, "training")
-        evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
-        eval_names = [d.name for d in evals]
+        task, means_obj, train_set, evals, eval_names = _load_inputs(
+            model_obj, task, means, cfg.ablation, train, max_train_examples, eval_sets,
+            max_eval_examples,
+        )  # fmt: skip
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         ref_path = sweep_dir / "reference_logits.safetensors"
