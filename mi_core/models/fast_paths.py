@@ -15,11 +15,9 @@ order); in float32 / float64 the transposed views serve as they are, with every 
 
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
-from transformer_lens.components import GatedMLP, LayerNorm, Unembed
+from transformer_lens.components import Attention, GatedMLP, LayerNorm, Unembed
 from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.hook_points import HookPoint
 
@@ -61,7 +59,7 @@ def _fast_attention(
         or _hooked(self.hook_attn_scores, self.hook_pattern)
     )
     if needs_tl:
-        return type(self).forward(
+        return Attention.forward(
             self,
             query_input,
             key_input,
@@ -85,11 +83,25 @@ def _fast_attention(
     return F.linear(z.reshape(z.shape[0], z.shape[1], -1), w.T, self.b_O)
 
 
+class FastLayerNorm(LayerNorm):
+    """A :class:`LayerNorm` whose forward is :func:`_fast_layer_norm` (module-level classes,
+    here and below, so that a model that has them still pickles)."""
+
+    forward = _fast_layer_norm
+
+
+class FastAttention(Attention):
+    """An :class:`Attention` whose forward is :func:`_fast_attention`."""
+
+    forward = _fast_attention
+
+
 def enable_fast_paths(model: torch.nn.Module) -> None:
     """Give ``model``'s LayerNorms and attention layers hook-aware fused forwards.
 
     Only plain configurations get them (learnt or absolute positions, no attention result
-    hooks, no layer-index scaling); anything else keeps TL's forward.
+    hooks, no layer-index scaling); anything else keeps TL's forward. The modules' classes
+    become :class:`FastLayerNorm` / :class:`FastAttention`.
     """
     cfg = model.cfg
     plain_attention = (
@@ -104,9 +116,9 @@ def enable_fast_paths(model: torch.nn.Module) -> None:
     )
     for module in model.modules():
         if type(module) is LayerNorm:
-            module.forward = types.MethodType(_fast_layer_norm, module)
-        elif isinstance(module, AbstractAttention) and plain_attention:
-            module.forward = types.MethodType(_fast_attention, module)
+            module.__class__ = FastLayerNorm
+        elif type(module) is Attention and plain_attention:
+            module.__class__ = FastAttention
 
 
 def _fast_gated_mlp(self: GatedMLP, x: torch.Tensor) -> torch.Tensor:
@@ -150,7 +162,8 @@ def enable_lm_fast_paths(model: torch.nn.Module) -> None:
     """Give a causal LM's gated MLPs and unembedding forwards without TransformerLens's
     per-call weight copies (float32 / float64: the same values to float rounding, the same
     hooks; SmolLM2's forward at 8 x 64 tokens on 2 CPU cores: 0.96 s -> 0.80 s from the MLPs).
-    The modules' classes become the subclasses above (same parameters, buffers and hooks)."""
+    The modules' classes become the subclasses above (same parameters, buffers and hooks), as
+    :func:`enable_fast_paths` does for classifiers."""
     for module in model.modules():
         if type(module) is GatedMLP:
             module.__class__ = FastGatedMLP

@@ -189,6 +189,13 @@ def test_fast_paths_match_tl_paths_and_keep_hooks(minilm):
         slow = minilm.run_with_hooks(**batch, fwd_hooks=[z_hook, pattern_hook, scale_hook])
         plain = minilm(**batch)
     assert len(seen) == 2, "hook_z must fire on the fused path too"
+    import pickle
+
+    from mi_core.models.fast_paths import FastAttention, FastLayerNorm
+
+    assert type(minilm.blocks[0].attn) is FastAttention
+    assert type(minilm.blocks[0].ln1) is FastLayerNorm
+    pickle.dumps(minilm)  # module-level classes: the model pickles
     assert (fast - slow).abs().max().item() < 1e-5
     assert (fast - plain).abs().max().item() > 1e-4, "the z hook changed nothing"
 
