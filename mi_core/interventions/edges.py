@@ -414,9 +414,15 @@ def _head_results(
     return into
 
 
-def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tuple[str, Callable]]:
+def _recorder_hooks(
+    model: Any, graph: Graph, store: dict[str, Any], head_z: dict[int, torch.Tensor] | None = None
+) -> list[tuple[str, Callable]]:
     """Hooks that write each sender's output into one buffer, ``store["out"]``, allocated at
-    the first hook (``[sender, batch, pos, d_model]``; no per-block copies to concatenate)."""
+    the first hook (``[sender, batch, pos, d_model]``; no per-block copies to concatenate).
+
+    ``head_z``: each layer's ``hook_z`` (``[batch, pos, head, d_head]``) is kept there instead,
+    and the heads' rows of the buffer are left unwritten: a caller that only needs
+    differences of head outputs forms them from differences of ``z`` (one product, not two)."""
 
     def start(x: torch.Tensor, hook: Any) -> None:
         store["out"] = scratch("senders", (graph.n_senders, *x.shape), x)
@@ -427,7 +433,10 @@ def _recorder_hooks(model: Any, graph: Graph, store: dict[str, Any]) -> list[tup
         first = graph.head_sender(layer, 0)
 
         def hook(z: torch.Tensor, hook: Any) -> None:
-            _head_results(model, layer, z, into=store["out"][first : first + graph.n_heads])
+            if head_z is not None:
+                head_z[layer] = z.detach()
+            else:
+                _head_results(model, layer, z, into=store["out"][first : first + graph.n_heads])
             store["written"] += graph.n_heads
 
         return hook
@@ -463,13 +472,25 @@ def node_outputs(model: Any, graph: Graph, *args: Any, **kwargs: Any) -> NodeOut
     SmolLM2 at 8 x 64 tokens on a CPU, a fifth of a forward: the unembedding and its 100 MB
     of logits).
     """
+    return _record_senders(model, graph, args, kwargs)
+
+
+def _record_senders(
+    model: Any,
+    graph: Graph,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    head_z: dict[int, torch.Tensor] | None = None,
+) -> NodeOutputs:
+    """:func:`node_outputs`; with ``head_z``, the heads' ``z`` per layer are kept there and the
+    heads' rows are left unwritten (see :func:`_recorder_hooks`)."""
     graph.check_model(model)
     store: dict[str, Any] = {}
     # the recording needs no per-head copies of the stream (the same values, faster)
     with (
         _config_flags(model, use_split_qkv_input=False),
         torch.no_grad(),
-        model.hooks(fwd_hooks=_recorder_hooks(model, graph, store)),
+        model.hooks(fwd_hooks=_recorder_hooks(model, graph, store, head_z)),
     ):
         try:
             model(*args, **kwargs)

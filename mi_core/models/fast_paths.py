@@ -11,15 +11,24 @@ modules fire on both paths (classifiers: :func:`enable_fast_paths`).
 Causal LMs (:func:`enable_lm_fast_paths`): TransformerLens's gated MLP and unembedding copy their
 weights' transposes to contiguous blocks at every call (so that bfloat16 sums in Hugging Face's
 order); in float32 / float64 the transposed views serve as they are, with every hook in place.
+Grouped-query attention with its key / value heads ungrouped (what edge methods switch on, to
+see each query head's key and value input) projects the shared heads once and repeats them.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from transformer_lens.components import Attention, GatedMLP, LayerNorm, Unembed
+from transformer_lens.components import (
+    Attention,
+    GatedMLP,
+    GroupedQueryAttention,
+    LayerNorm,
+    Unembed,
+)
 from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities.attention import simple_attn_linear
 
 _FULL_PRECISION = (torch.float32, torch.float64)
 
@@ -145,6 +154,43 @@ def fast_unembed(self: Unembed, residual: torch.Tensor) -> torch.Tensor:
     return self.hook_out(F.linear(residual, self.W_U.T, self.b_U))
 
 
+def _ungrouped_by_repeat(
+    self: GroupedQueryAttention,
+    query_input: torch.Tensor,
+    key_input: torch.Tensor,
+    value_input: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query, key and value with ``ungroup_grouped_query_attention`` on: TransformerLens
+    projects the key and value once per *query* head through repeated weights (copied at every
+    call); projecting once per key / value head and repeating the result gives the same
+    ``[batch, pos, head, d_head]`` values at ``hook_k`` / ``hook_v``, whose gradient is still
+    each query head's own (the repeat sums them back into the shared projection). Per-head
+    inputs (``use_split_qkv_input`` / ``use_attn_in``: each head's input may differ) keep
+    TransformerLens's code."""
+    cfg = self.cfg
+    if not cfg.ungroup_grouped_query_attention or cfg.use_split_qkv_input or cfg.use_attn_in:
+        return GroupedQueryAttention.calculate_qkv_matrices(
+            self, query_input, key_input, value_input
+        )
+    repeats = self.repeat_kv_heads
+    q = self.hook_q(simple_attn_linear(query_input, self.W_Q, self.b_Q))
+    k = simple_attn_linear(key_input, self._W_K, self._b_K)
+    v = simple_attn_linear(value_input, self._W_V, self._b_V)
+    k = self.hook_k(k.repeat_interleave(repeats, dim=2))
+    v = self.hook_v(v.repeat_interleave(repeats, dim=2))
+    if cfg.use_qk_norm:
+        q = self._apply_qk_norm(q, self.q_norm)
+        k = self._apply_qk_norm(k, self.k_norm)
+    return q, k, v
+
+
+class FastGroupedQueryAttention(GroupedQueryAttention):
+    """A :class:`GroupedQueryAttention` whose query / key / value come from
+    :func:`_ungrouped_by_repeat`."""
+
+    calculate_qkv_matrices = _ungrouped_by_repeat
+
+
 class FastGatedMLP(GatedMLP):
     """A :class:`GatedMLP` whose forward is :func:`_fast_gated_mlp` (a module-level class, so a
     model that has it still pickles)."""
@@ -163,9 +209,13 @@ def enable_lm_fast_paths(model: torch.nn.Module) -> None:
     per-call weight copies (float32 / float64: the same values to float rounding, the same
     hooks; SmolLM2's forward at 8 x 64 tokens on 2 CPU cores: 0.96 s -> 0.80 s from the MLPs).
     The modules' classes become the subclasses above (same parameters, buffers and hooks), as
-    :func:`enable_fast_paths` does for classifiers."""
+    :func:`enable_fast_paths` does for classifiers. Grouped-query attention gets
+    :class:`FastGroupedQueryAttention` (any precision: with the key / value heads grouped, as
+    by default, it runs TransformerLens's own code)."""
     for module in model.modules():
         if type(module) is GatedMLP:
             module.__class__ = FastGatedMLP
         elif type(module) is Unembed:
             module.__class__ = FastUnembed
+        elif type(module) is GroupedQueryAttention:
+            module.__class__ = FastGroupedQueryAttention

@@ -278,3 +278,50 @@ def test_lm_fast_paths_give_transformer_lens_values_and_hooks(tiny_checkpoints, 
         assert calls == []  # float32: the fast path
         bf16(ids)
         assert calls == [1]  # bfloat16: TransformerLens's own code, Hugging Face's sum order
+
+
+def test_ungrouped_key_value_heads_are_projected_once_and_repeated(tiny_checkpoints):
+    """With ``ungroup_grouped_query_attention`` on (edge methods switch it on), a loaded
+    grouped-query LM projects each shared key / value head once and repeats it: ``hook_k`` /
+    ``hook_v`` hold TransformerLens's per-query-head values, their gradients are each query
+    head's own, and the logits and input gradient equal TransformerLens's; split per-head
+    inputs keep TransformerLens's code."""
+    from transformer_lens.components import GroupedQueryAttention
+
+    from mi_core.interventions.edges import graph_switches
+    from mi_core.models.fast_paths import FastGroupedQueryAttention
+
+    model = load_model(tiny_checkpoints["llama-lm"])
+    assert model.cfg.n_key_value_heads < model.cfg.n_heads  # the tiny Llama groups its heads
+    assert all(type(block.attn) is FastGroupedQueryAttention for block in model.blocks)
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7], [2, 8, 4, 6, 11, 12]])
+    names = [f"blocks.{i}.attn.hook_{kind}" for i in range(model.cfg.n_layers) for kind in "kv"]
+
+    def run() -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        kept: dict[str, torch.Tensor] = {}
+
+        def keep(x: torch.Tensor, hook) -> None:
+            x.retain_grad()
+            kept[hook.name] = x
+
+        with graph_switches(model, split_inputs=False):
+            model.reset_hooks()
+            logits = model.run_with_hooks(ids, fwd_hooks=[(n, keep) for n in names])
+        (logits[:, -1, 7] - logits[:, -1, 3]).sum().backward()
+        return (
+            logits.detach(),
+            {n: kept[n].detach() for n in names},
+            {n: kept[n].grad for n in names},
+        )
+
+    fast_logits, fast_values, fast_grads = run()
+    for block in model.blocks:
+        block.attn.__class__ = GroupedQueryAttention  # TransformerLens's repeated weights
+    slow_logits, slow_values, slow_grads = run()
+    torch.testing.assert_close(fast_logits, slow_logits, rtol=1e-5, atol=1e-5)
+    for name in names:
+        assert fast_values[name].shape[2] == model.cfg.n_heads  # one per query head
+        torch.testing.assert_close(fast_values[name], slow_values[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(fast_grads[name], slow_grads[name], rtol=1e-5, atol=1e-6)
+        # the query heads sharing a key / value head see different gradients
+        assert not torch.allclose(fast_grads[name][:, :, 0], fast_grads[name][:, :, 1])
