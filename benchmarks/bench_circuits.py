@@ -44,7 +44,7 @@ from random_weights import random_checkpoint
 from mi_core.buffers import reusing_buffers
 from mi_core.circuits import Graph, edge_attribution, logit_difference, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
-from mi_core.interventions import EdgeMask, graph_switches, node_outputs
+from mi_core.interventions import EdgeMask, graph_switches
 from mi_core.models import load_model
 from mi_core.models.frozen import frozen
 from mi_core.pruning.hard_concrete import sample_hard_concrete
@@ -113,7 +113,7 @@ def edge_step(
 ) -> None:
     z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(0))
     mask = EdgeMask(graph, z, hard_concrete=sparse)
-    mask = mask.with_corrupted(node_outputs(model, graph, pairs.corrupted_ids))
+    mask = mask._patched_by_z(model, pairs.corrupted_ids)  # as prune_edges binds it
     with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
         logits = metric_logits(model, pairs)  # as prune_edges: the answer positions alone
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()

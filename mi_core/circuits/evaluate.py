@@ -98,7 +98,9 @@ def _masked_metric(
     with torch.no_grad():
         for batch in pairs.batches(batch_size):
             reference = metric_logits(model, batch, metric)  # kl_divergence reads answer_logits
-            bound = mask.patching(model, **batch.corrupted) if mask.fill == "corrupted" else mask
+            bound = (
+                mask._patched_by_z(model, **batch.corrupted) if mask.fill == "corrupted" else mask
+            )
             with graph_switches(model), model.hooks(fwd_hooks=bound.hooks(model)):
                 logits = metric_logits(model, batch, metric)
             values.append(metric(logits, batch).detach().double().cpu())

@@ -45,7 +45,7 @@ from mi_core.circuits.config import EdgePruneSettings
 from mi_core.circuits.metrics import answer_logits, kl_divergence, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError
-from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, node_outputs
+from mi_core.interventions.edges import EdgeMask, Graph, graph_switches
 from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
 from mi_core.models.fingerprint import tensor_fingerprint
 from mi_core.models.frozen import frozen
@@ -250,7 +250,7 @@ def prune_edges(
                 hard_concrete=True,
             )
             if config.fill == "corrupted":
-                mask = mask.with_corrupted(node_outputs(model, graph, **batch.corrupted))
+                mask = mask._patched_by_z(model, **batch.corrupted)
             with model.hooks(fwd_hooks=mask.hooks(model)):
                 logits = answer_logits(metric_logits(model, batch), batch)
             kl = kl_divergence(logits, reference[index.to(reference.device)], batch).mean()

@@ -503,3 +503,52 @@ def test_from_order_takes_edge_ids_and_refuses_masks_and_bad_ids(gpt2):
         EdgeMask.from_order(graph, [graph.n_edges])
     with pytest.raises(InterventionError, match=r"must lie in \[0"):
         EdgeMask.from_order(graph, [-1])
+
+
+@pytest.mark.parametrize("kind", ["gpt2-cls", "llama-lm", "bert-cls"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "hard-concrete"])
+def test_a_corrupted_run_bound_by_z_gives_the_patched_values_and_gradients(
+    checkpoints_loaded, kind, sparse
+):
+    """Edge pruning and circuit evaluation bind the corrupted run with its heads kept as
+    ``hook_z`` (``_patched_by_z``: each head's difference is ``(z - z') W_O``): the masked
+    logits and the gradients of log_alpha equal those of :meth:`EdgeMask.patching`, with and
+    without gradients; a corrupted run of another shape is refused as before."""
+    from mi_core.pruning.hard_concrete import sample_hard_concrete
+
+    model = checkpoints_loaded[kind]
+    graph = Graph.from_model(model)
+    log_alpha = torch.randn(graph.n_edges, generator=torch.Generator().manual_seed(5)) + 1.0
+    clean, corrupted = _inputs(kind, 0), _inputs(kind, 1)
+    results = []
+    for by_z in (False, True):
+        leaf = log_alpha.clone().requires_grad_(True)
+        weights = sample_hard_concrete(leaf, generator=torch.Generator().manual_seed(6))
+        mask = EdgeMask(graph, weights, hard_concrete=sparse)
+        bound = (
+            mask._patched_by_z(model, **corrupted) if by_z else mask.patching(model, **corrupted)
+        )
+        assert (bound._corrupted_z is not None) == by_z
+        with graph_switches(model), model.hooks(fwd_hooks=bound.hooks(model)):
+            logits = model(**clean)
+            with torch.no_grad():
+                no_grad_logits = model(**clean)
+        (logits[..., -1] * torch.arange(1, logits.shape[0] + 1)[:, None]).sum().backward()
+        results.append((logits.detach(), no_grad_logits, leaf.grad))
+    (logits, no_grad, grad), (z_logits, z_no_grad, z_grad) = results
+    assert (logits - model(**clean)).abs().max() > 1e-3  # the mask changes the output
+    torch.testing.assert_close(z_logits, logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(z_no_grad, no_grad, atol=1e-5, rtol=1e-5)
+    assert grad.abs().max() > 0
+    torch.testing.assert_close(z_grad, grad, atol=1e-6, rtol=1e-4)
+    model.zero_grad(set_to_none=True)
+
+    shorter = {k: v[:, :7] for k, v in corrupted.items()}
+    bound = EdgeMask.full(graph)._patched_by_z(model, **shorter)
+    with (
+        pytest.raises(InterventionError, match="3 x 7 .* but the clean run 3 x 9"),
+        graph_switches(model),
+        model.hooks(fwd_hooks=bound.hooks(model)),
+        torch.no_grad(),
+    ):
+        model(**clean)
