@@ -599,7 +599,7 @@ def _decoder_attribution(
         first = groups[layer][1].index(graph.qkv_receivers(layer).start)
         target = buffer(layer, normalised[layer].shape, like)[first : first + 3 * heads]
         # [3 * heads, batch * pos, d_head], head-major; a kind backward never reached is zero
-        stacked = like.new_empty((3, heads, *like.shape[:2], e), dtype=target.dtype)
+        stacked = target.new_empty((3, heads, *like.shape[:2], e))
         for kind in range(3):
             if kind in parts:
                 stacked[kind].copy_(parts[kind].permute(2, 0, 1, 3))

@@ -587,15 +587,18 @@ class EdgeMask:
     fill: str = "corrupted"
     means: Float[torch.Tensor, "sender d_model"] | None = None
     corrupted: NodeOutputs | None = field(default=None, repr=False)
-    _corrupted_z: dict[int, torch.Tensor] | None = field(default=None, repr=False, compare=False)
-    """Set by :meth:`_patched_by_z` only: the corrupted run's ``hook_z`` per layer, whose
-    heads' rows of ``corrupted`` are then not written."""
     hard_concrete: bool = field(default=False, repr=False)
     """The weights are clamped hard-concrete samples (edge pruning): a weight of exactly 0 or
     1 gets no gradient (the clamp gives it none anyway), so with gradients the masked forward
     and its backward read only the senders with an edge that is removed or undecided, as
     without them (at the start of a run nearly every gate is exactly 1, at the end nearly
     every one exactly 0). The values and the gradients of ``log_alpha`` are unchanged."""
+    _corrupted_z: tuple[NodeOutputs, dict[int, torch.Tensor]] | None = field(
+        default=None, repr=False, compare=False, kw_only=True
+    )
+    """Set by :meth:`_patched_by_z` only: the corrupted run's ``hook_z`` per layer, with the
+    ``corrupted`` outputs whose heads' rows were therefore not written; used only while
+    ``corrupted`` is that same tensor and the fill is ``corrupted``."""
 
     def __post_init__(self) -> None:
         if self.fill not in FILLS:
@@ -722,7 +725,7 @@ class EdgeMask:
         a mask meant for users binds with :meth:`patching`."""
         head_z: dict[int, torch.Tensor] = {}
         outputs = _record_senders(model, self.graph, args, kwargs, head_z)
-        return replace(self.with_corrupted(outputs), _corrupted_z=head_z)
+        return replace(self.with_corrupted(outputs), _corrupted_z=(outputs, head_z))
 
     def __or__(self, other: EdgeMask) -> EdgeMask:
         return replace(self, weights=torch.maximum(self.weights, other.weights))
@@ -762,8 +765,12 @@ class EdgeMask:
                 "mask.patching(model, corrupted_input) binds it"
             )
         removed = self.graph.to_dense(1.0 - self.weights.float(), fill=0.0)
+        head_z = None
+        if self._corrupted_z is not None and self.fill == "corrupted":
+            outputs, z = self._corrupted_z
+            head_z = z if outputs is self.corrupted else None  # not if replace() swapped it
         return _EdgeRun(
-            model, self.graph, removed, self._fill_value, self.hard_concrete, self._corrupted_z
+            model, self.graph, removed, self._fill_value, self.hard_concrete, head_z
         ).hooks()
 
     def _fill_value(self, senders: slice, like: torch.Tensor) -> torch.Tensor | None:
@@ -775,7 +782,11 @@ class EdgeMask:
             return self.means[senders, None, None, :].to(like)
         assert self.corrupted is not None
         value = self.corrupted[senders]
-        _check_same_run_shape(value.shape[1:3], like.shape[1:3])
+        if value.shape[1:3] != like.shape[1:3]:
+            raise InterventionError(
+                f"the corrupted run has {value.shape[1]} x {value.shape[2]} (examples x tokens) "
+                f"but the clean run {like.shape[1]} x {like.shape[2]}; pad both to one shape"
+            )
         return value.to(like)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -842,15 +853,6 @@ class EdgeMask:
 #: gradients reads the whole block of senders side by side once it needs a sixth of them
 #: (a gather of a quarter of 290 senders took 50 ms, the whole block 22 ms, measured).
 _GATHER_COST = 6
-
-
-def _check_same_run_shape(corrupted: torch.Size, clean: torch.Size) -> None:
-    """The corrupted and the clean run's ``(examples, tokens)`` must be equal."""
-    if tuple(corrupted) != tuple(clean):
-        raise InterventionError(
-            f"the corrupted run has {corrupted[0]} x {corrupted[1]} (examples x tokens) "
-            f"but the clean run {clean[0]} x {clean[1]}; pad both to one shape"
-        )
 
 
 def _senders_to_read(
@@ -1192,9 +1194,9 @@ class _EdgeRun:
             if self.head_z is None:
                 self._append(first, _head_results(model, layer, z))
                 return
-            filled = self.head_z[layer]
-            _check_same_run_shape(filled.shape[:2], z.shape[:2])
-            self._append(first, _head_results(model, layer, z - filled.to(z)), is_delta=True)
+            # (the fill's shape was checked at the input embedding's row, appended first)
+            filled = self.head_z[layer].to(z)
+            self._append(first, _head_results(model, layer, z - filled), is_delta=True)
 
         def mlp_out(x: torch.Tensor, hook: Any) -> None:
             self._append(graph.mlp_sender(layer), x[None])

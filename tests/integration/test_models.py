@@ -280,7 +280,7 @@ def test_lm_fast_paths_give_transformer_lens_values_and_hooks(tiny_checkpoints, 
         assert calls == [1]  # bfloat16: TransformerLens's own code, Hugging Face's sum order
 
 
-def test_ungrouped_key_value_heads_are_projected_once_and_repeated(tiny_checkpoints):
+def test_ungrouped_key_value_heads_are_projected_once_and_repeated(tiny_checkpoints, monkeypatch):
     """With ``ungroup_grouped_query_attention`` on (edge methods switch it on), a loaded
     grouped-query LM projects each shared key / value head once and repeats it: ``hook_k`` /
     ``hook_v`` hold TransformerLens's per-query-head values, their gradients are each query
@@ -314,7 +314,19 @@ def test_ungrouped_key_value_heads_are_projected_once_and_repeated(tiny_checkpoi
             {n: kept[n].grad for n in names},
         )
 
+    calls = []
+    tl_qkv = GroupedQueryAttention.calculate_qkv_matrices
+    monkeypatch.setattr(
+        GroupedQueryAttention,
+        "calculate_qkv_matrices",
+        lambda self, *args: calls.append(1) or tl_qkv(self, *args),
+    )
     fast_logits, fast_values, fast_grads = run()
+    assert calls == []  # ungrouped, one shared input: the fast path's own projections
+    with graph_switches(model), torch.no_grad():  # split per-head inputs: TransformerLens's
+        model(ids)
+    assert len(calls) == model.cfg.n_layers
+    calls.clear()
     for block in model.blocks:
         block.attn.__class__ = GroupedQueryAttention  # TransformerLens's repeated weights
     slow_logits, slow_values, slow_grads = run()

@@ -543,6 +543,26 @@ def test_a_corrupted_run_bound_by_z_gives_the_patched_values_and_gradients(
     torch.testing.assert_close(z_grad, grad, atol=1e-6, rtol=1e-4)
     model.zero_grad(set_to_none=True)
 
+    # replace() with another fill or another corrupted run: the kept z's are not used
+    from dataclasses import replace
+
+    bound = EdgeMask(graph, torch.rand(graph.n_edges, generator=torch.Generator().manual_seed(7)))
+    by_z = bound._patched_by_z(model, **corrupted)
+    other = {k: v.flip(0) for k, v in corrupted.items()}
+    for swapped, plain in (
+        (replace(by_z, fill="zero"), replace(bound, fill="zero")),
+        (
+            replace(by_z, corrupted=node_outputs(model, graph, **other)),
+            bound.patching(model, **other),
+        ),
+    ):
+        with torch.no_grad(), graph_switches(model):
+            with model.hooks(fwd_hooks=swapped.hooks(model)):
+                got = model(**clean)
+            with model.hooks(fwd_hooks=plain.hooks(model)):
+                expected = model(**clean)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
     shorter = {k: v[:, :7] for k, v in corrupted.items()}
     bound = EdgeMask.full(graph)._patched_by_z(model, **shorter)
     with (
