@@ -1463,14 +1463,13 @@ class _GroupPart(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(extra)
         ctx.group, ctx.side, ctx.first = group, side, first
+        if extra is None:  # the product's rows as they are (a view: no copy; read only)
+            return product[first:stop]
         flat_product = product.view(product.shape[0], -1)[first:stop]
         out = scratch("correction", flat_product.shape, flat_product)
-        if extra is None:
-            out.copy_(flat_product)
-        else:
-            values = _gather(side.values[group.n : group.n + extra.shape[0]], None, deltas)
-            flat = values.reshape(extra.shape[0], -1)
-            torch.addmm(flat_product, extra.T.to(flat.dtype), flat, out=out)
+        values = _gather(side.values[group.n : group.n + extra.shape[0]], None, deltas)
+        flat = values.reshape(extra.shape[0], -1)
+        torch.addmm(flat_product, extra.T.to(flat.dtype), flat, out=out)
         return out.view(stop - first, *product.shape[1:])
 
     @staticmethod
