@@ -11,11 +11,16 @@ modules fire on both paths (classifiers: :func:`enable_fast_paths`).
 Causal LMs (:func:`enable_lm_fast_paths`): TransformerLens's gated MLP and unembedding copy their
 weights' transposes to contiguous blocks at every call (so that bfloat16 sums in Hugging Face's
 order); in float32 / float64 the transposed views serve as they are, with every hook in place.
-Grouped-query attention with its key / value heads ungrouped (what edge methods switch on, to
-see each query head's key and value input) projects the shared heads once and repeats them.
+Their attention runs PyTorch's ``scaled_dot_product_attention`` where nobody hooks the scores
+or the pattern (causal, no padding mask, no cache, learnt / absolute or rotary positions); the
+rotary hooks and every other hook fire as in TransformerLens's forward. Grouped-query attention
+with its key / value heads ungrouped (what edge methods switch on, to see each query head's key
+and value input) projects the shared heads once and repeats them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -154,6 +159,93 @@ def fast_unembed(self: Unembed, residual: torch.Tensor) -> torch.Tensor:
     return self.hook_out(F.linear(residual, self.W_U.T, self.b_U))
 
 
+#: Architectures whose attention TransformerLens changes in ways the fast path does not copy.
+_OLMO = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+
+
+def _plain_lm_attention(cfg: Any) -> bool:
+    """Whether a causal LM's attention is one :func:`_fast_lm_attention` computes exactly as
+    TransformerLens does (no soft cap, local window, sinks, ALiBi or relative biases, log-n
+    scaling, clipping, OLMo's norms or 4-bit weights)."""
+    return (
+        cfg.positional_embedding_type in ("standard", "rotary")
+        and cfg.attention_dir == "causal"
+        and not cfg.use_local_attn
+        and cfg.attn_scores_soft_cap <= 0
+        and not cfg.use_attention_sinks
+        and not cfg.use_logn_attn
+        and cfg.clip_qkv is None
+        and not cfg.load_in_4bit
+        and cfg.original_architecture not in _OLMO
+    )
+
+
+def _fast_lm_attention(
+    self: AbstractAttention,
+    query_input: torch.Tensor,
+    key_input: torch.Tensor,
+    value_input: torch.Tensor,
+    past_kv_cache_entry=None,
+    additive_attention_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A causal LM's attention through ``scaled_dot_product_attention``: the query, key and
+    value from the module's own ``calculate_qkv_matrices`` (``hook_q`` / ``hook_k`` /
+    ``hook_v``), its rotary embedding (``hook_rot_q`` / ``hook_rot_k``), then ``hook_z`` and
+    the output projection without TransformerLens's per-call copy of ``W_O``. Anything else
+    (a hook on the scores or the pattern, a padding mask, a key / value cache, per-head or
+    result hooks switched on, bfloat16 / float16, a configuration :func:`_plain_lm_attention`
+    refuses) runs TransformerLens's forward."""
+    cfg = self.cfg
+    if (
+        past_kv_cache_entry is not None
+        or additive_attention_mask is not None
+        or attention_mask is not None
+        or position_bias is not None
+        or query_input.dtype not in _FULL_PRECISION
+        or cfg.use_attn_result
+        or cfg.use_split_qkv_input
+        or cfg.use_attn_in
+        or (self._attention_dir_override or cfg.attention_dir) != "causal"
+        or _hooked(self.hook_attn_scores, self.hook_pattern)
+        or not _plain_lm_attention(cfg)
+    ):
+        return AbstractAttention.forward(
+            self,
+            query_input,
+            key_input,
+            value_input,
+            past_kv_cache_entry,
+            additive_attention_mask,
+            attention_mask,
+            position_bias,
+        )
+    q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
+    if cfg.positional_embedding_type == "rotary":
+        q = self.hook_rot_q(self.apply_rotary(q, 0, None))
+        k = self.hook_rot_k(self.apply_rotary(k, 0, None))
+    if k.shape[2] != q.shape[2]:  # grouped key / value heads, shared by query heads in turn
+        repeats = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
+    z = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.to(q.dtype).transpose(1, 2),
+        is_causal=True,
+        scale=1.0 / self.attn_scale,
+    ).transpose(1, 2)
+    z = self.hook_z(z)
+    w = self.W_O.reshape(cfg.n_heads * cfg.d_head, cfg.d_model)
+    return F.linear(z.reshape(z.shape[0], z.shape[1], -1), w.T, self.b_O)
+
+
+class FastLMAttention(Attention):
+    """A causal LM's :class:`Attention` whose forward is :func:`_fast_lm_attention`."""
+
+    forward = _fast_lm_attention
+
+
 def _ungrouped_by_repeat(
     self: GroupedQueryAttention,
     query_input: torch.Tensor,
@@ -185,9 +277,10 @@ def _ungrouped_by_repeat(
 
 
 class FastGroupedQueryAttention(GroupedQueryAttention):
-    """A :class:`GroupedQueryAttention` whose query / key / value come from
-    :func:`_ungrouped_by_repeat`."""
+    """A :class:`GroupedQueryAttention` whose forward is :func:`_fast_lm_attention` and whose
+    query / key / value come from :func:`_ungrouped_by_repeat`."""
 
+    forward = _fast_lm_attention
     calculate_qkv_matrices = _ungrouped_by_repeat
 
 
@@ -209,9 +302,9 @@ def enable_lm_fast_paths(model: torch.nn.Module) -> None:
     per-call weight copies (float32 / float64: the same values to float rounding, the same
     hooks; SmolLM2's forward at 8 x 64 tokens on 2 CPU cores: 0.96 s -> 0.80 s from the MLPs).
     The modules' classes become the subclasses above (same parameters, buffers and hooks), as
-    :func:`enable_fast_paths` does for classifiers. Grouped-query attention gets
-    :class:`FastGroupedQueryAttention` (any precision: with the key / value heads grouped, as
-    by default, it runs TransformerLens's own code)."""
+    :func:`enable_fast_paths` does for classifiers. Attention gets :class:`FastLMAttention` /
+    :class:`FastGroupedQueryAttention`, whose forward checks at every call whether it may
+    take the fused path (:func:`_fast_lm_attention`) and otherwise runs TransformerLens's."""
     for module in model.modules():
         if type(module) is GatedMLP:
             module.__class__ = FastGatedMLP
@@ -219,3 +312,5 @@ def enable_lm_fast_paths(model: torch.nn.Module) -> None:
             module.__class__ = FastUnembed
         elif type(module) is GroupedQueryAttention:
             module.__class__ = FastGroupedQueryAttention
+        elif type(module) is Attention:
+            module.__class__ = FastLMAttention

@@ -337,3 +337,63 @@ def test_ungrouped_key_value_heads_are_projected_once_and_repeated(tiny_checkpoi
         torch.testing.assert_close(fast_grads[name], slow_grads[name], rtol=1e-5, atol=1e-6)
         # the query heads sharing a key / value head see different gradients
         assert not torch.allclose(fast_grads[name][:, :, 0], fast_grads[name][:, :, 1])
+
+
+@pytest.mark.parametrize("kind", ["gpt2-lm", "opt-lm", "llama-lm"])
+def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradients(
+    tiny_checkpoints, kind, monkeypatch
+):
+    """A loaded causal LM's attention runs ``scaled_dot_product_attention`` when nobody hooks
+    its scores or pattern: every other hook (q, k, v, the rotary ones, z) sees TransformerLens's
+    values, and the logits and the weights' gradients are TransformerLens's; a hook on the
+    pattern, a padding mask or a key / value cache sends it down TransformerLens's own path."""
+    from transformer_lens.components import Attention, GroupedQueryAttention
+    from transformer_lens.components.abstract_attention import AbstractAttention
+
+    from mi_core.models.fast_paths import FastGroupedQueryAttention, FastLMAttention
+
+    model = load_model(tiny_checkpoints[kind])
+    fast_class = FastGroupedQueryAttention if kind == "llama-lm" else FastLMAttention
+    assert all(type(block.attn) is fast_class for block in model.blocks)
+    calls = []
+    tl_forward = AbstractAttention.forward
+    monkeypatch.setattr(
+        AbstractAttention,
+        "forward",
+        lambda self, *a, **k: calls.append(1) or tl_forward(self, *a, **k),
+    )
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7, 2], [2, 8, 4, 6, 11, 12, 13]])
+
+    def not_pattern(name: str) -> bool:
+        return "hook_pattern" not in name and "hook_attn_scores" not in name
+
+    def run() -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        logits, cache = model.run_with_cache(ids, names_filter=not_pattern)
+        logits.log_softmax(-1)[:, -1, 3].sum().backward()
+        return logits.detach(), dict(cache.items()), model.blocks[0].attn.W_Q.grad.clone()
+
+    fast_logits, fast_cache, fast_grad = run()
+    assert calls == []  # the fused path, at every layer
+    assert any("hook_z" in name for name in fast_cache)
+    if kind == "llama-lm":
+        assert any("hook_rot_q" in name for name in fast_cache)
+    with torch.no_grad():  # a hook on the pattern: TransformerLens's path, the same logits
+        hooked = model.run_with_hooks(
+            ids, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda x, hook: None)]
+        )
+    assert len(calls) == 1  # that layer alone
+    torch.testing.assert_close(hooked, fast_logits, rtol=1e-5, atol=1e-5)
+    calls.clear()
+    with torch.no_grad():  # a padding mask: TransformerLens's path
+        model(ids, attention_mask=torch.ones_like(ids))
+    assert len(calls) == model.cfg.n_layers
+
+    for block in model.blocks:
+        block.attn.__class__ = GroupedQueryAttention if kind == "llama-lm" else Attention
+    slow_logits, slow_cache, slow_grad = run()
+    torch.testing.assert_close(fast_logits, slow_logits, rtol=1e-5, atol=1e-5)
+    assert set(fast_cache) == set(slow_cache)
+    for name, value in fast_cache.items():
+        torch.testing.assert_close(value, slow_cache[name], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast_grad, slow_grad, rtol=1e-4, atol=1e-6)
