@@ -39,7 +39,10 @@ _FULL_PRECISION = (torch.float32, torch.float64)
 
 
 def _hooked(*points: HookPoint) -> bool:
-    return any(p._forward_hooks or p._backward_hooks or p._backward_pre_hooks for p in points)
+    return any(
+        p._forward_hooks or p._forward_pre_hooks or p._backward_hooks or p._backward_pre_hooks
+        for p in points
+    )
 
 
 def _fast_layer_norm(self: LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -204,6 +207,7 @@ def _fast_lm_attention(
         or attention_mask is not None
         or position_bias is not None
         or query_input.dtype not in _FULL_PRECISION
+        or torch.is_autocast_enabled(query_input.device.type)  # q / k / v in a lower precision
         or cfg.use_attn_result
         or cfg.use_split_qkv_input
         or cfg.use_attn_in
@@ -230,14 +234,16 @@ def _fast_lm_attention(
         k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
     z = F.scaled_dot_product_attention(
         q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.to(q.dtype).transpose(1, 2),
+        k.to(device=q.device, dtype=q.dtype).transpose(1, 2),  # (rotary moves q and k alone)
+        v.to(device=q.device, dtype=q.dtype).transpose(1, 2),
         is_causal=True,
         scale=1.0 / self.attn_scale,
     ).transpose(1, 2)
     z = self.hook_z(z)
     w = self.W_O.reshape(cfg.n_heads * cfg.d_head, cfg.d_model)
-    return F.linear(z.reshape(z.shape[0], z.shape[1], -1), w.T, self.b_O)
+    # as TransformerLens: the projection on z's device, in the weights' dtype
+    z = z.to(w.dtype)
+    return F.linear(z.reshape(z.shape[0], z.shape[1], -1), w.to(z.device).T, self.b_O.to(z.device))
 
 
 class FastLMAttention(Attention):

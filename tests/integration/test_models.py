@@ -389,6 +389,25 @@ def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradient
         model(ids, attention_mask=torch.ones_like(ids))
     assert len(calls) == model.cfg.n_layers
 
+    calls.clear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # low-precision q / k / v
+        model(ids)
+    assert len(calls) == model.cfg.n_layers
+    calls.clear()
+    from mi_core.interventions import compute_means
+
+    # mean activations of an LM's unpadded batches: no mask, so the fused path (an all-ones
+    # mask, TransformerLens's path, gives the same means)
+    batches = [{"input_ids": ids}]
+    fused_means = compute_means(model, batches)
+    assert calls == []
+    masked_means = compute_means(
+        model, [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}]
+    )
+    assert len(calls) == model.cfg.n_layers
+    torch.testing.assert_close(fused_means.z, masked_means.z, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused_means.mlp_out, masked_means.mlp_out, rtol=1e-5, atol=1e-6)
+
     for block in model.blocks:
         block.attn.__class__ = GroupedQueryAttention if kind == "llama-lm" else Attention
     slow_logits, slow_cache, slow_grad = run()
