@@ -87,17 +87,33 @@ def _fast_attention(
             position_bias,
         )
     q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
+    return _attend(self, q, k, v, mask, causal)
+
+
+def _attend(
+    self: AbstractAttention,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of ``[batch, pos, head, d_head]`` queries, keys and
+    values (one key / value head per query head), then ``hook_z`` and the output projection
+    without TransformerLens's per-call copy of ``W_O``; as TransformerLens does, the keys and
+    values go to the queries' device and dtype, and ``z`` to the weights'."""
     z = F.scaled_dot_product_attention(
         q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
+        k.to(device=q.device, dtype=q.dtype).transpose(1, 2),
+        v.to(device=q.device, dtype=q.dtype).transpose(1, 2),
         attn_mask=mask.to(q.dtype) if mask is not None else None,
         is_causal=causal,
         scale=1.0 / self.attn_scale,
     ).transpose(1, 2)
     z = self.hook_z(z)
     w = self.W_O.reshape(self.cfg.n_heads * self.cfg.d_head, self.cfg.d_model)
-    return F.linear(z.reshape(z.shape[0], z.shape[1], -1), w.T, self.b_O)
+    z = z.to(w.dtype)
+    return F.linear(z.reshape(z.shape[0], z.shape[1], -1), w.to(z.device).T, self.b_O.to(z.device))
 
 
 class FastLayerNorm(LayerNorm):
@@ -172,7 +188,6 @@ def _plain_lm_attention(cfg: Any) -> bool:
     scaling, clipping, OLMo's norms or 4-bit weights)."""
     return (
         cfg.positional_embedding_type in ("standard", "rotary")
-        and cfg.attention_dir == "causal"
         and not cfg.use_local_attn
         and cfg.attn_scores_soft_cap <= 0
         and not cfg.use_attention_sinks
@@ -195,8 +210,8 @@ def _fast_lm_attention(
 ) -> torch.Tensor:
     """A causal LM's attention through ``scaled_dot_product_attention``: the query, key and
     value from the module's own ``calculate_qkv_matrices`` (``hook_q`` / ``hook_k`` /
-    ``hook_v``), its rotary embedding (``hook_rot_q`` / ``hook_rot_k``), then ``hook_z`` and
-    the output projection without TransformerLens's per-call copy of ``W_O``. Anything else
+    ``hook_v``), its rotary embedding (``hook_rot_q`` / ``hook_rot_k``), then :func:`_attend`
+    (``hook_z`` and the output projection). Anything else
     (a hook on the scores or the pattern, a padding mask, a key / value cache, per-head or
     result hooks switched on, bfloat16 / float16, a configuration :func:`_plain_lm_attention`
     refuses) runs TransformerLens's forward."""
@@ -232,18 +247,7 @@ def _fast_lm_attention(
     if k.shape[2] != q.shape[2]:  # grouped key / value heads, shared by query heads in turn
         repeats = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
-    z = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        k.to(device=q.device, dtype=q.dtype).transpose(1, 2),  # (rotary moves q and k alone)
-        v.to(device=q.device, dtype=q.dtype).transpose(1, 2),
-        is_causal=True,
-        scale=1.0 / self.attn_scale,
-    ).transpose(1, 2)
-    z = self.hook_z(z)
-    w = self.W_O.reshape(cfg.n_heads * cfg.d_head, cfg.d_model)
-    # as TransformerLens: the projection on z's device, in the weights' dtype
-    z = z.to(w.dtype)
-    return F.linear(z.reshape(z.shape[0], z.shape[1], -1), w.to(z.device).T, self.b_O.to(z.device))
+    return _attend(self, q, k, v, None, causal=True)
 
 
 class FastLMAttention(Attention):
