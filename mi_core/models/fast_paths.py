@@ -45,6 +45,19 @@ def _hooked(*points: HookPoint) -> bool:
     )
 
 
+def _needs_tl(attn: AbstractAttention) -> bool:
+    """Whether a switch or a hook asks for what only TransformerLens's attention forward makes:
+    the attention result, per-head inputs, or the scores / pattern (switches may be turned on
+    after loading: ``set_use_attn_result`` and the like)."""
+    cfg = attn.cfg
+    return bool(
+        cfg.use_attn_result
+        or cfg.use_split_qkv_input
+        or cfg.use_attn_in
+        or _hooked(attn.hook_attn_scores, attn.hook_pattern)
+    )
+
+
 def _fast_layer_norm(self: LayerNorm, x: torch.Tensor) -> torch.Tensor:
     if _hooked(self.hook_scale, self.hook_normalized) or x.dtype not in (
         torch.float32,
@@ -66,16 +79,7 @@ def _fast_attention(
 ) -> torch.Tensor:
     causal = (self._attention_dir_override or self.cfg.attention_dir) == "causal"
     mask = additive_attention_mask
-    cfg = self.cfg
-    needs_tl = (
-        past_kv_cache_entry is not None
-        or (causal and mask is not None)
-        or cfg.use_attn_result  # switched on after loading (set_use_attn_result and the like)
-        or cfg.use_split_qkv_input
-        or cfg.use_attn_in
-        or _hooked(self.hook_attn_scores, self.hook_pattern)
-    )
-    if needs_tl:
+    if past_kv_cache_entry is not None or (causal and mask is not None) or _needs_tl(self):
         return Attention.forward(
             self,
             query_input,
@@ -223,11 +227,8 @@ def _fast_lm_attention(
         or position_bias is not None
         or query_input.dtype not in _FULL_PRECISION
         or torch.is_autocast_enabled(query_input.device.type)  # q / k / v in a lower precision
-        or cfg.use_attn_result
-        or cfg.use_split_qkv_input
-        or cfg.use_attn_in
         or (self._attention_dir_override or cfg.attention_dir) != "causal"
-        or _hooked(self.hook_attn_scores, self.hook_pattern)
+        or _needs_tl(self)
         or not _plain_lm_attention(cfg)
     ):
         return AbstractAttention.forward(
