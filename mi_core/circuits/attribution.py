@@ -471,8 +471,8 @@ def _decoder_attribution(
 
     ``head_z`` (the corrupted fill): the fill run's ``hook_z`` per layer, its heads' rows of
     ``reference`` unwritten. A head's difference is then ``(z' - z) W_O``, one product per layer
-    where recording both runs' head outputs and subtracting takes two (the heads' products
-    were an eighth of EAP's time on SmolLM2 on a CPU).
+    where recording both runs' head outputs and subtracting takes two (about 35 ms of a 2.5 s
+    EAP of SmolLM2 at 8 x 64 tokens on a CPU).
     """
     deltas = reference.clone() if reference.stride(1) == 0 else reference  # mean: a view
     start_input = reference[0].clone()
