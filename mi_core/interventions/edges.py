@@ -721,8 +721,8 @@ class EdgeMask:
         evaluation): the corrupted run's heads are kept as their ``hook_z``, so the masked
         forward forms each head's difference as ``(z - z') W_O``, one product, instead of the
         head's output and the corrupted one, two products and a subtraction (0.1-0.15 s of a
-        4.2 s edge-pruning step of SmolLM2 on a CPU, measured in one A / B). ``corrupted``'s heads' rows are not written:
-        a mask meant for users binds with :meth:`patching`."""
+        4.2 s edge-pruning step of SmolLM2 on a CPU, measured in one A / B). ``corrupted``'s
+        heads' rows are not written: a mask meant for users binds with :meth:`patching`."""
         head_z: dict[int, torch.Tensor] = {}
         outputs = _record_senders(model, self.graph, args, kwargs, head_z)
         return replace(self.with_corrupted(outputs), _corrupted_z=(outputs, head_z))
