@@ -82,6 +82,9 @@ PY
         timeout 200 python3 benchmarks/bench_circuits.py --model .gpu/smollm2 --random-weights \
             --device cuda --repeats 10 2>&1 | grep -v -i "writing\|shards" \
             | tee "$out/bench_circuits.log" || true
+        timeout 120 python3 benchmarks/bench_lm_attention.py --model .gpu/smollm2 --random-weights \
+            --device cuda --shapes 8x64,4x512,4x2048 --repeats 10 2>&1 \
+            | grep -v -i "writing\|shards" | tee "$out/bench_lm_attention.log" || true
     fi
     if [[ $part == all || $part == group-step ]]; then
         timeout 200 python3 benchmarks/bench_group_step.py --device cuda 2>&1 \
