@@ -416,3 +416,52 @@ def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradient
     for name, value in fast_cache.items():
         torch.testing.assert_close(value, slow_cache[name], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fast_grad, slow_grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"use_attn_scale": False},
+        {"scale_attn_by_inverse_layer_idx": True},
+        {"rotary_adjacent_pairs": True},
+        {"rotary_dim": 8},
+    ],
+    ids=["plain", "no-scale", "layer-scaled", "adjacent-pairs", "partial-rotary"],
+)
+def test_fused_attention_of_a_rotary_model_without_grouped_heads(variant, monkeypatch):
+    """``FastLMAttention`` on a rotary model whose key / value heads are not grouped, under the
+    attention-scale and rotary variants TransformerLens supports: the fused path runs and
+    gives TransformerLens's logits and ``hook_rot_k`` values."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.components import Attention
+    from transformer_lens.components.abstract_attention import AbstractAttention
+
+    from mi_core.models.fast_paths import FastLMAttention, enable_lm_fast_paths
+
+    cfg = HookedTransformerConfig(
+        d_model=32, d_head=16, n_heads=2, n_layers=2, n_ctx=32, d_vocab=50, d_mlp=64,
+        act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
+        gated_mlp=True, seed=0, **{"rotary_dim": 16, **variant},
+    )  # fmt: skip
+    model = HookedTransformer(cfg).eval()
+    enable_lm_fast_paths(model)
+    assert all(type(block.attn) is FastLMAttention for block in model.blocks)
+    calls = []
+    tl_forward = AbstractAttention.forward
+    monkeypatch.setattr(
+        AbstractAttention,
+        "forward",
+        lambda self, *a, **k: calls.append(1) or tl_forward(self, *a, **k),
+    )
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
+    name = "blocks.1.attn.hook_rot_k"
+    with torch.no_grad():
+        fused, fused_cache = model.run_with_cache(ids, names_filter=name)
+        assert calls == []
+        for block in model.blocks:
+            block.attn.__class__ = Attention
+        plain, plain_cache = model.run_with_cache(ids, names_filter=name)
+    assert len(calls) == cfg.n_layers
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_cache[name], plain_cache[name], rtol=1e-6, atol=1e-6)
