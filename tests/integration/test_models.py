@@ -339,29 +339,37 @@ def test_ungrouped_key_value_heads_are_projected_once_and_repeated(tiny_checkpoi
         assert not torch.allclose(fast_grads[name][:, :, 0], fast_grads[name][:, :, 1])
 
 
-@pytest.mark.parametrize("kind", ["gpt2-lm", "opt-lm", "llama-lm"])
-def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradients(
-    tiny_checkpoints, kind, monkeypatch
-):
-    """A loaded causal LM's attention runs ``scaled_dot_product_attention`` when nobody hooks
-    its scores or pattern: every other hook (q, k, v, the rotary ones, z) sees TransformerLens's
-    values, and the logits and the weights' gradients are TransformerLens's; a hook on the
-    pattern, a padding mask or a key / value cache sends it down TransformerLens's own path."""
-    from transformer_lens.components import Attention, GroupedQueryAttention
+@pytest.fixture
+def tl_attention_calls(monkeypatch) -> list[int]:
+    """A list that grows by one at each call of TransformerLens's own attention forward."""
     from transformer_lens.components.abstract_attention import AbstractAttention
 
-    from mi_core.models.fast_paths import FastGroupedQueryAttention, FastLMAttention
-
-    model = load_model(tiny_checkpoints[kind])
-    fast_class = FastGroupedQueryAttention if kind == "llama-lm" else FastLMAttention
-    assert all(type(block.attn) is fast_class for block in model.blocks)
-    calls = []
+    calls: list[int] = []
     tl_forward = AbstractAttention.forward
     monkeypatch.setattr(
         AbstractAttention,
         "forward",
         lambda self, *a, **k: calls.append(1) or tl_forward(self, *a, **k),
     )
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["gpt2-lm", "opt-lm", "llama-lm"])
+def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradients(
+    tiny_checkpoints, kind, tl_attention_calls
+):
+    """A loaded causal LM's attention runs ``scaled_dot_product_attention`` when nobody hooks
+    its scores or pattern: every other hook (q, k, v, the rotary ones, z) sees TransformerLens's
+    values, and the logits and the weights' gradients are TransformerLens's; a hook on the
+    pattern, a padding mask or a key / value cache sends it down TransformerLens's own path."""
+    from transformer_lens.components import Attention, GroupedQueryAttention
+
+    from mi_core.models.fast_paths import FastGroupedQueryAttention, FastLMAttention
+
+    model = load_model(tiny_checkpoints[kind])
+    fast_class = FastGroupedQueryAttention if kind == "llama-lm" else FastLMAttention
+    assert all(type(block.attn) is fast_class for block in model.blocks)
+    calls = tl_attention_calls
     ids = torch.tensor([[1, 5, 9, 14, 3, 7, 2], [2, 8, 4, 6, 11, 12, 13]])
 
     def not_pattern(name: str) -> bool:
@@ -429,13 +437,12 @@ def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradient
     ],
     ids=["plain", "no-scale", "layer-scaled", "adjacent-pairs", "partial-rotary"],
 )
-def test_fused_attention_of_a_rotary_model_without_grouped_heads(variant, monkeypatch):
+def test_fused_attention_of_a_rotary_model_without_grouped_heads(variant, tl_attention_calls):
     """``FastLMAttention`` on a rotary model whose key / value heads are not grouped, under the
     attention-scale and rotary variants TransformerLens supports: the fused path runs and
     gives TransformerLens's logits and ``hook_rot_k`` values."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.components import Attention
-    from transformer_lens.components.abstract_attention import AbstractAttention
 
     from mi_core.models.fast_paths import FastLMAttention, enable_lm_fast_paths
 
@@ -447,13 +454,7 @@ def test_fused_attention_of_a_rotary_model_without_grouped_heads(variant, monkey
     model = HookedTransformer(cfg).eval()
     enable_lm_fast_paths(model)
     assert all(type(block.attn) is FastLMAttention for block in model.blocks)
-    calls = []
-    tl_forward = AbstractAttention.forward
-    monkeypatch.setattr(
-        AbstractAttention,
-        "forward",
-        lambda self, *a, **k: calls.append(1) or tl_forward(self, *a, **k),
-    )
+    calls = tl_attention_calls
     ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(0))
     name = "blocks.1.attn.hook_rot_k"
     with torch.no_grad():
