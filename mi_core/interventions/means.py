@@ -200,8 +200,8 @@ def compute_means(
             types = batch.get("token_type_ids")
             types = None if types is None else types.to(device)
             if given is None and _is_causal_lm(model):
-                # an LM's unpadded batch: no mask, which an all-ones one equals (and a mask
-                # would keep its attention off the fused path)
+                # an LM's unpadded batch: no mask, which an all-ones one equals (the fused
+                # attention's causal kernel then needs no mask of its own)
                 run_body(model, ids, None, types)
             else:
                 run_body(model, ids, attention_mask, types)

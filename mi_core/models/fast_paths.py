@@ -12,10 +12,10 @@ Causal LMs (:func:`enable_lm_fast_paths`): TransformerLens's gated MLP and unemb
 weights' transposes to contiguous blocks at every call (so that bfloat16 sums in Hugging Face's
 order); in float32 / float64 the transposed views serve as they are, with every hook in place.
 Their attention runs PyTorch's ``scaled_dot_product_attention`` where nobody hooks the scores
-or the pattern (causal, no padding mask, no cache, learnt / absolute or rotary positions); the
-rotary hooks and every other hook fire as in TransformerLens's forward. Grouped-query attention
-with its key / value heads ungrouped (what edge methods switch on, to see each query head's key
-and value input) projects the shared heads once and repeats them.
+or the pattern (causal, with or without a padding mask, no cache, learnt / absolute or rotary
+positions); the rotary hooks and every other hook fire as in TransformerLens's forward.
+Grouped-query attention with its key / value heads ungrouped (what edge methods switch on, to
+see each query head's key and value input) projects the shared heads once and repeats them.
 """
 
 from __future__ import annotations
@@ -101,19 +101,26 @@ def _attend(
     v: torch.Tensor,
     mask: torch.Tensor | None,
     causal: bool,
+    empty: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``scaled_dot_product_attention`` of ``[batch, pos, head, d_head]`` queries, keys and
     values (one key / value head per query head), then ``hook_z`` and the output projection
     without TransformerLens's per-call copy of ``W_O``; as TransformerLens does, the keys and
-    values go to the queries' device and dtype, and ``z`` to the weights'."""
+    values go to the queries' device and dtype, and ``z`` to the weights'. ``mask``: additive
+    (float) or which keys each query may see (bool); ``empty`` (``[batch, pos]``): queries that
+    may see no key, whose ``z`` is zero (TransformerLens zeroes their NaN pattern)."""
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
     z = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.to(device=q.device, dtype=q.dtype).transpose(1, 2),
         v.to(device=q.device, dtype=q.dtype).transpose(1, 2),
-        attn_mask=mask.to(q.dtype) if mask is not None else None,
+        attn_mask=mask,
         is_causal=causal,
         scale=1.0 / self.attn_scale,
     ).transpose(1, 2)
+    if empty is not None:
+        z = z.masked_fill(empty[:, :, None, None], 0.0)
     z = self.hook_z(z)
     w = self.W_O.reshape(self.cfg.n_heads * self.cfg.d_head, self.cfg.d_model)
     z = z.to(w.dtype)
@@ -215,15 +222,15 @@ def _fast_lm_attention(
     """A causal LM's attention through ``scaled_dot_product_attention``: the query, key and
     value from the module's own ``calculate_qkv_matrices`` (``hook_q`` / ``hook_k`` /
     ``hook_v``), its rotary embedding (``hook_rot_q`` / ``hook_rot_k``), then :func:`_attend`
-    (``hook_z`` and the output projection). Anything else
-    (a hook on the scores or the pattern, a padding mask, a key / value cache, per-head or
-    result hooks switched on, bfloat16 / float16, a configuration :func:`_plain_lm_attention`
-    refuses) runs TransformerLens's forward."""
+    (``hook_z`` and the output projection); a padding mask, as TransformerLens applies it
+    (rotary positions and the keys each query sees). Anything else (a hook on the scores or
+    the pattern, a key / value cache, per-head or result hooks switched on, bfloat16 / float16
+    or autocast, a configuration :func:`_plain_lm_attention` refuses) runs TransformerLens's
+    forward."""
     cfg = self.cfg
     if (
         past_kv_cache_entry is not None
         or additive_attention_mask is not None
-        or attention_mask is not None
         or position_bias is not None
         or query_input.dtype not in _FULL_PRECISION
         or torch.is_autocast_enabled(query_input.device.type)  # q / k / v in a lower precision
@@ -242,13 +249,23 @@ def _fast_lm_attention(
             position_bias,
         )
     q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
-    if cfg.positional_embedding_type == "rotary":
-        q = self.hook_rot_q(self.apply_rotary(q, 0, None))
-        k = self.hook_rot_k(self.apply_rotary(k, 0, None))
+    if cfg.positional_embedding_type == "rotary":  # positions from the padding mask, if any
+        q = self.hook_rot_q(self.apply_rotary(q, 0, attention_mask))
+        k = self.hook_rot_k(self.apply_rotary(k, 0, attention_mask))
     if k.shape[2] != q.shape[2]:  # grouped key / value heads, shared by query heads in turn
         repeats = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
-    return _attend(self, q, k, v, None, causal=True)
+    if attention_mask is None:
+        return _attend(self, q, k, v, None, causal=True)
+    # padding: each query sees the real keys up to itself, as TransformerLens's causal mask
+    # does; a query that sees none (left padding) attends to itself instead of to nothing (no
+    # NaN, in either pass) and its z is zeroed, as TransformerLens zeroes its NaN pattern
+    n = q.shape[1]
+    keys = attention_mask.to(device=q.device, dtype=torch.bool)[:, None, None, :]
+    allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() & keys
+    empty = ~allowed.any(-1)  # [batch, 1, pos]
+    allowed = allowed | (torch.eye(n, dtype=torch.bool, device=q.device) & empty[..., None])
+    return _attend(self, q, k, v, allowed, causal=False, empty=empty[:, 0])
 
 
 class FastLMAttention(Attention):

@@ -393,9 +393,11 @@ def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradient
     assert len(calls) == 1  # that layer alone
     torch.testing.assert_close(hooked, fast_logits, rtol=1e-5, atol=1e-5)
     calls.clear()
-    with torch.no_grad():  # a padding mask: TransformerLens's path
-        model(ids, attention_mask=torch.ones_like(ids))
-    assert len(calls) == model.cfg.n_layers
+    with torch.no_grad():  # a key / value cache: TransformerLens's path
+        model.generate(
+            ids[:1], max_new_tokens=2, use_past_kv_cache=True, stop_at_eos=False, verbose=False
+        )
+    assert calls
 
     calls.clear()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # low-precision q / k / v
@@ -404,15 +406,14 @@ def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradient
     calls.clear()
     from mi_core.interventions import compute_means
 
-    # mean activations of an LM's unpadded batches: no mask, so the fused path (an all-ones
-    # mask, TransformerLens's path, gives the same means)
+    # mean activations of an LM's unpadded batches: no mask (is_causal) and an all-ones mask
+    # (a boolean one) give the same means, both on the fused path
     batches = [{"input_ids": ids}]
     fused_means = compute_means(model, batches)
-    assert calls == []
     masked_means = compute_means(
         model, [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}]
     )
-    assert len(calls) == model.cfg.n_layers
+    assert calls == []
     torch.testing.assert_close(fused_means.z, masked_means.z, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(fused_means.mlp_out, masked_means.mlp_out, rtol=1e-5, atol=1e-6)
 
@@ -466,3 +467,40 @@ def test_fused_attention_of_a_rotary_model_without_grouped_heads(variant, tl_att
     assert len(calls) == cfg.n_layers
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused_cache[name], plain_cache[name], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gpt2-lm", "llama-lm"])
+def test_fused_attention_with_a_padding_mask_gives_transformer_lens_values_and_gradients(
+    tiny_checkpoints, kind, tl_attention_calls
+):
+    """A padded batch on the fused path: right padding, left padding and a row with a single
+    real token; the logits at every position (pads included), ``hook_z`` (zero where a query
+    sees no key, as TransformerLens's zeroed NaN pattern gives), and the weights' gradients
+    (finite) are TransformerLens's."""
+    from transformer_lens.components import Attention, GroupedQueryAttention
+
+    model = load_model(tiny_checkpoints[kind])
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7], [2, 8, 4, 6, 11, 12], [3, 4, 5, 6, 7, 8]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]])
+    names = [f"blocks.{i}.attn.hook_z" for i in range(model.cfg.n_layers)]
+
+    def run() -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        logits, cache = model.run_with_cache(
+            ids, attention_mask=mask, names_filter=lambda n: n in names
+        )
+        (logits.log_softmax(-1)[:, :, 3] * mask).sum().backward()
+        return logits.detach(), dict(cache.items()), model.blocks[0].attn.W_Q.grad.clone()
+
+    fast_logits, fast_z, fast_grad = run()
+    assert tl_attention_calls == []  # the fused path, at every layer
+    assert torch.isfinite(fast_grad).all()
+    assert (fast_z[names[0]][1, :2] == 0).all()  # left padding: those queries see no key
+    for block in model.blocks:
+        block.attn.__class__ = GroupedQueryAttention if kind == "llama-lm" else Attention
+    slow_logits, slow_z, slow_grad = run()
+    assert len(tl_attention_calls) == model.cfg.n_layers
+    torch.testing.assert_close(fast_logits, slow_logits, rtol=1e-5, atol=1e-5)
+    for name in names:
+        torch.testing.assert_close(fast_z[name], slow_z[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fast_grad, slow_grad, rtol=1e-4, atol=1e-6)
