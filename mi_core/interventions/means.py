@@ -194,17 +194,13 @@ def compute_means(
     with model.hooks(fwd_hooks=hooks):
         for batch in tqdm(batches, desc="means", disable=not progress, unit="batch"):
             ids = batch["input_ids"].to(device)
-            given = batch.get("attention_mask")
-            attention_mask = torch.ones_like(ids) if given is None else given.to(device)
+            attention_mask = batch.get("attention_mask")
+            attention_mask = (
+                torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
+            )
             keep["index"] = attention_mask.reshape(-1).nonzero().squeeze(1)
             types = batch.get("token_type_ids")
-            types = None if types is None else types.to(device)
-            if given is None and _is_causal_lm(model):
-                # an LM's unpadded batch: no mask, which an all-ones one equals (the fused
-                # attention's causal kernel then needs no mask of its own)
-                run_body(model, ids, None, types)
-            else:
-                run_body(model, ids, attention_mask, types)
+            run_body(model, ids, attention_mask, None if types is None else types.to(device))
             n_tokens += int(keep["index"].numel())
             n_examples += int(ids.shape[0])
     if n_tokens == 0:
@@ -248,17 +244,10 @@ def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
     return means
 
 
-def _is_causal_lm(model: Any) -> bool:
-    """A plain ``HookedTransformer`` language model (not one of mi_core's classifiers)."""
-    from transformer_lens import HookedTransformer
-
-    return isinstance(model, HookedTransformer) and not isinstance(model, StagedClassifier)
-
-
 def run_body(
     model: Any,
     input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Run every transformer block of a hooked classifier, encoder or decoder (no output head)."""

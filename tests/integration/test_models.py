@@ -406,8 +406,8 @@ def test_lm_attention_fast_path_gives_transformer_lens_values_hooks_and_gradient
     calls.clear()
     from mi_core.interventions import compute_means
 
-    # mean activations of an LM's unpadded batches: no mask (is_causal) and an all-ones mask
-    # (a boolean one) give the same means, both on the fused path
+    # mean activations of an LM's batches take the fused path, the mask compute_means makes
+    # for a batch without one and a mask given alike
     batches = [{"input_ids": ids}]
     fused_means = compute_means(model, batches)
     masked_means = compute_means(
