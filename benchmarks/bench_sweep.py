@@ -19,6 +19,11 @@ for the whole batch and the runs can only come close::
     python benchmarks/bench_sweep.py --steps 60 --dropout --device cuda
     python benchmarks/bench_sweep.py --seeds 1              # 2 full quick runs each way
     python benchmarks/bench_sweep.py --device cuda --precision bf16   # bf16 autocast, both ways
+    python benchmarks/bench_sweep.py --device cuda --executors batched --profile  # host time
+
+Before the timed sweeps, each executor runs a 2-step sweep of 64 examples in a scratch folder
+(``--no-warm-up`` skips it), so the first sweep timed does not pay alone for the device's
+first launches.
 
 On a GPU a group's wide fp32 forward / backward is compute-bound while a lone run's narrow one
 is launch-bound, so autocast (``--precision bf16``) speeds the batched sweep far more than the
@@ -28,6 +33,8 @@ sequential one.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +63,12 @@ def main() -> None:
     parser.add_argument(
         "--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
         help="tf32 products or autocast of the forward passes, both executors (masks stay fp32)",
+    )  # fmt: skip
+    parser.add_argument("--executors", default="local,batched", help="comma-separated")
+    parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="cProfile each timed sweep and print where its host time goes (inflates the times)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.threads:
@@ -94,18 +107,37 @@ def main() -> None:
             max_eval_examples=args.eval_examples,
             progress=False,
         )
+        executors = {
+            "local": {},
+            "batched": {"executor": "batched", "group_size": args.group_size},
+        }
+        chosen = args.executors.split(",")
+        if args.warm_up:  # the device's first launches, paid by neither timed sweep
+            warm = dict(common, eval_sets=[], overrides=dict(overrides, steps=2))
+            for name in chosen:
+                run_sweep(model, train.subset(range(64)), Path(tmp) / f"warm-{name}",
+                          sparsities, seeds, **warm, **executors[name])  # fmt: skip
         times = {}
-        for name, extra in (
-            ("local", {}),
-            ("batched", {"executor": "batched", "group_size": args.group_size}),
-        ):
+        for name in chosen:
             # both sweeps compute their own reference logits and full-model accuracy once
+            profiler = cProfile.Profile() if args.profile else None
             started = time.perf_counter()
-            run_sweep(model, train, Path(tmp) / name, sparsities, seeds, **common, **extra)
+            if profiler is not None:
+                profiler.enable()
+            run_sweep(model, train, Path(tmp) / name, sparsities, seeds, **common,
+                      **executors[name])  # fmt: skip
             if args.device == "cuda":
                 torch.cuda.synchronize()
             times[name] = time.perf_counter() - started
+            if profiler is not None:
+                profiler.disable()
+                stats = pstats.Stats(profiler)
+                print(f"== {name}: host time by function (cProfile: the times above are inflated)")
+                stats.sort_stats("cumulative").print_stats(40)
+                stats.sort_stats("tottime").print_stats(25)
             print(f"{name:>8}: {times[name]:8.1f} s")
+        if len(times) < 2:
+            return
         print(f"local / batched: {times['local'] / times['batched']:.2f}x "
               f"(group of {args.group_size})")  # fmt: skip
 

@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_session.sh prepare     # here: wheels, SmolLM2's config, MiniLM, data
 #   bash benchmarks/gpu_session.sh run [PART]  # there (carry .gpu and .whl); PART: tests,
 #                                              # circuits, sweep, group-step or all (default)
+#   bash benchmarks/gpu_session.sh run sweep --precision tf32   # bench_sweep.py's own flags
 #
 # What travels (about 55 MB): wheels of transformer-lens and the packages it needs that a
 # CUDA image with torch and transformers lacks; SmolLM2's config and tokenizer (its weights do
@@ -16,6 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part="${2:-all}"
+extra=("${@:3}")  # for `run sweep`: more bench_sweep.py flags (--precision tf32, --profile, ...)
 
 prepare() {
     local py=.venv/bin/python
@@ -87,12 +89,12 @@ PY
             | grep -v -i "writing\|shards" | tee "$out/bench_lm_attention.log" || true
     fi
     if [[ $part == all || $part == group-step ]]; then
-        timeout 200 python3 benchmarks/bench_group_step.py --device cuda 2>&1 \
+        timeout 200 python3 benchmarks/bench_group_step.py --device cuda --profile 2>&1 \
             | grep -v -i "truncated\|converge" | tee "$out/bench_group_step.log" || true
     fi
     if [[ $part == all || $part == sweep ]]; then
         # plotly could not travel: the sweep's closing figure is stubbed out
-        timeout 300 python3 - --device cuda 2>&1 <<'PY' | grep -v -i "truncated\|converge" \
+        timeout 300 python3 - --device cuda "${extra[@]}" 2>&1 <<'PY' | grep -v -i "truncated\|converge" \
             | tee "$out/bench_sweep.log" || true
 import runpy, sys
 from unittest.mock import MagicMock

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
@@ -439,7 +440,7 @@ def group_pruning_step(
             ]
         )
         counts = torch.tensor(split)
-        owner = torch.repeat_interleave(torch.arange(n_runs), counts)
+        owner = torch.from_numpy(np.repeat(np.arange(n_runs), split))  # (torch's: 0.5 ms)
         lengths = batch["attention_mask"].sum(dim=1)
         chunks = length_chunks(lengths, max_chunk)
         # the small per-step tensors too go through pinned memory: a pageable copy to a GPU

@@ -204,3 +204,33 @@ def test_real_mnli_tokenises(bert_tok):
     batches = pair_batches(tp, batch_size=64, sort_by_length=True)
     n = sum(b["labels"].numel() for b in batches)
     assert n == 2000
+
+
+def test_collate_pads_each_row_as_the_row_by_row_reference():
+    """collate gathers a batch from the packed tokens at once; each row must be the example's
+    ids, types and ones, then padding, whatever the indices (repeats, negatives, a tensor)."""
+    from mi_core.data.batches import TokenizedPairs
+
+    gen = torch.Generator().manual_seed(3)
+    lengths = [int(n) for n in torch.randint(1, 12, (40,), generator=gen)]
+    ids = [torch.randint(1000, 2000, (n,), generator=gen).tolist() for n in lengths]
+    types = [[0] * (n // 2) + [1] * (n - n // 2) for n in lengths]
+    tokenized = TokenizedPairs(
+        input_ids=ids, token_type_ids=types, labels=[i % 3 for i in range(40)], max_length=12,
+        pad_token_id=7, n_truncated=0, truncated=[],
+    )  # fmt: skip
+    for idx in ([3], [0, 5, 5, 39], [-1, 2, -40], list(range(40)), []):
+        for given in (idx, torch.tensor(idx, dtype=torch.long)):
+            batch = tokenized.collate(given)
+            width = max((lengths[i] for i in idx), default=0)
+            assert batch["input_ids"].shape == (len(idx), width)
+            for row, i in enumerate(idx):
+                pad = width - lengths[i]
+                assert batch["input_ids"][row].tolist() == ids[i] + [7] * pad
+                assert batch["token_type_ids"][row].tolist() == types[i] + [0] * pad
+                assert batch["attention_mask"][row].tolist() == [1] * lengths[i] + [0] * pad
+            assert batch["labels"].tolist() == [i % 3 for i in [j % 40 for j in idx]]
+            assert batch["index"].tolist() == idx
+            assert all(v.dtype == torch.long for v in batch.values())
+    with pytest.raises(IndexError, match="example 40 of pairs: it has 40 examples"):
+        tokenized.collate([1, 40])
