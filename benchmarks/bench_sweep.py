@@ -64,13 +64,18 @@ def main() -> None:
         "--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"],
         help="tf32 products or autocast of the forward passes, both executors (masks stay fp32)",
     )  # fmt: skip
-    parser.add_argument("--executors", default="local,batched", help="comma-separated")
+    parser.add_argument(
+        "--executors", default="local,batched", help="comma-separated: local, batched or both"
+    )
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
     parser.add_argument(
         "--profile", action="store_true",
         help="cProfile each timed sweep and print where its host time goes (inflates the times)",
     )  # fmt: skip
     args = parser.parse_args()
+    chosen = [x.strip() for x in args.executors.split(",") if x.strip()]
+    if not chosen or set(chosen) - {"local", "batched"}:
+        parser.error(f"--executors: choose from local, batched; got {args.executors!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -111,12 +116,14 @@ def main() -> None:
             "local": {},
             "batched": {"executor": "batched", "group_size": args.group_size},
         }
-        chosen = args.executors.split(",")
         if args.warm_up:  # the device's first launches, paid by neither timed sweep
-            warm = dict(common, eval_sets=[], overrides=dict(overrides, steps=2))
+            # the profile scales its own warm-ups down to 2 steps
+            short = {k: v for k, v in overrides.items() if not k.endswith("warmup_steps")}
+            warm = dict(common, eval_sets=[], overrides=dict(short, steps=2))
+            few = train.subset(range(min(64, len(train))))
             for name in chosen:
-                run_sweep(model, train.subset(range(64)), Path(tmp) / f"warm-{name}",
-                          sparsities, seeds, **warm, **executors[name])  # fmt: skip
+                run_sweep(model, few, Path(tmp) / f"warm-{name}", sparsities, seeds, **warm,
+                          **executors[name])  # fmt: skip
         times = {}
         for name in chosen:
             # both sweeps compute their own reference logits and full-model accuracy once

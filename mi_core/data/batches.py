@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class TokenizedPairs:
-    """Per-example token ids of a :class:`PairDataset` (unpadded)."""
+    """Per-example token ids of a :class:`PairDataset` (unpadded). Not changed after it is made:
+    :meth:`collate` packs the tokens once (a changed copy is made with ``dataclasses.replace``)."""
 
     input_ids: list[list[int]]
     token_type_ids: list[list[int]]
