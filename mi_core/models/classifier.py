@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Float, Int
@@ -167,22 +168,103 @@ class HookedClassifier:
         })  # fmt: skip
 
     def to_str_tokens(
-        self, premise: str | list[str], hypothesis: str | list[str] | None = None
+        self,
+        premise: str | list[str] | Ids | Mapping[str, torch.Tensor] | list[int],
+        hypothesis: str | list[str] | None = None,
+        *tl_args: object,
+        **tl_keywords: object,
     ) -> list[str] | list[list[str]]:
         """The tokens of a pair (a list of strings), or of each pair of lists, pads left out.
 
-        Token ids (a tensor or a list of ints) are turned into tokens as TL does.
+        Token ids are turned into tokens as TransformerLens does, pads included: a 1-D tensor,
+        array or list of ints (or a ``[1, pos]`` tensor) gives one list, a ``[batch, pos]``
+        tensor one list per row, a list of id tensors one list each. ``to_tokens``'s output
+        (ids with their attention mask) gives each row's tokens without its pads.
         """
-        if not isinstance(premise, str) and not (
+        if isinstance(premise, str) or (
             isinstance(premise, list) and premise and isinstance(premise[0], str)
         ):
-            return super().to_str_tokens(premise)  # type: ignore[misc]
-        tokens = self.to_tokens(premise, hypothesis)
-        rows = [
-            self.tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
-            for ids, mask in zip(tokens["input_ids"], tokens["attention_mask"], strict=True)
-        ]
-        return rows[0] if isinstance(premise, str) else rows
+            if tl_args or tl_keywords:  # TL's keywords (prepend_bos, padding_side): TL's way
+                return super().to_str_tokens(premise, *tl_args, **tl_keywords)  # type: ignore[misc]
+            tokens = self.to_tokens(premise, hypothesis)
+            rows = self._str_rows(tokens["input_ids"], tokens["attention_mask"])
+            return rows[0] if isinstance(premise, str) else rows
+        if hypothesis is not None and not isinstance(hypothesis, str | list):
+            tl_args = (hypothesis, *tl_args)  # TL's positional prepend_bos
+        if isinstance(premise, Mapping):
+            rows = self._str_rows(premise["input_ids"], premise.get("attention_mask"))
+            return rows[0] if len(rows) == 1 else rows
+        if isinstance(premise, list) and premise and not isinstance(premise[0], int):
+            return [self.to_str_tokens(item) for item in premise]  # TL: a list of inputs
+        ids = torch.as_tensor(premise)
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() == 0:
+            ids = ids[None]
+        if ids.dim() == 2:
+            return self._str_rows(ids, None)
+        if ids.dim() != 1:
+            raise DataError(f"token ids of shape {tuple(ids.shape)}: give [pos] or [batch, pos]")
+        return self._str_rows(ids[None], None)[0]
+
+    def _str_rows(
+        self, ids: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"] | None
+    ) -> list[list[str]]:
+        if self.tokenizer is None:
+            raise ConfigError("this classifier has no tokenizer to turn token ids into tokens")
+        ids = torch.as_tensor(ids).cpu()
+        if mask is not None:
+            keep = torch.as_tensor(mask).cpu().bool()
+            return [
+                self.tokenizer.convert_ids_to_tokens(r[k].tolist())
+                for r, k in zip(ids, keep, strict=True)
+            ]
+        return [self.tokenizer.convert_ids_to_tokens(r.tolist()) for r in ids]
+
+    def to_string(self, tokens: Ids | list[int] | list[Ids]) -> str | list[str]:
+        """Token ids decoded to text, as TransformerLens's ``to_string``: one string for 1-D
+        ids, one per row for ``[batch, pos]`` or a list of id tensors."""
+        if self.tokenizer is None:
+            raise ConfigError("this classifier has no tokenizer to decode token ids")
+        if isinstance(tokens, list) and tokens and not isinstance(tokens[0], int):
+            return [self.to_string(t) for t in tokens]
+        ids = torch.as_tensor(tokens).cpu()
+        if ids.dim() == 2:
+            return [self.to_string(row) for row in ids]
+        return self.tokenizer.decode(ids.reshape(-1).tolist(), clean_up_tokenization_spaces=False)
+
+    def to_single_token(self, string: str) -> int:
+        """The id of ``string`` when the tokenizer makes it one token (no special tokens)."""
+        if self.tokenizer is None:
+            raise ConfigError("this classifier has no tokenizer")
+        ids = self.tokenizer(string, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise DataError(f"{string!r} is {len(ids)} tokens, not a single token")
+        return int(ids[0])
+
+    def get_caching_hooks(
+        self,
+        names_filter=None,
+        incl_bwd: bool = False,
+        device=None,
+        remove_batch_dim: bool = False,
+        cache: dict | None = None,
+        pos_slice=None,
+    ) -> tuple[dict, list, list]:
+        """TransformerLens's caching hooks, except that the task head's activations (``head.*``:
+        ``[batch, d_model]``, no position axis) are kept whole: TL would cut ``pos_slice`` from
+        their batch axis, and with ``remove_batch_dim`` fail on them."""
+        cache, fwd, bwd = super().get_caching_hooks(  # type: ignore[misc]
+            names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice
+        )
+
+        def save(tensor: torch.Tensor, hook: Any, suffix: str = "") -> None:
+            value = tensor.detach().to(device)
+            cache[hook.name + suffix] = value[0] if remove_batch_dim else value
+
+        fwd = [(n, save if n.startswith("head.") else h) for n, h in fwd]
+        bwd = [(n, partial(save, suffix="_grad") if n.startswith("head.") else h) for n, h in bwd]
+        return cache, fwd, bwd
 
     def forward(
         self,
@@ -191,7 +273,9 @@ class HookedClassifier:
         token_type_ids: Ids | None = None,
         return_type: str | None = "logits",
         **batch_keys: object,
-    ) -> Float[torch.Tensor, "batch label"] | None:
+    ) -> (
+        Float[torch.Tensor, "batch label"] | torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
+    ):
         """Class logits for a batch of token ids (right-padded), or for sentence pairs given as
         strings: ``model(premise, hypothesis)`` (lists of strings for a batch) tokenises them
         with :meth:`to_tokens`, so ``run_with_cache(premise, hypothesis)`` works too.
@@ -200,10 +284,13 @@ class HookedClassifier:
         get the attention mask and token type ids the tokenizer made with them: see
         :meth:`infer_inputs`.
 
-        ``return_type``: ``"logits"`` (the default) or None (run the model for its hooks and
-        return nothing). The other keys of an mi_core batch (``labels``, ``index``) may be
-        passed along (``model(**batch)``) and are ignored; any other keyword is refused, so a
-        misspelt ``attention_mask`` cannot silently drop the mask.
+        ``return_type``: ``"logits"`` (the default), ``"loss"`` (the mean cross-entropy of the
+        logits against ``labels``, class indices of this model's head: what
+        ``run_with_cache(..., incl_bwd=True)`` runs backward from), ``"both"`` (logits, loss)
+        or None (run the model for its hooks and return nothing). The other keys of an mi_core
+        batch (``labels``, ``index``) may be passed along (``model(**batch)``) and are ignored
+        otherwise; any other keyword is refused, so a misspelt ``attention_mask`` cannot
+        silently drop the mask.
         """
         if isinstance(input_ids, Mapping):  # model(tokens) with a to_tokens dict
             given = {"attention_mask": attention_mask, "token_type_ids": token_type_ids}
@@ -231,16 +318,24 @@ class HookedClassifier:
                 for k, h in zip(unknown, hints, strict=True)
             )
             raise TypeError(f"{type(self).__name__}.forward() got unexpected keywords: {said}")
-        if return_type not in ("logits", None):
+        if return_type not in ("logits", "loss", "both", None):
             raise ValueError(
-                f"return_type must be 'logits' or None for a classifier, not {return_type!r}"
+                "return_type must be 'logits', 'loss', 'both' or None for a classifier, not "
+                f"{return_type!r}"
             )
+        labels = batch_keys.get("labels")
+        if return_type in ("loss", "both") and labels is None:
+            raise ValueError(f"return_type={return_type!r} needs the batch's labels (labels=...)")
         attention_mask, token_type_ids = self.infer_inputs(
             input_ids, attention_mask, token_type_ids
         )
         resid = self.embed_input(input_ids, attention_mask, token_type_ids)
         resid = self.run_blocks(resid, attention_mask)
         logits = self.classify(resid, attention_mask)
+        if return_type in ("loss", "both"):
+            target = torch.as_tensor(labels, device=logits.device).long()
+            loss = nn.functional.cross_entropy(logits.float(), target)
+            return loss if return_type == "loss" else (logits, loss)
         return logits if return_type == "logits" else None
 
     def infer_inputs(

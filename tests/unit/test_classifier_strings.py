@@ -129,3 +129,60 @@ def test_transformer_lens_head_detector_says_what_to_use_on_a_classifier(tiny):
     moved = tokens.to("cpu")
     assert set(moved) == {"input_ids", "attention_mask", "token_type_ids"}
     assert not hasattr(tokens, "shape")
+
+
+@pytest.mark.parametrize("which", ["tiny", "gpt2_cls"])
+def test_token_ids_turn_back_into_tokens_and_text_as_transformer_lens_does(which, request):
+    model = request.getfixturevalue(which)
+    tokens = model.to_tokens(PREMISES, HYPOTHESES)
+    ids, mask = tokens["input_ids"], tokens["attention_mask"]
+    by_hand = [model.tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
+    assert model.to_str_tokens(ids[1]) == by_hand[1]  # [pos]: one list, pads included
+    assert model.to_str_tokens(ids[1:]) == by_hand[1]  # [1, pos], as TL
+    assert model.to_str_tokens(ids[1].tolist()) == by_hand[1]  # a list of ints
+    assert model.to_str_tokens(ids) == by_hand  # [batch, pos]: a list per row
+    assert model.to_str_tokens([ids[0], ids[1]]) == by_hand  # a list of inputs, as TL
+    # to_tokens's output: each row without its pads, the same as from the strings
+    assert model.to_str_tokens(tokens) == model.to_str_tokens(PREMISES, HYPOTHESES)
+    assert len(model.to_str_tokens(tokens)[0]) == int(mask[0].sum())
+    text = model.to_string(ids[0, : int(mask[0].sum())])
+    assert text == model.tokenizer.decode(ids[0, : int(mask[0].sum())].tolist())
+    assert "doctor" in text and model.to_string(ids) == [model.to_string(r) for r in ids]
+    word = model.to_single_token("doctor")
+    assert model.tokenizer.convert_ids_to_tokens([word]) == ["doctor"]
+    with pytest.raises(DataError, match="is 3 tokens, not a single token"):
+        model.to_single_token("doctor doctor doctor")
+
+
+def test_head_activations_are_cached_whole_with_pos_slice_and_remove_batch_dim(tiny):
+    """The task head's hooks are [batch, d_model]: TL's pos_slice would cut their batch axis
+    and remove_batch_dim failed on them."""
+    tokens = tiny.to_tokens(PREMISES, HYPOTHESES)
+    _, full = tiny.run_with_cache(**tokens)
+    _, last = tiny.run_with_cache(**tokens, pos_slice=-1)
+    for name in ("head.hook_in", "head.hook_pooled"):
+        assert last[name].shape == (2, tiny.cfg.d_model)
+        torch.testing.assert_close(last[name], full[name], atol=0, rtol=0)
+    assert last["blocks.0.hook_resid_post"].shape[:2] == (2, 1)  # the rest still sliced
+    one = tiny.to_tokens(PREMISES[0], HYPOTHESES[0])
+    _, alone = tiny.run_with_cache(**one)
+    _, squeezed = tiny.run_with_cache(**one, remove_batch_dim=True)
+    for name in squeezed.keys():
+        torch.testing.assert_close(squeezed[name], alone[name][0], atol=0, rtol=0)
+
+
+def test_a_loss_return_type_lets_run_with_cache_take_gradients(tiny):
+    tokens = tiny.to_tokens(PREMISES, HYPOTHESES)
+    labels = torch.tensor([0, 2])
+    logits = tiny(**tokens)
+    loss = tiny(**tokens, labels=labels, return_type="loss")
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits, labels))
+    both = tiny(**tokens, labels=labels, return_type="both")
+    torch.testing.assert_close(both[0], logits)
+    torch.testing.assert_close(both[1], loss)
+    with pytest.raises(ValueError, match="needs the batch's labels"):
+        tiny(**tokens, return_type="loss")
+    _, cache = tiny.run_with_cache(**tokens, labels=labels, return_type="loss", incl_bwd=True)
+    grad = cache["head.hook_pooled_grad"]  # d loss / d pooled = (softmax - onehot) W_out / 2
+    probs = logits.softmax(-1) - torch.nn.functional.one_hot(labels, logits.shape[-1])
+    torch.testing.assert_close(grad, probs @ tiny.head.out.weight / 2, atol=1e-6, rtol=1e-5)
