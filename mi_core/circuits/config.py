@@ -41,6 +41,11 @@ SELECTIONS = ("greedy", "top-k")
 CURVE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
+#: The Edge Pruning authors' warm-ups as shares of their 3,000-step IOI runs.
+AUTHORS_SPARSITY_WARMUP = 2500 / 3000
+AUTHORS_LR_WARMUP = 200 / 3000
+
+
 @dataclass(kw_only=True)
 class EdgePruneSettings(Config):
     """The edge-pruning recipe (defaults: the Edge Pruning authors' IOI runs)."""
@@ -49,11 +54,12 @@ class EdgePruneSettings(Config):
     """Target fraction of edges removed."""
     steps: int = 3000
     """Optimisation steps."""
-    sparsity_warmup_steps: int = 2500
-    """Steps over which the target rises linearly from 0 to ``sparsity``."""
-    lr_warmup_steps: int = 200
+    sparsity_warmup_steps: int | None = None
+    """Steps over which the target rises linearly from 0 to ``sparsity``; default: the
+    authors' share of the run (2,500 of 3,000 steps), so ``steps`` alone scales it."""
+    lr_warmup_steps: int | None = None
     """Steps over which the learning rates rise linearly from 0 (then decay linearly to 0);
-    the authors' 200. A run shorter than this never reaches the full rates."""
+    default: the authors' share of the run (200 of 3,000 steps)."""
     node_sparsity: float | None = None
     """Target fraction of nodes (input, heads, MLPs) removed by node masks with their own
     Lagrangian term; None: edge masks only."""
@@ -76,6 +82,14 @@ class EdgePruneSettings(Config):
     checkpoint_every: int = 100
     """Save the run's state every this many steps (with a checkpoint folder)."""
 
+    def __post_init__(self) -> None:
+        # the warm-ups left unset keep the authors' share of the run (2,500 and 200 of 3,000)
+        if self.sparsity_warmup_steps is None:
+            self.sparsity_warmup_steps = round(self.steps * AUTHORS_SPARSITY_WARMUP)
+        if self.lr_warmup_steps is None:
+            self.lr_warmup_steps = round(self.steps * AUTHORS_LR_WARMUP)
+        super().__post_init__()
+
     def validate(self) -> None:
         super().validate()
         if not 0.0 < self.sparsity < 1.0:
@@ -84,7 +98,8 @@ class EdgePruneSettings(Config):
             raise ConfigError("steps, batch_size and checkpoint_every must be at least 1")
         if not 0 <= self.sparsity_warmup_steps <= self.steps:
             raise ConfigError(
-                f"sparsity_warmup_steps must lie in [0, steps], not {self.sparsity_warmup_steps}"
+                f"sparsity_warmup_steps (--sparsity-warmup-steps) must lie in [0, steps="
+                f"{self.steps}], not {self.sparsity_warmup_steps}"
             )
         if self.lr_warmup_steps < 0:
             raise ConfigError(f"lr_warmup_steps must be at least 0, not {self.lr_warmup_steps}")

@@ -70,7 +70,8 @@ def _report(summary: dict, out: str) -> None:
     circuit = summary["circuit"]
     print(
         f"{summary['graph']}: circuit of {circuit['n_edges']} edges recovers "
-        f"{circuit['faithfulness']:.1%} of the full model's metric on {summary['n_held_out']} "
+        f"{round(circuit['faithfulness'], 3) + 0.0:.1%} of the full model's metric on "
+        f"{summary['n_held_out']} "
         f"held-out pairs (full {circuit['full']:.4g}, every edge removed {circuit['empty']:.4g}; "
         f"KL {circuit['kl']:.3g}) -> {out}"
     )

@@ -311,3 +311,21 @@ def test_masked_forward_backward_runs_under_autocast(kind):
     assert float((grads[1] - grads[0]).abs().max()) < 0.05 * scale
     for p in model.parameters():
         p.requires_grad_(True)
+
+
+def test_the_warm_ups_scale_with_steps_unless_given():
+    """`--steps 30` alone keeps the authors' shares (2,500 and 200 of 3,000 steps); it used
+    to fail, the 2,500-step target warm-up not fitting in the run."""
+    from mi_core.circuits import EdgePruneSettings
+    from mi_core.errors import ConfigError
+
+    authors = EdgePruneSettings()
+    assert (authors.steps, authors.sparsity_warmup_steps, authors.lr_warmup_steps) == (
+        3000, 2500, 200)  # fmt: skip
+    short = EdgePruneSettings(steps=30)
+    assert (short.sparsity_warmup_steps, short.lr_warmup_steps) == (25, 2)
+    given = EdgePruneSettings(steps=30, sparsity_warmup_steps=10, lr_warmup_steps=0)
+    assert (given.sparsity_warmup_steps, given.lr_warmup_steps) == (10, 0)
+    assert EdgePruneSettings.from_dict(short.to_dict()) == short
+    with pytest.raises(ConfigError, match=r"--sparsity-warmup-steps\) must lie in \[0, steps=4\]"):
+        EdgePruneSettings(steps=4, sparsity_warmup_steps=10)
