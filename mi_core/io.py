@@ -21,14 +21,17 @@ if TYPE_CHECKING:  # torch is imported where tensors are written: the CLI's help
 FILE_SUFFIXES = (".csv", ".json", ".jsonl", ".md", ".html", ".safetensors", ".txt")
 
 
-def ensure_writable(path: str | os.PathLike[str]) -> Path:
-    """Check, before any work starts, that results can be written at ``path``: a folder or,
-    for a name with a file suffix, a file. Nothing is created. Raises
-    :class:`~mi_core.errors.OutputError` with one line saying why not."""
+def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
+    """Check, before any work starts, that results can be written at ``path``: a ``"file"``,
+    a ``"folder"``, or (``"auto"``) a file for a name with a known file suffix and a folder
+    otherwise. Nothing is created. Raises :class:`~mi_core.errors.OutputError` with one line
+    saying why not."""
     from mi_core.errors import OutputError
 
+    if kind not in ("auto", "file", "folder"):
+        raise ValueError(f"kind must be auto, file or folder, not {kind!r}")
     target = Path(path)
-    is_file = target.suffix.lower() in FILE_SUFFIXES
+    is_file = kind == "file" or (kind == "auto" and target.suffix.lower() in FILE_SUFFIXES)
 
     def refuse(reason: str) -> OutputError:
         return OutputError(f"cannot write results to {target}: {reason}")

@@ -114,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         for name in OUTPUTS:  # before any work: nothing computed is lost to a bad path
             if getattr(args, name, None):
-                ensure_writable(getattr(args, name))
+                # a command writing one file says so (``out_kind``); --predictions is a file
+                kind = "file" if name == "predictions" else getattr(args, "out_kind", "auto")
+                ensure_writable(getattr(args, name), kind)
         with output_lock(args.out) if getattr(args, "out", None) else contextlib.nullcontext():
             args.func(args)
     except OSError as exc:  # a file-system fault during the work: one line, not a traceback

@@ -19,7 +19,7 @@ def add_parser(subparsers) -> None:
         "superadditive).",
     )
     add_config_flags(p, AblationTableConfig)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, out_kind="file")  # --out is one file, whatever its suffix
 
 
 def config_from_args(args: argparse.Namespace) -> AblationTableConfig:

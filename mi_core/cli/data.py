@@ -42,7 +42,7 @@ def config_from_args(args: argparse.Namespace) -> FetchConfig:
 
 def run_fetch(args: argparse.Namespace) -> None:
     config = config_from_args(args)
-    root = ensure_writable(config.directory())  # before any download
+    root = ensure_writable(config.directory(), "folder")  # before any download
     with output_lock(root):
         written = fetch_data(config)
     print(f"{len(written)} file(s) written under {root}" + (":" if written else ""))

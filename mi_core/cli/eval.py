@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
         "predictions; --mask / --ablate evaluate a subnetwork (mean ablation needs --means).",
     )
     add_config_flags(p, EvalConfig)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, out_kind="file")  # --out is one file, whatever its suffix
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:

@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
         "model's name and weight fingerprint, to a .safetensors file.",
     )
     add_config_flags(p, MeansConfig)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, out_kind="file")  # --out is one file, whatever its suffix
 
 
 def config_from_args(args: argparse.Namespace) -> MeansConfig:

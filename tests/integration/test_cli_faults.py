@@ -45,6 +45,31 @@ def test_a_bad_second_output_is_found_before_the_first_is_touched(tmp_path, caps
     assert results.stat().st_mtime_ns == before
 
 
+def test_a_command_writing_one_file_knows_it_whatever_the_suffix(tmp_path, capsys):
+    """eval's --out is one file: a folder there is refused before any work (it was refused
+    after the evaluation, naming a hidden temporary file), and a .tsv written once is
+    not taken for a folder the second time."""
+    argv = ["eval", "--model", "no-such-model", "--data", "hans:so_swap", "--out"]
+    (tmp_path / "results").mkdir()
+    assert main([*argv, str(tmp_path / "results")]) == 2
+    assert "results: a folder is in the way of the output file" in _one_line(capsys)
+    earlier = tmp_path / "results.tsv"
+    earlier.write_text("dataset,n,accuracy\n")
+    assert main([*argv, str(earlier)]) == 2  # past the output check, to the missing model
+    err = capsys.readouterr().err
+    assert "cannot write results" not in err and "no-such-model" in err
+
+
+def test_a_file_where_a_command_writes_a_folder_is_refused_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "r.csv"  # a file suffix, yet prune's --out is a folder
+    blocker.write_text("mine")
+    argv = ["prune", "--model", "no-such-model", "--train", "mnli:train", "--sparsity", "0.5"]
+    argv += ["--out", str(blocker)]
+    assert main(argv) == 2
+    assert "r.csv: a file is in the way of the output folder" in _one_line(capsys)
+    assert blocker.read_text() == "mine"
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_a_read_only_folder(tmp_path, capsys):
     locked = tmp_path / "locked"
