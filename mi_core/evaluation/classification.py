@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,8 @@ from tqdm.auto import tqdm
 from mi_core.data import PairDataset, pair_batches
 from mi_core.errors import ConfigError
 from mi_core.evaluation.config import EvalConfig
+
+logger = logging.getLogger(__name__)
 
 BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -169,6 +172,13 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")
+    if not getattr(model, "head_from_checkpoint", True):
+        logger.warning(
+            "%s has no %s head of its own: the head was made at random when it loaded, so these "
+            "accuracies are chance; evaluate a fine-tuned checkpoint (mi-core finetune)",
+            config.model,
+            model.task,
+        )
     mask = None
     if config.mask:
         mask = ComponentMask.load(config.mask)

@@ -106,6 +106,9 @@ class HookedClassifier:
     label_names: list[str]
     model_name: str
     is_encoder: bool
+    head_from_checkpoint: bool = True
+    """False when the task head was made at load time (random, from ``seed``): the checkpoint
+    was a pretrained body, not a classifier (:func:`~mi_core.models.load_model` sets it)."""
     dropout_rates: DropoutRates
     """The checkpoint's dropout (TL models run without it; see :mod:`mi_core.models.dropout`)."""
 

@@ -443,6 +443,7 @@ def load_model(
     if as_classifier:
         hf_model, tokenizer, task = load_hf_classifier(source.name, task, num_labels, seed)
         model = hooked_classifier_from_hf(hf_model, tokenizer, task, device=device, dtype=dtype)
+        model.head_from_checkpoint = arch in CLASSIFIER_ARCHITECTURES
     else:
         model = _load_causal_lm(source, device, dtype, fold_ln)
         enable_lm_fast_paths(model)  # no per-call weight copies in the MLPs and unembedding

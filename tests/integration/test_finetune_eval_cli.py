@@ -184,3 +184,22 @@ def test_optimizer_state_in_the_newest_two_checkpoints_and_a_damaged_one_is_skip
     limited = tmp_path / "limited"
     assert _finetune(bert, limited, steps=6, extra=("--save-total-limit", "2")) == 0
     assert sorted(p.name for p in limited.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+
+
+def test_eval_says_when_the_head_was_made_at_random(tmp_path, caplog, tiny_checkpoints):
+    """minilm is a pretrained body: its MNLI head is made at load time, so its accuracy is
+    chance, and eval says so; a classifier checkpoint keeps its own head and gets no warning."""
+    from mi_core.evaluation import EvalConfig, run_eval
+
+    def warned(model: str) -> bool:
+        caplog.clear()
+        config = EvalConfig(model=model, task="mnli", data=["mnli:validation_matched"],
+                            max_examples=4, out=str(tmp_path / "r.csv"))  # fmt: skip
+        with caplog.at_level("WARNING"):
+            run_eval(config, progress=False)
+        return any("made at random" in r.getMessage() for r in caplog.records)
+
+    assert load_model("minilm", task="mnli").head_from_checkpoint is False
+    assert warned("minilm")
+    assert load_model(tiny_checkpoints["bert-cls"], task="mnli").head_from_checkpoint is True
+    assert not warned(str(tiny_checkpoints["bert-cls"]))
