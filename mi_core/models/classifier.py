@@ -406,10 +406,12 @@ class PostLNActivationCache(ActivationCache):
     def decompose_resid(self, *args, **kwargs):  # noqa: D102
         self._refuse("decompose_resid")
 
-    def accumulated_resid(self, *args, apply_ln: bool = False, **kwargs):  # noqa: D102
+    def accumulated_resid(  # noqa: D102
+        self, layer=None, incl_mid: bool = False, apply_ln: bool = False, *args, **kwargs
+    ):
         if apply_ln:  # stacking the real resid_pre / mid values is fine; "applying LN" is not
             self._refuse("accumulated_resid(apply_ln=True)")
-        return super().accumulated_resid(*args, apply_ln=apply_ln, **kwargs)
+        return super().accumulated_resid(layer, incl_mid, apply_ln, *args, **kwargs)
 
     def apply_ln_to_stack(self, *args, **kwargs):  # noqa: D102
         self._refuse("apply_ln_to_stack")
