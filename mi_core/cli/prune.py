@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"{config.out} is already complete; its result:")
     m = result.metrics
     print(f"achieved sparsity {m['achieved_sparsity']:.4f} ({m['n_removed']}/{m['n_components']})")
-    if m.get("reached_target") is False:
+    if m.get("reached_target") is False and result.already_complete:  # else the run warned
         print(
             f"warning: the sparsity ended at {m['final_sparsity']:.3f}, not near the target "
             f"{m['target_sparsity']:g}: the gates did not converge (more --steps?)",

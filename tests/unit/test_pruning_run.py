@@ -272,8 +272,11 @@ def test_cli_prune_writes_every_file_and_reports(
     assert {"lambda_1", "lambda_2"} <= set(log.columns) and len(log) == 6
     config = read_json(out / "config.json")
     assert config["prune"]["steps"] == 6 and config["prune"]["warmup_steps"] == round(6 * 90 / 93)
+    assert metrics["reached_target"] is False  # 6 steps: the run itself warned, by its logger
+    assert "warning: the sparsity ended" not in captured.err  # not a second time
     code, captured = _cli(args, capsys)
     assert code == 0 and "already complete" in captured.out
+    assert captured.err.count("warning: the sparsity ended at") == 1  # the finished run's report
 
 
 def _one_line_error(capsys, args, match):
