@@ -228,8 +228,14 @@ def hans_pairs(
     max_length: int = 128,
 ) -> PromptPairs:
     """HANS pairs of ``subcase`` and their identity counterparts (see the module docstring)."""
-    from mi_core.data.pairs import load_pairs
+    from mi_core.data.pairs import PAIR_SPECS, load_pairs
 
+    subcases = [spec.split(":", 1)[1] for spec in PAIR_SPECS if spec.startswith("hans:")]
+    if subcase not in subcases:
+        raise DataError(
+            f"unknown HANS subcase in hans-pairs:{subcase}; choose hans-pairs:<subcase> with "
+            f"one of {', '.join(subcases)}"
+        )
     names = [name.lower() for name in label_names]
     if "entailment" not in names:
         raise DataError(

@@ -125,6 +125,7 @@ def test_a_circuit_sweep_on_ray_gives_the_local_circuits(tmp_path, tiny_checkpoi
         (["--data", "ioi"], "ioi is a language-model task"),
         (["--data", "squad"], "unknown circuit data"),
         (["--held-out", "1.5"], "held_out must lie strictly between 0 and 1"),
+        (["--data", "hans-pairs:foo"], "unknown HANS subcase in hans-pairs:foo; choose"),
     ],
 )
 def test_bad_circuit_input_is_one_line(tmp_path, capsys, tiny_checkpoints, extra, says):
