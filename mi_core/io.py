@@ -110,14 +110,22 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
+    except OSError as exc:  # name the file the user asked for, not the hidden temporary one
+        ours = exc.filename is None or str(exc.filename).startswith(
+            str(target.parent / f".{target.name}.")
+        )
+        if not ours:
+            raise
+        raise type(exc)(exc.errno, exc.strerror or str(exc), str(target)) from exc
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 
 import pytest
 import torch
@@ -27,6 +28,28 @@ def test_results_are_written_with_the_users_umask(tmp_path, umask):
     assert mode == 0o666 & ~umask == stat.S_IMODE(plain.stat().st_mode)
     assert stat.S_IMODE((tmp_path / "text.md").stat().st_mode) == mode
     assert not list(tmp_path.glob("**/.*.tmp"))  # no temporary file left behind
+
+
+def test_a_failed_write_names_the_file_asked_for_not_the_temporary_one(tmp_path):
+    (tmp_path / "results.csv").mkdir()  # a folder where the file goes
+    with pytest.raises(IsADirectoryError) as info:
+        write_text(tmp_path / "results.csv", "x")
+    assert info.value.filename == str(tmp_path / "results.csv")
+    assert not list(tmp_path.glob(".*.tmp"))  # and no temporary file is left
+    (tmp_path / "gone").mkdir()
+    with pytest.raises(FileNotFoundError) as info:  # the temporary file cannot be made
+        real_mkstemp = tempfile.mkstemp
+
+        def vanishing(dir, prefix, suffix):  # noqa: A002
+            (tmp_path / "gone").rmdir()
+            return real_mkstemp(dir=dir, prefix=prefix, suffix=suffix)
+
+        tempfile.mkstemp = vanishing
+        try:
+            write_text(tmp_path / "gone" / "out.json", "x")
+        finally:
+            tempfile.mkstemp = real_mkstemp
+    assert info.value.filename == str(tmp_path / "gone" / "out.json")
 
 
 def test_version_and_one_line_errors_with_the_prefix_once(capsys):
