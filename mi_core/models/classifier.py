@@ -181,8 +181,9 @@ class HookedClassifier:
 
         Token ids are turned into tokens as TransformerLens does, pads included: a 1-D tensor,
         array or list of ints (or a ``[1, pos]`` tensor) gives one list, a ``[batch, pos]``
-        tensor one list per row, a list of id tensors one list each. ``to_tokens``'s output
-        (ids with their attention mask) gives each row's tokens without its pads.
+        tensor one list per row, a list of id tensors one list each (TL's ``prepend_bos`` and
+        ``padding_side`` do not apply to ids and are ignored). ``to_tokens``'s output (ids with
+        their attention mask) gives each row's tokens without its pads (one list for one pair).
         """
         if isinstance(premise, str) or (
             isinstance(premise, list) and premise and isinstance(premise[0], str)
@@ -192,8 +193,6 @@ class HookedClassifier:
             tokens = self.to_tokens(premise, hypothesis)
             rows = self._str_rows(tokens["input_ids"], tokens["attention_mask"])
             return rows[0] if isinstance(premise, str) else rows
-        if hypothesis is not None and not isinstance(hypothesis, str | list):
-            tl_args = (hypothesis, *tl_args)  # TL's positional prepend_bos
         if isinstance(premise, Mapping):
             rows = self._str_rows(premise["input_ids"], premise.get("attention_mask"))
             return rows[0] if len(rows) == 1 else rows
