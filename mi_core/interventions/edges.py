@@ -374,6 +374,25 @@ def _config_flags(model: Any, **values: bool) -> Iterator[Any]:
             setattr(cfg, name, value)
 
 
+_EDGE_MASK_APPLIED = "_mi_core_edge_mask_applied"
+
+
+@contextlib.contextmanager
+def _one_edge_mask(model: Any) -> Iterator[None]:
+    """The graph's switches for an edge mask applied by :func:`apply`, refusing a second."""
+    if model.__dict__.get(_EDGE_MASK_APPLIED):
+        raise InterventionError(
+            "an edge mask is already applied to this model; two at once would subtract an edge "
+            "both remove twice: apply one mask, a & b (every edge either removes is removed)"
+        )
+    model.__dict__[_EDGE_MASK_APPLIED] = True
+    try:
+        with graph_switches(model):
+            yield
+    finally:
+        model.__dict__.pop(_EDGE_MASK_APPLIED, None)
+
+
 def graph_switches(model: Any, split_inputs: bool = True) -> contextlib.AbstractContextManager:
     """Switch on what a graph needs for the span of a block: per-head query / key / value
     inputs (``split_inputs``; methods that take per-head gradients by hand run without them)
@@ -728,10 +747,26 @@ class EdgeMask:
         return replace(self.with_corrupted(outputs), _corrupted_z=(outputs, head_z))
 
     def __or__(self, other: EdgeMask) -> EdgeMask:
+        """The edges either keeps (the same graph and fill; this mask's binding)."""
+        self._check_combinable(other, "|")
         return replace(self, weights=torch.maximum(self.weights, other.weights))
 
     def __and__(self, other: EdgeMask) -> EdgeMask:
+        """The edges both keep: every edge either removes is removed (the same graph and fill;
+        this mask's binding). How to apply two masks at once."""
+        self._check_combinable(other, "&")
         return replace(self, weights=torch.minimum(self.weights, other.weights))
+
+    def _check_combinable(self, other: EdgeMask, op: str) -> None:
+        if not isinstance(other, EdgeMask):
+            raise InterventionError(f"an edge mask {op} {type(other).__name__}: give an EdgeMask")
+        if other.graph is not self.graph and other.graph.edge_names != self.graph.edge_names:
+            raise InterventionError(f"edge masks of two different graphs cannot be combined ({op})")
+        if other.fill != self.fill:
+            raise InterventionError(
+                f"an edge mask with {self.fill} fill {op} one with {other.fill} fill: a removed "
+                "edge would carry one or the other; give both the same fill"
+            )
 
     def __invert__(self) -> EdgeMask:
         return replace(self, weights=1.0 - self.weights)
@@ -744,8 +779,11 @@ class EdgeMask:
 
     # ------------------------------------------------------------------ intervention
     def prepare(self, model: Any) -> contextlib.AbstractContextManager[Any]:
-        """The switches the graph needs (:func:`graph_switches`), for :func:`apply`."""
-        return graph_switches(model)
+        """The switches the graph needs (:func:`graph_switches`), for :func:`apply`; one edge
+        mask at a time: a second one, in the same ``apply`` or nested, is refused (each feeds
+        receivers their input minus its removed edges' differences, so an edge both remove
+        would be subtracted twice): apply ``a & b``."""
+        return _one_edge_mask(model)
 
     def hooks(self, model: Any) -> list[tuple[str, Callable]]:
         """Hooks that feed every receiver its input minus the removed edges' differences.

@@ -572,3 +572,30 @@ def test_a_corrupted_run_bound_by_z_gives_the_patched_values_and_gradients(
         torch.no_grad(),
     ):
         model(**clean)
+
+
+def test_two_edge_masks_at_once_are_refused_and_a_and_b_removes_both(gpt2):
+    """Each edge mask subtracts its removed edges' differences from the receivers' inputs:
+    two at once would subtract an edge both remove twice (applying the empty mask twice
+    gave 0.03 off the corrupted run). apply refuses a second one; a & b removes either's."""
+    graph = Graph.from_model(gpt2)
+    clean, corrupt = random_tokens(2, 6, seed=3, high=90), random_tokens(2, 6, seed=4, high=90)
+    a = ~EdgeMask.from_edges(graph, ["input->L1.H2.v", "L0.MLP->L1.H0.q"]).patching(gpt2, corrupt)
+    b = ~EdgeMask.from_edges(graph, ["input->L1.H2.v", "L0.H1->L1.MLP"]).patching(gpt2, corrupt)
+    with pytest.raises(InterventionError, match="an edge mask is already applied"):
+        with apply(gpt2, a, b):
+            pass
+    with apply(gpt2, a), pytest.raises(InterventionError, match="apply one mask, a & b"):
+        with apply(gpt2, b):
+            pass
+    both = a & b
+    assert sorted(set(graph.edge_names) - set(both.kept)) == sorted(
+        ["input->L1.H2.v", "L0.MLP->L1.H0.q", "L0.H1->L1.MLP"]
+    )
+    with apply(gpt2, both):  # the model is clean again: one mask applies
+        got = gpt2(clean)
+    with apply(gpt2, EdgeMask.empty(graph).patching(gpt2, corrupt)):
+        torch.testing.assert_close(gpt2(clean), gpt2(corrupt), atol=1e-5, rtol=0)
+    assert (got - gpt2(clean)).abs().max() > 1e-4
+    with pytest.raises(InterventionError, match="corrupted fill & one with zero fill"):
+        a & EdgeMask.from_edges(graph, [], fill="zero")  # noqa: B018
