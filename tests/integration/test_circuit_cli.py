@@ -46,6 +46,10 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
     mib = json.loads((out / "mib.json").read_text())
     assert len(mib["edges"]) == 262 and "a0.h1->a2.h3<q>" in mib["edges"]
     assert sum(e["in_graph"] for e in mib["edges"].values()) == circuit.n_kept
+    # what EAP-IG's Graph.from_json (MIB's loader) rebuilds the graph from
+    cfg = mib["cfg"]
+    assert (cfg["n_layers"], cfg["n_heads"], cfg["parallel_attn_mlp"]) == (3, 4, False)
+    assert cfg["d_model"] == 32
     # the scores read back as EdgeScores: the same graph, method and circuit
     scores = EdgeScores.load(out / "scores.safetensors")
     assert (scores.graph, scores.method, scores.n_examples) == (circuit.graph, "eap", 8)
