@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -535,9 +535,19 @@ def sender_means(
     ``masks`` (one ``[batch, pos]`` mask per batch: a language model's right-padded prompts run
     without an attention mask), else by the batch's own ``attention_mask``, else all of them.
     """
+    if isinstance(batches, torch.Tensor | Mapping):
+        raise InterventionError(
+            "sender_means takes a list (or iterator) of batches, each the keyword arguments of a "
+            'forward: [{"input": ids}] for a language model, [tokens] for a classifier'
+        )
     total = torch.zeros(graph.n_senders, graph.d_model, dtype=torch.float64)
     count = 0
     for i, batch in enumerate(batches):
+        if not isinstance(batch, Mapping):
+            raise InterventionError(
+                f"sender_means: batch {i} is a {type(batch).__name__}, not the keyword "
+                'arguments of a forward (e.g. {"input": ids})'
+            )
         outputs = node_outputs(model, graph, **batch).double().cpu()
         mask = masks[i] if masks is not None else batch.get("attention_mask")
         if mask is None:

@@ -167,6 +167,11 @@ def test_mean_fill_is_the_corrupted_fill_with_means_as_the_corrupted_run(gpt2):
     with apply(gpt2, as_corrupt):
         corrupt_filled = gpt2(clean)
     torch.testing.assert_close(mean_filled, corrupt_filled, atol=1e-5, rtol=0)
+    # token ids instead of a list of forward keywords: one clear error, not a bare TypeError
+    with pytest.raises(InterventionError, match="takes a list .* of batches"):
+        sender_means(gpt2, graph, data[0]["input"])
+    with pytest.raises(InterventionError, match="batch 0 is a Tensor"):
+        sender_means(gpt2, graph, [data[0]["input"]])
 
 
 def test_node_outputs_are_each_senders_output_and_a_short_forward_is_refused(gpt2):
