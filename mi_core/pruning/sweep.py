@@ -46,6 +46,7 @@ from mi_core.pruning.constants import EXECUTORS
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
 from mi_core.pruning.run import (
+    _claim_run_dir,
     _load_data,
     _load_inputs,
     _load_means,
@@ -570,12 +571,18 @@ def run_sweep(
                 "the ray executor needs the model, data and means as paths or specs, not objects"
             )
 
-    model_obj, _ = _load_model(model, task, device)
+    model_obj, model_spec = _load_model(model, task, device)
     with fingerprint_held(model_obj):  # the weights stay fixed: one fingerprint for every check
         task, means_obj, train_set, evals, eval_names = _load_inputs(
             model_obj, task, means, cfg.ablation, train, max_train_examples, eval_sets,
             max_eval_examples,
         )  # fmt: skip
+        for r in runs:  # a folder left by a run with other settings is refused, finished or not
+            if (r.run_dir / "config.json").is_file():
+                _claim_run_dir(
+                    r.run_dir, r.config, model_obj, model_spec, task, train_set, means,
+                    means_obj, eval_names, max_eval_examples, None,
+                )  # fmt: skip
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         ref_path = sweep_dir / "reference_logits.safetensors"

@@ -113,6 +113,13 @@ def test_sweep_runs_every_pair_then_only_what_is_missing(
     assert main(args) == 0
     assert calls == [out / "s0.50" / "seed1"]
     assert len(pd.read_csv(out / "subnetworks.csv")) == 4
+    # other settings on the same folder: refused, not the finished runs reported as theirs
+    capsys.readouterr()
+    other = [a if a != "4" else "5" for a in args]  # --steps 5
+    assert main(other) == 2 and len(calls) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds a run with other settings (prune differ)" in err[0]
+    assert len(pd.read_csv(out / "s0.30" / "seed1" / "log.csv")) == 4  # untouched
 
 
 def test_sweep_bad_input_is_one_line(model_path, means_file, tmp_path, capsys):
