@@ -41,7 +41,7 @@ from mi_core.circuits.metrics import get_metric
 from mi_core.circuits.prune import prune_edges
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
-from mi_core.errors import DataError, TrainingError
+from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, sender_means
 from mi_core.io import read_json, write_csv, write_json, write_text
 from mi_core.pruning.sweep import run_ray_tasks
@@ -193,6 +193,8 @@ def run_circuit_sweep_job(config: CircuitSweepConfig, *, progress: bool = True) 
     Returns and writes ``out/circuits.csv`` (the finished runs; a run that failed is named in
     the error raised after the others finished)."""
     runs = [config.run_config(s, seed) for s in config.sparsities for seed in config.seeds]
+    for run in runs:  # a finished run of other settings is refused, not reported as this one
+        _check_finished(run)
     pending = [r for r in runs if not (Path(r.out) / "summary.json").is_file()]
     failures: list[str] = []
     if pending and config.executor == "ray":
@@ -218,6 +220,27 @@ def run_circuit_sweep_job(config: CircuitSweepConfig, *, progress: bool = True) 
             f"{first}); circuits.csv lists the finished ones; re-run the sweep to retry the rest"
         )
     return table
+
+
+#: Settings that change where or how often a run computes, not what it finds.
+_WHERE_NOT_WHAT = frozenset({"device", "out", "checkpoint_every"})
+
+
+def _check_finished(run: CircuitPruneConfig) -> None:
+    """Refuse a finished run in ``run.out`` whose settings differ from ``run``'s (an unfinished
+    one is checked by :func:`prune_edges` when it resumes)."""
+    done = Path(run.out) / "summary.json"
+    if not done.is_file():
+        return
+    saved, now = read_json(done).get("config", {}), run.to_dict()
+    differ = sorted(
+        k for k in now if k not in _WHERE_NOT_WHAT and k in saved and saved[k] != now[k]
+    )
+    if differ:
+        raise ConfigError(
+            f"{run.out} holds a finished edge-pruning run with other settings "
+            f"({', '.join(differ)} differ); use another --out or delete it"
+        )
 
 
 def _circuit_prune_task(config: dict[str, Any]) -> str:

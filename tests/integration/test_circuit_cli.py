@@ -98,6 +98,13 @@ def test_a_circuit_sweep_runs_each_sparsity_and_seed_once(tmp_path, capsys, tiny
     assert main(argv) == 0  # finished runs are read back, not run again
     assert (out / "s0.80" / "seed2" / "summary.json").stat().st_mtime_ns == stamp
     assert load_intervention(out / "s0.80" / "seed2" / "circuit.safetensors").kept == one.kept
+    capsys.readouterr()  # other settings: refused, not the finished runs reported as theirs
+    assert main([a if a != "6" else "7" for a in argv]) == 2  # --steps 7
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and "finished edge-pruning run with other settings (steps differ)" in err[0]
+    )
+    assert (out / "s0.80" / "seed2" / "summary.json").stat().st_mtime_ns == stamp
     # each seed draws its own gates: the runs' log_alpha differ
     first, second = (load_file(out / "s0.90" / f"seed{s}" / "scores.safetensors")["scores"]
                      for s in (1, 2))  # fmt: skip
