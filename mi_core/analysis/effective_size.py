@@ -162,10 +162,19 @@ def faithfulness_table(
     margin: float = 0.03,
     checkpoint_col: str | None = None,
     groups: Mapping[str, Sequence[str]] | None = None,
+    method: str = "paper",
 ) -> pd.DataFrame:
     """One row per (checkpoint, target, sparsity): ``accuracy`` (mean over seeds, combined over
     the target's datasets), ``accuracy_std`` (std over seeds of the per-seed combined accuracy),
-    ``n_seeds``, ``full_accuracy`` and ``faithful``. See the module docstring for the rules."""
+    ``n_seeds``, ``full_accuracy``, ``faithful`` and ``faithful_seeds``. See the module
+    docstring for the rules of each ``method``: with ``"paper"`` ``faithful`` judges the mean
+    over seeds; with ``"authors"`` (what :func:`effective_size` computes by default) ``mixed``
+    is the mean over every dataset, each seed is judged strictly, and ``faithful`` is True when
+    every seed is (``faithful_seeds`` counts them; each seed's largest faithful sparsity is what
+    the authors' effective size averages)."""
+    if method not in METHODS:
+        raise ConfigError(f"effective-size method must be one of {METHODS}, got {method!r}")
+    authors = method == "authors"
     id_sets, ood_sets, ckpt = _check_results(
         results, id_datasets, ood_datasets, checkpoint_col, groups
     )
@@ -173,11 +182,11 @@ def faithfulness_table(
 
     # Mean over seeds per dataset first (robust to a seed missing one dataset), then combine.
     seed_mean = results.groupby([ckpt, "sparsity", "dataset"], as_index=False)["accuracy"].mean()
-    combined = _combine(seed_mean, [ckpt, "sparsity"], id_sets, ood_sets, groups=groups)
-    per_seed = _combine(results, [ckpt, "sparsity", "seed"], id_sets, ood_sets, groups=groups)
+    combined = _combine(seed_mean, [ckpt, "sparsity"], id_sets, ood_sets, authors, groups)
+    per_seed = _combine(results, [ckpt, "sparsity", "seed"], id_sets, ood_sets, authors, groups)
     spread = per_seed.groupby(level=[0, 1]).agg(["std", "count"])
 
-    full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets, groups=groups)
+    full = _combine(_full_frame(full_accuracy, ckpt), [ckpt], id_sets, ood_sets, authors, groups)
     rows = []
     for (checkpoint, sparsity), accs in combined.iterrows():
         if checkpoint not in full.index:
@@ -185,6 +194,11 @@ def faithfulness_table(
         for target in targets:
             acc = float(accs[target])
             full_acc = float(full.loc[checkpoint, target])
+            seeds = per_seed.loc[(checkpoint, sparsity), target].dropna()
+            if authors:  # each seed, strictly (the authors' script)
+                per_seed_ok = seeds > full_acc - margin + _TOL
+            else:
+                per_seed_ok = seeds >= full_acc - margin - _TOL
             rows.append(
                 {
                     ckpt: checkpoint,
@@ -194,7 +208,10 @@ def faithfulness_table(
                     "accuracy_std": float(spread.loc[(checkpoint, sparsity), (target, "std")]),
                     "n_seeds": int(spread.loc[(checkpoint, sparsity), (target, "count")]),
                     "full_accuracy": full_acc,
-                    "faithful": bool(acc >= full_acc - margin - _TOL),
+                    "faithful": bool(per_seed_ok.all() and len(seeds))
+                    if authors
+                    else bool(acc >= full_acc - margin - _TOL),
+                    "faithful_seeds": int(per_seed_ok.sum()),
                 }
             )
     return pd.DataFrame(rows).sort_values([ckpt, "target", "sparsity"], ignore_index=True)

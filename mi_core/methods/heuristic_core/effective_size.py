@@ -3,15 +3,17 @@
 For each ``DIR/checkpoint-{step}``: mean activations on the training set (unless given), a
 pruning sweep at every sparsity and seed (:func:`mi_core.pruning.run_sweep`, so finished runs
 are skipped and the runs can go to Ray), then :func:`mi_core.analysis.effective_size` on the
-accuracies: the largest sparsity whose mean accuracy over seeds stays within ``margin`` of that
-checkpoint's full model on the in-domain set, the out-of-domain sets and their equal mix;
-effective size = 100 - that sparsity in percent. Layout of ``OUT``::
+accuracies: the largest sparsity that stays within ``margin`` of that checkpoint's full model on
+the in-domain set, the out-of-domain sets and their mix (``method`` ``authors``, the default:
+each seed's largest faithful sparsity, then the mean over seeds; ``paper``: the mean accuracy
+over seeds); effective size = 100 - that sparsity in percent. Layout of ``OUT``::
 
     checkpoint-{step}/means.safetensors     (unless means were given)
     checkpoint-{step}/sweep/                (a sweep directory)
     accuracy.csv         step, sparsity, seed, dataset, accuracy (every subnetwork)
     full_accuracy.csv    step, dataset, accuracy (every checkpoint's full model)
-    faithfulness.csv     step, target, sparsity, accuracy, accuracy_std, n_seeds, full, faithful
+    faithfulness.csv     step, target, sparsity, accuracy, accuracy_std, n_seeds, full,
+                         faithful, faithful_seeds (judged by the effective size's method)
     effective_size.csv   step, target, full_accuracy, faithful_sparsity, accuracy, effective_size
     effective_size.html  the figure (accuracy and effective size over steps)
 """
@@ -278,7 +280,9 @@ def summarize_effective_size(
     kwargs = dict(
         id_datasets=list(id_sets), ood_datasets=list(ood_sets), margin=margin, groups=groups
     )
-    faithful = faithfulness_table(accuracy, full_accuracy, checkpoint_col="step", **kwargs)
+    faithful = faithfulness_table(  # judged as the effective size is (``method``)
+        accuracy, full_accuracy, checkpoint_col="step", method=method, **kwargs
+    )
     sizes = effective_size(accuracy, full_accuracy, checkpoint_col="step", method=method, **kwargs)
     files = EFFECTIVE_SIZE_FILES
     write_csv(out / files["accuracy"], accuracy)
