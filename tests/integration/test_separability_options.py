@@ -26,8 +26,13 @@ def test_defaults_are_the_reports():
     shorthand = SeparabilityConfig(scoring="sqrt", offset="zero")
     assert (shorthand.ff_scoring, shorthand.attn_scoring) == ("sqrt", "sqrt")
     assert (shorthand.ff_offset, shorthand.attn_offset) == ("zero", "zero")
-    assert SeparabilityConfig(ff_frac=0.1, attn_frac=0.1).method == "freq+abs"
-    assert SeparabilityConfig(ff_frac=0.1).method == "freq"
+    assert SeparabilityConfig(ff_frac=0.1, attn_frac=0.1, steps=10).method == "freq+abs"
+    assert SeparabilityConfig(ff_frac=0.1, steps=10).method == "freq"
+    # total: 1/frac steps prune every unit; more would repeat the last step (evaluated again)
+    with pytest.raises(ConfigError, match="10 steps prune every unit .* use --steps 10 or fewer"):
+        SeparabilityConfig(ff_frac=0.1, steps=11)
+    assert SeparabilityConfig(ff_frac=0.1, attn_frac=0.02, steps=50).steps == 50  # attn: 50
+    assert SeparabilityConfig(ff_frac=0.1, steps=30, schedule="remaining").steps == 30
     for bad in (
         dict(schedule="geometric"),
         dict(attn_heads_per_step=2),  # needs attn_unit="head"

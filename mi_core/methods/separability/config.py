@@ -3,6 +3,7 @@ imports no torch."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mi_core.analysis.constants import MODES
@@ -149,6 +150,16 @@ class SeparabilityConfig(DeviceOption):
             raise ConfigError("attn_heads_per_step needs attn_unit='head' (--attn-unit head)")
         if self.ff_frac == 0 and not self.prunes_attention:
             raise ConfigError("nothing to prune: ff_frac and attn_frac are both 0")
+        if self.schedule == "total" and not self.attn_heads_per_step:
+            # every unit is gone after 1/frac steps: later steps would repeat the last one
+            fracs = [f for f in (self.ff_frac, self.attn_frac) if f > 0]
+            needed = max(math.ceil(1.0 / f - 1e-9) for f in fracs)
+            if self.steps > needed:
+                raise ConfigError(
+                    f"with schedule total, {needed} steps prune every unit (ff_frac "
+                    f"{self.ff_frac:g}, attn_frac {self.attn_frac:g}); steps {self.steps} would "
+                    f"repeat step {needed}: use --steps {needed} or fewer"
+                )
         if self.svd_combine_biases and not self.svd:
             raise ConfigError("svd_combine_biases needs svd (--svd)")
         if self.stats_correct_top_k < 0:
