@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -137,8 +138,21 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically."""
-    return write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Write ``obj`` as indented, strict JSON atomically: a NaN or infinite number (which
+    Python's json would write as a bare ``NaN`` that other parsers reject) is written as null."""
+    text = json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False)
+    return write_text(path, text + "\n")
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None (containers copied as needed)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -59,10 +59,12 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("missing --out (the output directory, also the resume state)")
     result = run_separability_job(config, progress=not args.no_progress)
     summary = result.summary()
-    for metric in ("top1", "skip50_top1"):
-        area = summary["areas"][metric]
+    for metric in ("top1", "skip50_top1", "loss"):
+        area = summary["areas"].get(metric)
+        if area is None:
+            continue
         line = f"{metric}: area {area['area']:.3f}, separability {area['separability_pct']:.1f}%"
-        if "random_areas" in summary:
+        if metric in summary.get("random_areas", {}):
             line += f" (random: area {summary['random_areas'][metric]['area']:.3f})"
         print(line)
     for finding in summary["findings"]:

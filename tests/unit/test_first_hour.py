@@ -30,6 +30,14 @@ def test_results_are_written_with_the_users_umask(tmp_path, umask):
     assert not list(tmp_path.glob("**/.*.tmp"))  # no temporary file left behind
 
 
+def test_json_results_are_strict_json(tmp_path):
+    import json
+
+    path = write_json(tmp_path / "s.json", {"a": float("nan"), "b": [1.5, float("inf")], "c": 2})
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
+    assert json.loads(path.read_text()) == {"a": None, "b": [1.5, None], "c": 2}
+
+
 def test_a_failed_write_names_the_file_asked_for_not_the_temporary_one(tmp_path):
     (tmp_path / "results.csv").mkdir()  # a folder where the file goes
     with pytest.raises(IsADirectoryError) as info:
