@@ -351,7 +351,7 @@ class PairDataset:
 
 
 def _read_json_rows(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Excel, Notepad) is dropped
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -376,7 +376,7 @@ def _read_json_rows(path: Path) -> list[dict[str, Any]]:
 
 def _read_delimited(path: Path) -> list[dict[str, Any]]:
     tsv = path.suffix.lower() in (".tsv", ".txt")
-    with open(path, newline="", encoding="utf-8") as handle:
+    with open(path, newline="", encoding="utf-8-sig") as handle:  # Excel's "CSV UTF-8" mark
         if tsv:
             reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         else:
@@ -445,6 +445,7 @@ def load_file(
 # rows -> PairDataset
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
+_INT_FLOAT_RE = re.compile(r"^[+-]?\d+\.0*$")
 
 
 def _parse_label(raw: Any) -> int | str:
@@ -458,6 +459,8 @@ def _parse_label(raw: Any) -> int | str:
         s = raw.strip()
         if _INT_RE.match(s):
             return int(s)
+        if _INT_FLOAT_RE.match(s):  # "1.0": pandas writes int labels so once a column had NaN
+            return int(float(s))
         return s.lower().replace("-", "_").replace(" ", "_")
     raise DataError(f"label {raw!r} is neither an int nor a label name")
 

@@ -58,8 +58,18 @@ def split_wikitext(raw: str) -> list[str]:
 
 
 def _jsonl_texts(path: Path) -> list[str]:
+    content = path.read_text(encoding="utf-8-sig")
+    if path.suffix.lower() == ".json" and content.lstrip().startswith("["):  # a JSON array
+        try:
+            rows = json.loads(content)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc})") from None
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise DataError(f"{path}: item {i} is not an object with a string 'text' field")
+        return [row["text"] for row in rows]
     texts = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(content.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -473,6 +473,21 @@ def test_local_csv_qqp(tmp_path):
     assert (ds.task, ds.labels, ds.prediction_map) == ("qqp", [1, 0, 1], [0, 1])
 
 
+def test_local_csv_from_excel_and_pandas(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark; pandas writes int labels as 1.0 once
+    the column had a NaN. Both load as the plain file does."""
+    plain = "premise,hypothesis,label\nA cat sat.,A cat is sitting.,0\nX.,Y.,2\n"
+    (tmp_path / "bom.csv").write_text(plain, encoding="utf-8-sig")
+    (tmp_path / "floats.csv").write_text(plain.replace(",0\n", ",0.0\n").replace(",2\n", ",2.0\n"))
+    assert (tmp_path / "bom.csv").read_bytes().startswith(b"\xef\xbb\xbf")
+    for name in ("bom.csv", "floats.csv"):
+        ds = load_pairs(tmp_path / name, task="mnli")
+        assert (ds.text_a, ds.labels) == (["A cat sat.", "X."], [0, 2]), name
+    (tmp_path / "half.csv").write_text("premise,hypothesis,label\nA.,B.,1.5\n")
+    with pytest.raises(DataError, match="unknown label name '1.5'"):
+        load_pairs(tmp_path / "half.csv", task="mnli")
+
+
 def test_local_tsv_sentence_columns(tmp_path):
     hans_like = tmp_path / "h.tsv"
     hans_like.write_text(

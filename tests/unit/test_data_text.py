@@ -209,3 +209,14 @@ def test_texts_for_the_reports_evaluation_protocol(unique_dir):
     assert before.shape[0] == 7  # documents starting before token 707 (0, 101, ..., 606)
     with pytest.raises(DataError):
         token_texts(tok, "text:python", 50, split="test", data_dir=root)
+
+
+def test_a_json_array_of_texts_loads_as_json_lines_do(tmp_path):
+    rows = [{"text": "doc one"}, {"text": "doc two"}]
+    (tmp_path / "a.json").write_text(json.dumps(rows), encoding="utf-8-sig")
+    (tmp_path / "l.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert load_text(str(tmp_path / "a.json")) == load_text(str(tmp_path / "l.jsonl"))
+    assert load_text(str(tmp_path / "a.json")) == ["doc one", "doc two"]
+    (tmp_path / "bad.json").write_text(json.dumps([{"text": "ok"}, {"body": "x"}]))
+    with pytest.raises(DataError, match="item 1 is not an object with a string 'text' field"):
+        load_text(str(tmp_path / "bad.json"))
