@@ -85,7 +85,11 @@ def _where(rel_path: str, data_dir: Path | None) -> str:
 def missing_error(
     spec: str, rel_path: str, data_dir: Path | None, how: str, reason: str
 ) -> DataError:
-    """The one-line error for data that is neither local nor loadable from the hub."""
+    """The one-line error for data that is neither local nor loadable from the hub. ``how``
+    starting with "or place" says itself where the file goes (``mi-core data fetch --to``)."""
+    if how.startswith("or place"):  # the fetch's own folder, not the data directory
+        return DataError(f"{spec}: {_where(rel_path, data_dir)}, and {reason}; to get it: run "
+                         f"with the hub reachable (HF_HUB_OFFLINE unset), {how}")  # fmt: skip
     return DataError(
         f"{spec}: {_where(rel_path, data_dir)}, and {reason}; to get it: {how}, or place the file "
         f"at {DATA_DIR_ENV}/{rel_path} (set {DATA_DIR_ENV} or pass data_dir=)"

@@ -82,6 +82,9 @@ def test_without_a_network_fetch_says_what_to_place_where(tmp_path, monkeypatch,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert "mnli/validation_matched.jsonl" in err[0] and str(root) in err[0]
+    # one place to put it: the fetch's folder (not also MI_CORE_DATA_DIR), said plainly
+    assert "to get it: run with the hub reachable (HF_HUB_OFFLINE unset), or place mnli/" in err[0]
+    assert "MI_CORE_DATA_DIR" not in err[0]
 
 
 @pytest.mark.parametrize("bad", [["--sets", "pile"], ["--to"]])
