@@ -523,6 +523,8 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         """Token + position embeddings (positions from 0; right padding; token types ignored).
 
         GPT-2 tokenizers make no token type ids, so GPT-2 classifiers are trained without them.
+        Hugging Face's GPT-2 adds ``wte(token_type_ids)`` when it is given them (zeros too), so
+        compare its logits with these by calling it without ``token_type_ids``.
         """
         if attention_mask is not None:
             _check_right_padded(attention_mask)
