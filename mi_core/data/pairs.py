@@ -621,7 +621,9 @@ def _unknown_spec(spec: str) -> DataError:
 
 
 def _check_max(max_examples: int | None) -> None:
-    if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 0):
+    if max_examples is not None and (
+        not isinstance(max_examples, int) or isinstance(max_examples, bool) or max_examples < 0
+    ):
         raise DataError(f"max_examples must be a non-negative int, not {max_examples!r}")
 
 

@@ -278,8 +278,9 @@ def test_tiny_dir_glue(tiny_dir, monkeypatch):
     assert len(load_pairs("qqp:validation")) == 1
     assert len(load_pairs("mnli:train", max_examples=2)) == 2
     assert len(load_pairs("mnli:train", max_examples=0)) == 0
-    with pytest.raises(DataError, match="max_examples"):
-        load_pairs("mnli:train", max_examples=-1)
+    for bad in (-1, 2.0, True):  # True is an int to Python, not a count
+        with pytest.raises(DataError, match="max_examples must be a non-negative int"):
+            load_pairs("mnli:train", max_examples=bad)
     with pytest.raises(DataError, match="qqp"):
         load_pairs("mnli:train", task="qqp")
 
