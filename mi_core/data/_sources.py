@@ -83,13 +83,13 @@ def _where(rel_path: str, data_dir: Path | None) -> str:
 
 
 def missing_error(
-    spec: str, rel_path: str, data_dir: Path | None, how: str, reason: str
+    spec: str, rel_path: str, data_dir: Path | None, how: str, reason: str, *, fetch: bool = False
 ) -> DataError:
-    """The one-line error for data that is neither local nor loadable from the hub. ``how``
-    starting with "or place" says itself where the file goes (``mi-core data fetch --to``)."""
-    if how.startswith("or place"):  # the fetch's own folder, not the data directory
+    """The one-line error for data that is neither local nor loadable from the hub. With
+    ``fetch`` (``mi-core data fetch``), ``how`` names the fetch's own folder, the one place."""
+    if fetch:
         return DataError(f"{spec}: {_where(rel_path, data_dir)}, and {reason}; to get it: run "
-                         f"with the hub reachable (HF_HUB_OFFLINE unset), {how}")  # fmt: skip
+                         f"with the hub reachable (HF_HUB_OFFLINE unset), or {how}")  # fmt: skip
     return DataError(
         f"{spec}: {_where(rel_path, data_dir)}, and {reason}; to get it: {how}, or place the file "
         f"at {DATA_DIR_ENV}/{rel_path} (set {DATA_DIR_ENV} or pass data_dir=)"
@@ -117,8 +117,11 @@ def hub_load(
     hub_args: tuple[Any, ...],
     hub_kwargs: dict[str, Any],
     how: str,
+    *,
+    fetch: bool = False,
 ) -> Any:
-    """``datasets.load_dataset(*hub_args, **hub_kwargs)``, or an immediate :class:`DataError`."""
+    """``datasets.load_dataset(*hub_args, **hub_kwargs)``, or an immediate :class:`DataError`
+    (``fetch``: see :func:`missing_error`)."""
     hub_name = " ".join(str(a) for a in hub_args)
     if hub_offline():
         raise missing_error(
@@ -127,10 +130,16 @@ def hub_load(
             data_dir,
             how,
             f"the hub ({hub_name}) is not called because HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set",
+            fetch=fetch,
         )
     if not _hub_reachable():
         raise missing_error(
-            spec, rel_path, data_dir, how, f"the Hugging Face hub ({hub_name}) cannot be reached"
+            spec,
+            rel_path,
+            data_dir,
+            how,
+            f"the Hugging Face hub ({hub_name}) cannot be reached",
+            fetch=fetch,
         )
     try:
         import datasets
@@ -139,5 +148,10 @@ def hub_load(
     except Exception as exc:  # noqa: BLE001 - any hub failure becomes one clear line
         detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         raise missing_error(
-            spec, rel_path, data_dir, how, f"loading it from the hub ({hub_name}) failed ({detail})"
+            spec,
+            rel_path,
+            data_dir,
+            how,
+            f"loading it from the hub ({hub_name}) failed ({detail})",
+            fetch=fetch,
         ) from exc

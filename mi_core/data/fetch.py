@@ -86,8 +86,8 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 
 def _hub(spec: str, rel: str, root: Path, args: tuple, kwargs: dict) -> list[dict[str, Any]]:
-    how = f"or place {rel} under {root} yourself (see the data README for its columns)"
-    return hub_rows(hub_load(spec, rel, root, args, kwargs, how))
+    how = f"place {rel} under {root} yourself (see the data README for its columns)"
+    return hub_rows(hub_load(spec, rel, root, args, kwargs, how, fetch=True))
 
 
 def _glue(family: str, root: Path, overwrite: bool) -> list[Path]:

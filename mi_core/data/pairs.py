@@ -444,8 +444,8 @@ def load_file(
 # --------------------------------------------------------------------------------------------
 # rows -> PairDataset
 
-_INT_RE = re.compile(r"^[+-]?\d+$")
-_INT_FLOAT_RE = re.compile(r"^[+-]?\d+\.0*$")
+#: An int label, also as pandas writes one once its column had a NaN ("1.0").
+_INT_RE = re.compile(r"^([+-]?\d+)(\.0*)?$")
 
 
 def _parse_label(raw: Any) -> int | str:
@@ -457,10 +457,9 @@ def _parse_label(raw: Any) -> int | str:
         return int(raw)
     if isinstance(raw, str):
         s = raw.strip()
-        if _INT_RE.match(s):
-            return int(s)
-        if _INT_FLOAT_RE.match(s):  # "1.0": pandas writes int labels so once a column had NaN
-            return int(float(s))
+        whole = _INT_RE.match(s)
+        if whole:
+            return int(whole.group(1))
         return s.lower().replace("-", "_").replace(" ", "_")
     raise DataError(f"label {raw!r} is neither an int nor a label name")
 
@@ -522,7 +521,7 @@ def _choose_scheme(
 
 def _maybe_int(values: list[Any]) -> list[Any]:
     if all(isinstance(v, str) and _INT_RE.match(v.strip()) for v in values):
-        return [int(v) for v in values]
+        return [int(_INT_RE.match(v.strip()).group(1)) for v in values]
     return values
 
 

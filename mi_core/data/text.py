@@ -58,15 +58,16 @@ def split_wikitext(raw: str) -> list[str]:
 
 
 def _jsonl_texts(path: Path) -> list[str]:
+    """The ``text`` of every line of a JSON-lines file, or of every object of a ``.json``
+    array (read as a pair file's array is read)."""
     content = path.read_text(encoding="utf-8-sig")
-    if path.suffix.lower() == ".json" and content.lstrip().startswith("["):  # a JSON array
-        try:
-            rows = json.loads(content)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc})") from None
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise DataError(f"{path}: item {i} is not an object with a string 'text' field")
+    if path.suffix.lower() == ".json" and content.lstrip().startswith("["):
+        from mi_core.data.pairs import _read_json_rows
+
+        rows = _read_json_rows(path)
+        for i, row in enumerate(rows, 1):
+            if not isinstance(row.get("text"), str):
+                raise DataError(f"{path}: row {i} has no string 'text' field")
         return [row["text"] for row in rows]
     texts = []
     for lineno, line in enumerate(content.splitlines(), 1):

@@ -589,10 +589,10 @@ def test_two_edge_masks_at_once_are_refused_and_a_and_b_removes_both(gpt2):
     b = ~EdgeMask.from_edges(graph, ["input->L1.H2.v", "L0.H1->L1.MLP"]).patching(gpt2, corrupt)
     with pytest.raises(InterventionError, match="an edge mask is already applied"):
         with apply(gpt2, a, b):
-            pass
+            gpt2(clean)  # never reached: the second mask is refused on entering
     with apply(gpt2, a), pytest.raises(InterventionError, match="apply one mask, a & b"):
         with apply(gpt2, b):
-            pass
+            gpt2(clean)
     both = a & b
     assert sorted(set(graph.edge_names) - set(both.kept)) == sorted(
         ["input->L1.H2.v", "L0.MLP->L1.H0.q", "L0.H1->L1.MLP"]
