@@ -15,6 +15,7 @@ file looked for and how to get it; there is never a retry loop.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -155,3 +156,29 @@ def hub_load(
             f"loading it from the hub ({hub_name}) failed ({detail})",
             fetch=fetch,
         ) from exc
+
+
+def read_json_rows(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file, or of a ``.json`` file holding one array of them (a
+    byte-order mark is dropped); each malformed line is one :class:`DataError`."""
+    text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Excel, Notepad) is dropped
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc})") from None
+        if not all(isinstance(r, dict) for r in rows):
+            raise DataError(f"{path}: expected a JSON list of objects")
+        return rows
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not a valid JSON line ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object per line")
+        rows.append(row)
+    return rows

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import json
 import logging
 import os
 import re
@@ -52,6 +51,7 @@ from mi_core.data._sources import (
     hub_rows,
     local_file,
     missing_error,
+    read_json_rows,
     resolve_data_dir,
 )
 from mi_core.errors import DataError
@@ -350,30 +350,6 @@ class PairDataset:
 # reading files
 
 
-def _read_json_rows(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Excel, Notepad) is dropped
-    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc})") from None
-        if not all(isinstance(r, dict) for r in rows):
-            raise DataError(f"{path}: expected a JSON list of objects")
-        return rows
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not a valid JSON line ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object per line")
-        rows.append(row)
-    return rows
-
-
 def _read_delimited(path: Path) -> list[dict[str, Any]]:
     tsv = path.suffix.lower() in (".tsv", ".txt")
     with open(path, newline="", encoding="utf-8-sig") as handle:  # Excel's "CSV UTF-8" mark
@@ -414,7 +390,7 @@ def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise DataError(f"{p}: unsupported file type {p.suffix!r}; use .jsonl, .json, .csv or .tsv")
     try:
         if p.suffix.lower() in (".jsonl", ".json"):
-            return _read_json_rows(p)
+            return read_json_rows(p)
         return _read_delimited(p)
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason})") from None

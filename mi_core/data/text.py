@@ -25,7 +25,13 @@ from pathlib import Path
 import torch
 from jaxtyping import Bool, Int
 
-from mi_core.data._sources import hub_load, local_file, missing_error, resolve_data_dir
+from mi_core.data._sources import (
+    hub_load,
+    local_file,
+    missing_error,
+    read_json_rows,
+    resolve_data_dir,
+)
 from mi_core.errors import ConfigError, DataError
 
 TEXT_SPECS: dict[str, str] = {
@@ -62,9 +68,7 @@ def _jsonl_texts(path: Path) -> list[str]:
     array (read as a pair file's array is read)."""
     content = path.read_text(encoding="utf-8-sig")
     if path.suffix.lower() == ".json" and content.lstrip().startswith("["):
-        from mi_core.data.pairs import _read_json_rows
-
-        rows = _read_json_rows(path)
+        rows = read_json_rows(path)
         for i, row in enumerate(rows, 1):
             if not isinstance(row.get("text"), str):
                 raise DataError(f"{path}: row {i} has no string 'text' field")
