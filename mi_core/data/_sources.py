@@ -161,6 +161,12 @@ def hub_load(
 def read_json_rows(path: Path) -> list[dict[str, Any]]:
     """The objects of a JSON-lines file, or of a ``.json`` file holding one array of them (a
     byte-order mark is dropped); each malformed line is one :class:`DataError`."""
+    return [row for _, row in located_json_rows(path)]
+
+
+def located_json_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """:func:`read_json_rows` with where each object is, for errors about its fields:
+    ``path:line`` in a JSON-lines file, ``path: row i`` in an array."""
     text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Excel, Notepad) is dropped
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
         try:
@@ -169,7 +175,7 @@ def read_json_rows(path: Path) -> list[dict[str, Any]]:
             raise DataError(f"{path}: not valid JSON ({exc})") from None
         if not all(isinstance(r, dict) for r in rows):
             raise DataError(f"{path}: expected a JSON list of objects")
-        return rows
+        return [(f"{path}: row {i}", row) for i, row in enumerate(rows, 1)]
     rows = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -180,5 +186,5 @@ def read_json_rows(path: Path) -> list[dict[str, Any]]:
             raise DataError(f"{path}:{lineno}: not a valid JSON line ({exc.msg})") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}:{lineno}: expected a JSON object per line")
-        rows.append(row)
+        rows.append((f"{path}:{lineno}", row))
     return rows

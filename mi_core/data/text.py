@@ -16,7 +16,6 @@ part, so no heldout window shares a token position with any stats window.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -28,8 +27,8 @@ from jaxtyping import Bool, Int
 from mi_core.data._sources import (
     hub_load,
     local_file,
+    located_json_rows,
     missing_error,
-    read_json_rows,
     resolve_data_dir,
 )
 from mi_core.errors import ConfigError, DataError
@@ -65,24 +64,11 @@ def split_wikitext(raw: str) -> list[str]:
 
 def _jsonl_texts(path: Path) -> list[str]:
     """The ``text`` of every line of a JSON-lines file, or of every object of a ``.json``
-    array (read as a pair file's array is read)."""
-    content = path.read_text(encoding="utf-8-sig")
-    if path.suffix.lower() == ".json" and content.lstrip().startswith("["):
-        rows = read_json_rows(path)
-        for i, row in enumerate(rows, 1):
-            if not isinstance(row.get("text"), str):
-                raise DataError(f"{path}: row {i} has no string 'text' field")
-        return [row["text"] for row in rows]
+    array (read as pair files are read)."""
     texts = []
-    for lineno, line in enumerate(content.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not a valid JSON line ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise DataError(f"{path}:{lineno}: expected an object with a string 'text' field")
+    for where, row in located_json_rows(path):
+        if not isinstance(row.get("text"), str):
+            raise DataError(f"{where}: expected an object with a string 'text' field")
         texts.append(row["text"])
     return texts
 

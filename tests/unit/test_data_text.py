@@ -218,5 +218,7 @@ def test_a_json_array_of_texts_loads_as_json_lines_do(tmp_path):
     assert load_text(str(tmp_path / "a.json")) == load_text(str(tmp_path / "l.jsonl"))
     assert load_text(str(tmp_path / "a.json")) == ["doc one", "doc two"]
     (tmp_path / "bad.json").write_text(json.dumps([{"text": "ok"}, {"body": "x"}]))
-    with pytest.raises(DataError, match="bad.json: row 2 has no string 'text' field"):
+    with pytest.raises(
+        DataError, match="bad.json: row 2: expected an object with a string 'text' field"
+    ):
         load_text(str(tmp_path / "bad.json"))
