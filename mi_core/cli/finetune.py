@@ -14,7 +14,8 @@ def add_parser(subparsers) -> None:
         "finetune",
         help=command_help("finetune"),
         description="Fine-tune MODEL on a pair task with AdamW and a linear schedule. Writes "
-        "OUT/checkpoint-{step}/ (Hugging Face directories), OUT/metrics.csv and "
+        "OUT/checkpoint-{step}/ (Hugging Face directories), OUT/metrics.csv, "
+        "OUT/train_loss.csv (each step's loss and learning rate) and "
         "OUT/training_dynamics.html. Re-running the same command resumes.",
     )
     add_config_flags(p, FinetuneConfig)

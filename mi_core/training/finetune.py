@@ -40,6 +40,7 @@ from mi_core.training.config import FinetuneConfig, FinetuneSettings  # noqa: F4
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.csv"
+TRAIN_LOSS = "train_loss.csv"  # step, loss, lr: every optimisation step
 CONFIG = "finetune_config.json"
 
 
@@ -63,8 +64,9 @@ def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
 def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     """Fine-tune ``cfg.model`` on ``cfg.train``; return the metrics table (step, dataset, accuracy).
 
-    Writes ``checkpoint-{step}`` every ``save_every`` steps and at the end, ``metrics.csv`` and
-    ``training_dynamics.html`` (in-domain vs out-of-domain accuracy over steps).
+    Writes ``checkpoint-{step}`` every ``save_every`` steps and at the end, ``metrics.csv``,
+    ``train_loss.csv`` (each step's training loss and learning rate, written with each checkpoint)
+    and ``training_dynamics.html`` (in-domain vs out-of-domain accuracy over steps).
     """
     out = Path(cfg.out)
     _check_resumable(cfg, out)
@@ -101,6 +103,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     scaler = grad_scaler(device, cfg.precision)
     start = 0
     metrics = pd.DataFrame(columns=["step", "dataset", "accuracy"])
+    losses: list[dict[str, float]] = []
     if checkpoints:
         start, model, optimizer, scheduler = _resume(
             checkpoints, cfg, model, optimizer, scheduler, scaler
@@ -108,6 +111,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         if (out / METRICS).is_file():
             metrics = pd.read_csv(out / METRICS)
             metrics = metrics[metrics["step"] <= start]
+        losses = _read_losses(out, start)
         log.info("resuming %s from step %d", out, start)
     elif evals:
         metrics = _record(metrics, 0, _evaluate_all(model, tokenizer, evals, cfg))
@@ -143,11 +147,13 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 scaler.step(optimizer)
                 scaler.update()
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         done = step + 1
+        losses.append({"step": done, "loss": loss.item(), "lr": lr})
         if done % cfg.save_every == 0 or done == cfg.steps:
             if evals:
                 metrics = _record(metrics, done, _evaluate_all(model, tokenizer, evals, cfg))
@@ -165,6 +171,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
                 },
             )
             prune_training_states(out, cfg.save_total_limit)
+            write_csv(out / TRAIN_LOSS, pd.DataFrame(losses, columns=["step", "loss", "lr"]))
             _write_metrics(out, metrics, in_domain, evals)
             model.train()
     bar.close()
@@ -201,6 +208,21 @@ def _resume(checkpoints, cfg: FinetuneConfig, model, optimizer, scheduler, scale
         f"no checkpoint in {checkpoints[-1][1].parent} has a readable training state; "
         "move them away to start over"
     )
+
+
+def _read_losses(out: Path, start: int) -> list[dict[str, float]]:
+    """The training losses of steps 1..``start`` from an earlier run's ``train_loss.csv`` (empty
+    when it is missing or unreadable: the checkpoints are what resuming needs)."""
+    path = out / TRAIN_LOSS
+    if not path.is_file():
+        return []
+    try:
+        table = pd.read_csv(path)
+        table = table[table["step"] <= start][["step", "loss", "lr"]]
+    except (OSError, ValueError, KeyError, pd.errors.ParserError) as exc:
+        log.warning("%s is unreadable (%s); its losses before step %d are lost", path, exc, start)
+        return []
+    return table.to_dict("records")
 
 
 def _optimizer(model, cfg: FinetuneConfig):

@@ -74,6 +74,18 @@ def test_finetune_writes_hf_checkpoints_metrics_and_figure(finetuned):
     assert any(not torch.equal(first[k], last[k]) for k in first)
 
 
+def test_finetune_logs_every_steps_training_loss_and_rate(finetuned):
+    losses = pd.read_csv(finetuned / "train_loss.csv")
+    assert list(losses.columns) == ["step", "loss", "lr"]
+    assert losses["step"].tolist() == [1, 2, 3, 4]
+    # No warm-up: the linear schedule's rate at step s (1-based) is lr * (1 - (s - 1) / steps).
+    assert losses["lr"].tolist() == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    # The last step's loss is the one the checkpoint's training state holds.
+    state = json.loads((finetuned / "checkpoint-4" / "trainer_state.json").read_text())
+    assert losses["loss"].iloc[-1] == pytest.approx(state["loss"], abs=1e-6)
+    assert (losses["loss"] > 0).all() and losses["loss"].nunique() == 4
+
+
 def test_finetune_resume_equals_uninterrupted(finetuned, tiny_checkpoints, tmp_path):
     # A run that crashed after checkpoint-2 resumes there and ends where the full run ended.
     out = tmp_path / "resumed"
@@ -84,6 +96,10 @@ def test_finetune_resume_equals_uninterrupted(finetuned, tiny_checkpoints, tmp_p
     b = load_file(str(out / "checkpoint-4" / "model.safetensors"))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert len(pd.read_csv(out / "metrics.csv")) == 6
+    # The losses of steps 1-2 are kept from the first run, 3-4 are the resumed run's.
+    resumed, full = pd.read_csv(out / "train_loss.csv"), pd.read_csv(finetuned / "train_loss.csv")
+    assert resumed["step"].tolist() == [1, 2, 3, 4]
+    assert resumed["loss"].tolist() == pytest.approx(full["loss"].tolist(), abs=1e-5)
 
 
 def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints, capsys):
