@@ -12,6 +12,7 @@ split in three steps so interventions can re-run only the layers after a change:
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
@@ -478,6 +479,7 @@ class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
         """Token + position + token-type embeddings after the embedding LayerNorm."""
         if not self.uses_token_types:
+            _warn_ignored_token_types(self, token_type_ids)
             token_type_ids = None
         return self.hook_full_embed(self.embed(input_ids, token_type_ids))
 
@@ -494,6 +496,21 @@ class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
     def classify(self, resid: Resid, attention_mask=None) -> Float[torch.Tensor, "batch label"]:
         """The head on the first ([CLS] / <s>) token."""
         return self.head(resid[:, 0])
+
+
+def _warn_ignored_token_types(model, token_type_ids) -> None:
+    """Warn once per model when nonzero token type ids reach a model without token-type
+    embeddings (GPT-2, RoBERTa): they are ignored, as the model was trained without them."""
+    if token_type_ids is None or getattr(model, "_warned_token_types", False):
+        return
+    if bool((torch.as_tensor(token_type_ids) != 0).any()):
+        model._warned_token_types = True
+        warnings.warn(
+            f"{type(model).__name__} has no token-type embeddings: the nonzero token_type_ids "
+            "given are ignored (the model was trained without them)",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
@@ -520,7 +537,8 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         )
 
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
-        """Token + position embeddings (positions from 0; right padding; token types ignored).
+        """Token + position embeddings (positions from 0; right padding; token types ignored,
+        with a warning when they are nonzero).
 
         GPT-2 tokenizers make no token type ids, so GPT-2 classifiers are trained without them.
         Hugging Face's GPT-2 adds ``wte(token_type_ids)`` when it is given them (zeros too), so
@@ -528,6 +546,7 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         """
         if attention_mask is not None:
             _check_right_padded(attention_mask)
+        _warn_ignored_token_types(self, token_type_ids)
         return self.hook_embed(self.embed(input_ids)) + self.hook_pos_embed(
             self.pos_embed(input_ids)
         )

@@ -3,6 +3,8 @@ pipeline tokenises them."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -186,3 +188,22 @@ def test_a_loss_return_type_lets_run_with_cache_take_gradients(tiny):
     grad = cache["head.hook_pooled_grad"]  # d loss / d pooled = (softmax - onehot) W_out / 2
     probs = logits.softmax(-1) - torch.nn.functional.one_hot(labels, logits.shape[-1])
     torch.testing.assert_close(grad, probs @ tiny.head.out.weight / 2, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["gpt2_cls", "roberta_cls"])
+def test_nonzero_token_types_on_a_model_without_them_warn_once(which, request):
+    model = request.getfixturevalue(which)
+    model._warned_token_types = False
+    ids = model.to_tokens(PREMISES, HYPOTHESES)["input_ids"]
+    zeros = torch.zeros_like(ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # zeros, or none given: nothing to say
+        plain = model(ids, token_type_ids=zeros)
+        model(ids)
+    ones = torch.ones_like(ids)
+    with pytest.warns(UserWarning, match="no token-type embeddings"):
+        ignored = model(ids, token_type_ids=ones)
+    torch.testing.assert_close(ignored, plain, rtol=0, atol=0)  # ignored, as documented
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model
+        model(ids, token_type_ids=ones)
