@@ -325,7 +325,8 @@ def _sweep_scores(
     """``delta . gradient`` for every (sender, receiver) pair, carrying deltas through the
     frozen-scale LayerNorms of a post-LN model. ``projected``: the query / key / value
     gradients are at the projections, and each head's input gradient is ``grad @ W^T``."""
-    scores = torch.zeros(graph.n_senders, graph.n_receivers)
+    # on the device until the end: a copy to the host per receiver point would wait for the GPU
+    scores = torch.zeros(graph.n_senders, graph.n_receivers, device=deltas[0].device)
     buffer = scratch("sweep deltas", (graph.n_senders, *deltas[0].shape[1:]), deltas[0])
     filled = 0
 
@@ -337,7 +338,7 @@ def _sweep_scores(
     def score(columns: slice | list[int], grad: torch.Tensor) -> None:
         flat = buffer[:filled].reshape(filled, -1)  # one matrix product per receiver point
         block = flat @ grad.reshape(grad.shape[0], -1).T.to(flat)
-        scores[:filled, columns] += block.float().cpu()
+        scores[:filled, columns] += block.float()
 
     def through(ln: Any, scale: torch.Tensor) -> None:
         buffer[:filled] = _through_layer_norm(buffer[:filled], scale, ln.w.detach())
@@ -439,7 +440,7 @@ def _sweep_attribution(
         deltas.append(reference[start : start + block.shape[0]].to(block) - block)
         start += block.shape[0]
     scores = _sweep_scores(model, graph, deltas, run.scales, gradients, projected)
-    return graph.from_dense(scores).float().detach()
+    return graph.from_dense(scores.cpu()).float().detach()
 
 
 #: Receiver groups whose scores one matrix product forms (decoder EAP): on SmolLM2's shapes
@@ -476,7 +477,8 @@ def _decoder_attribution(
     """
     deltas = reference.clone() if reference.stride(1) == 0 else reference  # mean: a view
     start_input = reference[0].clone()
-    scores = torch.zeros(graph.n_senders, graph.n_receivers)
+    # on the device until the end: a copy to the host per group would wait for the GPU
+    scores = torch.zeros(graph.n_senders, graph.n_receivers, device=deltas.device)
     weight = 1.0 / steps
 
     def subtract(start: int) -> Callable:
@@ -559,7 +561,7 @@ def _decoder_attribution(
             for group in waiting:
                 rows, columns = groups[group]
                 part = products[:rows, offsets.pop(group) :][:, : sizes[group]]
-                scores[:rows, columns] += weight * part.float().cpu()
+                scores[:rows, columns] += weight * part.float()
         block.update(rows=None, used=0)
 
     def flush(group: int) -> None:
@@ -571,7 +573,7 @@ def _decoder_attribution(
                 grads[position].zero_()
         if group not in offsets:
             upto, columns = groups[group]
-            scores[:upto, columns] += weight * product(upto, grads).float().cpu()
+            scores[:upto, columns] += weight * product(upto, grads).float()
             return
         full = block_rows - block["used"] < max(sizes)
         if not any(g in offsets for g in buffers) and (full or len(offsets) == _GROUPS_PER_PRODUCT):
@@ -682,7 +684,7 @@ def _decoder_attribution(
             for group in list(buffers):  # receivers backward never reached (no gradient)
                 flush(group)
             score_waiting()
-    return graph.from_dense(scores).detach()
+    return graph.from_dense(scores.cpu()).detach()
 
 
 def _norm_backward(
