@@ -41,7 +41,7 @@ from mi_core.models.loading import _cache_dir, resolve_source
 
 # SmolLM2: the processed cache's config and tokenizer (loading it once fills the cache)
 load_model("smollm2")
-cache = _cache_dir(resolve_source("smollm2"), True, torch.float32)
+cache = _cache_dir(resolve_source("smollm2"), (True, True), torch.float32)
 config = json.loads((cache / "config.json").read_text())
 for key in ("quantization_config", "_model_name_or_path"):
     config.pop(key, None)

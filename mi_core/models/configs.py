@@ -77,6 +77,14 @@ def decoder_config(
                 "this OPT variant (post-LN or projected embeddings, e.g. opt-350m) is not "
                 "supported; use another OPT size"
             )
+        if not getattr(hf_config, "enable_bias", True) or not getattr(
+            hf_config, "layer_norm_elementwise_affine", True
+        ):
+            raise ModelLoadError(
+                "OPT without biases (enable_bias=False) or without LayerNorm weights "
+                "(layer_norm_elementwise_affine=False) is not supported: its weights would not "
+                "convert; use a standard OPT checkpoint"
+            )
         cfg = dict(
             d_model=hf_config.hidden_size,
             d_head=hf_config.hidden_size // hf_config.num_attention_heads,
@@ -100,6 +108,12 @@ def decoder_config(
             raise ModelLoadError(
                 f"Llama rope scaling {rope.get('rope_type')!r} is not supported; "
                 "expected the default rotary embedding"
+            )
+        biased = [k for k in ("attention_bias", "mlp_bias") if getattr(hf_config, k, False)]
+        if biased:  # TransformerLens's Llama conversion writes zero biases: wrong logits
+            raise ModelLoadError(
+                f"Llama checkpoints with {' and '.join(biased)} are not supported (the "
+                "conversion to TransformerLens would drop those biases and change the logits)"
             )
         n_kv = hf_config.num_key_value_heads
         cfg = dict(

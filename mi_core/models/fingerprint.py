@@ -32,9 +32,15 @@ def fingerprint_held(model: nn.Module) -> Iterator[None]:
         del _HELD[key]
 
 
+#: Buffers derived from the config, not weights: TransformerLens extends its rotary tables
+#: when a longer input comes (a forward of more than 2,048 tokens would change the hash).
+DERIVED_BUFFERS = ("rotary_sin", "rotary_cos")
+
+
 def weights_fingerprint(model: nn.Module) -> str:
-    """blake2b over every parameter and buffer (names, shapes, float32 bytes); 16 hex digits.
-    Computed once inside :func:`fingerprint_held`."""
+    """blake2b over every parameter and buffer (names, shapes, float32 bytes) but the derived
+    ones (:data:`DERIVED_BUFFERS`); 16 hex digits. Computed once inside
+    :func:`fingerprint_held`."""
     held = _HELD.get(id(model))
     if held:
         return held[0]
@@ -47,7 +53,7 @@ def weights_fingerprint(model: nn.Module) -> str:
 def _weights_digest(model: nn.Module) -> str:
     digest = hashlib.blake2b(digest_size=8)
     for name, tensor in sorted(model.state_dict().items()):
-        if not torch.is_floating_point(tensor):
+        if not torch.is_floating_point(tensor) or name.endswith(DERIVED_BUFFERS):
             continue
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())

@@ -314,19 +314,35 @@ def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 def hooked_causal_lm_from_hf(
-    hf_model, tokenizer, device: str = "cpu", dtype=torch.float32, fold_ln: bool = True
+    hf_model,
+    tokenizer,
+    device: str = "cpu",
+    dtype=torch.float32,
+    fold_ln: bool = True,
+    fold_value_biases: bool | None = None,
 ) -> HookedTransformer:
-    """Convert a Hugging Face GPT-2/OPT/Llama causal LM to a ``HookedTransformer``."""
+    """Convert a Hugging Face GPT-2/OPT/Llama causal LM to a ``HookedTransformer``.
+
+    ``fold_value_biases`` (default: ``fold_ln``): fold each head's value bias into the output
+    bias, as TransformerLens does; ``model.value_biases_folded`` says whether that moved any
+    nonzero bias (``hook_z`` then leaves it out)."""
+    fold_v = fold_ln if fold_value_biases is None else fold_value_biases
     cfg = configs.decoder_config(hf_model.config, device=device, dtype=dtype, fold_ln=fold_ln)
     state = convert.causal_lm_state_dict(hf_model, cfg)
+    moved = fold_v and any(
+        bool(v.detach().abs().max() > 0)
+        for k, v in state.items()
+        if k.endswith(("attn.b_V", "attn._b_V")) and v.numel()
+    )
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
     model.load_and_process_state_dict(
         state,
         fold_ln=fold_ln,
         center_writing_weights=fold_ln,
         center_unembed=fold_ln,
-        fold_value_biases=fold_ln,
+        fold_value_biases=fold_v,
     )
+    model.value_biases_folded = moved
     attach_tokenizer(model, tokenizer)
     model.model_name = str(getattr(hf_model.config, "_name_or_path", "") or cfg.model_name)
     return model.eval()
@@ -345,7 +361,7 @@ def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
     model.cfg.tokenizer_name = getattr(tokenizer, "name_or_path", None)
 
 
-def _cache_dir(source: ModelSource, fold_ln: bool, dtype: torch.dtype) -> Path | None:
+def _cache_dir(source: ModelSource, fold: tuple[bool, bool], dtype: torch.dtype) -> Path | None:
     """Where processed TL weights of a local causal LM are cached (None: not cacheable)."""
     if not source.local:
         return None
@@ -357,11 +373,11 @@ def _cache_dir(source: ModelSource, fold_ln: bool, dtype: torch.dtype) -> Path |
         if f.is_file():
             stat = f.stat()
             digest.update(f"{f.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    digest.update(f"{fold_ln}:{dtype}:{_CACHE_VERSION}".encode())
+    digest.update(f"{fold[0]}:{fold[1]}:{dtype}:{_CACHE_VERSION}".encode())
     return root / "tl_weights" / f"{folder.name}-{digest.hexdigest()}"
 
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: the value biases' folding is part of the key and the metadata
 _CACHED_WEIGHTS = "tl_weights.safetensors"
 
 
@@ -372,21 +388,29 @@ def _load_cached(
     hf_config = load_hf_config(cached)
     cfg = configs.decoder_config(hf_config, device=device, dtype=dtype, fold_ln=fold_ln)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
-    weights, _ = read_safetensors(cache / _CACHED_WEIGHTS)
+    weights, metadata = read_safetensors(cache / _CACHED_WEIGHTS)
+    if "value_biases_folded" not in metadata:
+        raise ModelLoadError(f"{cache / _CACHED_WEIGHTS} does not say how its biases were folded")
     model.load_state_dict(weights, strict=False)
+    model.value_biases_folded = metadata["value_biases_folded"] == "true"
     attach_tokenizer(model, load_tokenizer(cached))
     return model.eval()
 
 
 def _load_causal_lm(
-    source: ModelSource, device: str, dtype: torch.dtype, fold_ln: bool
+    source: ModelSource,
+    device: str,
+    dtype: torch.dtype,
+    fold_ln: bool,
+    fold_value_biases: bool | None = None,
 ) -> HookedTransformer:
     """A hooked causal LM; processed weights of local checkpoints are cached on first load.
 
     TL's weight processing (and de-quantising GGUF files) takes tens of seconds for a 135M model;
     the cache holds the processed weights, the config and the tokenizer as a plain folder.
     """
-    cache = _cache_dir(source, fold_ln, dtype)
+    fold_v = fold_ln if fold_value_biases is None else fold_value_biases
+    cache = _cache_dir(source, (fold_ln, fold_v), dtype)
     if cache is not None and (cache / _CACHED_WEIGHTS).is_file():
         try:
             return _load_cached(cache, source, device, dtype, fold_ln)
@@ -398,13 +422,16 @@ def _load_causal_lm(
                 source.name,
             )
     hf_model, tokenizer = load_hf_causal_lm(source.name)
-    model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln)
+    model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln, fold_v)
     if cache is not None:
         try:
             cache.mkdir(parents=True, exist_ok=True)
             hf_model.config.save_pretrained(cache)
             tokenizer.save_pretrained(cache)
-            write_safetensors(cache / _CACHED_WEIGHTS, model.state_dict())
+            folded = "true" if model.value_biases_folded else "false"
+            write_safetensors(
+                cache / _CACHED_WEIGHTS, model.state_dict(), {"value_biases_folded": folded}
+            )
         except OSError as exc:  # a read-only home must not stop the analysis
             log.warning("could not cache processed weights in %s: %s", cache, exc)
     return model
@@ -418,6 +445,7 @@ def load_model(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     fold_ln: bool = True,
+    fold_value_biases: bool | None = None,
 ) -> HookedClassifier | HookedTransformer:
     """Load a checkpoint as a hooked model with the standard TransformerLens hook names.
 
@@ -430,6 +458,9 @@ def load_model(
         num_labels: the head size, when no task is named.
         seed: seeds a freshly initialised classification head.
         fold_ln: causal LMs only: fold norms and centre weights as TL does.
+        fold_value_biases: causal LMs only (default: ``fold_ln``): fold the value biases into
+            the output bias as TL does; then ``hook_z`` leaves them out. Separability's
+            attention statistics need them in (``mi-core separability`` passes False).
     """
     source = resolve_source(name_or_path)
     config = load_hf_config(source)
@@ -445,7 +476,7 @@ def load_model(
         model = hooked_classifier_from_hf(hf_model, tokenizer, task, device=device, dtype=dtype)
         model.head_from_checkpoint = arch in CLASSIFIER_ARCHITECTURES
     else:
-        model = _load_causal_lm(source, device, dtype, fold_ln)
+        model = _load_causal_lm(source, device, dtype, fold_ln, fold_value_biases)
         enable_lm_fast_paths(model)  # no per-call weight copies in the MLPs and unembedding
     if source.local and source.name not in embedded.EMBEDDED_MODELS:
         model.model_name = str(Path(source.path).resolve())

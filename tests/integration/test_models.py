@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -158,6 +159,27 @@ def test_unsupported_architecture_names_supported_ones(tmp_path):
     )
     with pytest.raises(ModelLoadError, match="not supported.*BertForSequenceClassification"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kind, change, message",
+    [
+        ("llama-lm", {"attention_bias": True}, "attention_bias"),
+        ("llama-lm", {"mlp_bias": True}, "mlp_bias"),
+        ("opt-lm", {"enable_bias": False}, "enable_bias=False"),
+        ("opt-lm", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine"),
+    ],
+)
+def test_variants_whose_weights_would_not_convert_are_refused(
+    tiny_checkpoints, tmp_path, kind, change, message
+):
+    """Llama with biases converted by TransformerLens lost them (logits 0.75 off Hugging Face's,
+    silently); OPT without biases or norm weights failed deep inside the conversion."""
+    path = shutil.copytree(tiny_checkpoints[kind], tmp_path / kind)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(path)
 
 
 def test_head_must_match_task(tiny_checkpoints):

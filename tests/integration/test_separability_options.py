@@ -22,7 +22,9 @@ from mi_core.statistics.scoring import n_to_prune_at
 def test_defaults_are_the_reports():
     config = SeparabilityConfig()
     assert (config.schedule, config.ff_scoring, config.attn_scoring) == ("total", "freq", "abs")
-    assert (config.ff_offset, config.attn_offset, config.steps) == ("zero", "mean", 20)
+    # no mean offset: the report calls it a "large bad effect" on attention, and the authors'
+    # runs set do_attn_mean_offset False
+    assert (config.ff_offset, config.attn_offset, config.steps) == ("zero", "zero", 20)
     shorthand = SeparabilityConfig(scoring="sqrt", offset="zero")
     assert (shorthand.ff_scoring, shorthand.attn_scoring) == ("sqrt", "sqrt")
     assert (shorthand.ff_offset, shorthand.attn_offset) == ("zero", "zero")
@@ -74,7 +76,9 @@ def test_total_schedule_reaches_exactly_all_units(llama):
 
 def test_per_site_scoring_and_offsets(llama):
     focus, cripple = tasks(seed=3)
-    config = SeparabilityConfig(steps=1, ff_frac=0.25, attn_frac=0.25, batch_size=8)
+    config = SeparabilityConfig(
+        steps=1, ff_frac=0.25, attn_frac=0.25, batch_size=8, attn_offset="mean"
+    )
     result = run_separability(llama, focus, cripple, config)
     f = collect_activation_stats(llama, focus.stats)
     c = collect_activation_stats(llama, cripple.stats)
@@ -220,7 +224,7 @@ def test_shipped_report_config_runs_on_a_tiny_opt(tiny_checkpoints, tmp_path, ca
     assert (config["schedule"], config["eval_protocol"], config["attn_offset"]) == (
         "total",
         "texts",
-        "mean",
+        "zero",
     )
     assert (config["ff_frac"], config["attn_frac"], config["random_baseline"]) == (0.05, 0.02, True)
     # ... and the flags overrode the rest
@@ -297,14 +301,29 @@ def test_statistics_on_correctly_predicted_tokens_only(llama):
 def test_summary_judges_the_reports_finding():
     from mi_core.methods.separability.run import separability_findings
 
-    def summary(ours, rand=None):
-        out = {"areas": {"top1": {"separability_pct": ours}}}
+    def summary(area, rand=None, mode="cripple", cripple_end=0.1):
+        out = {"mode": mode, "steps_done": 20, "areas": {"top1": {"area": area}}}
+        out["end"] = {"focus_top1": 0.8, "cripple_top1": cripple_end}
         if rand is not None:
-            out["random_areas"] = {"top1": {"separability_pct": rand}}
+            out["random_areas"] = {"top1": {"area": rand}}
         return out
 
-    assert separability_findings(summary(70.0, 10.0))[0]["verdict"] == "reproduced"
-    assert separability_findings(summary(60.0, 10.0))[0]["verdict"] == "not reproduced"
-    assert separability_findings(summary(70.0, 80.0))[0]["verdict"] == "not reproduced"
-    assert separability_findings(summary(float("nan")))[0]["verdict"] == "not measurable here"
-    assert "random pruning: 10.0 %" in separability_findings(summary(70.0, 10.0))[0]["this run"]
+    def verdict(*args, **kwargs):
+        return separability_findings(summary(*args, **kwargs))[0]["verdict"]
+
+    assert verdict(1.70, 1.10) == "reproduced"
+    assert verdict(1.60, 1.10) == "not reproduced"
+    assert verdict(1.70, 1.80) == "not reproduced"
+    assert verdict(float("nan")) == "not measurable here"
+    # the wrong direction: the focus data collapsed first (|1 - area| = 88 % is no separation)
+    assert verdict(0.12, 1.0) == "not reproduced"
+    # focus mode: x is the focus data's performance, so a separation has an area below 1
+    assert verdict(0.30, 0.90, mode="focus") == "reproduced"
+    assert verdict(1.70, 1.10, mode="focus") == "not reproduced"
+    # a run that stopped early: the closing line to (0, 0) would decide the area
+    assert verdict(1.75, 1.10, cripple_end=0.9) == "not measurable here"
+    text = separability_findings(summary(1.70, 1.10))[0]["this run"]
+    assert "+70.0 %" in text and "random pruning: +10.0 %" in text
+    assert (
+        "after 20 steps the cripple top-1 is at 10 % of its start, the focus top-1 at 80 %" in text
+    )

@@ -38,3 +38,23 @@ def test_the_fingerprint_is_computed_once_inside_a_scope_and_fresh_outside(monke
     with fingerprint_held(model):  # a new scope computes it afresh
         assert weights_fingerprint(model) != first
     assert len(calls) == 5
+
+
+def test_a_long_input_does_not_change_a_rotary_models_fingerprint():
+    """TransformerLens extends its rotary tables on a longer input; they are derived from the
+    config, so the weights' fingerprint ignores them (means stay valid for the model)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=16, d_head=4, n_heads=4, d_vocab=50, n_ctx=4096,
+        act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
+        rotary_dim=4, gated_mlp=True, d_mlp=32,
+    )  # fmt: skip
+    model = HookedTransformer(cfg)
+    table = model.blocks[0].attn.rotary_cos.shape[0]
+    before = weights_fingerprint(model)
+    model(torch.zeros(1, table + 8, dtype=torch.long))
+    assert model.blocks[0].attn.rotary_cos.shape[0] > table  # the table grew ...
+    assert weights_fingerprint(model) == before  # ... and the fingerprint did not move
+    model.blocks[0].attn.W_Q.data[0, 0, 0] += 1.0
+    assert weights_fingerprint(model) != before

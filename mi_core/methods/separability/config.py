@@ -69,8 +69,10 @@ class SeparabilityConfig(DeviceOption):
     """How neuron scores make a head score with attn_unit head."""
     ff_offset: str = option("zero", choices=OFFSETS)
     """What replaces a removed MLP neuron: zero, or its focus-data mean."""
-    attn_offset: str = option("mean", choices=OFFSETS)
-    """What replaces a removed attention pre-out neuron (the report: its focus-data mean)."""
+    attn_offset: str = option("zero", choices=OFFSETS)
+    """What replaces a removed attention pre-out neuron: zero (the report's choice: its mean
+    offset was a "large bad effect"; the authors' runs: no mean offset), or its focus-data
+    mean."""
     offset: str | None = option(None, choices=OFFSETS)
     """Shorthand: sets both ff_offset and attn_offset."""
     svd: bool = False

@@ -108,12 +108,15 @@ def run_separability_job(
     }
     if config.eval_protocol == "texts":
         identity["text_tokens"] = config.text_tokens
+    # the pre-out neurons carry their value bias (the report's); runs before this was so differ
+    identity["value_biases"] = "in pre-out"
     out = Path(config.out)
     state_path = out / STATE_FILE
     done = check_state(state_path, config, identity)  # fails fast on a mismatched state
     if done >= 0:
         log.info("resuming %s after step %d of %d", out, done, config.steps)
-    model = load_model(config.model, device=str(config.torch_device()))
+    # value biases stay in hook_z: a pre-out neuron is the report's, bias included
+    model = load_model(config.model, device=str(config.torch_device()), fold_value_biases=False)
     if not hasattr(model, "unembed") or getattr(model, "tokenizer", None) is None:
         raise ConfigError(f"{config.model} is not a causal language model with a tokenizer")
     focus, cripple = (

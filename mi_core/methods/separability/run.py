@@ -12,10 +12,13 @@ How many units a step removes follows ``schedule``: ``"total"`` (the report) rem
 removes a share of those left, so the model shrinks geometrically. The random baseline removes
 the same number of units per step, chosen by seeded random scores.
 
-Removal is by hooks (:class:`~mi_core.interventions.neurons.PruneMasks`): zero, or the neuron's mean
-on the focus data set (``ff_offset`` / ``attn_offset`` ``"mean"``; the report offsets attention
-pre-out neurons only). After every step the state -- masks and trajectory rows -- is written to
-one safetensors file atomically, so a run that stops resumes after its last finished step.
+Removal is by hooks (:class:`~mi_core.interventions.neurons.PruneMasks`): zero, or the
+neuron's mean on the focus data set (``ff_offset`` / ``attn_offset`` ``"mean"``; the report
+found the mean offset on attention a "large bad effect", and the authors' runs use none: zero
+is the default). A pre-out neuron carries its value bias, as the report's does (the model must
+be loaded with ``fold_value_biases=False``). After every step the state -- masks and
+trajectory rows -- is written to one safetensors file atomically, so a run that stops resumes
+after its last finished step.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from jaxtyping import Bool, Int
 from transformer_lens import HookedTransformer
 
-from mi_core.analysis.trajectory import trajectory_areas
+from mi_core.analysis.trajectory import relative_performance, trajectory_areas
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation.next_token import METRICS, evaluate_next_token, most_frequent_tokens
 from mi_core.interventions.neurons import PruneMasks
@@ -105,6 +108,16 @@ class SeparabilityResult:
         method = method or self.method
         return self.trajectory[self.trajectory["method"] == method].sort_values("step")
 
+    def _end(self) -> dict[str, float]:
+        """Each data set's top-1 at the last step, relative to the unpruned model's."""
+        frame = self.run_frame()
+        return {
+            f"{role}_top1": float(
+                relative_performance(frame[f"{role}_top1"].to_numpy(), "top1")[-1]
+            )
+            for role in ("focus", "cripple")
+        }
+
     def summary(self) -> dict:
         """Areas and separability % per metric, for the run and the random baseline."""
         out = {
@@ -119,6 +132,7 @@ class SeparabilityResult:
                 "attn_heads": self.masks.n_heads_pruned,
             },
             "areas": trajectory_areas(self.run_frame(), self.config.mode),
+            "end": self._end(),
         }
         if self.random_masks is not None:
             out["random_areas"] = trajectory_areas(self.run_frame(RANDOM), self.config.mode)
@@ -130,22 +144,54 @@ class SeparabilityResult:
 REPORT_SEPARABILITY_PCT = (65.0, 75.0)
 
 
+#: The run must bring the cripple data's top-1 below this share of its start for its area to be
+#: judged: above it, the straight line that closes the trajectory at (0, 0) decides the area.
+PRUNED_FAR_ENOUGH = 0.5
+
+
 def separability_findings(summary: dict) -> list[dict]:
     """The report's finding against a run's summary, by a fixed rule.
 
-    Reproduced when the top-1 separability reaches the report's lower bound (65 %) and, with a
-    random baseline, exceeds the random run's. Also says how far the run pruned: the report's
-    trajectories run to the whole model.
+    The separability is judged signed, in the direction the run aims for: the cripple data's
+    performance falling faster than the focus data's (top-1 area above 1 in ``cripple`` mode,
+    below 1 in ``focus`` mode). Reproduced when that signed separability reaches the report's
+    lower bound (65 %) and, with a random baseline, exceeds the random run's. Not measurable
+    when the run stopped with the cripple data's top-1 above :data:`PRUNED_FAR_ENOUGH` of its
+    start (the report's trajectories run to the whole model). The row says how far the run
+    pruned.
     """
-    ours = summary["areas"]["top1"]["separability_pct"]
-    rand = summary.get("random_areas", {}).get("top1", {}).get("separability_pct")
+    mode = summary.get("mode", "cripple")
+    sign = 1.0 if mode == "cripple" else -1.0
+
+    def signed(areas: dict) -> float:
+        top1 = areas["top1"]
+        area = top1.get("area")
+        if area is None:  # a summary written before areas were kept: the unsigned number
+            return float(top1["separability_pct"])
+        return sign * (float(area) - 1.0) * 100.0
+
+    ours = signed(summary["areas"])
+    rand = signed(summary["random_areas"]) if "random_areas" in summary else None
     low, high = REPORT_SEPARABILITY_PCT
-    text = f"top-1 separability {ours:.1f} %"
+    text = f"top-1 separability {ours:+.1f} % (+: the cripple data's top-1 fell first)"
     verdict = "reproduced" if ours >= low else "not reproduced"
     if rand is not None:
-        text += f" (random pruning: {rand:.1f} %)"
+        text += f"; random pruning: {rand:+.1f} %"
         if not ours > rand:
             verdict = "not reproduced"
+    end = summary.get("end")
+    if end is not None:
+        text += (
+            f"; after {summary.get('steps_done', '?')} steps the cripple top-1 is at "
+            f"{100 * end['cripple_top1']:.0f} % of its start, the focus top-1 at "
+            f"{100 * end['focus_top1']:.0f} %"
+        )
+        if math.isfinite(end["cripple_top1"]) and end["cripple_top1"] > PRUNED_FAR_ENOUGH:
+            text += (
+                f" (above {100 * PRUNED_FAR_ENOUGH:.0f} %: the area is mostly the line that "
+                "closes the trajectory; prune further)"
+            )
+            verdict = "not measurable here"
     if not math.isfinite(ours):
         verdict = "not measurable here"
     return [
@@ -342,6 +388,13 @@ def run_separability(
     ``on_step`` is called with each new trajectory row.
     """
     identity = dict(identity or {})
+    if getattr(model, "value_biases_folded", False) and (config.prunes_attention or config.svd):
+        raise ConfigError(
+            "the model's value biases were folded into its output bias (load_model's default "
+            "for causal LMs), so hook_z leaves them out: the attention pre-out statistics would "
+            "miss them and a removed neuron would keep its bias; load it with "
+            "load_model(..., fold_value_biases=False), as mi-core separability does"
+        )
     if config.svd:
         svd_attention(model, combine_biases=config.svd_combine_biases)
     skip = {
