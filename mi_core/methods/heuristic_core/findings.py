@@ -8,8 +8,9 @@ claim                          reproduced when
 =============================  ==========================================================
 agree in-domain                every subnetwork of the lowest sparsity is within 3 points
                                of the full model in-domain (the paper's faithfulness margin)
-spread out-of-domain           the widest out-of-domain range across those subnetworks
-                               exceeds their in-domain range by at least 10 points
+spread out-of-domain           the widest out-of-domain range across those of them within 3
+                               points in-domain (at least two) exceeds their in-domain range
+                               by at least 10 points
 a core far above chance        some head is kept by every subnetwork and a Poisson count
                                with the paper's random-intersection mean reaches the core's
                                size with probability below 0.01
@@ -19,8 +20,10 @@ core heads are shallow         at least one core head attends mostly to tokens r
                                across the pair (the ``overlap`` attention class)
 core ablation hurts OOD        ablating some core head lowers out-of-domain accuracy at
                                least 3 points more than in-domain accuracy
-joint ablation superadditive   some joint ablation's out-of-domain drop exceeds the sum of
-                               its heads' single drops (superadditivity > 0)
+joint ablation superadditive   some joint ablation lowers an out-of-domain accuracy, by more
+                               than the sum of its heads' single drops (superadditivity > 0
+                               and a joint drop > 0: ablations that all raise accuracy
+                               against a ceiling are not superadditive harm)
 effective size rises           out-of-domain effective size correlates positively with the
                                full model's out-of-domain accuracy over checkpoints
 core before generalisation     every head of the final core is in every subnetwork of the
@@ -29,7 +32,9 @@ core before generalisation     every head of the final core is in every subnetwo
 
 A claim that the run cannot test says so and why: e.g. an out-of-domain drop cannot be measured
 when the full model's out-of-domain accuracy is already near 0 (it never left the heuristic
-regime), and effective size needs the ``effective_size`` stage.
+regime), subnetworks cannot agree or spread when the full model is within 3 points of chance
+in-domain (1 / the task's labels; there is no behaviour to keep), and effective size needs the
+``effective_size`` stage.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from mi_core.errors import MiCoreError
 from mi_core.methods.heuristic_core.comparison import SubnetworkComparison
 from mi_core.methods.heuristic_core.effective_size import dataset_name
 from mi_core.methods.heuristic_core.results import ExperimentTables
+from mi_core.tasks import TASK_NUM_LABELS
 
 #: Verdicts a finding can get.
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable here"
@@ -71,10 +77,11 @@ def _names(runs: pd.DataFrame) -> list[str]:
 
 
 def _subnetwork_findings(
-    runs: pd.DataFrame, in_domain: list[str] | None = None
+    runs: pd.DataFrame, in_domain: list[str] | None = None, chance: float | None = None
 ) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """``in_domain``: the in-domain sets (their accuracy is averaged, as the authors average
-    MNLI matched and mismatched); default: the first evaluation set."""
+    MNLI matched and mismatched); default: the first evaluation set. ``chance``: the task's
+    chance accuracy (1 / labels), when known."""
     names = _names(runs)
     ids = [n for n in (in_domain or []) if n in names] or names[:1]
     ood = [n for n in names if n not in ids]
@@ -84,15 +91,24 @@ def _subnetwork_findings(
     id_acc = lowest[[f"acc_{n}" for n in ids]].astype(float).mean(axis=1)
     sparsity = float(lowest["sparsity"].iloc[0])
     gaps = full_id - id_acc
-    within = int((gaps <= 0.03 + 1e-12).sum())
+    faithful = gaps <= 0.03 + 1e-12
+    within = int(faithful.sum())
+    at_chance = chance is not None and full_id < chance + 0.03
+    why_chance = (
+        f"; the full model is within 3 points of chance in-domain ({_pct(full_id)}, chance "
+        f"{_pct(chance or 0.0)}): there is no behaviour to agree on"
+    )
     rows = [
         _row(
             "Subnetworks agree in-domain",
             "all 12 subnetworks at 50 % within 2-3 points of the full model (MNLI 83.3 -> 81.3 "
             "mean)",
             f"{within} of {len(lowest)} subnetworks at {sparsity:.0%} within 3 points "
-            f"(full {_pct(full_id)}, largest gap {100 * float(gaps.max()):.1f} points)",
-            REPRODUCED if within == len(lowest) else NOT_REPRODUCED,
+            f"(full {_pct(full_id)}, largest gap {100 * float(gaps.max()):.1f} points)"
+            + (why_chance if at_chance else ""),
+            NOT_MEASURABLE
+            if at_chance
+            else (REPRODUCED if within == len(lowest) else NOT_REPRODUCED),
         )
     ]
     context = {"full": full, "in_domain": ids, "ood": ood}
@@ -106,15 +122,26 @@ def _subnetwork_findings(
             )
         )
         return rows, context
-    id_range = float(id_acc.max() - id_acc.min())
-    ranges = {n: float(lowest[f"acc_{n}"].max() - lowest[f"acc_{n}"].min()) for n in ood}
+    spread = "Subnetworks spread out-of-domain"
+    paper = "Embed-If from 4.1 % to 50.2 % across 50 % subnetworks (in-domain within ~1 point)"
+    if at_chance:
+        rows.append(_row(spread, paper, why_chance[2:], NOT_MEASURABLE))
+        return rows, context
+    agreeing = lowest[faithful.to_numpy()]
+    if len(agreeing) < 2:
+        text = f"{within} of {len(lowest)} subnetworks at {sparsity:.0%} agree in-domain (need 2)"
+        rows.append(_row(spread, paper, text, NOT_MEASURABLE))
+        return rows, context
+    id_range = float(id_acc[faithful].max() - id_acc[faithful].min())
+    ranges = {n: float(agreeing[f"acc_{n}"].max() - agreeing[f"acc_{n}"].min()) for n in ood}
     widest = max(ranges, key=ranges.get)
     rows.append(
         _row(
-            "Subnetworks spread out-of-domain",
-            "Embed-If from 4.1 % to 50.2 % across 50 % subnetworks (in-domain within ~1 point)",
-            f"{widest}: range {100 * ranges[widest]:.1f} points across {len(lowest)} subnetworks "
-            f"at {sparsity:.0%}; in-domain range {100 * id_range:.1f} points",
+            spread,
+            paper,
+            f"{widest}: range {100 * ranges[widest]:.1f} points across the {len(agreeing)} "
+            f"subnetworks at {sparsity:.0%} within 3 points in-domain; their in-domain range "
+            f"{100 * id_range:.1f} points",
             REPRODUCED if ranges[widest] - id_range >= 0.10 else NOT_REPRODUCED,
         )
     )
@@ -227,23 +254,37 @@ def _ablation_findings(table: pd.DataFrame | None, context: dict[str, Any]) -> l
         )
     sup = table[table["kind"] == "superadditivity"]
     if len(sup):
-        values = sup[ood_cols].astype(float)
-        best_value = float(values.max().max())
+        joints = table[table["kind"] == "joint"].set_index("ablated")
+        candidates = []  # (superadditivity, joint drop, head set, data set)
+        for _, row in sup.iterrows():
+            name = str(row["ablated"]).removeprefix("Superadditivity ")
+            for n in ood_cols:
+                joint = joints[f"{n} change"].get(name, math.nan) if len(joints) else math.nan
+                candidates.append((float(row[n]), -float(joint), name, n))
+        # the claim: a joint ablation that hurts, by more than its singles together
+        best = max(candidates, key=lambda c: (c[0] > 0 and c[1] > 0, c[0]))
+        value, drop, name, data = best
+        harms = value > 0 and drop > 0
+        text = (
+            f"{name} on {data}: superadditivity {value:+.1f} points, joint change "
+            f"{-drop:+.1f} points" + ("" if drop > 0 else " (the joint ablation does not hurt)")
+        )
         rows.append(
             _row(
                 "Joint ablation of core heads is superadditive",
                 "L2.H5+L3.H7+L4.H0 together: SO-Swap 3.6 % (from 86.7 %), far below the singles",
-                f"largest out-of-domain superadditivity {best_value:+.1f} points"
-                + (f"; {why}" if regime else ""),
-                NOT_MEASURABLE if regime else (REPRODUCED if best_value > 0 else NOT_REPRODUCED),
+                text + (f"; {why}" if regime else ""),
+                NOT_MEASURABLE if regime else (REPRODUCED if harms else NOT_REPRODUCED),
             )
         )
     return rows
 
 
 def _effective_size_finding(
-    sizes: pd.DataFrame | None, full: pd.DataFrame | None
+    sizes: pd.DataFrame | None, full: pd.DataFrame | None, in_domain: list[str] | None = None
 ) -> dict[str, str]:
+    """``in_domain``: the in-domain sets by ``full_accuracy.csv``'s names (default: its first);
+    the others are out-of-domain."""
     paper = "out-of-domain effective size rises from 30 % to ~93 % as the model generalises"
     name = "Effective size rises with generalisation"
     if sizes is None or full is None:
@@ -253,7 +294,11 @@ def _effective_size_finding(
         return _row(name, paper, f"{len(ood)} checkpoints (need 3)", NOT_MEASURABLE)
     from scipy.stats import spearmanr
 
-    sets = list(dict.fromkeys(full["dataset"]))[1:]
+    names = list(dict.fromkeys(full["dataset"]))
+    ids = [n for n in (in_domain or []) if n in names] or names[:1]
+    sets = [n for n in names if n not in ids]
+    if not sets:
+        return _row(name, paper, "no out-of-domain set was evaluated", NOT_MEASURABLE)
     acc = full[full["dataset"].isin(sets)].groupby("step")["accuracy"].mean()
     acc = acc.reindex(ood["step"]).to_numpy()
     if math.isclose(float(acc.max()), float(acc.min())):
@@ -317,12 +362,22 @@ def heuristic_core_findings(results: str | os.PathLike[str] | ExperimentTables) 
     runs = results.runs
     if runs is None or runs.empty:
         return pd.DataFrame(columns=list(COLUMNS))
-    rows, context = _subnetwork_findings(runs, _in_domain_names(results.config, _names(runs)))
+    task = (results.config or {}).get("task")
+    chance = 1.0 / TASK_NUM_LABELS[task] if task in TASK_NUM_LABELS else None
+    rows, context = _subnetwork_findings(
+        runs, _in_domain_names(results.config, _names(runs)), chance
+    )
     rows += _core_findings(results.comparison)
     attention = _attention_finding(results.attention_classes)
     if attention is not None:
         rows.append(attention)
     rows += _ablation_findings(results.ablation, context)
-    rows.append(_effective_size_finding(results.effective_size, results.full_accuracy))
+    full = results.full_accuracy
+    full_ids = (
+        None
+        if full is None
+        else _in_domain_names(results.config, list(dict.fromkeys(full["dataset"])))
+    )
+    rows.append(_effective_size_finding(results.effective_size, full, full_ids))
     rows.append(_core_before_finding(results.core_before))
     return pd.DataFrame(rows, columns=list(COLUMNS))
