@@ -36,7 +36,8 @@ from mi_core.analysis.subnetworks import core_heads, frequency_spearman, head_fr
 from mi_core.interventions import ComponentMask
 from mi_core.io import write_csv, write_text
 from mi_core.methods.heuristic_core.report import markdown_table
-from mi_core.pruning import make_prune_config, parse_seeds, run_sweep
+from mi_core.pruning import make_prune_config, run_sweep
+from mi_core.pruning.profiles import parse_seed_spec
 from mi_core.pruning.sweep import run_dir_for
 from mi_core.viz.figures import write_figure_html
 
@@ -80,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-eval-examples", type=int, default=300)
     parser.add_argument("--sparsity", type=float, default=0.5)
-    parser.add_argument("--seeds", default="1-4")
+    parser.add_argument(
+        "--seeds", default="1-4", help="1-4 or 1,2,5 name seeds; a bare count N means 0 to N-1"
+    )
     parser.add_argument("--full", action="store_true", help="paper vs cofi on the paper schedule")
     parser.add_argument(
         "--set",
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     out = Path(args.out)
-    seeds = parse_seeds(args.seeds)
+    seeds = parse_seed_spec(args.seeds)
     base = "paper" if args.full else "quick"
     changes = dict(_parse_setting(item) for item in args.set)
     reference = make_prune_config(base, args.sparsity, seeds[0], **changes)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         to_mib,
         write_mib,
     )
+    from mi_core.circuits.job import pair_sender_means
     from mi_core.circuits.metrics import (
         answer_logits,
         kl_divergence,
@@ -87,6 +88,7 @@ _NAMES = {
     "graph_error": "mi_core.interventions.edges",
     "node_outputs": "mi_core.interventions.edges",
     "sender_means": "mi_core.interventions.edges",
+    "pair_sender_means": "mi_core.circuits.job",
     "to_mib_name": "mi_core.interventions.edges",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
@@ -125,5 +127,6 @@ __all__ = [
     "reads_answer_logits",
     "node_outputs",
     "sender_means",
+    "pair_sender_means",
     "to_mib_name",
 ]

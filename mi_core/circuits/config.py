@@ -208,6 +208,11 @@ class CircuitSweepConfig(EdgePruneSettings, CircuitData, SweepExecution):
     an interrupted one resumes. ``sparsity`` and ``seed`` are taken from the lists. Runs execute
     here one after another (``executor`` local) or each as a Ray task (ray)."""
 
+    executor: str = option("local", choices=("local", "ray"))
+    """local: one run after another here; ray: each run a Ray task (edge pruning has no batched
+    groups)."""
+    group_size: int | None = option(None, cli=False)
+    """Edge pruning has no batched groups: one run per task."""
     sparsity: float = option(0.95, cli=False)
     """Set per run from ``sparsities``."""
     seed: int = option(0, cli=False)

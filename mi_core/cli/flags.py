@@ -77,7 +77,8 @@ def add_config_flags(
         if tp is bool:
             if f.metadata.get("bool_flag") == "on-off":
                 parser.add_argument(name, choices=("on", "off"), **kwargs)
-            elif f.default is True:
+            elif f.default is True:  # the flag switches the field off: say so first
+                kwargs["help"] = "Switch off (on by default): " + kwargs["help"]
                 parser.add_argument(
                     "--no-" + name.removeprefix("--"), action="store_false", **kwargs
                 )

@@ -295,7 +295,9 @@ _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
 
 
 def parse_seeds(spec: str) -> list[int]:
-    """Parse ``"42-53"`` (inclusive), ``"1,2,5"`` or a mix like ``"42-45,50"`` into seeds."""
+    """Parse ``"42-53"`` (inclusive), ``"1,2,5"`` or a mix like ``"42-45,50"`` into seeds; a
+    lone ``"3"`` is seed 3. Command lines and config files read seeds with
+    :func:`parse_seed_spec`, where a bare count ``"3"`` means seeds 0-2."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"empty seed list {spec!r}; use e.g. '42-53', '1,2,5' or '42-45,50'")
     seeds: list[int] = []

@@ -256,3 +256,22 @@ def test_the_mean_fill_can_average_over_training_pairs(tmp_path, capsys, tiny_ch
     assert main(lm) != 0
     err = capsys.readouterr().err
     assert "need a pair classifier" in err and "Traceback" not in err
+
+
+def test_a_circuit_sweep_offers_only_the_executors_it_runs(tmp_path, capsys):
+    """Edge pruning has no batched groups: --help must not offer what the command refuses."""
+    from mi_core.circuits.config import CircuitSweepConfig
+    from mi_core.errors import ConfigError
+
+    with pytest.raises(SystemExit):
+        main(["circuit", "sweep", "--help"])
+    text = capsys.readouterr().out
+    assert "{local,ray}" in text and "--group-size" not in text
+    argv = ["circuit", "sweep", "--model", "smollm2", "--data", "ioi", "--sparsities", "0.9",
+            "--seeds", "1", "--out", str(tmp_path / "o"), "--executor", "batched"]  # fmt: skip
+    assert main(argv) == 2
+    assert "invalid choice: 'batched'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="executor"):  # a config file is checked the same way
+        CircuitSweepConfig(
+            model="m", out="o", sparsities=[0.9], seeds=[1], executor="batched"
+        ).validate()

@@ -194,3 +194,15 @@ def test_validation_is_one_place_and_one_line():
         FinetuneConfig.from_dict({"model": "m"})
     with pytest.raises(ConfigError, match="must be an integer"):
         PruneConfig.from_dict({**make_prune_config("quick", 0.5, 1).to_dict(), "steps": "5"})
+
+
+def test_a_no_flag_says_it_switches_its_option_off():
+    """``--no-connected`` reused the field's docstring, which describes the option switched on:
+    its help read as if the flag turned it on."""
+    parser = build_parser()
+    circuit = parser._subparsers._group_actions[0].choices["circuit"]
+    attribute = circuit._subparsers._group_actions[0].choices["attribute"]
+    (action,) = [a for a in attribute._actions if "--no-connected" in a.option_strings]
+    assert action.help.startswith("Switch off (on by default): ")
+    assert parser.parse_args(["circuit", "attribute", "--model", "m", "--out", "o",
+                              "--no-connected"]).connected is False  # fmt: skip
