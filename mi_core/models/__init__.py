@@ -13,6 +13,7 @@ if TYPE_CHECKING:
         StagedClassifier,
     )
     from mi_core.models.embedded import EMBEDDED_MODELS
+    from mi_core.models.fast_paths import disable_fast_paths
     from mi_core.models.fingerprint import weights_fingerprint
     from mi_core.models.loading import (
         SUPPORTED_ARCHITECTURES,
@@ -34,6 +35,7 @@ _NAMES = {
     "PairTokens": "mi_core.models.classifier",
     "StagedClassifier": "mi_core.models.classifier",
     "EMBEDDED_MODELS": "mi_core.models.embedded",
+    "disable_fast_paths": "mi_core.models.fast_paths",
     "weights_fingerprint": "mi_core.models.fingerprint",
     "SUPPORTED_ARCHITECTURES": "mi_core.models.loading",
     "TASK_LABEL_NAMES": "mi_core.models.loading",
@@ -58,6 +60,7 @@ __all__ = [
     "StagedClassifier",
     "TASK_LABEL_NAMES",
     "TASK_NUM_LABELS",
+    "disable_fast_paths",
     "hooked_causal_lm_from_hf",
     "hooked_classifier_from_hf",
     "load_hf_causal_lm",

@@ -342,3 +342,29 @@ def enable_lm_fast_paths(model: torch.nn.Module) -> None:
             module.__class__ = FastGroupedQueryAttention
         elif type(module) is Attention:
             module.__class__ = FastLMAttention
+
+
+#: Every class a fast path swaps in, each a subclass of the TransformerLens class it replaces.
+FAST_CLASSES = (
+    FastLayerNorm,
+    FastAttention,
+    FastLMAttention,
+    FastGroupedQueryAttention,
+    FastGatedMLP,
+    FastUnembed,
+)
+
+
+def disable_fast_paths(model: torch.nn.Module) -> torch.nn.Module:
+    """Give every module of ``model`` back its TransformerLens forward (the inverse of
+    :func:`enable_fast_paths` / :func:`enable_lm_fast_paths`; the same parameters and hooks).
+
+    For what the fused kernels cannot do: second-order gradients through attention
+    (``torch.autograd.grad(..., create_graph=True)`` and a second backward: PyTorch's fused
+    attention kernels have no double backward), or comparing against TL's own code.
+    ``load_model(..., fast_paths=False)`` loads a model this way. Returns ``model``.
+    """
+    for module in model.modules():
+        if type(module) in FAST_CLASSES:
+            module.__class__ = type(module).__bases__[0]
+    return model

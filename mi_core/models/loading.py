@@ -31,7 +31,7 @@ from mi_core.models.classifier import (
     HookedEncoderClassifier,
 )
 from mi_core.models.dropout import DropoutRates
-from mi_core.models.fast_paths import enable_lm_fast_paths
+from mi_core.models.fast_paths import disable_fast_paths, enable_lm_fast_paths
 from mi_core.tasks import TASK_LABELS, TASK_NUM_LABELS
 
 log = logging.getLogger(__name__)
@@ -446,6 +446,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     fold_ln: bool = True,
     fold_value_biases: bool | None = None,
+    fast_paths: bool = True,
 ) -> HookedClassifier | HookedTransformer:
     """Load a checkpoint as a hooked model with the standard TransformerLens hook names.
 
@@ -461,6 +462,9 @@ def load_model(
         fold_value_biases: causal LMs only (default: ``fold_ln``): fold the value biases into
             the output bias as TL does; then ``hook_z`` leaves them out. Separability's
             attention statistics need them in (``mi-core separability`` passes False).
+        fast_paths: fused forwards (attention, norms, MLPs, unembedding) with TL's values and
+            hooks; False keeps TransformerLens's own code, e.g. for second-order gradients
+            through attention (see :func:`~mi_core.models.fast_paths.disable_fast_paths`).
     """
     source = resolve_source(name_or_path)
     config = load_hf_config(source)
@@ -478,6 +482,8 @@ def load_model(
     else:
         model = _load_causal_lm(source, device, dtype, fold_ln, fold_value_biases)
         enable_lm_fast_paths(model)  # no per-call weight copies in the MLPs and unembedding
+    if not fast_paths:
+        disable_fast_paths(model)
     if source.local and source.name not in embedded.EMBEDDED_MODELS:
         model.model_name = str(Path(source.path).resolve())
     elif source.name in embedded.EMBEDDED_MODELS:

@@ -526,3 +526,36 @@ def test_fused_attention_with_a_padding_mask_gives_transformer_lens_values_and_g
     for name in names:
         torch.testing.assert_close(fast_z[name], slow_z[name], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(fast_grad, slow_grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["gpt2-lm", "llama-lm", "bert-cls"])
+def test_fast_paths_can_be_switched_off_for_second_order_gradients(tiny_checkpoints, kind):
+    """PyTorch's fused attention has no double backward; ``fast_paths=False`` keeps
+    TransformerLens's code, same values, and a Hessian-vector product goes through."""
+    from mi_core.models.fast_paths import FAST_CLASSES
+
+    fast = load_model(tiny_checkpoints[kind])
+    plain = load_model(tiny_checkpoints[kind], fast_paths=False)
+    assert any(isinstance(m, FAST_CLASSES) for m in fast.modules())
+    assert not any(isinstance(m, FAST_CLASSES) for m in plain.modules())
+    ids = torch.randint(1000, 2000, (2, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(plain(ids), fast(ids), atol=1e-5, rtol=0)
+
+    def hvp(model, fwd_hooks=()):
+        store = {}
+
+        def keep(x, hook):
+            store["x"] = x
+            return x
+
+        hooks = [("blocks.0.hook_resid_post", keep), *fwd_hooks]
+        out = model.run_with_hooks(ids, fwd_hooks=hooks)
+        value = out.float().log_softmax(-1)[..., 0].sum()
+        (grad,) = torch.autograd.grad(value, store["x"], create_graph=True)
+        (second,) = torch.autograd.grad((grad * grad).sum(), store["x"])
+        return second
+
+    # the reference: the fast model made to take TL's path by a hook on every pattern
+    layers = range(fast.cfg.n_layers)
+    pattern = [(f"blocks.{i}.attn.hook_pattern", lambda x, hook: x) for i in layers]
+    torch.testing.assert_close(hvp(plain), hvp(fast, pattern), atol=1e-6, rtol=1e-5)
