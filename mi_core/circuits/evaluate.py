@@ -243,6 +243,18 @@ def to_mib(
     return {"cfg": cfg, "nodes": {k: {"in_graph": v} for k, v in nodes.items()}, "edges": edges}
 
 
+def mib_scores(scores: torch.Tensor, method: str) -> torch.Tensor:
+    """Scores as MIB ranks them: its evaluator re-ranks every level by ``score`` (by ``|score|``
+    only with ``--absolute``), and its attribution scores are taken against the loss
+    (``-metric``). mi_core's attribution scores are against the metric, so they are negated;
+    edge-pruning gates (``method`` ``edge-pruning``: log_alpha) are shifted to be positive, so
+    both rankings keep the gates' order."""
+    scores = scores.detach().double().cpu()
+    if method == "edge-pruning":
+        return scores - scores.min() + 1e-3
+    return -scores
+
+
 def write_mib(path: str | os.PathLike[str], graph: Graph, scores: torch.Tensor,
               kept: EdgeMask | None = None, **info: Any) -> Path:  # fmt: skip
     """Write :func:`to_mib` as JSON, atomically."""

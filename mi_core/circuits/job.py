@@ -8,7 +8,8 @@ Files written to ``out`` (atomically):
   read back with :meth:`EdgeScores.load`; pruning: the gates' log_alpha), with the edge names
   in ``edges.json``;
 - ``circuit.safetensors``: the circuit as an :class:`~mi_core.interventions.edges.EdgeMask`;
-- ``mib.json``: the circuit in the MIB circuit-localisation format;
+- ``mib.json``: the circuit in the MIB circuit-localisation format, scores in MIB's convention
+  (attribution against the loss: negated; edge-pruning gates shifted to be positive);
 - ``faithfulness.csv`` (attribution: the top-k curve) and ``summary.json``;
 - ``circuit.html``: the circuit as an interactive graph (offline).
 """
@@ -35,6 +36,7 @@ from mi_core.circuits.evaluate import (
     curve_difference,
     evaluate_circuit,
     faithfulness_curve,
+    mib_scores,
     write_mib,
 )
 from mi_core.circuits.metrics import get_metric
@@ -140,7 +142,8 @@ def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dic
     scores.save(out / "scores.safetensors")
     write_json(out / "edges.json", graph.edge_names)
     circuit.save(out / "circuit.safetensors")
-    write_mib(out / "mib.json", graph, scores.scores, circuit, **summary.get("info", {}))
+    mib = mib_scores(scores.scores, scores.method)  # MIB's sign convention (see mib_scores)
+    write_mib(out / "mib.json", graph, mib, circuit, **summary.get("info", {}))
     write_json(out / "summary.json", summary)
     write_text(out / "circuit.html",
                circuit_graph_html(graph, scores.scores, circuit, title=title))  # fmt: skip

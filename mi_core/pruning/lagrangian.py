@@ -4,9 +4,9 @@ Following Wang et al. (2020) and CoFi, the loss gets the term::
 
     L_s = lambda1 * (t - s) + lambda2 * (t - s) ** 2
 
-where ``t`` is the current sparsity and ``s`` the target (the paper's sign; the authors' code and
-CoFi write ``s - t``, which is the same up to ``lambda1 -> -lambda1``). ``t`` is measured one of
-two ways (:data:`SPARSITY_ESTIMATES`):
+where ``t`` is the current sparsity and ``s`` the target (the paper's sign and CoFi's; the
+authors' code writes ``s - t``, which is the same up to ``lambda1 -> -lambda1``). ``t`` is
+measured one of two ways (:data:`SPARSITY_ESTIMATES`):
 
 * ``"sampled"`` (the authors' code, princeton-nlp/Heuristic-Core): ``1 - sum(z) / n`` over the
   gates ``z`` sampled for this forward pass (:func:`sampled_sparsity`); the gradient reaches

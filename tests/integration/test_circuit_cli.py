@@ -53,8 +53,10 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
     # the scores read back as EdgeScores: the same graph, method and circuit
     scores = EdgeScores.load(out / "scores.safetensors")
     assert (scores.graph, scores.method, scores.n_examples) == (circuit.graph, "eap", 8)
+    # MIB's convention: attribution against the loss (-metric), so MIB's default ranking by
+    # signed score puts first the edges whose corruption lowers the metric most
     assert [mib["edges"][to_mib_name(n)]["score"] for n in scores.graph.edge_names[:5]] == (
-        pytest.approx(scores.scores[:5].tolist())
+        pytest.approx((-scores.scores[:5]).tolist())
     )
     assert scores.circuit(13).kept == circuit.kept
     head = (out / "circuit.html").read_text().split("</head>")[0]
@@ -80,6 +82,14 @@ def test_prune_a_classifier_on_hans_pairs_and_resume(tmp_path, capsys, tiny_chec
     assert load_intervention(out / "circuit.safetensors").kept == first.kept
     scores = load_intervention(out / "circuit.safetensors")
     assert torch.equal(scores.weights, first.weights)
+    # mib.json ranks by the gates with or without MIB's --absolute: shifted log_alpha, all > 0
+    from safetensors.torch import load_file
+
+    log_alpha = load_file(out / "scores.safetensors")["scores"].double()
+    mib = json.loads((out / "mib.json").read_text())["edges"]
+    values = torch.tensor([mib[to_mib_name(n)]["score"] for n in first.graph.edge_names]).double()
+    assert (values > 0).all()
+    torch.testing.assert_close(values, log_alpha - log_alpha.min() + 1e-3)
 
 
 def test_a_circuit_sweep_runs_each_sparsity_and_seed_once(tmp_path, capsys, tiny_checkpoints):

@@ -131,7 +131,8 @@ class EffectiveSizeOptions(Config):
     max_checkpoints: int | None = None
     """At most this many checkpoints, evenly spaced, always with the last one."""
     ood: list[str] | None = option(None, metavar="DATA")
-    """The out-of-domain sets (default: every evaluation set after the first, except those of
+    """The out-of-domain sets (default: every evaluation set after the first that is not of the
+    training data's data set, e.g. not mnli:validation_mismatched for mnli:train, and not in
     groups)."""
     groups: dict[str, list[str]] | None = option(
         None, flag="--group", parse=parse_groups, repeat=True, metavar="NAME=DATA,DATA"

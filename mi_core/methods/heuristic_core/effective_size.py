@@ -124,6 +124,13 @@ def compute_checkpoint_means(model: Any, train: str, path: Path, max_examples: i
     return means.save(path)
 
 
+def _same_data_set(spec: str, train: str) -> bool:
+    """Whether the data spec ``spec`` names a split of ``train``'s data set (``mnli:...`` for
+    ``mnli:train``); never for a local file."""
+    family = train.split(":")[0] if ":" in train else None
+    return family is not None and spec.split(":")[0] == family
+
+
 def run_effective_size(
     checkpoints_dir: str | os.PathLike[str],
     train: str,
@@ -136,7 +143,7 @@ def run_effective_size(
     ood_sets: Sequence[str] | None = None,
     margin: float = 0.03,
     method: str = "authors",
-    profile: str = "quick",
+    profile: str = "paper",
     overrides: Mapping[str, Any] | None = None,
     task: str | None = None,
     steps: Sequence[int] | None = None,
@@ -154,10 +161,12 @@ def run_effective_size(
 ) -> EffectiveSizeResult:
     """Prune every checkpoint at every sparsity and seed; write and return the effective sizes.
 
-    ``eval_sets``: in-domain first; ``ood_sets`` (default: the rest of ``eval_sets``) are
-    averaged into the out-of-domain target, ``groups`` (e.g. ``{"ood_e": [...]}``, GPT-2's
-    entailment subcases) into targets of their own, every other eval set into the in-domain
-    one (the authors average ``validation_matched`` and ``validation_mismatched``). ``method``: the
+    ``eval_sets``: in-domain first; ``ood_sets`` (default: the sets after the first that are
+    not of ``train``'s data set, so ``mnli:validation_mismatched`` stays in-domain for
+    ``mnli:train``) are averaged into the out-of-domain target, ``groups`` (e.g.
+    ``{"ood_e": [...]}``, GPT-2's entailment subcases) into targets of their own, every other
+    eval set into the in-domain one (the authors average ``validation_matched`` and
+    ``validation_mismatched``). ``method``: the
     authors' script or the paper's text (:mod:`mi_core.analysis.effective_size`). ``means``: a
     means file per checkpoint, as a path with ``{step}`` in it (one file is allowed for a single
     checkpoint); without it means are computed on ``train`` for every checkpoint. Re-running
@@ -172,7 +181,11 @@ def run_effective_size(
     if len(eval_sets) < 2:
         raise ConfigError("effective size needs an in-domain and at least one out-of-domain set")
     grouped = [d for sets in (groups or {}).values() for d in sets]
-    ood = list(ood_sets) if ood_sets is not None else [d for d in eval_sets[1:] if d not in grouped]
+    ood = (
+        list(ood_sets)
+        if ood_sets is not None
+        else [d for d in eval_sets[1:] if d not in grouped and not _same_data_set(d, train)]
+    )
     if not ood or eval_sets[0] in ood or any(d not in eval_sets for d in ood):
         raise ConfigError(f"the out-of-domain sets {ood} must be eval sets after the first")
     if any(d not in eval_sets or d in ood or d == eval_sets[0] for d in grouped):
