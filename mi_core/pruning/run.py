@@ -1259,6 +1259,40 @@ def _finish(
     return PruneResult(run_dir, mask, log_alpha, metrics, log=log)
 
 
+def refresh_run_metrics(
+    model: Any,
+    means: ComponentMeans | None,
+    cfg: PruneConfig,
+    run_dir: Path,
+    evals: Sequence[PairDataset],
+    full_accuracy: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    """A finished run's ``metrics.json``, with every eval set it lacks, or measured on other
+    examples (``max_eval_examples`` changed), evaluated now with the run's mask (its result;
+    the accuracies follow the sets asked for) and written back."""
+    metrics = read_json(run_dir / "metrics.json")
+    sizes = metrics.get("eval_examples", {})
+    missing = [
+        d
+        for d in evals
+        if d.name not in metrics.get("accuracy", {}) or sizes.get(d.name, len(d)) != len(d)
+    ]
+    if missing:
+        mask = ComponentMask.load(run_dir / "mask.safetensors")
+        device = next(model.parameters()).device
+        accuracy, full, new_sizes = _evaluate_sets(
+            model, mask.to(device), means, cfg, missing, full_accuracy
+        )
+        metrics.setdefault("accuracy", {}).update(accuracy)
+        metrics.setdefault("full_accuracy", {}).update(full)
+        metrics.setdefault("eval_examples", {}).update(new_sizes)
+        metrics.setdefault("chance_accuracy", {}).update(
+            {d.name: 1.0 / d.num_labels for d in missing}
+        )
+        write_json(run_dir / "metrics.json", metrics)
+    return metrics
+
+
 def _report_complete(
     model: Any,
     means: ComponentMeans | None,
@@ -1267,21 +1301,8 @@ def _report_complete(
     evals: Sequence[PairDataset],
     full_accuracy: Mapping[str, float] | None,
 ) -> PruneResult:
-    metrics = read_json(run_dir / "metrics.json")
+    metrics = refresh_run_metrics(model, means, cfg, run_dir, evals, full_accuracy)
     mask = ComponentMask.load(run_dir / "mask.safetensors")
-    missing = [d for d in evals if d.name not in metrics.get("accuracy", {})]
-    if missing:
-        device = next(model.parameters()).device
-        accuracy, full, sizes = _evaluate_sets(
-            model, mask.to(device), means, cfg, missing, full_accuracy
-        )
-        metrics["accuracy"].update(accuracy)
-        metrics["full_accuracy"].update(full)
-        metrics["eval_examples"].update(sizes)
-        metrics.setdefault("chance_accuracy", {}).update(
-            {d.name: 1.0 / d.num_labels for d in missing}
-        )
-        write_json(run_dir / "metrics.json", metrics)
     checkpoint = run_dir / "checkpoint.safetensors"
     log_alpha = read_safetensors(checkpoint)[0]["log_alpha"] if checkpoint.is_file() else None
     log_path = run_dir / "log.csv"

@@ -55,6 +55,7 @@ from mi_core.pruning.run import (
     prune,
     prune_group,
     prune_run,
+    refresh_run_metrics,
 )
 
 logger = logging.getLogger(__name__)
@@ -479,14 +480,22 @@ def auto_group_size(model: Any, cfg: PruneConfig, n_runs: int, fraction: float =
 def _full_model_accuracy(
     model: Any, evals: Sequence[PairDataset], cfg: PruneConfig, path: Path | None = None
 ) -> dict[str, float]:
-    """The full model's accuracy per eval set (cached in ``path`` when given)."""
+    """The full model's accuracy per eval set (cached in ``path`` when given, with each set's
+    example count beside it in ``*_examples.json``: a set evaluated on other examples, e.g.
+    after ``max_eval_examples`` changed, is evaluated again)."""
+    sizes_path = None if path is None else path.with_name(path.stem + "_examples.json")
     known: dict[str, float] = read_json(path) if path is not None and path.is_file() else {}
-    missing = [d for d in evals if d.name not in known]
+    sizes: dict[str, int] = (
+        read_json(sizes_path) if sizes_path is not None and sizes_path.is_file() else {}
+    )
+    missing = [d for d in evals if d.name not in known or sizes.get(d.name) != len(d)]
     for dataset in missing:
         known[dataset.name] = evaluate(
             model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
         ).accuracy
-    if missing and path is not None:
+        sizes[dataset.name] = len(dataset)
+    if missing and path is not None and sizes_path is not None:
+        write_json(sizes_path, sizes)
         write_json(path, known)
     return {d.name: known[d.name] for d in evals}
 
@@ -640,6 +649,9 @@ def run_sweep(
                 groups, common, ray_address, num_cpus_per_run, num_gpus_per_run
             )
 
+        for r in runs:  # finished before: their eval sets as asked for now (sizes included)
+            if is_complete(r.run_dir):
+                refresh_run_metrics(model_obj, means_obj, r.config, r.run_dir, evals, full)
         table = collect_subnetworks(runs, eval_names)
         write_csv(sweep_dir / "subnetworks.csv", table)
         from mi_core.viz.figures import subnetworks_figure, write_figure_html

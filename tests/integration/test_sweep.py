@@ -234,3 +234,38 @@ def test_in_memory_sweep_equals_the_sweep_on_disk(model_path, means_file, tmp_pa
     assert memory.full_accuracy == disk.full_accuracy
     assert SweepResult.load(tmp_path).masks == disk.masks  # the typed loader reads it back
     assert compare_subnetworks(memory).cores == compare_subnetworks(disk).cores
+
+
+def test_a_re_run_with_other_eval_examples_measures_them_again(
+    model_path, means_file, tmp_path, capsys, monkeypatch
+):
+    """Resuming with another --max-eval-examples mixed sizes: the full model's cached accuracy
+    was from 16 examples and the finished runs' from 16 while new runs used 8."""
+    from mi_core.evaluation import evaluate
+
+    out = tmp_path / "sweep"
+    args = [
+        "sweep", "--model", str(model_path), "--means", str(means_file),
+        "--train", "mnli:train", "--max-train-examples", "16",
+        "--eval", "mnli:validation_matched", "--max-eval-examples", "16",
+        "--sparsities", "0.3", "--seeds", "1", "--profile", "quick", "--steps", "2",
+        "--batch-size", "8", "--out", str(out), "--discretize", "exact", "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    calls = []
+    real = sweep_module.prune_group
+    monkeypatch.setattr(
+        sweep_module, "prune_group", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    fewer = [a if a != "16" or i < args.index("--max-eval-examples") else "8"
+             for i, a in enumerate(args)]  # fmt: skip
+    assert main(fewer) == 0, capsys.readouterr().err
+    assert calls == []  # the mask is the run's result: nothing is pruned again
+    name = "mnli:validation_matched"
+    metrics = read_json(out / "s0.30" / "seed0" / "metrics.json")  # --seeds 1: one seed, 0
+    assert metrics["eval_examples"][name] == 8
+    eight = load_pairs(name, max_examples=8)
+    full = evaluate(load_model(model_path, task="mnli"), eight, batch_size=16).accuracy
+    table = pd.read_csv(out / "subnetworks.csv")
+    assert table[f"full_acc_{name}"].iloc[0] == pytest.approx(full)
+    assert read_json(out / "full_model.json")[name] == pytest.approx(full)
