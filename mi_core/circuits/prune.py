@@ -31,6 +31,7 @@ functions of (seed, step), so a resumed run takes the same steps as one never st
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +45,10 @@ from mi_core.buffers import reusing_buffers
 from mi_core.circuits.config import EdgePruneSettings
 from mi_core.circuits.metrics import answer_logits, kl_divergence, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
-from mi_core.errors import ConfigError, InterventionError
+from mi_core.errors import ConfigError, InterventionError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches
 from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
-from mi_core.models.fingerprint import tensor_fingerprint
+from mi_core.models.fingerprint import tensor_fingerprint, weights_fingerprint
 from mi_core.models.frozen import frozen
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
@@ -120,14 +121,24 @@ def discretize_circuit(
     return weights, nodes
 
 
-def _inputs_key(pairs: PromptPairs, means: torch.Tensor | None) -> dict[str, str | None]:
-    """What a run learns from besides its settings: the pairs and the mean fill's means."""
+def _inputs_key(
+    model: Any, pairs: PromptPairs, means: torch.Tensor | None
+) -> dict[str, str | None]:
+    """What a run learns from besides its settings: the model's weights, the pairs and the mean
+    fill's means."""
     ids = torch.stack([pairs.clean_ids, pairs.corrupted_ids])
-    return {"pairs": tensor_fingerprint(ids),
+    return {"model": weights_fingerprint(model), "pairs": tensor_fingerprint(ids),
             "means": None if means is None else tensor_fingerprint(means)}  # fmt: skip
 
 
+#: Settings that change how often a run saves, not what it learns.
+_NOT_LEARNT = frozenset({"checkpoint_every"})
+
+
 def _save_state(folder: Path, step: int, params, optimizer, history, config, inputs):
+    """One atomic file holds the gates, the optimiser and the progress (step, settings, inputs,
+    history, in its metadata): a kill never leaves tensors of one step beside the progress of
+    another. ``edge_prune_state.json`` repeats the progress for reading."""
     tensors = {name: p.detach() for name, p in params.items()}
     for group, params in enumerate(optimizer.param_groups):
         for i, p in enumerate(params["params"]):
@@ -135,24 +146,45 @@ def _save_state(folder: Path, step: int, params, optimizer, history, config, inp
             for key in ("exp_avg", "exp_avg_sq", "step"):
                 if key in state:
                     tensors[f"optim.{group}.{i}.{key}"] = torch.as_tensor(state[key]).float()
-    write_safetensors(folder / _STATE, tensors, {"step": str(step)})
-    write_json(folder / _PROGRESS, {"step": step, "config": config.to_dict(), "inputs": inputs,
-                                    "history": history})  # fmt: skip
+    progress = {"step": step, "config": config.to_dict(), "inputs": inputs, "history": history}
+    write_safetensors(
+        folder / _STATE, tensors, {"step": str(step), "progress": json.dumps(progress)}
+    )
+    write_json(folder / _PROGRESS, progress)
+
+
+def _read_progress(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The state's tensors and progress; a state saved before the progress moved into it
+    reads the JSON beside it, whose step must be the tensors' (else a save was cut short)."""
+    tensors, metadata = read_safetensors(folder / _STATE)
+    if "progress" in metadata:
+        return tensors, json.loads(metadata["progress"])
+    progress = read_json(folder / _PROGRESS)
+    if str(progress.get("step")) != metadata.get("step"):
+        raise TrainingError(
+            f"{folder}: the saved gates are from step {metadata.get('step')} and the progress "
+            f"from step {progress.get('step')} (a save was cut short); delete the folder to "
+            "start over"
+        )
+    return tensors, progress
 
 
 def _load_state(folder: Path, params, optimizer, config, inputs) -> tuple[int, list]:
-    progress = read_json(folder / _PROGRESS)
+    tensors, progress = _read_progress(folder)
     saved, now = {**_DEFAULTS_SINCE, **progress.get("config", {})}, config.to_dict()
-    differ = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-    # runs saved before the inputs were recorded have no "inputs": they resume as before
-    saved_inputs = progress.get("inputs", inputs)
-    differ += [f"the {k}" for k in sorted(inputs) if saved_inputs.get(k) != inputs[k]]
+    differ = sorted(
+        k for k in set(saved) | set(now) if k not in _NOT_LEARNT and saved.get(k) != now.get(k)
+    )
+    # runs saved before an input was recorded have no entry for it: they resume as before
+    saved_inputs = progress.get("inputs", {})
+    differ += [
+        f"the {k}" for k in sorted(inputs) if k in saved_inputs and saved_inputs[k] != inputs[k]
+    ]
     if differ:
         raise ConfigError(
             f"{folder} holds an edge-pruning run with other settings ({', '.join(differ)}); "
             "use another folder, the same settings, or delete it to start over"
         )
-    tensors, _ = read_safetensors(folder / _STATE)
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(tensors[name])
@@ -216,11 +248,11 @@ def prune_edges(
     senders = graph.edges[:, 0].to(device)
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    inputs = _inputs_key(pairs, means if config.fill == "mean" else None)
+    inputs = _inputs_key(model, pairs, means if config.fill == "mean" else None)
     start, history = 0, []
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        if (folder / _PROGRESS).exists() and (folder / _STATE).exists():
+        if (folder / _STATE).exists():
             start, history = _load_state(folder, params, optimizer, config, inputs)
     with torch.no_grad():  # the full model's answers, once
         reference = torch.cat(
@@ -299,4 +331,4 @@ def prune_edges(
 
 def load_edge_prune_history(folder: str | os.PathLike[str]) -> list[dict[str, float]]:
     """The trace of a checkpointed run (``kl``, ``sparsity``, ``target``, ``lambda_1``)."""
-    return list(read_json(Path(folder) / _PROGRESS)["history"])
+    return list(_read_progress(Path(folder))[1]["history"])

@@ -200,12 +200,42 @@ def test_edge_pruning_resumes_after_a_kill_and_takes_the_same_steps(tmp_path):
     torch.testing.assert_close(resumed.log_alpha, whole.log_alpha, atol=1e-6, rtol=0)
     assert resumed.circuit.kept == whole.circuit.kept
     assert len(resumed.history) == 30
+    # how often a run saves is not what it learns (checkpoint_every is not compared)
     other = EdgePruneSettings(sparsity=0.6, steps=30, sparsity_warmup_steps=20, batch_size=8)
-    with pytest.raises(ConfigError, match=r"other settings \(checkpoint_every, sparsity\)"):
+    with pytest.raises(ConfigError, match=r"other settings \(sparsity\)"):
         prune_edges(model, pairs, other, tmp_path / "killed", progress=False)
-    # the same settings on other pairs, or with other means, are another run too
+    # the same settings on other pairs, other means or another model's weights: another run
     with pytest.raises(ConfigError, match=r"other settings \(the pairs\)"):
         prune_edges(model, pairs.select(slice(0, 6)), config, tmp_path / "killed", progress=False)
+    with pytest.raises(ConfigError, match=r"other settings \(the model\)"):
+        prune_edges(tiny_model("gpt2", seed=1), pairs, config, tmp_path / "killed", progress=False)
+
+
+def test_an_edge_pruning_state_is_one_atomic_file(tmp_path):
+    """The gates and the progress were two files: a kill between the two writes left the gates
+    of one step beside the progress of another, and the run resumed from the mix."""
+    import json
+
+    from mi_core.circuits.prune import _read_progress
+    from mi_core.errors import TrainingError
+    from mi_core.io import read_safetensors, write_safetensors
+
+    model = tiny_model("gpt2")
+    config = EdgePruneSettings(sparsity=0.7, steps=4, sparsity_warmup_steps=2, batch_size=8,
+                               checkpoint_every=2)  # fmt: skip
+    pairs = _pairs()
+    prune_edges(model, pairs, config, tmp_path / "a", progress=False)
+    state = tmp_path / "a" / "edge_prune_state.safetensors"
+    tensors, metadata = read_safetensors(state)
+    progress = json.loads(metadata["progress"])
+    assert progress["step"] == 4 and len(progress["history"]) == 4
+    # the JSON beside it is for reading: a stale one does not change what resumes
+    (tmp_path / "a" / "edge_prune_state.json").write_text(json.dumps({**progress, "step": 2}))
+    assert _read_progress(tmp_path / "a")[1]["step"] == 4
+    # a state written before the progress moved into it: the two steps must agree
+    write_safetensors(state, tensors, {"step": "4"})
+    with pytest.raises(TrainingError, match="from step 4 and the progress from step 2"):
+        prune_edges(model, pairs, config, tmp_path / "a", progress=False)
 
 
 def test_an_edge_pruning_run_refuses_to_resume_with_other_means(tmp_path):
