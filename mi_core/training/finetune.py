@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 import pandas as pd
@@ -44,16 +44,25 @@ TRAIN_LOSS = "train_loss.csv"  # step, loss, lr: every optimisation step
 CONFIG = "finetune_config.json"
 
 
+#: Settings a resumed run may change: where and how often it saves or evaluates, not what it
+#: learns or measures.
+RESUMABLE_CHANGES = frozenset(
+    {"out", "save_every", "save_total_limit", "eval_batch_size", "device"}
+)
+
+
 def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
+    """Refuse a folder holding a run with other settings: the data, the optimisation (the
+    linear schedule depends on ``steps``) or the evaluation (``metrics.csv`` would mix)."""
     saved = out / CONFIG
     if not saved.is_file():
         return
     before = read_json(saved)
-    keys = ("model", "task", "train", "lr", "batch_size", "seed", "max_length", "group_by_length")
+    defaults = {f.name: f.default for f in fields(cfg) if f.default is not MISSING}
     now = asdict(cfg)
-    changed = [k for k in keys if before.get(k) != now[k]]
-    if before.get("precision", "fp32") != cfg.precision:  # written before the field: fp32
-        changed.append("precision")
+    changed = [
+        k for k in now if k not in RESUMABLE_CHANGES and before.get(k, defaults.get(k)) != now[k]
+    ]
     if changed:
         raise ConfigError(
             f"{out} holds a run with other settings ({', '.join(changed)}); "

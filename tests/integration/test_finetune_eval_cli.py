@@ -106,6 +106,23 @@ def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints
     assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--seed", "7")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mi-core: error:") and "seed" in err and "\n" not in err
+    # what it trains on, how it optimises (the schedule depends on --steps) and what it
+    # measures are the run's; resuming with them changed mixed two runs into one record
+    for flags, field in [
+        (("--max-train-examples", "32"), "max_train_examples"),
+        (("--weight-decay", "0.5"), "weight_decay"),
+        (("--warmup-steps", "2"), "warmup_steps"),
+        (("--max-eval-examples", "16"), "max_eval_examples"),
+    ]:
+        args = list(flags)
+        assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=args) == 2
+        assert field in capsys.readouterr().err
+    assert _finetune(tiny_checkpoints["bert-cls"], finetuned, steps=6) == 2
+    assert "steps" in capsys.readouterr().err
+    # where and how often it saves is not: a finished run re-run so does no step again
+    state = (finetuned / "checkpoint-4" / "trainer_state.json").read_text()
+    assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--save-every", "4")) == 0
+    assert (finetuned / "checkpoint-4" / "trainer_state.json").read_text() == state
 
 
 def test_eval_writes_results_and_predictions(finetuned, tmp_path):
