@@ -371,6 +371,15 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
     err = capsys.readouterr().err
     assert err.count("finished before, skipped") == len(STAGES) and "running" not in err
     assert {s: (out / "stages" / f"{s}.json").stat().st_mtime_ns for s in STAGES} == done
+    # other means while the sweep computed from them is finished: refused before any stage
+    # (re-running the means overwrote means.safetensors, then the sweep refused the new ones)
+    means = (out / "means.safetensors").read_bytes()
+    argv = ["heuristic-core", "--config", str(path), "--out", str(out), "--no-progress",
+            "--set", "means.max_examples=8"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the means stage finished with other settings" in err and len(err.splitlines()) == 1
+    assert (out / "means.safetensors").read_bytes() == means
 
 
 def test_run_heuristic_core_in_memory_equals_the_report_directory(
