@@ -32,3 +32,9 @@ class TrainingError(MiCoreError):
 
 class OutputError(MiCoreError):
     """A result cannot be written where it was asked to go (permissions, a file in the way)."""
+
+
+class DamagedFileError(MiCoreError, ValueError):
+    """A file mi_core wrote (or reads) is truncated or not what its name says: a crash during a
+    write outside mi_core's atomic writes, a full disk, a hand edit. A ``ValueError`` too, so
+    code that treats unreadable files as absent keeps doing so."""

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mi_core.errors import DamagedFileError, OutputError
+
 if TYPE_CHECKING:  # torch is imported where tensors are written: the CLI's help needs none
     import torch
 
@@ -27,8 +29,6 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
     a ``"folder"``, or (``"auto"``) a file for a name with a known file suffix and a folder
     otherwise. Nothing is created. Raises :class:`~mi_core.errors.OutputError` with one line
     saying why not."""
-    from mi_core.errors import OutputError
-
     if kind not in ("auto", "file", "folder"):
         raise ValueError(f"kind must be auto, file or folder, not {kind!r}")
     target = Path(path)
@@ -44,6 +44,8 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
             raise refuse("a file is in the way of the output folder")
         if not os.access(target if target.is_dir() else target.parent, os.W_OK | os.X_OK):
             raise refuse("Permission denied")
+        if target.is_file() and not target.stat().st_mode & 0o222:  # kept read-only on purpose
+            raise refuse("the file is read-only (make it writable to replace it)")
         return target
     ancestor = target.parent
     while not ancestor.exists():
@@ -66,8 +68,6 @@ def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     """
     import fcntl
     import hashlib
-
-    from mi_core.errors import OutputError
 
     target = Path(path).expanduser().resolve()
     folder = Path(tempfile.gettempdir()) / "mi_core-locks"
@@ -94,6 +94,11 @@ def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def user_umask() -> int:
+    """The process's umask (read without changing it for longer than a call)."""
+    return _umask()
 
 
 def _umask() -> int:
@@ -156,8 +161,16 @@ def _finite(obj: Any) -> Any:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Read a JSON file."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """Read a JSON file; a damaged one raises :class:`~mi_core.errors.DamagedFileError` naming
+    it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        raise DamagedFileError(
+            f"{path} is damaged ({reason}): a partly written or edited file; restore it, or "
+            "delete it to have it made again"
+        ) from None
 
 
 def write_csv(path: str | os.PathLike[str], frame: Any) -> Path:
@@ -173,14 +186,18 @@ def write_safetensors(
     metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Save tensors (made contiguous) as safetensors atomically, with string metadata."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     with atomic_path(path) as tmp:
-        save_file(
-            {k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-            str(tmp),
-            metadata=dict(metadata) if metadata else None,
-        )
+        try:
+            save_file(
+                {k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                str(tmp),
+                metadata=dict(metadata) if metadata else None,
+            )
+        except SafetensorError as exc:  # e.g. no space left: the OSError it wraps
+            raise OutputError(f"cannot write {path}: {exc}") from None
     return Path(path)
 
 
@@ -188,9 +205,17 @@ def read_safetensors(
     path: str | os.PathLike[str],
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Load a safetensors file: its tensors and its metadata."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = dict(handle.metadata() or {})
-    return load_file(str(path)), metadata
+    if not os.access(path, os.R_OK) and os.path.exists(path):
+        raise PermissionError(13, "Permission denied", str(path))
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = dict(handle.metadata() or {})
+        return load_file(str(path)), metadata
+    except SafetensorError as exc:
+        raise DamagedFileError(
+            f"{path} is damaged ({exc}): a partly written file; restore it, or delete it to "
+            "have it made again"
+        ) from None

@@ -15,9 +15,11 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mi_core.io import read_json, write_json
+from mi_core.errors import OutputError
+from mi_core.io import read_json, user_umask, write_json
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
@@ -47,14 +49,20 @@ def save_checkpoint(
     final = Path(out_dir) / f"checkpoint-{step}"
     tmp = Path(out_dir) / f".checkpoint-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tensors, meta = _flatten_optimizer(optimizer)
-    save_file(tensors, str(tmp / OPTIMIZER_STATE))
-    write_json(
-        tmp / TRAINER_STATE,
-        dict(state, step=step, optimizer=meta, scheduler=scheduler.state_dict()),
-    )
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tensors, meta = _flatten_optimizer(optimizer)
+        save_file(tensors, str(tmp / OPTIMIZER_STATE))
+        write_json(
+            tmp / TRAINER_STATE,
+            dict(state, step=step, optimizer=meta, scheduler=scheduler.state_dict()),
+        )
+        for path in tmp.iterdir():  # safetensors writes 0600: the user's umask decides
+            path.chmod(0o666 & ~user_umask())
+    except (OSError, SafetensorError) as exc:  # e.g. a full disk: no half folder left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"cannot write {final}: {exc}") from None
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final

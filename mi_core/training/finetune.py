@@ -118,8 +118,13 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
             checkpoints, cfg, model, optimizer, scheduler, scaler
         )
         if (out / METRICS).is_file():
-            metrics = pd.read_csv(out / METRICS)
-            metrics = metrics[metrics["step"] <= start]
+            try:
+                metrics = pd.read_csv(out / METRICS)
+                metrics = metrics[metrics["step"] <= start]
+            except (ValueError, KeyError, pd.errors.ParserError) as exc:  # EmptyDataError too
+                log.warning("%s is unreadable (%s); its rows before step %d are lost",
+                            out / METRICS, exc, start)  # fmt: skip
+                metrics = pd.DataFrame(columns=["step", "dataset", "accuracy"])
         losses = _read_losses(out, start)
         log.info("resuming %s from step %d", out, start)
     elif evals:

@@ -122,3 +122,57 @@ def test_damaged_weights_are_one_line_and_a_damaged_cache_is_rebuilt(
     assert "damaged" in caplog.text and "rebuilding" in caplog.text
     assert torch.equal(first, again)
     assert cached.stat().st_size > 100  # rebuilt
+
+
+def test_a_read_only_result_file_is_not_replaced(tmp_path, capsys):
+    """A result kept read-only on purpose (chmod 444) was silently replaced (the atomic rename
+    needs only the folder's permission) and came back writable."""
+    kept = tmp_path / "results.csv"
+    kept.write_text("dataset,n,accuracy\nearlier,1,1.0\n")
+    kept.chmod(0o444)
+    argv = ["eval", "--model", "no-such-model", "--data", "hans:so_swap", "--out", str(kept)]
+    assert main(argv) == 2
+    assert "results.csv: the file is read-only" in _one_line(capsys)
+    assert kept.read_text().endswith("earlier,1,1.0\n") and not kept.stat().st_mode & 0o222
+
+
+def test_damaged_files_in_an_output_folder_are_one_line(tmp_path, capsys, tiny_checkpoints):
+    """A truncated config.json or checkpoint in a run folder ended in a Python traceback."""
+    from mi_core.errors import DamagedFileError
+    from mi_core.io import read_json, read_safetensors
+
+    (tmp_path / "half.json").write_text('{"prune": {"steps": 4')
+    with pytest.raises(DamagedFileError, match="half.json is damaged"):
+        read_json(tmp_path / "half.json")
+    (tmp_path / "half.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    with pytest.raises(DamagedFileError, match="half.safetensors is damaged"):
+        read_safetensors(tmp_path / "half.safetensors")
+    # through the command line: a prune run folder whose config.json was cut short
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"prune": ')
+    argv = ["prune", "--model", str(tiny_checkpoints["bert-cls"]), "--train", "mnli:train",
+            "--max-train-examples", "8", "--sparsity", "0.5", "--steps", "1", "--out", str(out),
+            "--ablation", "zero",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json is damaged" in err[0], err
+
+
+def test_a_full_disk_is_one_error_naming_the_file(tmp_path, monkeypatch):
+    """safetensors reports a failed write as its own error type; it ended in a traceback."""
+    import safetensors.torch
+    import torch
+    from safetensors import SafetensorError
+
+    from mi_core.errors import OutputError
+    from mi_core.io import write_safetensors
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: IoError(No space left on device)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(OutputError, match="cannot write .*x.safetensors: .*No space left"):
+        write_safetensors(tmp_path / "x.safetensors", {"a": torch.zeros(2)})
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pandas as pd
@@ -59,6 +60,11 @@ def test_finetune_writes_hf_checkpoints_metrics_and_figure(finetuned):
         ckpt = finetuned / f"checkpoint-{step}"
         hf = transformers.AutoModelForSequenceClassification.from_pretrained(ckpt)
         assert hf.config.num_labels == 3 and (ckpt / "tokenizer.json").is_file()
+        # the weights honour the umask like every other file (safetensors writes 0600)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        for name in ("model.safetensors", "config.json"):
+            assert (ckpt / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
     metrics = pd.read_csv(finetuned / "metrics.csv")
     assert list(metrics.columns) == ["step", "dataset", "accuracy"]
     assert sorted(metrics["step"].unique()) == [0, 2, 4]

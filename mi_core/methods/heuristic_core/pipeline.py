@@ -133,7 +133,7 @@ class HeuristicCoreExperiment:
             return False
         try:
             return read_json(path).get("key") == self.stage_key(stage)
-        except (json.JSONDecodeError, OSError):
+        except (ValueError, OSError):  # a damaged done-file: the stage is not done
             return False
 
     def _mark_done(self, stage: str, seconds: float) -> None:
