@@ -100,6 +100,7 @@ def _command(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mi-core``: run one subcommand, report bad input as one line."""
+    resumes = False
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         parser = build_parser(only=_command(argv))
@@ -117,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # a command writing one file says so (``out_kind``); --predictions is a file
                 kind = "file" if name == "predictions" else getattr(args, "out_kind", "auto")
                 ensure_writable(getattr(args, name), kind)
+        resumes = getattr(args, "resumes", False)
         with output_lock(args.out) if getattr(args, "out", None) else contextlib.nullcontext():
             args.func(args)
     except OSError as exc:  # a file-system fault during the work: one line, not a traceback
@@ -128,7 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mi-core: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("mi-core: interrupted; finished work is kept and a re-run resumes", file=sys.stderr)
+        if resumes:
+            print("mi-core: interrupted; finished work is kept and a re-run resumes",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            print("mi-core: interrupted; this command keeps no partial results: a re-run "
+                  "starts over", file=sys.stderr)  # fmt: skip
         return 130
     return 0
 

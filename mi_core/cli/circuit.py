@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
         "A re-run with the same --out resumes.",
     )
     add_config_flags(prune, CircuitPruneConfig)
-    prune.set_defaults(func=run_prune, out_kind="folder")
+    prune.set_defaults(func=run_prune, out_kind="folder", resumes=True)
     sweep = commands.add_parser(
         "sweep",
         help="one edge-pruning run per (sparsity, seed); skips finished runs",
@@ -47,7 +47,7 @@ def add_parser(subparsers) -> None:
         "one. OUT/circuits.csv lists each circuit's size and held-out faithfulness.",
     )
     add_config_flags(sweep, CircuitSweepConfig)
-    sweep.set_defaults(func=run_sweep, out_kind="folder")
+    sweep.set_defaults(func=run_sweep, out_kind="folder", resumes=True)
 
 
 def _choose(args: argparse.Namespace) -> None:

@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
         "are kept. Without a network it fails at once saying which file to place where.",
     )
     add_config_flags(fetch, FetchConfig)
-    fetch.set_defaults(func=run_fetch)
+    fetch.set_defaults(func=run_fetch, resumes=True)  # written sets are skipped
 
 
 def _choose(args: argparse.Namespace) -> None:

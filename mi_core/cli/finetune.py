@@ -19,7 +19,7 @@ def add_parser(subparsers) -> None:
         "OUT/training_dynamics.html. Re-running the same command resumes.",
     )
     add_config_flags(p, FinetuneConfig)
-    p.set_defaults(func=run, out_kind="folder")
+    p.set_defaults(func=run, out_kind="folder", resumes=True)
 
 
 def config_from_args(args: argparse.Namespace) -> FinetuneConfig:

@@ -36,7 +36,7 @@ def add_parser(subparsers) -> None:
         "pruning.sparsities=[0.3,0.5] (VALUE is read as JSON, else as a string; repeatable)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run, out_kind="folder")
+    p.set_defaults(func=run, out_kind="folder", resumes=True)
 
 
 def _assign(values: dict[str, Any], text: str) -> None:

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
     )
     add_config_flags(p, SeparabilityConfig)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run, out_kind="folder")
+    p.set_defaults(func=run, out_kind="folder", resumes=True)
 
 
 def config_from_args(args: argparse.Namespace):

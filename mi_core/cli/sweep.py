@@ -22,7 +22,7 @@ def add_parser(subparsers) -> None:
     add_config_flags(p, SweepConfig)
     add_recipe_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run, out_kind="folder")
+    p.set_defaults(func=run, out_kind="folder", resumes=True)
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:

@@ -176,3 +176,28 @@ def test_a_full_disk_is_one_error_naming_the_file(tmp_path, monkeypatch):
     with pytest.raises(OutputError, match="cannot write .*x.safetensors: .*No space left"):
         write_safetensors(tmp_path / "x.safetensors", {"a": torch.zeros(2)})
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [("means", "keeps no partial results"), ("prune", "a re-run resumes")],
+)
+def test_ctrl_c_says_whether_a_re_run_resumes(command, says, tmp_path, capsys, monkeypatch):
+    """means and circuit attribute keep nothing of an interrupted run; the message said they
+    resume."""
+    import mi_core.cli.means
+    import mi_core.cli.prune
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(getattr(mi_core.cli, command), "run", interrupted)
+    argv = {
+        "means": ["means", "--model", "m", "--data", "mnli:train",
+                  "--out", str(tmp_path / "m.safetensors")],
+        "prune": ["prune", "--model", "m", "--train", "mnli:train", "--sparsity", "0.5",
+                  "--out", str(tmp_path / "p")],
+    }[command]  # fmt: skip
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
