@@ -226,9 +226,11 @@ def save_checkpoint(
     controller: LagrangianController,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None = None,
+    log: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Write gates, lambdas, AdamW state (tensors), step, groups and the fp16 loss scaler's
-    state (JSON), atomically."""
+    """Write gates, lambdas, AdamW state (tensors), step, groups, the fp16 loss scaler's state
+    and the log rows of the steps done (JSON), atomically: ``log.csv`` is written beside it, and
+    a kill between the two writes cannot lose rows, which resume from here."""
     state = optimizer.state_dict()
     tensors = {
         "log_alpha": gates.log_alpha,
@@ -245,7 +247,15 @@ def save_checkpoint(
     }
     if scaler is not None:
         info["scaler"] = scaler.state_dict()
+    if log is not None:
+        info["log"] = log
     write_safetensors(path, tensors, {"kind": CHECKPOINT_KIND, "state": json.dumps(info)})
+
+
+def checkpoint_log(path: Path) -> list[dict[str, Any]] | None:
+    """The log rows a checkpoint holds (None for one written before they were kept)."""
+    _, metadata = read_safetensors(path)
+    return json.loads(metadata["state"]).get("log")
 
 
 #: AdamW's implementation flags, which follow the device a run resumes on.
@@ -663,7 +673,10 @@ def _start_run(
     checkpoint = state.checkpoint
     if checkpoint is not None and checkpoint.is_file():
         state.start = load_checkpoint(checkpoint, gates, controller, optimizer, state.scaler)
-        if state.log_path.is_file() and state.start > 0:
+        kept = checkpoint_log(checkpoint)
+        if kept is not None:  # the rows the checkpoint holds: log.csv may lag behind it
+            state.rows = [row for row in kept if row["step"] < state.start]
+        elif state.log_path.is_file() and state.start > 0:  # a checkpoint from before
             log = pd.read_csv(state.log_path)
             state.rows = log[log["step"] < state.start].to_dict("records")
         state.last_good = state.start
@@ -850,7 +863,8 @@ def _finish_step(
     if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
         if export is not None:
             export()
-        save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer, r.scaler)
+        save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer,
+                        r.scaler, log=r.rows)  # fmt: skip
         write_csv(r.log_path, r.log())
         r.last_good = done
     if r.callback is not None:

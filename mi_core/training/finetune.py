@@ -171,6 +171,10 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         if done % cfg.save_every == 0 or done == cfg.steps:
             if evals:
                 metrics = _record(metrics, done, _evaluate_all(model, tokenizer, evals, cfg))
+            # the records first, then the checkpoint: a kill between the two leaves rows past
+            # the checkpoint, which a resume drops and makes again (the other order lost them)
+            write_csv(out / TRAIN_LOSS, pd.DataFrame(losses, columns=["step", "loss", "lr"]))
+            _write_metrics(out, metrics, in_domain, evals)
             save_checkpoint(
                 out,
                 done,
@@ -185,8 +189,6 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
                 },
             )
             prune_training_states(out, cfg.save_total_limit)
-            write_csv(out / TRAIN_LOSS, pd.DataFrame(losses, columns=["step", "loss", "lr"]))
-            _write_metrics(out, metrics, in_domain, evals)
             model.train()
     bar.close()
     return metrics

@@ -108,6 +108,35 @@ def test_finetune_resume_equals_uninterrupted(finetuned, tiny_checkpoints, tmp_p
     assert resumed["loss"].tolist() == pytest.approx(full["loss"].tolist(), abs=1e-5)
 
 
+def test_a_kill_while_checkpointing_loses_no_record(finetuned, tiny_checkpoints, tmp_path,
+                                                   monkeypatch):  # fmt: skip
+    """The records of a checkpoint's step are written before it: a kill while the checkpoint
+    is written leaves rows past the last checkpoint, which the resume makes again (written
+    after it, a kill in between lost that step's evaluation for good)."""
+    import importlib
+
+    finetune_module = importlib.import_module("mi_core.training.finetune")  # not the function
+
+    out = tmp_path / "killed"
+    shutil.copytree(finetuned, out)
+    shutil.rmtree(out / "checkpoint-4")
+    real = finetune_module.save_checkpoint
+
+    def killed_at_4(out_dir, step, *args, **kwargs):
+        if step == 4:
+            raise KeyboardInterrupt
+        return real(out_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(finetune_module, "save_checkpoint", killed_at_4)
+    assert _finetune(tiny_checkpoints["bert-cls"], out) == 130
+    assert 4 in set(pd.read_csv(out / "metrics.csv")["step"])  # the records came first
+    monkeypatch.setattr(finetune_module, "save_checkpoint", real)
+    assert _finetune(tiny_checkpoints["bert-cls"], out) == 0
+    records = pd.read_csv(out / "metrics.csv")
+    assert records["step"].tolist() == pd.read_csv(finetuned / "metrics.csv")["step"].tolist()
+    assert pd.read_csv(out / "train_loss.csv")["step"].tolist() == [1, 2, 3, 4]
+
+
 def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints, capsys):
     assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--seed", "7")) == 2
     err = capsys.readouterr().err.strip()
