@@ -297,3 +297,22 @@ def test_cli_runs_resumes_and_reports_bad_input(tiny_checkpoints, small_data_dir
     assert main(["separability", "--config", str(config_file), *args[1:i], *args[i + 2 :]]) == 0
     pd.testing.assert_frame_equal(pd.read_csv(moved / "trajectory.csv"), frame)
     assert "out" not in SeparabilityConfig(out="x").pruning_options()
+    # other weights at the same --model path: another run, refused (it resumed from the old
+    # model's steps)
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = shutil.copytree(tiny_checkpoints["llama-lm"], tmp_path / "llama-copy")
+    j = args.index("--model")
+    same_path = [*args[: j + 1], str(copy), *args[j + 2 :]]
+    same_path[same_path.index("--out") + 1] = str(tmp_path / "copy-run")
+    assert main([*same_path, "--steps", "1"]) == 0
+    state = (tmp_path / "copy-run" / "state.safetensors").read_bytes()
+    weights = load_file(copy / "model.safetensors")
+    save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in weights.items()},
+              copy / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
+    capsys.readouterr()
+    assert main([*same_path, "--steps", "1"]) == 2
+    assert "model_fingerprint" in capsys.readouterr().err
+    assert (tmp_path / "copy-run" / "state.safetensors").read_bytes() == state

@@ -119,6 +119,10 @@ def run_separability_job(
     model = load_model(config.model, device=str(config.torch_device()), fold_value_biases=False)
     if not hasattr(model, "unembed") or getattr(model, "tokenizer", None) is None:
         raise ConfigError(f"{config.model} is not a causal language model with a tokenizer")
+    from mi_core.models.fingerprint import weights_fingerprint
+
+    # the weights, not only the name: a checkpoint changed under the same path is another run
+    identity["model_fingerprint"] = weights_fingerprint(model)
     focus, cripple = (
         _task(model.tokenizer, spec, config, eval_tokens) for spec in (config.focus, config.cripple)
     )

@@ -336,11 +336,16 @@ def check_state(
     path = Path(state_path)
     if not path.exists():
         return -1
-    rows = _load_state(path, config, dict(identity or {}))[0]
+    # before the model is loaded its fingerprint is unknown: run_separability checks it
+    rows = _load_state(path, config, dict(identity or {}), unknown=("model_fingerprint",))[0]
     return max(r["step"] for r in rows) if rows else -1
 
 
-def _load_state(path: Path, config: SeparabilityConfig, identity: dict):
+def _load_state(
+    path: Path, config: SeparabilityConfig, identity: dict, unknown: tuple[str, ...] = ()
+):
+    """The saved rows, masks and first scores; refuses a state of other options or identity
+    (``unknown``: identity keys not known yet, left out of the comparison)."""
     try:
         tensors, metadata = read_safetensors(path)
     except Exception as exc:  # noqa: BLE001 - a damaged file is reported as such
@@ -351,6 +356,9 @@ def _load_state(path: Path, config: SeparabilityConfig, identity: dict):
         )
     saved = {**json.loads(metadata["config"]), **json.loads(metadata.get("identity", "{}"))}
     wanted = {**config.pruning_options(), **identity}
+    for key in unknown:
+        if key not in wanted:
+            saved.pop(key, None)
     if saved != wanted:
         changed = sorted(k for k in {*saved, *wanted} if saved.get(k) != wanted.get(k))
         raise ConfigError(
