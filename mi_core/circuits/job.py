@@ -16,6 +16,7 @@ Files written to ``out`` (atomically):
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,7 @@ def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dic
 def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict[str, Any]:
     """Score the edges, judge top-k circuits on held-out pairs, write everything to ``out``."""
     out = Path(config.out)
+    _check_out(out, config.method, config.to_dict())
     model, find, judge, means = _prepare(config)
     metric = get_metric(config.metric)
     scores: EdgeScores = attribute(
@@ -187,6 +189,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
 
 def run_circuit_prune_job(config: CircuitPruneConfig, *, progress: bool = True) -> dict[str, Any]:
     """Edge-prune on the finding pairs (resumable in ``out``), judge on the held-out ones."""
+    _check_finished(config)  # before any work: another job's folder, or other settings
     return _prune_one(config, *_prepare(config), progress=progress)
 
 
@@ -229,21 +232,39 @@ def run_circuit_sweep_job(config: CircuitSweepConfig, *, progress: bool = True) 
 _WHERE_NOT_WHAT = frozenset({"device", "out", "checkpoint_every"})
 
 
-def _check_finished(run: CircuitPruneConfig) -> None:
-    """Refuse a finished run in ``run.out`` whose settings differ from ``run``'s (an unfinished
-    one is checked by :func:`prune_edges` when it resumes)."""
-    done = Path(run.out) / "summary.json"
+def _check_out(out: str | os.PathLike[str], method: str, now: dict[str, Any]) -> None:
+    """Refuse, before any work, an output folder holding another circuit job's results: another
+    method's (an attribution over an edge-pruning run mixed the two in one folder), or the same
+    method's with other settings (a finished one; an unfinished edge-pruning run is checked by
+    :func:`prune_edges` when it resumes)."""
+    folder = Path(out)
+    done = folder / "summary.json"
     if not done.is_file():
+        if method != "edge-pruning" and (folder / "state").is_dir():
+            raise ConfigError(
+                f"{folder} holds an unfinished edge-pruning run; use another --out for {method}"
+            )
         return
-    saved, now = read_json(done).get("config", {}), run.to_dict()
+    summary = read_json(done)
+    had = summary.get("info", {}).get("method")
+    if had is not None and had != method:
+        raise ConfigError(
+            f"{folder} holds the results of {had}, not {method}; use another --out or delete it"
+        )
+    saved = summary.get("config", {})
     differ = sorted(
         k for k in now if k not in _WHERE_NOT_WHAT and k in saved and saved[k] != now[k]
     )
     if differ:
         raise ConfigError(
-            f"{run.out} holds a finished edge-pruning run with other settings "
+            f"{folder} holds a finished {method} run with other settings "
             f"({', '.join(differ)} differ); use another --out or delete it"
         )
+
+
+def _check_finished(run: CircuitPruneConfig) -> None:
+    """:func:`_check_out` for an edge-pruning run."""
+    _check_out(run.out, "edge-pruning", run.to_dict())
 
 
 def _circuit_prune_task(config: dict[str, Any]) -> str:

@@ -90,6 +90,17 @@ def test_prune_a_classifier_on_hans_pairs_and_resume(tmp_path, capsys, tiny_chec
     values = torch.tensor([mib[to_mib_name(n)]["score"] for n in first.graph.edge_names]).double()
     assert (values > 0).all()
     torch.testing.assert_close(values, log_alpha - log_alpha.min() + 1e-3)
+    # an attribution into the edge-pruning run's folder: refused before any work (it replaced
+    # the run's circuit, scores and summary and left its state and history beside them)
+    summary = (out / "summary.json").read_text()
+    capsys.readouterr()
+    attribute = ["circuit", "attribute", "--model", str(tiny_checkpoints["bert-cls"]), "--task",
+                 "mnli", "--data", "hans-pairs:ln_subject/object_swap", "--n-examples", "16",
+                 "--out", str(out)]  # fmt: skip
+    assert main(attribute) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds the results of edge-pruning, not eap" in err and len(err.splitlines()) == 1
+    assert (out / "summary.json").read_text() == summary
 
 
 def test_a_circuit_sweep_runs_each_sparsity_and_seed_once(tmp_path, capsys, tiny_checkpoints):
