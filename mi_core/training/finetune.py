@@ -25,7 +25,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from mi_core.data import load_pairs, pair_batches
 from mi_core.devices import autocast, grad_scaler, matmul_precision, to_device
-from mi_core.errors import ConfigError, DataError, TrainingError
+from mi_core.errors import ConfigError, DataError, ModelLoadError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.io import read_json, write_csv, write_json
 from mi_core.models import load_hf_classifier
@@ -91,9 +91,24 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
 
     in_domain = [evals[0].name] if evals else []
     checkpoints = resumable_checkpoints(out)
-    source = str(checkpoints[-1][1]) if checkpoints else cfg.model
     device = cfg.torch_device()
-    model, tokenizer, _ = load_hf_classifier(source, task=cfg.task, seed=cfg.seed)
+    # the newest checkpoint whose weights read back (a damaged one: the one before it)
+    while True:
+        source = str(checkpoints[-1][1]) if checkpoints else cfg.model
+        try:
+            model, tokenizer, _ = load_hf_classifier(source, task=cfg.task, seed=cfg.seed)
+            break
+        except ModelLoadError as exc:
+            if not checkpoints:
+                raise
+            if len(checkpoints) == 1:
+                raise TrainingError(
+                    f"no checkpoint in {out} has readable weights ({exc}); move them away to "
+                    "start over"
+                ) from None
+            log.warning("%s cannot be loaded (%s); resuming from the checkpoint before it",
+                        source, exc)  # fmt: skip
+            checkpoints = checkpoints[:-1]
     model.to(device)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG, asdict(cfg))

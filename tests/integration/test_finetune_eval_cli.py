@@ -137,6 +137,22 @@ def test_a_kill_while_checkpointing_loses_no_record(finetuned, tiny_checkpoints,
     assert pd.read_csv(out / "train_loss.csv")["step"].tolist() == [1, 2, 3, 4]
 
 
+def test_damaged_newest_weights_resume_from_the_checkpoint_before(
+    finetuned, tiny_checkpoints, tmp_path, caplog
+):
+    """A truncated model.safetensors in the newest checkpoint stopped the run; the training
+    state of a damaged checkpoint already fell back to the one before it."""
+    out = tmp_path / "damaged"
+    shutil.copytree(finetuned, out)
+    weights = out / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert _finetune(tiny_checkpoints["bert-cls"], out) == 0
+    assert "resuming from the checkpoint before it" in caplog.text
+    a = load_file(str(finetuned / "checkpoint-4" / "model.safetensors"))
+    b = load_file(str(out / "checkpoint-4" / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
 def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints, capsys):
     assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--seed", "7")) == 2
     err = capsys.readouterr().err.strip()
