@@ -113,6 +113,17 @@ def _hub_error(source: ModelSource, exc: Exception) -> ModelLoadError:
 
 def _weights_error(source: ModelSource, exc: Exception) -> ModelLoadError:
     detail = " ".join(str(exc).split())[:200]
+    if source.local and Path(source.path).is_dir():  # safetensors calls "cannot open" not found
+        blocked = [
+            f.name
+            for f in Path(source.path).iterdir()
+            if f.is_file() and f.suffix in (".safetensors", ".bin") and not os.access(f, os.R_OK)
+        ]
+        if blocked:
+            return ModelLoadError(
+                f"cannot read the weights of {source.path}: {', '.join(blocked)} is not readable "
+                "(Permission denied)"
+            )
     return ModelLoadError(
         f"cannot read the weights of {source.path} ({type(exc).__name__}: {detail}); the "
         "weight file is truncated or damaged: copy or save the checkpoint again"

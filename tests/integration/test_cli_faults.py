@@ -201,3 +201,23 @@ def test_ctrl_c_says_whether_a_re_run_resumes(command, says, tmp_path, capsys, m
     assert main(argv) == 130
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_unreadable_weights_say_so(tmp_path, capsys, tiny_checkpoints, monkeypatch):
+    """safetensors reports a file it may not open as not found; the error said the weights
+    were truncated or damaged. (Simulated: the tests may run as root, who reads everything.)"""
+    import shutil
+
+    import mi_core.models.loading as loading
+    from mi_core.errors import ModelLoadError
+    from mi_core.models import load_model
+
+    path = shutil.copytree(tiny_checkpoints["bert-cls"], tmp_path / "m")
+    (path / "model.safetensors").write_bytes(b"")  # the load fails as it would on mode 000
+    real = os.access
+    monkeypatch.setattr(
+        loading.os, "access",
+        lambda p, mode: False if str(p).endswith("model.safetensors") else real(p, mode),
+    )  # fmt: skip
+    with pytest.raises(ModelLoadError, match=r"model.safetensors is not readable \(Permission"):
+        load_model(path, task="mnli")
