@@ -1040,6 +1040,10 @@ def _claim_run_dir(
             added = {k: v for k, v in _DEFAULTS_SINCE.items() if k not in old["prune"]}
             old["prune"] = {**old["prune"], **added}
         differ = sorted(k for k in identity if old.get(k) != identity[k])
+        if "prune" in differ and isinstance(old.get("prune"), dict):  # name the fields
+            was, now = old["prune"], identity["prune"]
+            fields_ = sorted(k for k in {*was, *now} if was.get(k) != now.get(k))
+            differ = [*(f"prune.{k}" for k in fields_), *(k for k in differ if k != "prune")]
         if differ:
             raise ConfigError(
                 f"{run_dir} already holds a run with other settings ({', '.join(differ)} differ); "

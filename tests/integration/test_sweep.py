@@ -118,7 +118,7 @@ def test_sweep_runs_every_pair_then_only_what_is_missing(
     other = [a if a != "4" else "5" for a in args]  # --steps 5
     assert main(other) == 2 and len(calls) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "already holds a run with other settings (prune differ)" in err[0]
+    assert len(err) == 1 and "already holds a run with other settings (prune.steps" in err[0]
     assert len(pd.read_csv(out / "s0.30" / "seed1" / "log.csv")) == 4  # untouched
 
 
