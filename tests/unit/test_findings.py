@@ -246,6 +246,10 @@ def test_a_full_model_at_chance_has_nothing_to_agree_on(tmp_path):
     assert (
         "chance 33.3 %" in table.set_index("finding").loc["Subnetworks agree in-domain", "this run"]
     )
+    # nor can an ablation hurt what the model does not do
+    hurt = "Ablating a core head hurts out-of-domain more than in-domain"
+    assert verdicts[hurt] == NOT_MEASURABLE
+    assert verdicts["Joint ablation of core heads is superadditive"] == NOT_MEASURABLE
 
 
 def test_the_spread_is_measured_among_subnetworks_that_agree_in_domain(tmp_path):

@@ -32,9 +32,9 @@ core before generalisation     every head of the final core is in every subnetwo
 
 A claim that the run cannot test says so and why: e.g. an out-of-domain drop cannot be measured
 when the full model's out-of-domain accuracy is already near 0 (it never left the heuristic
-regime), subnetworks cannot agree or spread when the full model is within 3 points of chance
-in-domain (1 / the task's labels; there is no behaviour to keep), and effective size needs the
-``effective_size`` stage.
+regime), subnetworks cannot agree or spread, nor can ablations hurt, when the full model is
+within 3 points of chance in-domain (1 / the task's labels; there is no behaviour to keep),
+and effective size needs the ``effective_size`` stage.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def _subnetwork_findings(
             else (REPRODUCED if within == len(lowest) else NOT_REPRODUCED),
         )
     ]
-    context = {"full": full, "in_domain": ids, "ood": ood}
+    context = {"full": full, "in_domain": ids, "ood": ood,
+               "at_chance": why_chance[2:] if at_chance else None}  # fmt: skip
     if not ood:
         rows.append(
             _row(
@@ -226,8 +227,8 @@ def _ablation_findings(table: pd.DataFrame | None, context: dict[str, Any]) -> l
     if any(n not in table.columns for n in ids) or not ood_cols:
         return []
     full_ood = sum(full[n] for n in ood_cols) / len(ood_cols)
-    regime = full_ood < HEURISTIC_REGIME
-    why = (
+    regime = full_ood < HEURISTIC_REGIME or context.get("at_chance") is not None
+    why = context.get("at_chance") or (
         f"the full model never leaves the heuristic regime (out-of-domain {_pct(full_ood)}): "
         "there is no out-of-domain accuracy to lose"
     )

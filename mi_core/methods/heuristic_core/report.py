@@ -43,6 +43,7 @@ table.data { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 table.data th, table.data td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
 table.data th { background: #f4f4f4; }
 table.data td:first-child, table.data th:first-child { text-align: left; }
+table.data td.text, table.data th.text { text-align: left; }
 .note { color: #555; font-size: 0.92em; }
 .view { border: 1px solid #eee; padding: .5em; margin: 1em 0; }
 code { background: #f4f4f4; padding: 0 3px; }
@@ -96,9 +97,16 @@ def markdown_table(frame: pd.DataFrame, digits: int = 4) -> str:
 def _html_table(frame: pd.DataFrame, digits: int = 4) -> str:
     if frame.empty:
         return '<p class="note">(empty)</p>'
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    # prose columns (findings, verdicts, head lists) read left-aligned, numbers right-aligned
+    text = [not pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
+    attrs = [' class="text"' if t else "" for t in text]
+    head = "".join(
+        f"<th{a}>{html.escape(str(c))}</th>" for c, a in zip(frame.columns, attrs, strict=True)
+    )
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>"
+        "<tr>"
+        + "".join(f"<td{a}>{html.escape(v)}</td>" for v, a in zip(row, attrs, strict=True))
+        + "</tr>"
         for row in _cells(frame, digits)
     )
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
