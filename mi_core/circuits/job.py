@@ -16,6 +16,7 @@ Files written to ``out`` (atomically):
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -234,9 +235,10 @@ _WHERE_NOT_WHAT = frozenset({"device", "out", "checkpoint_every"})
 
 def _check_out(out: str | os.PathLike[str], method: str, now: dict[str, Any]) -> None:
     """Refuse, before any work, an output folder holding another circuit job's results: another
-    method's (an attribution over an edge-pruning run mixed the two in one folder), or the same
-    method's with other settings (a finished one; an unfinished edge-pruning run is checked by
-    :func:`prune_edges` when it resumes)."""
+    method's (an attribution over an edge-pruning run mixed the two in one folder), or a finished
+    edge-pruning run with other settings (an unfinished one is checked by :func:`prune_edges`
+    when it resumes; an attribution of the same method is replaced, as it keeps nothing to
+    resume)."""
     folder = Path(out)
     done = folder / "summary.json"
     if not done.is_file():
@@ -251,7 +253,10 @@ def _check_out(out: str | os.PathLike[str], method: str, now: dict[str, Any]) ->
         raise ConfigError(
             f"{folder} holds the results of {had}, not {method}; use another --out or delete it"
         )
+    if method != "edge-pruning":  # an attribution keeps nothing to resume: a re-run replaces it
+        return
     saved = summary.get("config", {})
+    now = json.loads(json.dumps(now))  # as summary.json holds it (tuples become lists)
     differ = sorted(
         k for k in now if k not in _WHERE_NOT_WHAT and k in saved and saved[k] != now[k]
     )

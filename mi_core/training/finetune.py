@@ -31,6 +31,7 @@ from mi_core.io import read_json, write_csv, write_json
 from mi_core.models import load_hf_classifier
 from mi_core.seeding import derive_seed
 from mi_core.training.checkpoints import (
+    list_checkpoints,
     load_training_state,
     prune_training_states,
     resumable_checkpoints,
@@ -51,18 +52,23 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
+#: What a finished run may change besides: it trains and evaluates no more, so nothing mixes.
+FINISHED_CHANGES = frozenset({"eval", "max_eval_examples"})
+
+
 def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
     """Refuse a folder holding a run with other settings: the data, the optimisation (the
-    linear schedule depends on ``steps``) or the evaluation (``metrics.csv`` would mix)."""
+    linear schedule depends on ``steps``) or, unless the run is finished, the evaluation
+    (``metrics.csv`` would mix)."""
     saved = out / CONFIG
     if not saved.is_file():
         return
     before = read_json(saved)
+    finished = any(step == cfg.steps for step, _ in list_checkpoints(out))
+    allowed = RESUMABLE_CHANGES | (FINISHED_CHANGES if finished else frozenset())
     defaults = {f.name: f.default for f in fields(cfg) if f.default is not MISSING}
     now = asdict(cfg)
-    changed = [
-        k for k in now if k not in RESUMABLE_CHANGES and before.get(k, defaults.get(k)) != now[k]
-    ]
+    changed = [k for k in now if k not in allowed and before.get(k, defaults.get(k)) != now[k]]
     if changed:
         raise ConfigError(
             f"{out} holds a run with other settings ({', '.join(changed)}); "
@@ -111,7 +117,8 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
             checkpoints = checkpoints[:-1]
     model.to(device)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / CONFIG, asdict(cfg))
+    if not any(step == cfg.steps for step, _ in list_checkpoints(out)):
+        write_json(out / CONFIG, asdict(cfg))  # a finished run's record stays what it ran
 
     batches = pair_batches(
         train,

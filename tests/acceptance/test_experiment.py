@@ -378,8 +378,16 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
             "--set", "means.max_examples=8"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "the means stage finished with other settings" in err and len(err.splitlines()) == 1
+    last = err.splitlines()[-1]  # after the stages' progress lines, one error line
+    assert last.startswith("mi-core: error:") and "the means would change" in last
     assert (out / "means.safetensors").read_bytes() == means
+    # an evaluation setting changed: the stages after it re-run, the same means pass and the
+    # finished runs are measured on the new examples (no step of pruning again)
+    argv = ["heuristic-core", "--config", str(path), "--out", str(out), "--no-progress",
+            "--set", "data.max_eval_examples=8"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    metrics = json.loads((out / "sweep" / "s0.30" / "seed1" / "metrics.json").read_text())
+    assert set(metrics["eval_examples"].values()) == {8}
 
 
 def test_run_heuristic_core_in_memory_equals_the_report_directory(

@@ -25,6 +25,8 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
             "--fractions", "0,0.05,0.2,1", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     assert "recovers" in capsys.readouterr().out
+    assert main(argv) == 0  # the same command again: replaced (summary.json holds lists where
+    capsys.readouterr()  # the config holds tuples: a re-run was refused as "other settings")
     rows = list(csv.DictReader((out / "faithfulness.csv").open()))
     assert [float(r["fraction"]) for r in rows] == [0.0, pytest.approx(0.05, abs=0.01),
                                                     pytest.approx(0.2, abs=0.01), 1.0]  # fmt: skip

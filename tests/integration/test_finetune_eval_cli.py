@@ -153,7 +153,7 @@ def test_damaged_newest_weights_resume_from_the_checkpoint_before(
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints, capsys):
+def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints, capsys, tmp_path):
     assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--seed", "7")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mi-core: error:") and "seed" in err and "\n" not in err
@@ -163,11 +163,22 @@ def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints
         (("--max-train-examples", "32"), "max_train_examples"),
         (("--weight-decay", "0.5"), "weight_decay"),
         (("--warmup-steps", "2"), "warmup_steps"),
-        (("--max-eval-examples", "16"), "max_eval_examples"),
     ]:
         args = list(flags)
         assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=args) == 2
         assert field in capsys.readouterr().err
+    # the evaluation may change once the run is finished (it evaluates no more), not before
+    assert (
+        _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--max-eval-examples", "16")) == 0
+    )
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(finetuned, unfinished)
+    shutil.rmtree(unfinished / "checkpoint-4")
+    assert (
+        _finetune(tiny_checkpoints["bert-cls"], unfinished, extra=("--max-eval-examples", "16"))
+        == 2
+    )
+    assert "max_eval_examples" in capsys.readouterr().err
     assert _finetune(tiny_checkpoints["bert-cls"], finetuned, steps=6) == 2
     assert "steps" in capsys.readouterr().err
     # where and how often it saves is not: a finished run re-run so does no step again

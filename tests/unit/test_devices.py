@@ -273,8 +273,11 @@ def test_fine_tuning_resumes_its_fp16_loss_scale(tiny_checkpoints, tmp_path, dat
     common = dict(model=str(tiny_checkpoints["bert-cls"]), task="mnli", train="mnli:train",
                   save_every=2, batch_size=8, max_train_examples=32, lr=1e-4,
                   precision="fp16", out=str(tmp_path / "ft"))  # fmt: skip
-    finetune(FinetuneConfig(**common, steps=2), progress=False)
+    import shutil
+
+    finetune(FinetuneConfig(**common, steps=4), progress=False)
     first = read_json(tmp_path / "ft" / "checkpoint-2" / "trainer_state.json")["scaler"]
+    shutil.rmtree(tmp_path / "ft" / "checkpoint-4")  # as if killed before it was written
     finetune(FinetuneConfig(**common, steps=4), progress=False)  # resumes at step 2
     second = read_json(tmp_path / "ft" / "checkpoint-4" / "trainer_state.json")["scaler"]
     # the growth tracker counts the finite steps since the scale last changed: it went on from

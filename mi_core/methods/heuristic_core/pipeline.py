@@ -8,9 +8,8 @@ of the settings it depends on and of its upstream stages' keys. A re-run skips e
 done-file holds the same key, so a crash loses at most the stage in flight (and the long stages,
 fine-tuning and pruning, resume inside themselves too); changing a setting re-runs the stages
 it affects and those after them. Resumable runs (fine-tuning, pruning) refuse other settings
-themselves; a change to the means while pruning runs computed from them are finished is
-refused before any stage runs, since re-running the means would replace what those runs were
-computed from (use a new report directory).
+themselves, and new means that differ from the ones pruning runs in the report were computed
+from are refused before they replace them (use a new report directory).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from mi_core.errors import ConfigError
+from mi_core.errors import ConfigError, MiCoreError
 from mi_core.io import read_json, write_json
 from mi_core.methods.heuristic_core.comparison import SubnetworkComparison
 from mi_core.methods.heuristic_core.config import ExperimentConfig
@@ -206,7 +205,6 @@ class HeuristicCoreExperiment:
     def run(self) -> ExperimentResult:
         """Run every stage that is not finished yet; return where the report is."""
         self.check_data()
-        self.check_resumable()
         self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.layout.config, self.config.to_dict())
         outcomes = []
@@ -230,35 +228,6 @@ class HeuristicCoreExperiment:
             outcomes.append(StageOutcome(stage, "ran", seconds))
             self.on_stage(stage, "ran")
         return ExperimentResult(self.out, self.layout.report_html, self.layout.report_md, outcomes)
-
-    def check_resumable(self) -> None:
-        """Refuse, before anything runs, a report where a stage that feeds resumable runs (the
-        means) finished with other settings while runs computed from it are finished: re-running
-        it would replace the means those runs were computed from, and they would then refuse the
-        new ones (or a later stage would mix the two)."""
-        for spec in STAGE_SPECS:
-            if not (spec.feeds_runs and spec.enabled(self.config)):
-                continue
-            if not self.done_file(spec.name).is_file() or self.is_done(spec.name):
-                continue
-            below = [s.name for s in STAGE_SPECS if spec.name in self._upstream(s.name)]
-            finished = [
-                s for s in below if STAGE_BY_NAME[s].keeps_runs and self.done_file(s).is_file()
-            ]
-            if finished:
-                raise ConfigError(
-                    f"{self.out}: the {spec.name} stage finished with other settings, and the "
-                    f"{finished[0]} stage's runs were computed from its {spec.outputs[0]}; "
-                    "re-running it would replace what they were computed from: use a new "
-                    "--out, or the same settings"
-                )
-
-    def _upstream(self, stage: str) -> set[str]:
-        """Every stage ``stage`` depends on, directly or through others."""
-        found: set[str] = set()
-        for name in STAGE_BY_NAME[stage].inputs:
-            found |= {name, *self._upstream(name)}
-        return found
 
     def check_data(self) -> None:
         """Open every data set the config names (one example each), so a typo in a spec fails
@@ -309,8 +278,35 @@ class HeuristicCoreExperiment:
         means = compute_means(
             self.model, batches, dataset=dataset.name, progress=self.progress is not False
         )
+        self._check_means_unchanged(means)
         means.save(self.means_path)
         self._means = None
+
+    def _check_means_unchanged(self, means: Any) -> None:
+        """Refuse new means that differ from the saved ones while pruning runs computed from
+        those are in the report (finished or not): replacing them would leave the runs refusing
+        the new means, or a report mixing the two. The same means (e.g. the stage re-ran after
+        an evaluation setting changed) pass."""
+        from mi_core.interventions import load_means
+        from mi_core.models.fingerprint import tensor_fingerprint
+
+        runs = [p for d in ("sweep", "grid") for p in (self.out / d).glob("s*/seed*/config.json")]
+        if not runs or not self.means_path.is_file():
+            return
+        try:
+            old = load_means(self.means_path)
+        except MiCoreError:  # damaged: nothing to keep (the runs check the new ones)
+            return
+        same = old.fingerprint == means.fingerprint and all(
+            tensor_fingerprint(getattr(old, f)) == tensor_fingerprint(getattr(means, f))
+            for f in ("z", "mlp_out")
+        )
+        if not same:
+            raise ConfigError(
+                f"{self.out}: the means would change (their settings or the model changed) while "
+                f"pruning runs computed from {self.means_path.name} are in the report, e.g. "
+                f"{runs[0].parent}; use a new --out, or the same settings"
+            )
 
     def _run_sweep(self) -> None:
         p = self.config.pruning

@@ -52,12 +52,6 @@ class Stage:
     """The config values its key hashes (with the upstream keys)."""
     enabled: Callable[[ExperimentConfig], bool] = lambda c: True
     """Whether this experiment runs it (``"off"`` otherwise)."""
-    keeps_runs: bool = False
-    """Its outputs are runs that resume (checkpoints, pruning runs) and check what they were
-    computed from (their settings, model and means)."""
-    feeds_runs: bool = False
-    """Its output is what such runs check (the means file): re-running it with other settings
-    while runs downstream are finished is refused before anything runs."""
 
     @property
     def run(self) -> str:
@@ -73,7 +67,6 @@ STAGE_SPECS: tuple[Stage, ...] = (
         ("finetune/",),
         _finetune,
         lambda c: c.finetune is not None,
-        keeps_runs=True,
     ),
     Stage(
         "means",
@@ -82,7 +75,6 @@ STAGE_SPECS: tuple[Stage, ...] = (
         ("means.safetensors",),
         lambda c: (asdict(c.means),),
         lambda c: c.means.path is None,
-        feeds_runs=True,
     ),
     Stage(
         "sweep",
@@ -90,7 +82,6 @@ STAGE_SPECS: tuple[Stage, ...] = (
         ("means",),
         ("sweep/",),
         lambda c: (_pruning(c),),
-        keeps_runs=True,
     ),
     Stage(
         "analysis",
@@ -120,7 +111,6 @@ STAGE_SPECS: tuple[Stage, ...] = (
         ("effective_size/",),
         lambda c: (_pruning(c), asdict(c.effective_size)),
         lambda c: c.effective_size.enabled,
-        keeps_runs=True,
     ),
     Stage(
         "grid",
@@ -129,7 +119,6 @@ STAGE_SPECS: tuple[Stage, ...] = (
         ("grid/",),
         lambda c: (_pruning(c), asdict(c.grid)),
         lambda c: c.grid.enabled,
-        keeps_runs=True,
     ),
     Stage(
         "core_before",
@@ -138,7 +127,6 @@ STAGE_SPECS: tuple[Stage, ...] = (
         ("core_before/",),
         lambda c: (_pruning(c), asdict(c.core_before)),
         lambda c: c.core_before.enabled,
-        keeps_runs=True,
     ),
     Stage(
         "core_edges",
