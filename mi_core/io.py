@@ -115,6 +115,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     umask), not the 0600 of a temporary file, so collaborators can read shared results.
     """
     target = Path(path)
+    if target.is_file() and not target.stat().st_mode & 0o222:  # kept read-only on purpose
+        raise OutputError(f"cannot write {target}: the file is read-only (make it writable to "
+                          "replace it)")  # fmt: skip
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
     try:
@@ -169,7 +172,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
         raise DamagedFileError(
             f"{path} is damaged ({reason}): a partly written or edited file; restore it, or "
-            "delete it to have it made again"
+            "remove the work it belongs to (its run folder) to start that work over"
         ) from None
 
 
@@ -216,6 +219,6 @@ def read_safetensors(
         return load_file(str(path)), metadata
     except SafetensorError as exc:
         raise DamagedFileError(
-            f"{path} is damaged ({exc}): a partly written file; restore it, or delete it to "
-            "have it made again"
+            f"{path} is damaged ({exc}): a partly written file; restore it, or remove the work "
+            "it belongs to (its run folder) to start that work over"
         ) from None

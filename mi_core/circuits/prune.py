@@ -153,6 +153,15 @@ def _save_state(folder: Path, step: int, params, optimizer, history, config, inp
     write_json(folder / _PROGRESS, progress)
 
 
+def _has_state(folder: Path) -> bool:
+    """Whether ``folder`` holds a state to resume: the one file, or an older state file with
+    its JSON beside it (an older file alone was cut short before its progress was written:
+    the run starts over, as it did then)."""
+    if not (folder / _STATE).exists():
+        return False
+    return "progress" in read_safetensors(folder / _STATE)[1] or (folder / _PROGRESS).exists()
+
+
 def _read_progress(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The state's tensors and progress; a state saved before the progress moved into it
     reads the JSON beside it, whose step must be the tensors' (else a save was cut short)."""
@@ -252,7 +261,7 @@ def prune_edges(
     start, history = 0, []
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        if (folder / _STATE).exists():
+        if _has_state(folder):
             start, history = _load_state(folder, params, optimizer, config, inputs)
     with torch.no_grad():  # the full model's answers, once
         reference = torch.cat(

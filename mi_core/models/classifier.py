@@ -503,7 +503,12 @@ def _warn_ignored_token_types(model, token_type_ids) -> None:
     embeddings (GPT-2, RoBERTa): they are ignored, as the model was trained without them."""
     if token_type_ids is None or getattr(model, "_warned_token_types", False):
         return
-    if bool((torch.as_tensor(token_type_ids) != 0).any()):
+    ids = torch.as_tensor(token_type_ids)
+    if ids.device.type != "cpu":  # reading a device tensor waits for it: once per model
+        if getattr(model, "_checked_device_token_types", False):
+            return
+        model._checked_device_token_types = True
+    if bool((ids != 0).any()):
         model._warned_token_types = True
         warnings.warn(
             f"{type(model).__name__} has no token-type embeddings: the nonzero token_type_ids "

@@ -23,7 +23,7 @@ from transformer_lens import HookedTransformer
 import mi_core.models.configs as configs
 import mi_core.models.convert as convert
 import mi_core.models.embedded as embedded
-from mi_core.errors import ModelLoadError
+from mi_core.errors import ModelLoadError, OutputError
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.classifier import (
     HookedClassifier,
@@ -443,7 +443,7 @@ def _load_causal_lm(
             write_safetensors(
                 cache / _CACHED_WEIGHTS, model.state_dict(), {"value_biases_folded": folded}
             )
-        except OSError as exc:  # a read-only home must not stop the analysis
+        except (OSError, OutputError) as exc:  # a read-only home or a full disk must not stop it
             log.warning("could not cache processed weights in %s: %s", cache, exc)
     return model
 

@@ -1273,6 +1273,9 @@ def _finish(
         "seconds": round(seconds, 2),
     }
     if run_dir is not None:
+        # the whole log again, before metrics.json marks the run finished: one killed after its
+        # last checkpoint but before log.csv resumed with the rows and wrote them nowhere
+        write_csv(run_dir / "log.csv", log)
         write_json(run_dir / "metrics.json", metrics)
     return PruneResult(run_dir, mask, log_alpha, metrics, log=log)
 

@@ -495,8 +495,10 @@ def _full_model_accuracy(
         ).accuracy
         sizes[dataset.name] = len(dataset)
     if missing and path is not None and sizes_path is not None:
-        write_json(sizes_path, sizes)
+        # the accuracies first: a kill between the two leaves a size that does not match, and
+        # the set is evaluated again (the other order paired a new size with an old accuracy)
         write_json(path, known)
+        write_json(sizes_path, sizes)
     return {d.name: known[d.name] for d in evals}
 
 

@@ -105,7 +105,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
             model, tokenizer, _ = load_hf_classifier(source, task=cfg.task, seed=cfg.seed)
             break
         except ModelLoadError as exc:
-            if not checkpoints:
+            if not checkpoints or "Permission denied" in str(exc):  # unreadable, not damaged
                 raise
             if len(checkpoints) == 1:
                 raise TrainingError(
@@ -223,7 +223,14 @@ def _resume(checkpoints, cfg: FinetuneConfig, model, optimizer, scheduler, scale
     for index in range(len(checkpoints) - 1, -1, -1):
         step, path = checkpoints[index]
         if index < len(checkpoints) - 1:  # an older checkpoint: its own weights and optimizer
-            model, _, _ = load_hf_classifier(str(path), task=cfg.task, seed=cfg.seed)
+            try:
+                model, _, _ = load_hf_classifier(str(path), task=cfg.task, seed=cfg.seed)
+            except ModelLoadError as exc:
+                if "Permission denied" in str(exc):
+                    raise
+                log.warning("%s: the weights are damaged (%s); trying the checkpoint before it",
+                            path, exc)  # fmt: skip
+                continue
             model.to(cfg.torch_device())
             optimizer, scheduler = _optimizer(model, cfg)
         try:

@@ -134,6 +134,17 @@ def test_a_read_only_result_file_is_not_replaced(tmp_path, capsys):
     assert main(argv) == 2
     assert "results.csv: the file is read-only" in _one_line(capsys)
     assert kept.read_text().endswith("earlier,1,1.0\n") and not kept.stat().st_mode & 0o222
+    # the same for a file inside an output folder (a run's metrics.json kept read-only)
+    from mi_core.errors import OutputError
+    from mi_core.io import write_json
+
+    inside = tmp_path / "run" / "metrics.json"
+    inside.parent.mkdir()
+    inside.write_text("{}")
+    inside.chmod(0o444)
+    with pytest.raises(OutputError, match="metrics.json: the file is read-only"):
+        write_json(inside, {"a": 1})
+    assert inside.read_text() == "{}"
 
 
 def test_damaged_files_in_an_output_folder_are_one_line(tmp_path, capsys, tiny_checkpoints):

@@ -236,6 +236,10 @@ def test_an_edge_pruning_state_is_one_atomic_file(tmp_path):
     write_safetensors(state, tensors, {"step": "4"})
     with pytest.raises(TrainingError, match="from step 4 and the progress from step 2"):
         prune_edges(model, pairs, config, tmp_path / "a", progress=False)
+    # an older state file alone (killed before its JSON was written): the run starts over
+    (tmp_path / "a" / "edge_prune_state.json").unlink()
+    again = prune_edges(model, pairs, config, tmp_path / "a", progress=False)
+    assert len(again.history) == 4
 
 
 def test_an_edge_pruning_run_refuses_to_resume_with_other_means(tmp_path):

@@ -291,3 +291,34 @@ def test_effective_size_reads_the_experiments_in_domain_sets(tmp_path):
     verdicts, table = _verdicts(root)
     assert verdicts[name] == NOT_MEASURABLE
     assert "never changes" in table.set_index("finding").loc[name, "this run"]
+
+
+def test_effective_size_reads_the_stages_out_of_domain_sets_not_its_groups(tmp_path):
+    """GPT-2's paper config averages HANS embed_if alone into the OOD target and keeps an
+    entailment group apart: the finding averaged all three, against the target's own sets."""
+    import json
+
+    root = _write(tmp_path / "run")
+    folder = root / "effective_size"
+    folder.mkdir()
+    steps = [100, 200, 300]
+    pd.DataFrame(
+        {"step": steps * 4, "dataset": ["mnli"] * 3 + ["hans"] * 3 + ["e1"] * 3 + ["e2"] * 3,
+         "accuracy": [0.7, 0.8, 0.8, 0.1, 0.3, 0.6, 0.9, 0.5, 0.1, 0.9, 0.5, 0.1]}
+    ).to_csv(folder / "full_accuracy.csv", index=False)  # fmt: skip
+    pd.DataFrame({"step": steps, "target": "ood", "effective_size": [30.0, 60.0, 90.0]}).to_csv(
+        folder / "effective_size.csv", index=False
+    )
+    name = "Effective size rises with generalisation"
+    assert _verdicts(root)[0][name] == NOT_REPRODUCED  # all three averaged: accuracy falls
+    data = {"train": "t", "eval": ["mnli", "hans", "e1", "e2"]}
+    groups = {"ood_e": ["e1", "e2"]}
+    (root / "experiment.json").write_text(
+        json.dumps({"task": "mnli", "data": data, "effective_size": {"groups": groups}})
+    )
+    verdicts, table = _verdicts(root)
+    assert verdicts[name] == REPRODUCED
+    assert (
+        "Spearman with out-of-domain accuracy 1.00"
+        in table.set_index("finding").loc[name, "this run"]
+    )

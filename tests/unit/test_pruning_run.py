@@ -174,6 +174,13 @@ def test_interrupted_run_resumes_to_the_same_mask(tiny, train, means, tmp_path):
     )
     assert (whole.log_alpha < 4.5).any()  # it did learn something
 
+    # killed after its last checkpoint, before log.csv and metrics.json: the rows come back
+    (cut / "metrics.json").unlink()
+    pd.read_csv(cut / "log.csv").head(3).to_csv(cut / "log.csv", index=False)
+    prune_run(tiny, train, cut, cfg, means=means, progress=False)
+    pd.testing.assert_frame_equal(
+        pd.read_csv(cut / "log.csv"), pd.read_csv(tmp_path / "whole" / "log.csv")
+    )
     # a finished run is a no-op that reports the same result
     before = (cut / "metrics.json").stat().st_mtime_ns
     again = prune_run(tiny, train, cut, cfg, means=means, progress=False)

@@ -282,10 +282,14 @@ def _ablation_findings(table: pd.DataFrame | None, context: dict[str, Any]) -> l
 
 
 def _effective_size_finding(
-    sizes: pd.DataFrame | None, full: pd.DataFrame | None, in_domain: list[str] | None = None
+    sizes: pd.DataFrame | None,
+    full: pd.DataFrame | None,
+    in_domain: list[str] | None = None,
+    ood_sets: list[str] | None = None,
 ) -> dict[str, str]:
-    """``in_domain``: the in-domain sets by ``full_accuracy.csv``'s names (default: its first);
-    the others are out-of-domain."""
+    """``ood_sets``: the sets the stage averaged into its out-of-domain target, by
+    ``full_accuracy.csv``'s names; without them, every set but the ``in_domain`` ones (default:
+    the first)."""
     paper = "out-of-domain effective size rises from 30 % to ~93 % as the model generalises"
     name = "Effective size rises with generalisation"
     if sizes is None or full is None:
@@ -297,7 +301,7 @@ def _effective_size_finding(
 
     names = list(dict.fromkeys(full["dataset"]))
     ids = [n for n in (in_domain or []) if n in names] or names[:1]
-    sets = [n for n in names if n not in ids]
+    sets = [n for n in (ood_sets or []) if n in names] or [n for n in names if n not in ids]
     if not sets:
         return _row(name, paper, "no out-of-domain set was evaluated", NOT_MEASURABLE)
     acc = full[full["dataset"].isin(sets)].groupby("step")["accuracy"].mean()
@@ -355,6 +359,24 @@ def _in_domain_names(config: dict[str, Any] | None, known: list[str]) -> list[st
         return None
 
 
+def _ood_names(config: dict[str, Any] | None, known: list[str]) -> list[str] | None:
+    """The sets the effective-size stage averaged into its out-of-domain target (its ``ood``,
+    else the out-of-domain eval sets outside its ``groups``), by the names the tables use."""
+    if config is None:
+        return None
+    es, data = config.get("effective_size") or {}, config.get("data") or {}
+    specs = es.get("ood")
+    if not specs:
+        evals = list(data.get("eval") or [])
+        in_domain = list(data.get("in_domain") or evals[:1])
+        grouped = {d for sets in (es.get("groups") or {}).values() for d in sets}
+        specs = [d for d in evals if d not in in_domain and d not in grouped]
+    try:
+        return [dataset_name(spec, known, task=config.get("task")) for spec in specs]
+    except MiCoreError:  # a data set no longer at hand
+        return None
+
+
 def heuristic_core_findings(results: str | os.PathLike[str] | ExperimentTables) -> pd.DataFrame:
     """The findings table of a run (its report directory, or its tables already read; columns
     :data:`COLUMNS`; empty without a finished analysis)."""
@@ -379,6 +401,9 @@ def heuristic_core_findings(results: str | os.PathLike[str] | ExperimentTables) 
         if full is None
         else _in_domain_names(results.config, list(dict.fromkeys(full["dataset"])))
     )
-    rows.append(_effective_size_finding(results.effective_size, full, full_ids))
+    full_ood = (
+        None if full is None else _ood_names(results.config, list(dict.fromkeys(full["dataset"])))
+    )
+    rows.append(_effective_size_finding(results.effective_size, full, full_ids, full_ood))
     rows.append(_core_before_finding(results.core_before))
     return pd.DataFrame(rows, columns=list(COLUMNS))

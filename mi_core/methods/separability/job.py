@@ -108,8 +108,9 @@ def run_separability_job(
     }
     if config.eval_protocol == "texts":
         identity["text_tokens"] = config.text_tokens
-    # the pre-out neurons carry their value bias (the report's); runs before this was so differ
-    identity["value_biases"] = "in pre-out"
+    if config.prunes_attention or config.svd:  # MLP pruning reads no pre-out neuron
+        # the pre-out neurons carry their value bias (the report's); runs before this differ
+        identity["value_biases"] = "in pre-out"
     out = Path(config.out)
     state_path = out / STATE_FILE
     done = check_state(state_path, config, identity)  # fails fast on a mismatched state

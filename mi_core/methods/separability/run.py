@@ -359,6 +359,11 @@ def _load_state(
     for key in unknown:
         if key not in wanted:
             saved.pop(key, None)
+    if "value_biases" in wanted and "value_biases" not in saved:
+        raise ConfigError(
+            f"{path} is a run of an older mi_core, whose attention pre-out neurons left out "
+            "their value biases; it cannot resume: use another output directory"
+        )
     if saved != wanted:
         changed = sorted(k for k in {*saved, *wanted} if saved.get(k) != wanted.get(k))
         raise ConfigError(
