@@ -31,7 +31,9 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
     saying why not."""
     if kind not in ("auto", "file", "folder"):
         raise ValueError(f"kind must be auto, file or folder, not {kind!r}")
-    target = Path(path)
+    target = Path(path).expanduser()
+    if target.is_symlink():  # results are written through a link
+        target = target.resolve()
     is_file = kind == "file" or (kind == "auto" and target.suffix.lower() in FILE_SUFFIXES)
 
     def refuse(reason: str) -> OutputError:
@@ -42,6 +44,8 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
             raise refuse("a folder is in the way of the output file")
         if not is_file and not target.is_dir():
             raise refuse("a file is in the way of the output folder")
+        if is_file and not target.is_file():
+            raise refuse("it is not a regular file (a device or a FIFO is never replaced)")
         if not os.access(target if target.is_dir() else target.parent, os.W_OK | os.X_OK):
             raise refuse("Permission denied")
         if target.is_file() and not target.stat().st_mode & 0o222:  # kept read-only on purpose
@@ -115,6 +119,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     umask), not the 0600 of a temporary file, so collaborators can read shared results.
     """
     target = Path(path)
+    if target.is_symlink():  # write through a link, not over it
+        target = target.resolve()
+    if target.exists() and not target.is_file():  # a device, a FIFO: never replaced
+        raise OutputError(f"cannot write {Path(path)}: it is not a regular file")
     if target.is_file() and not target.stat().st_mode & 0o222:  # kept read-only on purpose
         raise OutputError(f"cannot write {target}: the file is read-only (make it writable to "
                           "replace it)")  # fmt: skip

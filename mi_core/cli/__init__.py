@@ -12,8 +12,10 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from mi_core.errors import MiCoreError
 from mi_core.io import ensure_writable, output_lock
@@ -60,10 +62,17 @@ def command_help(command: str) -> str:
 
 #: Arguments that name where results go; each is checked to be writable before a command runs.
 OUTPUTS = ("out", "predictions")
+#: Arguments that name files a command reads (their ``~`` is expanded as the shell would).
+PATHS = ("means", "mask", "checkpoints", "model", "checkpoint", "train")
 
 
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, like every other mi-core error."""
+    """An argument parser whose errors are one line, like every other mi-core error, and that
+    takes no abbreviated flags (``sweep --seed 3`` was read as ``--seeds 3``: three seeds)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         command = self.prog.removeprefix("mi-core").strip()
@@ -113,6 +122,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help(sys.stderr)
             return 2
+        for name in (*OUTPUTS, *PATHS):  # "~/x" from a config file or --out=~/x: the home
+            value = getattr(args, name, None)
+            if isinstance(value, str) and value.startswith("~"):
+                setattr(args, name, os.path.expanduser(value))
+        for name in OUTPUTS:  # an unset $OUT wrote results into the current folder
+            if getattr(args, name, None) == "":
+                raise MiCoreError(f"--{name} is empty; name the output")
         for name in OUTPUTS:  # before any work: nothing computed is lost to a bad path
             if getattr(args, name, None):
                 # a command writing one file says so (``out_kind``); --predictions is a file

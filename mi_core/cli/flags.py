@@ -82,8 +82,8 @@ def add_config_flags(
                 parser.add_argument(
                     "--no-" + name.removeprefix("--"), action="store_false", **kwargs
                 )
-            else:
-                parser.add_argument(name, action="store_true", **kwargs)
+            else:  # --x and --no-x: a config file's true can be switched off on the command line
+                parser.add_argument(name, action=argparse.BooleanOptionalAction, **kwargs)
             continue
         if parse is not None:
             kwargs["type"] = str

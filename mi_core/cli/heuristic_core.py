@@ -70,7 +70,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     path = resolve_config_path(args.config)
     values = read_config_json(path)
-    values.update(given_values(args, ExperimentConfig, dest_prefix="experiment."))
+    given = given_values(args, ExperimentConfig, dest_prefix="experiment.")
+    if given.get("checkpoint") is not None and "finetune" not in given:
+        values["finetune"] = None  # --checkpoint: start from it, not the file's fine-tuning
+    values.update(given)
     for text in args.set:
         _assign(values, text)
     return ExperimentConfig.from_dict(values, source=path.name)

@@ -38,13 +38,31 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run, out_kind="folder", resumes=True)
 
 
+#: Shorthand fields and the fields each sets.
+SHORTHANDS = {"scoring": ("ff_scoring", "attn_scoring"), "offset": ("ff_offset", "attn_offset")}
+
+
+def _expand_shorthands(values: dict) -> dict:
+    """``scoring`` / ``offset`` turned into the per-site fields they stand for, within one
+    source (a per-site value given beside the shorthand wins), so that a flag overrides a
+    config file's shorthand (expanded after merging, the file's ``scoring`` beat
+    ``--ff-scoring``)."""
+    values = dict(values)
+    for short, fields in SHORTHANDS.items():
+        if values.get(short) is not None:
+            for field in fields:
+                values.setdefault(field, values[short])
+        values.pop(short, None)
+    return values
+
+
 def config_from_args(args: argparse.Namespace):
     """The run's :class:`SeparabilityConfig`: ``--config`` file, then the flags given."""
     from mi_core.cli.flags import given_values, require
     from mi_core.methods.separability.job import SeparabilityConfig, separability_config_values
 
-    values = separability_config_values(args.config) if args.config else {}
-    values.update(given_values(args, SeparabilityConfig))
+    values = _expand_shorthands(separability_config_values(args.config) if args.config else {})
+    values.update(_expand_shorthands(given_values(args, SeparabilityConfig)))
     config = SeparabilityConfig.from_dict(values, source=args.config or "command line")
     require(values, SeparabilityConfig, ("model", "focus", "cripple"))
     return config

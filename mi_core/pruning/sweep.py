@@ -403,6 +403,15 @@ def run_ray_tasks(
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
         started_here = True
     try:
+        # a task asking for more than any node has waits forever (Ray's own warning goes to
+        # the workers' logs): refuse it here instead
+        have = ray.cluster_resources()
+        for name, wanted in (("GPU", num_gpus_per_task), ("CPU", num_cpus_per_task)):
+            if wanted > have.get(name, 0.0):
+                raise ConfigError(
+                    f"each Ray task asks for {wanted:g} {name}s but the cluster has "
+                    f"{have.get(name, 0.0):g}; lower --num-{name.lower()}s-per-run"
+                )
         task = ray.remote(num_cpus=num_cpus_per_task, num_gpus=num_gpus_per_task)(_ray_call)
         env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}
         remaining = [task.remote(function, dict(payload), env) for payload in payloads]

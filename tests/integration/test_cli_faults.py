@@ -232,3 +232,29 @@ def test_unreadable_weights_say_so(tmp_path, capsys, tiny_checkpoints, monkeypat
     )  # fmt: skip
     with pytest.raises(ModelLoadError, match=r"model.safetensors is not readable \(Permission"):
         load_model(path, task="mnli")
+
+
+def test_abbreviated_flags_and_an_empty_out_are_refused(tmp_path, capsys):
+    """``sweep --seed 3`` was read as ``--seeds 3`` (three seeds), and ``--out ""`` (an unset
+    $OUT) wrote results into the current folder."""
+    argv = ["sweep", "--model", "m", "--train", "mnli:train", "--sparsities", "0.5"]
+    assert main([*argv, "--seed", "3", "--out", str(tmp_path / "s")]) == 2
+    assert "--seeds" in capsys.readouterr().err  # the real flag is still required
+    assert main([*argv, "--seeds", "1", "--out", ""]) == 2
+    assert "--out is empty" in capsys.readouterr().err
+
+
+def test_a_link_is_written_through_and_a_device_is_never_replaced(tmp_path, capsys):
+    from mi_core.io import write_text
+
+    target = tmp_path / "target.csv"
+    target.write_text("old")
+    (tmp_path / "link.csv").symlink_to(target)
+    write_text(tmp_path / "link.csv", "new")
+    assert (tmp_path / "link.csv").is_symlink() and target.read_text() == "new"
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    argv = ["eval", "--model", "m", "--data", "hans:so_swap", "--out", str(fifo)]
+    assert main(argv) == 2
+    assert "it is not a regular file" in _one_line(capsys)
+    assert fifo.exists() and not fifo.is_file()

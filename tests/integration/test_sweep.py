@@ -269,3 +269,14 @@ def test_a_re_run_with_other_eval_examples_measures_them_again(
     table = pd.read_csv(out / "subnetworks.csv")
     assert table[f"full_acc_{name}"].iloc[0] == pytest.approx(full)
     assert read_json(out / "full_model.json")[name] == pytest.approx(full)
+
+
+@pytest.mark.slow
+def test_a_ray_task_asking_for_more_than_the_cluster_has_is_refused(local_ray):
+    """--num-gpus-per-run 1 on a cluster without a GPU waited forever, silently."""
+    from mi_core.pruning.sweep import run_ray_tasks
+
+    with pytest.raises(ConfigError, match="asks for 1 GPUs but the cluster has 0"):
+        run_ray_tasks("mi_core.pruning.sweep:_prune_task", [{}], num_gpus_per_task=1.0)
+    with pytest.raises(ConfigError, match="asks for 3 CPUs but the cluster has 2"):
+        run_ray_tasks("mi_core.pruning.sweep:_prune_task", [{}], num_cpus_per_task=3.0)

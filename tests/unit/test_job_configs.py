@@ -206,3 +206,27 @@ def test_a_no_flag_says_it_switches_its_option_off():
     assert action.help.startswith("Switch off (on by default): ")
     assert parser.parse_args(["circuit", "attribute", "--model", "m", "--out", "o",
                               "--no-connected"]).connected is False  # fmt: skip
+
+
+def test_flags_override_a_config_files_shorthand_and_switch_its_booleans_off(tmp_path):
+    """A file's "scoring" beat --ff-scoring (the shorthand was expanded after merging), and a
+    file's "random_baseline": true could not be switched off (no --no-random)."""
+    import json
+
+    from mi_core.cli.heuristic_core import config_from_args as experiment_from_args
+    from mi_core.cli.separability import config_from_args
+
+    path = tmp_path / "sep.json"
+    path.write_text(json.dumps({"scoring": "abs", "random_baseline": True, "model": "m",
+                                "focus": "f", "cripple": "c"}))  # fmt: skip
+    parser = build_parser()
+    base = ["separability", "--config", str(path), "--out", "o"]
+    config = config_from_args(parser.parse_args([*base, "--ff-scoring", "freq", "--no-random"]))
+    assert (config.ff_scoring, config.attn_scoring, config.random_baseline) == (
+        "freq", "abs", False,
+    )  # fmt: skip
+    assert config_from_args(parser.parse_args(base)).random_baseline is True
+    # heuristic-core --checkpoint with a shipped config (which fine-tunes): start from it
+    args = ["heuristic-core", "--config", "minilm-mnli-quick", "--out", "o", "--checkpoint", "c"]
+    experiment = experiment_from_args(parser.parse_args(args))
+    assert experiment.finetune is None and experiment.checkpoint == "c"
