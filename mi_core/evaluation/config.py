@@ -4,6 +4,7 @@ torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from mi_core.config import option
 from mi_core.devices import DeviceOption
@@ -49,3 +50,5 @@ class EvalConfig(DeviceOption):
             raise ConfigError(f"--batch-size must be at least 1, not {self.batch_size}")
         if self.mask and self.ablate:
             raise ConfigError("give either --mask or --ablate, not both")
+        if self.predictions and Path(self.predictions).resolve() == Path(self.out).resolve():
+            raise ConfigError("--predictions and --out name the same file; give two paths")

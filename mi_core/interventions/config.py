@@ -84,6 +84,8 @@ class AblationTableConfig(DeviceOption):
         super().validate()
         if Path(self.out).suffix.lower() != ".csv":
             raise ConfigError(f"--out {self.out}: the table is written as .csv (with .md, .html)")
+        if not self.heads.strip():
+            raise ConfigError("--heads is empty; name heads (L2.H3,L2.H5) or all")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, not {self.batch_size}")
         if self.ablation == "mean" and not self.means:

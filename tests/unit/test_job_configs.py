@@ -230,3 +230,37 @@ def test_flags_override_a_config_files_shorthand_and_switch_its_booleans_off(tmp
     args = ["heuristic-core", "--config", "minilm-mnli-quick", "--out", "o", "--checkpoint", "c"]
     experiment = experiment_from_args(parser.parse_args(args))
     assert experiment.finetune is None and experiment.checkpoint == "c"
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (lambda: FinetuneConfig(model="m", task="mnli", train="t", out="o", steps=2,
+                                warmup_steps=-5), "warmup_steps must lie in"),
+        (lambda: FinetuneConfig(model="m", task="mnli", train="t", out="o", steps=2,
+                                warmup_steps=50), "warmup_steps must lie in"),
+        (lambda: FinetuneConfig(model="m", task="mnli", train="t", out="o", steps=2,
+                                weight_decay=-1.0), "weight_decay must be at least 0"),
+    ],
+)  # fmt: skip
+def test_out_of_range_fine_tuning_values_are_refused(build, says):
+    with pytest.raises(ConfigError, match=says):
+        build().validate()
+
+
+def test_values_that_ran_and_reported_nonsense_are_refused():
+    from mi_core.circuits.config import AttributeConfig, CircuitPruneConfig
+    from mi_core.evaluation.config import EvalConfig
+    from mi_core.interventions.config import AblationTableConfig
+    from mi_core.methods.heuristic_core.config import parse_checkpoint_steps
+
+    with pytest.raises(ConfigError, match="at least two distinct"):  # a one-point curve
+        AttributeConfig(model="m", out="o", fractions=(0.5, 0.5)).validate()
+    with pytest.raises(ConfigError, match="lr_warmup_steps must lie in"):
+        CircuitPruneConfig(model="m", out="o", steps=4, lr_warmup_steps=50).validate()
+    with pytest.raises(ConfigError, match="name the same file"):
+        EvalConfig(model="m", data=["d"], out="p.jsonl", predictions="p.jsonl").validate()
+    with pytest.raises(ConfigError, match="--heads is empty"):
+        AblationTableConfig(model="m", heads=" ", data=["d"], out="t.csv").validate()
+    with pytest.raises(ConfigError, match="no checkpoint step given"):
+        parse_checkpoint_steps(",")

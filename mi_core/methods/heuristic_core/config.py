@@ -71,9 +71,12 @@ def parse_checkpoint_steps(value: Any, where: str = "steps") -> list[int]:
     """Checkpoint steps as a list of ints, or a string like ``"500,1000"``."""
     if isinstance(value, str):
         try:
-            return [int(s) for s in value.split(",") if s.strip()]
+            steps = [int(s) for s in value.split(",") if s.strip()]
         except ValueError:
             raise ConfigError(f"{where} must be integers like 500,1000; got {value!r}") from None
+        if not steps:
+            raise ConfigError(f"{where}: no checkpoint step given (e.g. 500,1000)")
+        return steps
     if isinstance(value, list) and all(
         isinstance(s, int) and not isinstance(s, bool) for s in value
     ):
