@@ -121,7 +121,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     target = Path(path)
     if target.is_symlink():  # write through a link, not over it
         target = target.resolve()
-    if target.exists() and not target.is_file():  # a device, a FIFO: never replaced
+    if target.exists() and not target.is_file() and not target.is_dir():  # a device, a FIFO
         raise OutputError(f"cannot write {Path(path)}: it is not a regular file")
     if target.is_file() and not target.stat().st_mode & 0o222:  # kept read-only on purpose
         raise OutputError(f"cannot write {target}: the file is read-only (make it writable to "

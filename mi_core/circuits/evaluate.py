@@ -214,6 +214,10 @@ def curve_difference(rows: Sequence[CircuitScore]) -> float:
 
 
 def _trapezoid(points: Sequence[tuple[float, float]]) -> float:
+    """The trapezoid area; NaN for a curve of fewer than two distinct fractions (it has no area,
+    and 0 read as a perfect CMD)."""
+    if len({x for x, _ in points}) < 2:
+        return float("nan")
     return sum(
         (x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False)
     )

@@ -64,10 +64,8 @@ class FinetuneSettings(Config):
             )
         if self.batch_size < 1 or self.eval_batch_size < 1 or not (0 < self.lr < 1):
             raise ConfigError("batch_size and eval_batch_size must be >= 1 and lr in (0, 1)")
-        if not 0 <= self.warmup_steps <= self.steps:
-            raise ConfigError(
-                f"warmup_steps must lie in [0, steps] ({self.steps}), got {self.warmup_steps}"
-            )
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be at least 0, got {self.warmup_steps}")
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be at least 0, got {self.weight_decay}")
         for name in ("max_eval_examples", "max_train_examples"):
