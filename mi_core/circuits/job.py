@@ -147,8 +147,10 @@ def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dic
     mib = mib_scores(scores.scores, scores.method)  # MIB's sign convention (see mib_scores)
     write_mib(out / "mib.json", graph, mib, circuit, **summary.get("info", {}))
     write_json(out / "summary.json", summary)
+    gates = scores.method == "edge-pruning"  # log_alpha: kept or not, no direction
     write_text(out / "circuit.html",
-               circuit_graph_html(graph, scores.scores, circuit, title=title))  # fmt: skip
+               circuit_graph_html(graph, scores.scores, circuit, title=title,
+                                  gates=gates))  # fmt: skip
 
 
 def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict[str, Any]:

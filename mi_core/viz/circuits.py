@@ -39,8 +39,11 @@ def circuit_graph_figure(
     circuit: EdgeMask | None = None,
     max_edges: int = 400,
     title: str | None = None,
+    gates: bool = False,
 ) -> go.Figure:
-    """The circuit's edges (at most ``max_edges``, the largest ``|score|`` first) on the graph."""
+    """The circuit's edges (at most ``max_edges``, the largest ``|score|`` first) on the graph.
+    ``gates``: ``scores`` are edge-pruning gates (log_alpha), which say kept or not and no
+    direction: one colour and one width, the gate in the hover text."""
     kept = circuit.weights > 0.5 if circuit is not None else torch.ones(graph.n_edges, dtype=bool)
     index = kept.nonzero().flatten()
     order = torch.argsort(scores[index].abs(), descending=True, stable=True)[:max_edges]
@@ -60,19 +63,20 @@ def circuit_graph_figure(
         used.update((sender, node))
         (x0, y0), (x1, y1) = xy[sender], xy[node]
         value = float(scores[edge])
-        width_bin = min(3, int(4 * abs(value) / top)) if top > 0 else 0
-        xs, ys = groups.setdefault((value < 0, kind, width_bin), ([], []))
+        width_bin = 2 if gates else (min(3, int(4 * abs(value) / top)) if top > 0 else 0)
+        xs, ys = groups.setdefault((value < 0 and not gates, kind, width_bin), ([], []))
         xs += [x0, x1, None]
         ys += [y0, y1, None]
         mids_x.append((x0 + x1) / 2)
         mids_y.append((y0 + y1) / 2)
-        mids_text.append(f"{name}<br>score {value:+.4g}")
+        mids_text.append(f"{name}<br>{'gate log_alpha' if gates else 'score'} {value:+.4g}")
     for (negative, kind, width_bin), (xs, ys) in sorted(groups.items()):
         fig.add_trace(
             go.Scatter(
                 x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
                 line={"width": 0.6 + 1.6 * width_bin, "dash": _DASH[kind],
-                      "color": "rgba(31,119,180,0.6)" if negative else "rgba(214,39,40,0.6)"},
+                      "color": "rgba(44,160,44,0.6)" if gates
+                      else "rgba(31,119,180,0.6)" if negative else "rgba(214,39,40,0.6)"},
             )
         )  # fmt: skip
     fig.add_trace(
@@ -125,13 +129,20 @@ def circuit_graph_html(
     circuit: EdgeMask | None = None,
     title: str = "circuit",
     max_edges: int = 400,
+    gates: bool = False,
 ) -> str:
-    """A standalone offline HTML page (plotly.js inlined) with the circuit graph and a key."""
-    fig = circuit_graph_figure(graph, scores, circuit, max_edges, title=title)
+    """A standalone offline HTML page (plotly.js inlined) with the circuit graph and a key
+    (``gates``: ``scores`` are edge-pruning log_alpha; see :func:`circuit_graph_figure`)."""
+    fig = circuit_graph_figure(graph, scores, circuit, max_edges, title=title, gates=gates)
     body = fig.to_html(include_plotlyjs=True, full_html=False)
+    meaning = (
+        "Edges kept by edge pruning (a gate says kept or not, not a direction)"
+        if gates
+        else "Edge width: |score|. Blue: removing the edge lowers the metric; red: raises it"
+    )
     key = (
-        "<p>Edge width: |score|. Blue: removing the edge lowers the metric; red: raises it. "
-        "Into a head: dotted = query, dashed = key, solid = value input. Hover for names.</p>"
+        f"<p>{meaning}. Into a head: dotted = query, dashed = key, solid = value input. Hover "
+        "an edge for its name and value, a node for its name.</p>"
     )
     return (
         f"<!DOCTYPE html>\n<html>\n<head>\n<meta charset='utf-8'>\n<title>{html.escape(title)}"

@@ -92,6 +92,10 @@ def test_prune_a_classifier_on_hans_pairs_and_resume(tmp_path, capsys, tiny_chec
     values = torch.tensor([mib[to_mib_name(n)]["score"] for n in first.graph.edge_names]).double()
     assert (values > 0).all()
     torch.testing.assert_close(values, log_alpha - log_alpha.min() + 1e-3)
+    # the graph page draws gates as kept edges, not as edges that work against the task
+    page = (out / "circuit.html").read_text()
+    assert "kept by edge pruning" in page and "gate log_alpha" in page
+    assert "rgba(214,39,40" not in page  # no red edge
     # an attribution into the edge-pruning run's folder: refused before any work (it replaced
     # the run's circuit, scores and summary and left its state and history beside them)
     summary = (out / "summary.json").read_text()
