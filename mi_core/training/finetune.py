@@ -56,7 +56,12 @@ RESUMABLE_CHANGES = frozenset(
 FINISHED_CHANGES = frozenset({"eval", "max_eval_examples"})
 
 
-def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
+def _finished(cfg: FinetuneConfig, out: Path) -> bool:
+    """Whether ``out`` holds the run's last checkpoint (it trains and evaluates no more)."""
+    return any(step == cfg.steps for step, _ in list_checkpoints(out))
+
+
+def _check_resumable(cfg: FinetuneConfig, out: Path, finished: bool) -> None:
     """Refuse a folder holding a run with other settings: the data, the optimisation (the
     linear schedule depends on ``steps``) or, unless the run is finished, the evaluation
     (``metrics.csv`` would mix)."""
@@ -64,7 +69,6 @@ def _check_resumable(cfg: FinetuneConfig, out: Path) -> None:
     if not saved.is_file():
         return
     before = read_json(saved)
-    finished = any(step == cfg.steps for step, _ in list_checkpoints(out))
     allowed = RESUMABLE_CHANGES | (FINISHED_CHANGES if finished else frozenset())
     defaults = {f.name: f.default for f in fields(cfg) if f.default is not MISSING}
     now = asdict(cfg)
@@ -84,7 +88,8 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     and ``training_dynamics.html`` (in-domain vs out-of-domain accuracy over steps).
     """
     out = Path(cfg.out)
-    _check_resumable(cfg, out)
+    finished = _finished(cfg, out)
+    _check_resumable(cfg, out, finished)
     train = load_pairs(cfg.train, max_examples=cfg.max_train_examples)
     if train.task != cfg.task:
         raise DataError(f"{cfg.train} is {train.task} data but --task is {cfg.task}")
@@ -117,7 +122,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
             checkpoints = checkpoints[:-1]
     model.to(device)
     out.mkdir(parents=True, exist_ok=True)
-    if not any(step == cfg.steps for step, _ in list_checkpoints(out)):
+    if not finished:
         write_json(out / CONFIG, asdict(cfg))  # a finished run's record stays what it ran
 
     batches = pair_batches(
