@@ -24,6 +24,21 @@ if TYPE_CHECKING:  # torch is imported where tensors are written: the CLI's help
 FILE_SUFFIXES = (".csv", ".json", ".jsonl", ".md", ".html", ".safetensors", ".txt")
 
 
+def _file_target(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
+    """The file a write to ``path`` replaces (a link is written through), and why it must not
+    be replaced (None: it may): a device or a FIFO, or a file kept read-only on purpose. Both
+    the check before any work (:func:`ensure_writable`) and every write (:func:`atomic_path`)
+    ask here."""
+    target = Path(path)
+    if target.is_symlink():
+        target = target.resolve()
+    if target.exists() and not target.is_file() and not target.is_dir():
+        return target, "it is not a regular file (a device or a FIFO is never replaced)"
+    if target.is_file() and not target.stat().st_mode & 0o222:
+        return target, "the file is read-only (make it writable to replace it)"
+    return target, None
+
+
 def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
     """Check, before any work starts, that results can be written at ``path``: a ``"file"``,
     a ``"folder"``, or (``"auto"``) a file for a name with a known file suffix and a folder
@@ -31,9 +46,7 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
     saying why not."""
     if kind not in ("auto", "file", "folder"):
         raise ValueError(f"kind must be auto, file or folder, not {kind!r}")
-    target = Path(path).expanduser()
-    if target.is_symlink():  # results are written through a link
-        target = target.resolve()
+    target, reason = _file_target(Path(path).expanduser())
     is_file = kind == "file" or (kind == "auto" and target.suffix.lower() in FILE_SUFFIXES)
 
     def refuse(reason: str) -> OutputError:
@@ -44,12 +57,10 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
             raise refuse("a folder is in the way of the output file")
         if not is_file and not target.is_dir():
             raise refuse("a file is in the way of the output folder")
-        if is_file and not target.is_file():
-            raise refuse("it is not a regular file (a device or a FIFO is never replaced)")
+        if reason is not None:
+            raise refuse(reason)
         if not os.access(target if target.is_dir() else target.parent, os.W_OK | os.X_OK):
             raise refuse("Permission denied")
-        if target.is_file() and not target.stat().st_mode & 0o222:  # kept read-only on purpose
-            raise refuse("the file is read-only (make it writable to replace it)")
         return target
     ancestor = target.parent
     while not ancestor.exists():
@@ -118,14 +129,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     The file ends with the mode a plain ``open(path, "w")`` would give it (0666 less the user's
     umask), not the 0600 of a temporary file, so collaborators can read shared results.
     """
-    target = Path(path)
-    if target.is_symlink():  # write through a link, not over it
-        target = target.resolve()
-    if target.exists() and not target.is_file() and not target.is_dir():  # a device, a FIFO
-        raise OutputError(f"cannot write {Path(path)}: it is not a regular file")
-    if target.is_file() and not target.stat().st_mode & 0o222:  # kept read-only on purpose
-        raise OutputError(f"cannot write {target}: the file is read-only (make it writable to "
-                          "replace it)")  # fmt: skip
+    target, reason = _file_target(path)
+    if reason is not None:
+        raise OutputError(f"cannot write {target}: {reason}")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
     try:
