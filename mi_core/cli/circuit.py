@@ -29,6 +29,7 @@ def add_parser(subparsers) -> None:
         "faithfulness curve and an interactive graph.",
     )
     add_config_flags(attribute, AttributeConfig)
+    attribute.add_argument("--no-progress", action="store_true", help="no progress bars")
     attribute.set_defaults(func=run_attribute, out_kind="folder")
     prune = commands.add_parser(
         "prune",
@@ -38,6 +39,7 @@ def add_parser(subparsers) -> None:
         "A re-run with the same --out resumes.",
     )
     add_config_flags(prune, CircuitPruneConfig)
+    prune.add_argument("--no-progress", action="store_true", help="no progress bar")
     prune.set_defaults(func=run_prune, out_kind="folder", resumes=True)
     sweep = commands.add_parser(
         "sweep",
@@ -47,6 +49,7 @@ def add_parser(subparsers) -> None:
         "one. OUT/circuits.csv lists each circuit's size and held-out faithfulness.",
     )
     add_config_flags(sweep, CircuitSweepConfig)
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
     sweep.set_defaults(func=run_sweep, out_kind="folder", resumes=True)
 
 
@@ -99,14 +102,14 @@ def run_attribute(args: argparse.Namespace) -> None:
     from mi_core.circuits.job import run_attribute_job
 
     config = config_from_args(args)
-    _report(run_attribute_job(config), config.out)
+    _report(run_attribute_job(config, progress=not args.no_progress), config.out)
 
 
 def run_sweep(args: argparse.Namespace) -> None:
     from mi_core.circuits.job import run_circuit_sweep_job
 
     config = config_from_args(args)
-    table = run_circuit_sweep_job(config)
+    table = run_circuit_sweep_job(config, progress=not args.no_progress)
     for row in table.itertuples():
         print(
             f"sparsity {row.sparsity:g} seed {row.seed}: {row.n_edges} edges, faithfulness "
@@ -122,4 +125,4 @@ def run_prune(args: argparse.Namespace) -> None:
     from mi_core.circuits.job import run_circuit_prune_job
 
     config = config_from_args(args)
-    _report(run_circuit_prune_job(config), config.out)
+    _report(run_circuit_prune_job(config, progress=not args.no_progress), config.out)

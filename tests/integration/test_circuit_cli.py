@@ -24,9 +24,12 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
     argv = ["circuit", "attribute", "--model", model, "--method", "eap", "--n-examples", "16",
             "--fractions", "0,0.05,0.2,1", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
-    assert "recovers" in capsys.readouterr().out
-    assert main(argv) == 0  # the same command again: replaced (summary.json holds lists where
-    capsys.readouterr()  # the config holds tuples: a re-run was refused as "other settings")
+    first = capsys.readouterr()
+    assert "recovers" in first.out and "faithfulness: 100%" in first.err  # progress bars
+    # the same command again: replaced (summary.json holds lists where the config holds
+    # tuples: a re-run was refused as "other settings"); --no-progress silences the bars
+    assert main([*argv, "--no-progress"]) == 0
+    assert "%|" not in capsys.readouterr().err
     rows = list(csv.DictReader((out / "faithfulness.csv").open()))
     assert [float(r["fraction"]) for r in rows] == [0.0, pytest.approx(0.05, abs=0.01),
                                                     pytest.approx(0.2, abs=0.01), 1.0]  # fmt: skip
