@@ -1049,6 +1049,11 @@ def _claim_run_dir(
                 f"{run_dir} already holds a run with other settings ({', '.join(differ)} differ); "
                 "use another --out or delete it"
             )
+        # the same run asked with other eval sets, sizes, paths: record what this call used
+        # (a finished run's metrics are re-evaluated to match; metrics.json has the sizes)
+        asked = {k: v for k, v in run_config.items() if k not in identity}
+        if any(old.get(k) != v for k, v in asked.items()):
+            write_json(config_path, {**read_json(config_path), **asked})
     else:
         write_json(config_path, run_config)
 

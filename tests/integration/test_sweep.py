@@ -264,6 +264,8 @@ def test_a_re_run_with_other_eval_examples_measures_them_again(
     name = "mnli:validation_matched"
     metrics = read_json(out / "s0.30" / "seed0" / "metrics.json")  # --seeds 1: one seed, 0
     assert metrics["eval_examples"][name] == 8
+    # the run's config records what the last call asked for (it kept 16)
+    assert read_json(out / "s0.30" / "seed0" / "config.json")["max_eval_examples"] == 8
     eight = load_pairs(name, max_examples=8)
     full = evaluate(load_model(model_path, task="mnli"), eight, batch_size=16).accuracy
     table = pd.read_csv(out / "subnetworks.csv")
