@@ -64,6 +64,11 @@ class CircuitScore:
     kl: float
     gap_se: float = float("nan")
     """The standard error of ``full - empty`` over the examples (per-example differences)."""
+    n_connected: int | None = None
+    """How many of the ``n_edges`` lie on a path of kept edges from the input to the output
+    (:meth:`Graph.connected`): an edge-pruning circuit may keep edges off every such path,
+    which in a decoder with the corrupted fill change nothing, so compare circuits' sizes by
+    this count (an attribution circuit selected ``connected`` has ``n_connected == n_edges``)."""
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "small_gap": self.gap_is_small}
@@ -164,6 +169,7 @@ def evaluate_circuit(
         faithfulness=(value - empty) / span if span != 0 else float("nan"),
         kl=kl,
         gap_se=gap_se,
+        n_connected=int(mask.graph.connected(mask.weights > 0.5).sum()),
     )
 
 

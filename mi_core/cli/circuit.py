@@ -71,8 +71,14 @@ def config_from_args(
 
 def _report(summary: dict, out: str) -> None:
     circuit = summary["circuit"]
+    connected = circuit.get("n_connected")
+    off_path = (
+        f" ({circuit['n_edges'] - connected} off every input-to-output path)"
+        if connected is not None and connected != circuit["n_edges"]
+        else ""
+    )
     print(
-        f"{summary['graph']}: circuit of {circuit['n_edges']} edges recovers "
+        f"{summary['graph']}: circuit of {circuit['n_edges']} edges{off_path} recovers "
         f"{round(circuit['faithfulness'], 3) + 0.0:.1%} of the full model's metric on "
         f"{summary['n_held_out']} "
         f"held-out pairs (full {circuit['full']:.4g}, every edge removed {circuit['empty']:.4g}; "

@@ -77,6 +77,13 @@ def test_prune_a_classifier_on_hans_pairs_and_resume(tmp_path, capsys, tiny_chec
     assert main(argv) == 0
     first = load_intervention(out / "circuit.safetensors")
     assert first.n_kept == round(0.1 * 262)
+    # the summary and the printed line say how many kept edges lie off every path
+    on_path = int(first.graph.connected(first.weights > 0.5).sum())
+    assert json.loads((out / "summary.json").read_text())["circuit"]["n_connected"] == on_path
+    printed = capsys.readouterr().out
+    assert (f"({first.n_kept - on_path} off every input-to-output path)" in printed) == (
+        on_path < first.n_kept
+    )
     with pytest.raises(InterventionError, match="edge-pruning gates"):
         EdgeScores.load(out / "scores.safetensors")  # log_alpha, not attribution scores
     with pytest.raises(InterventionError, match="not an edge-scores file"):

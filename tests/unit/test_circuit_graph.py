@@ -496,6 +496,13 @@ def test_edges_off_every_path_change_nothing_with_the_corrupted_fill(gpt2):
 
     torch.testing.assert_close(logits(pruned), logits(top), atol=1e-5, rtol=0)
     assert (logits(EdgeMask.empty(graph)) - logits(top)).abs().max() > 1e-3
+    # a circuit's score counts the edges that matter beside the ones it keeps
+    from mi_core.circuits import evaluate_circuit
+
+    whole, part = (evaluate_circuit(gpt2, mask, pairs) for mask in (top, pruned))
+    assert (whole.n_edges, whole.n_connected) == (top.n_kept, pruned.n_kept)
+    assert part.n_edges == part.n_connected == pruned.n_kept
+    assert whole.metric == pytest.approx(part.metric, abs=1e-5)
 
 
 def test_from_order_takes_edge_ids_and_refuses_masks_and_bad_ids(gpt2):
