@@ -32,6 +32,7 @@ _NAMES: dict[str, str] = {
     "Subnetwork": "mi_core.interventions",
     "PruneMasks": "mi_core.interventions",
     "apply": "mi_core.interventions",
+    "load_intervention": "mi_core.interventions",
     "ablate": "mi_core.interventions",
     "compute_means": "mi_core.interventions",
     "load_means": "mi_core.interventions",

@@ -33,7 +33,8 @@ def add_parser(subparsers) -> None:
         help=command_help("prune"),
         description="Learn a mask over attention heads and MLPs that keeps the model's class "
         "distribution (KL to the full model) at a target sparsity. Writes OUT/config.json, "
-        "OUT/log.csv, OUT/mask.safetensors, OUT/mask.json and OUT/metrics.json. Re-running the "
+        "OUT/log.csv, OUT/mask.safetensors, OUT/mask.json, OUT/subnetwork.safetensors (the mask "
+        "with its means, for apply / load_intervention) and OUT/metrics.json. Re-running the "
         "same command resumes from the last checkpoint; a finished run only reports.",
     )
     add_config_flags(p, PruneRunConfig)

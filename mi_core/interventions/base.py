@@ -4,7 +4,7 @@ An intervention says *where* it acts (hook points of a TransformerLens model) an
 replaces the parts it removes (zero, a mean activation, a mean offset). Every kind implements
 :class:`Intervention`; :func:`apply` puts any number of them on a model for a ``with`` block::
 
-    subnetwork = Subnetwork.load("runs/sweep/s0.5/seed1/subnetwork.safetensors")
+    subnetwork = Subnetwork.load("runs/sweep/s0.50/seed1/subnetwork.safetensors")
     neurons = PruneMasks.load("runs/separability/masks.safetensors")
     with apply(model, subnetwork, neurons):
         logits = model(**batch)

@@ -8,6 +8,8 @@ seed). A run directory holds::
     checkpoint.safetensors    log_alpha, lambdas, AdamW state; JSON metadata: step, noise seed
     log.csv                   per step: loss, kl, expected and target sparsity, lambdas
     mask.safetensors, mask.json    the binary subnetwork (mask.json lists removed components)
+    subnetwork.safetensors    the mask with its fill and means, ready for ``apply`` /
+                              ``load_intervention`` (added to runs finished before it existed)
     metrics.json              achieved sparsity; subnetwork and full-model accuracy per eval set
 
 Exact resumption: the hard-concrete noise of step ``k`` comes from a generator seeded with
@@ -42,7 +44,7 @@ from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
 from mi_core.devices import autocast, grad_scaler, matmul_precision, move, to_device
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
-from mi_core.interventions import ComponentMask, ComponentMeans, ablate, load_means
+from mi_core.interventions import ComponentMask, ComponentMeans, Subnetwork, ablate, load_means
 from mi_core.interventions.components import model_dims
 from mi_core.io import read_json, read_safetensors, write_csv, write_json, write_safetensors
 from mi_core.models.classifier import StagedClassifier
@@ -1239,6 +1241,7 @@ def _finish(
     if run_dir is not None:
         mask.save(run_dir / "mask.safetensors")
         mask.save(run_dir / "mask.json")
+        _save_subnetwork(run_dir, mask, means, cfg)
     device = next(model.parameters()).device
     accuracy, full, sizes = _evaluate_sets(model, mask.to(device), means, cfg, evals, full_accuracy)
     last = log.iloc[-1] if len(log) else None
@@ -1285,6 +1288,14 @@ def _finish(
     return PruneResult(run_dir, mask, log_alpha, metrics, log=log)
 
 
+def _save_subnetwork(
+    run_dir: Path, mask: ComponentMask, means: ComponentMeans | None, cfg: PruneConfig
+) -> None:
+    """``subnetwork.safetensors``: the mask with what fills its removed components, so
+    ``apply(model, load_intervention(path))`` runs the subnetwork the run evaluated."""
+    Subnetwork(mask, cfg.ablation, means).save(run_dir / "subnetwork.safetensors")
+
+
 def refresh_run_metrics(
     model: Any,
     means: ComponentMeans | None,
@@ -1329,6 +1340,8 @@ def _report_complete(
 ) -> PruneResult:
     metrics = refresh_run_metrics(model, means, cfg, run_dir, evals, full_accuracy)
     mask = ComponentMask.load(run_dir / "mask.safetensors")
+    if not (run_dir / "subnetwork.safetensors").is_file():  # finished before it was written
+        _save_subnetwork(run_dir, mask, means, cfg)
     checkpoint = run_dir / "checkpoint.safetensors"
     log_alpha = read_safetensors(checkpoint)[0]["log_alpha"] if checkpoint.is_file() else None
     log_path = run_dir / "log.csv"

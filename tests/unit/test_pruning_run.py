@@ -264,7 +264,8 @@ def test_cli_prune_writes_every_file_and_reports(
     ]
     code, captured = _cli(args, capsys)
     assert code == 0, captured.err
-    for name in ("config.json", "mask.safetensors", "mask.json", "log.csv", "metrics.json"):
+    files = ("config.json", "mask.safetensors", "mask.json", "subnetwork.safetensors", "log.csv")
+    for name in (*files, "metrics.json"):
         assert (out / name).is_file(), name
     metrics = read_json(out / "metrics.json")
     assert set(metrics["accuracy"]) == {"mnli:validation_matched", "hans:ln_preposition"}
@@ -284,9 +285,23 @@ def test_cli_prune_writes_every_file_and_reports(
     assert config["prune"]["steps"] == 6 and config["prune"]["warmup_steps"] == round(6 * 90 / 93)
     assert metrics["reached_target"] is False  # 6 steps: the run itself warned, by its logger
     assert "warning: the sparsity ended" not in captured.err  # not a second time
+    # the run's subnetwork from disk, applied, is the subnetwork its metrics measured
+    from mi_core import apply, evaluate, load_intervention
+    from mi_core.naming import Component
+
+    model = load_model(tiny_checkpoints["bert-cls"], task="mnli")
+    data = load_pairs("mnli:validation_matched", max_examples=24)
+    with apply(model, load_intervention(out / "subnetwork.safetensors")):
+        accuracy = evaluate(model, data, batch_size=8).accuracy
+    assert accuracy == pytest.approx(metrics["accuracy"]["mnli:validation_matched"])
+    assert accuracy != pytest.approx(evaluate(model, data, batch_size=8).accuracy)
+    (out / "subnetwork.safetensors").unlink()  # a run finished before the file existed
     code, captured = _cli(args, capsys)
     assert code == 0 and "already complete" in captured.out
     assert captured.err.count("warning: the sparsity ended at") == 1  # the finished run's report
+    assert load_intervention(out / "subnetwork.safetensors").mask.removed() == [
+        Component.parse(name) for name in metrics["removed"]
+    ]
 
 
 def _one_line_error(capsys, args, match):
