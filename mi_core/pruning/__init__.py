@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from mi_core.pruning.profiles import (
         PruneConfig,
         make_prune_config,
-        parse_seeds,
+        parse_seed_spec,
         parse_sparsities,
     )
     from mi_core.pruning.reference_logits import (
@@ -111,7 +111,7 @@ _NAMES = {
     "pruning_optimizer": "mi_core.pruning.lagrangian",
     "PruneConfig": "mi_core.pruning.profiles",
     "make_prune_config": "mi_core.pruning.profiles",
-    "parse_seeds": "mi_core.pruning.profiles",
+    "parse_seed_spec": "mi_core.pruning.profiles",
     "parse_sparsities": "mi_core.pruning.profiles",
     "paper_schedule": "mi_core.pruning.schedule",
     "target_sparsity_at": "mi_core.pruning.schedule",
@@ -168,7 +168,7 @@ __all__ = [
     "make_prune_config",
     "mask_sparsity",
     "paper_schedule",
-    "parse_seeds",
+    "parse_seed_spec",
     "parse_sparsities",
     "pruning_optimizer",
     "sample_hard_concrete",

@@ -297,10 +297,10 @@ _INT = re.compile(r"^\d+$")
 _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
 
 
-def parse_seeds(spec: str) -> list[int]:
+def _seed_list(spec: str) -> list[int]:
     """Parse ``"42-53"`` (inclusive), ``"1,2,5"`` or a mix like ``"42-45,50"`` into seeds; a
-    lone ``"3"`` is seed 3. Command lines and config files read seeds with
-    :func:`parse_seed_spec`, where a bare count ``"3"`` means seeds 0-2."""
+    lone ``"3"`` is seed 3 here. The public reader is :func:`parse_seed_spec`, where a bare
+    count ``"3"`` means seeds 0-2, as on the command line."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"empty seed list {spec!r}; use e.g. '42-53', '1,2,5' or '42-45,50'")
     seeds: list[int] = []
@@ -387,7 +387,7 @@ def parse_seed_spec(value: Any, where: str = "seeds") -> list[int]:
         text = value.strip()
         if text.isdigit():
             return parse_seed_spec(int(text), where)
-        return parse_seeds(text)
+        return _seed_list(text)
     if isinstance(value, list) and value:
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
             raise ConfigError(f"{where} must list non-negative integers, got {value}")

@@ -24,7 +24,7 @@ from mi_core.pruning import (
     make_prune_config,
     mask_sparsity,
     paper_schedule,
-    parse_seeds,
+    parse_seed_spec,
     parse_sparsities,
     pruning_optimizer,
     sample_hard_concrete,
@@ -371,14 +371,17 @@ def test_config_json_round_trip():
         PruneConfig.from_dict({**data, "seed": "7"})
 
 
-def test_parse_seeds():
-    assert parse_seeds("42-53") == list(range(42, 54))
-    assert parse_seeds("1,2,5") == [1, 2, 5]
-    assert parse_seeds("42-45, 50") == [42, 43, 44, 45, 50]
-    assert parse_seeds("7") == [7]
-    for bad in ("", "a", "5-3", "1,,2", "1.5", "-3", "1,1", "40-45,44"):
+def test_parse_seed_spec_reads_seeds_as_the_command_line_does():
+    assert parse_seed_spec("42-53") == list(range(42, 54))
+    assert parse_seed_spec("1,2,5") == [1, 2, 5]
+    assert parse_seed_spec("42-45, 50") == [42, 43, 44, 45, 50]
+    # a bare count is seeds 0..N-1, as `--seeds 3` and `"seeds": 3` (the exported parser
+    # had read "3" as seed 3)
+    assert parse_seed_spec("3") == parse_seed_spec(3) == [0, 1, 2]
+    assert parse_seed_spec("7-7") == [7] and parse_seed_spec([7]) == [7]
+    for bad in ("", "a", "5-3", "1,,2", "1.5", "-3", "1,1", "40-45,44", "0", 0, True, []):
         with pytest.raises(ConfigError):
-            parse_seeds(bad)
+            parse_seed_spec(bad)
 
 
 def test_parse_sparsities():
