@@ -15,7 +15,6 @@ sparsity. Heads are labelled ``L{layer}.H{head}`` (0-based), the label used acro
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,12 +58,10 @@ def head_labels(n_layers: int, n_heads: int) -> list[str]:
 
 
 def parse_head_label(label: str) -> tuple[int, int]:
-    """``"L2.H5"`` -> ``(2, 5)`` (parsed as a :class:`Component`); also accepts ``"2.5"``."""
-    text = label.strip()
-    if re.fullmatch(r"\d+\.\d+", text):
-        text = "L{}.H{}".format(*text.split("."))
+    """``"L2.H5"`` -> ``(2, 5)`` (parsed as a :class:`Component`, the one component
+    vocabulary: ``"2.5"`` is refused here as everywhere else)."""
     try:
-        component = Component.parse(text)
+        component = Component.parse(label)
     except InterventionError:
         component = None
     if component is None or component.head is None:

@@ -41,9 +41,11 @@ def _masks() -> torch.Tensor:
 def test_labels_round_trip():
     assert head_labels(2, 2) == ["L0.H0", "L0.H1", "L1.H0", "L1.H1"]
     assert parse_head_label("L11.H3") == (11, 3)
-    assert parse_head_label("2.5") == (2, 5)
-    with pytest.raises(ConfigError):
-        parse_head_label("layer two")
+    # one vocabulary: "2.5" was read here and refused by Component.parse (a heuristic-core
+    # config took it for attention heads and refused it for ablation sets)
+    for bad in ("2.5", "layer two", "L2.MLP"):
+        with pytest.raises(ConfigError, match="expected 'L<layer>.H<head>'"):
+            parse_head_label(bad)
 
 
 def test_frequency_and_counts():
