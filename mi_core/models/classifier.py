@@ -32,7 +32,6 @@ from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
 from mi_core.models.text import encode_pairs, pad_token_id
-from mi_core.naming import Component
 
 Ids = Int[torch.Tensor, "batch pos"]
 #: Keys of an mi_core batch that ``forward`` accepts and ignores (``model(**batch)``).
@@ -372,13 +371,6 @@ class HookedClassifier:
             after_sep = (input_ids == sep).long().cumsum(dim=-1) - (input_ids == sep).long()
             token_type_ids = ((after_sep > 0) & attention_mask.bool()).long()
         return attention_mask, token_type_ids
-
-    @property
-    def component_labels(self) -> list[str]:
-        """``L{l}.H{h}`` for every head, then ``L{l}.MLP`` for every layer."""
-        n_layers, n_heads = self.cfg.n_layers, self.cfg.n_heads
-        heads = [Component(l, h) for l in range(n_layers) for h in range(n_heads)]
-        return [str(c) for c in heads + [Component(l) for l in range(n_layers)]]
 
 
 _POST_LN = (
