@@ -231,7 +231,7 @@ class CircuitSweepConfig(EdgePruneSettings, CircuitData, SweepExecution):
                 "a circuit sweep runs one run per task (executor local or ray); edge pruning has "
                 "no batched groups"
             )
-        from mi_core.pruning.sweep import check_ray_gpus
+        from mi_core.pruning.constants import check_ray_gpus
 
         check_ray_gpus(self.executor, self.device, self.num_gpus_per_run)
         for sparsity in self.sparsities:  # every run's recipe is valid before any runs

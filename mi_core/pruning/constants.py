@@ -15,6 +15,7 @@ __all__ = [
     "PAPER_INIT_MEAN",
     "PAPER_INIT_STD",
     "SPARSITY_ESTIMATES",
+    "check_ray_gpus",
     "initial_log_alpha",
 ]
 
@@ -48,3 +49,12 @@ DISCRETIZE_RULES = ("reference", "exact")
 SPARSITY_ESTIMATES = ("sampled", "expected")
 #: Where the runs of a sweep execute (mi_core.pruning.sweep.run_sweep).
 EXECUTORS = ("local", "batched", "ray")
+
+
+def check_ray_gpus(executor: str, device: str, num_gpus_per_run: float) -> None:
+    """Refuse a CUDA device for Ray tasks that ask for no GPU (Ray would hide it from them)."""
+    if executor == "ray" and device.startswith("cuda") and num_gpus_per_run <= 0:
+        raise ConfigError(
+            f"--device {device} with --executor ray needs --num-gpus-per-run > 0 (Ray gives a "
+            "task no GPU otherwise); or use --device auto"
+        )

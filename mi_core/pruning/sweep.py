@@ -42,7 +42,7 @@ from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ComponentMeans
 from mi_core.io import read_json, write_csv, write_json
 from mi_core.models.fingerprint import fingerprint_held
-from mi_core.pruning.constants import EXECUTORS
+from mi_core.pruning.constants import EXECUTORS, check_ray_gpus
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
 from mi_core.pruning.run import (
@@ -376,15 +376,6 @@ def _import_ray():
             "the ray executor needs Ray: pip install 'mi_core[ray]' (or use --executor local)"
         ) from None
     return ray
-
-
-def check_ray_gpus(executor: str, device: str, num_gpus_per_run: float) -> None:
-    """Refuse a CUDA device for Ray tasks that ask for no GPU (Ray would hide it from them)."""
-    if executor == "ray" and device.startswith("cuda") and num_gpus_per_run <= 0:
-        raise ConfigError(
-            f"--device {device} with --executor ray needs --num-gpus-per-run > 0 (Ray gives a "
-            "task no GPU otherwise); or use --device auto"
-        )
 
 
 def run_ray_tasks(

@@ -154,3 +154,30 @@ def test_an_exported_function_wins_over_its_module_of_the_same_name():
     assert callable(reference_logits) and reference_logits is module.reference_logits
     assert mi_core.pruning.reference_logits is reference_logits
     assert callable(finetune) and mi_core.training.finetune is finetune
+
+
+def test_building_a_sweep_config_imports_no_heavy_module():
+    """Validating a circuit sweep's config imported the pruning sweep (torch, TransformerLens)
+    for its Ray GPU check."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from mi_core.circuits.config import CircuitSweepConfig\n"
+        "from mi_core.errors import ConfigError\n"
+        "base = {'model': 'm', 'out': 'o', 'sparsities': [0.9], 'seeds': '1-2'}\n"
+        "CircuitSweepConfig.from_dict(base, source='t')\n"
+        "try:\n"
+        "    CircuitSweepConfig.from_dict({**base, 'executor': 'ray', 'device': 'cuda'}, "
+        "source='t')\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+        "heavy = ('torch', 'pandas', 'transformer_lens', 'transformers')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused, imported = done.stdout.strip().splitlines()[-2:]
+    assert "needs --num-gpus-per-run > 0" in refused
+    assert imported == "[]"
