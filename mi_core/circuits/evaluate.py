@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from mi_core.circuits.attribution import EdgeScores, select_circuit
@@ -125,8 +126,8 @@ def _full_metric(model: Any, pairs: PromptPairs, metric: Metric, batch_size: int
 
 
 def circuit_baselines(
-    model: Any, graph: Graph, fill: str, means: torch.Tensor | None, pairs: PromptPairs,
-    metric: Metric = logit_difference, batch_size: int = 16,
+    model: Any, graph: Graph, fill: str, means: Float[torch.Tensor, "sender d_model"] | None,
+    pairs: PromptPairs, metric: Metric = logit_difference, batch_size: int = 16,
 ) -> tuple[float, float, float]:  # fmt: skip
     """Mean metric of the full model and of the empty circuit (every edge carries ``fill``)
     on ``pairs``, and the standard error of their per-example gap (see
@@ -180,7 +181,7 @@ def faithfulness_curve(
     fractions: Sequence[float] = CURVE_FRACTIONS,
     metric: Metric = logit_difference,
     fill: str = "corrupted",
-    means: torch.Tensor | None = None,
+    means: Float[torch.Tensor, "sender d_model"] | None = None,
     batch_size: int = 16,
     progress: bool = True,
     selection: str = "greedy",
@@ -230,7 +231,7 @@ def _trapezoid(points: Sequence[tuple[float, float]]) -> float:
 
 
 def to_mib(
-    graph: Graph, scores: torch.Tensor, kept: EdgeMask | None = None, **info: Any
+    graph: Graph, scores: Float[torch.Tensor, " edge"], kept: EdgeMask | None = None, **info: Any
 ) -> dict[str, Any]:
     """A circuit in the MIB circuit-localisation format: every edge by its MIB name
     (``a0.h1->a2.h5<q>``) with its score and whether it is in the circuit; every node with
@@ -253,7 +254,7 @@ def to_mib(
     return {"cfg": cfg, "nodes": {k: {"in_graph": v} for k, v in nodes.items()}, "edges": edges}
 
 
-def mib_scores(scores: torch.Tensor, method: str) -> torch.Tensor:
+def mib_scores(scores: Float[torch.Tensor, " edge"], method: str) -> Float[torch.Tensor, " edge"]:
     """Scores as MIB ranks them: its evaluator re-ranks every level by ``score`` (by ``|score|``
     only with ``--absolute``), and its attribution scores are taken against the loss
     (``-metric``). mi_core's attribution scores are against the metric, so they are negated;
@@ -265,7 +266,7 @@ def mib_scores(scores: torch.Tensor, method: str) -> torch.Tensor:
     return -scores
 
 
-def write_mib(path: str | os.PathLike[str], graph: Graph, scores: torch.Tensor,
+def write_mib(path: str | os.PathLike[str], graph: Graph, scores: Float[torch.Tensor, " edge"],
               kept: EdgeMask | None = None, **info: Any) -> Path:  # fmt: skip
     """Write :func:`to_mib` as JSON, atomically."""
     return write_json(path, to_mib(graph, scores, kept, **info))

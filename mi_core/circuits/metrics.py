@@ -77,7 +77,9 @@ def metric_logits(model: Any, pairs: PromptPairs, metric: Metric | None = None) 
 
 
 @reads_answer_logits
-def logit_difference(logits: torch.Tensor, pairs: PromptPairs) -> Float[torch.Tensor, " batch"]:
+def logit_difference(
+    logits: Float[torch.Tensor, "batch *pos vocab"], pairs: PromptPairs
+) -> Float[torch.Tensor, " batch"]:
     """Answer logit minus distractor logit (IOI: indirect object minus subject).
 
     For a classifier whose ``distractor`` is negative: the label's logit minus the mean of the
@@ -93,7 +95,9 @@ def logit_difference(logits: torch.Tensor, pairs: PromptPairs) -> Float[torch.Te
 
 
 def kl_divergence(
-    logits: torch.Tensor, reference: torch.Tensor, pairs: PromptPairs
+    logits: Float[torch.Tensor, "batch *pos vocab"],
+    reference: Float[torch.Tensor, "batch *pos vocab"],
+    pairs: PromptPairs,
 ) -> Float[torch.Tensor, " batch"]:
     """``KL(reference || logits)`` of the answer distributions, per example."""
     log_p = F.log_softmax(answer_logits(reference, pairs).float(), dim=-1)
