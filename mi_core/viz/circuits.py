@@ -33,6 +33,27 @@ def _node_xy(graph: Graph) -> dict[str, tuple[float, float]]:
     return xy
 
 
+#: How far an edge bows out of the straight line, as a fraction of its length: edges between
+#: nodes in one column (a head's index in two layers, MLP to MLP) would otherwise lie on top
+#: of each other; bowed by length, each layer gap gets its own arc.
+_BOW = 0.12
+_CURVE_POINTS = 9
+
+
+def _curve(
+    start: tuple[float, float], end: tuple[float, float]
+) -> tuple[list[float], list[float], tuple[float, float]]:
+    """An edge drawn as a quadratic Bezier curve bowed to the right of its direction: the
+    points' x, y and the curve's midpoint (where its hover marker goes)."""
+    (x0, y0), (x1, y1) = start, end
+    dx, dy = x1 - x0, y1 - y0
+    cx, cy = (x0 + x1) / 2 + _BOW * dy * 2, (y0 + y1) / 2 - _BOW * dx * 2  # control point
+    ts = [i / (_CURVE_POINTS - 1) for i in range(_CURVE_POINTS)]
+    xs = [(1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t**2 * x1 for t in ts]
+    ys = [(1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t**2 * y1 for t in ts]
+    return xs, ys, (xs[_CURVE_POINTS // 2], ys[_CURVE_POINTS // 2])
+
+
 def circuit_graph_figure(
     graph: Graph,
     scores: torch.Tensor,
@@ -61,14 +82,14 @@ def circuit_graph_figure(
         kind = receiver.rsplit(".", 1)[1] if receiver.endswith((".q", ".k", ".v")) else ""
         node = receiver[:-2] if kind else receiver
         used.update((sender, node))
-        (x0, y0), (x1, y1) = xy[sender], xy[node]
+        curve_x, curve_y, (mid_x, mid_y) = _curve(xy[sender], xy[node])
         value = float(scores[edge])
         width_bin = 2 if gates else (min(3, int(4 * abs(value) / top)) if top > 0 else 0)
         xs, ys = groups.setdefault((value < 0 and not gates, kind, width_bin), ([], []))
-        xs += [x0, x1, None]
-        ys += [y0, y1, None]
-        mids_x.append((x0 + x1) / 2)
-        mids_y.append((y0 + y1) / 2)
+        xs += [*curve_x, None]
+        ys += [*curve_y, None]
+        mids_x.append(mid_x)
+        mids_y.append(mid_y)
         mids_text.append(f"{name}<br>{'gate log_alpha' if gates else 'score'} {value:+.4g}")
     for (negative, kind, width_bin), (xs, ys) in sorted(groups.items()):
         fig.add_trace(

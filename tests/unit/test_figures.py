@@ -87,3 +87,27 @@ def test_accuracy_axes_state_n_and_draw_the_chance_line():
     )  # fmt: skip
     assert dynamics.data[0].name == "mnli (n=300)"
     assert list(dynamics.layout.yaxis.range) == [0.0, 1.02]
+
+
+def test_edges_in_one_column_of_the_circuit_graph_do_not_overlap():
+    """MLPs share one column (and a head index shares one across layers): straight edges from
+    L0.MLP to L1.MLP and to L3.MLP lay on top of each other; bowed by length they part."""
+    import torch
+
+    from mi_core.interventions import EdgeMask, Graph
+    from mi_core.viz import circuit_graph_figure
+
+    graph = Graph(n_layers=4, n_heads=2, d_model=8)
+    names = ["L0.MLP->L1.MLP", "L0.MLP->L3.MLP", "L0.H1->L2.H1.v"]
+    scores = torch.zeros(graph.n_edges)
+    for i, name in enumerate(names):
+        scores[graph.edge_names.index(name)] = 1.0 + i
+    figure = circuit_graph_figure(graph, scores, EdgeMask.from_edges(graph, names))
+    hover = next(t for t in figure.data if t.name == "edges")
+    middle = {text.split("<br>")[0]: (x, y) for text, x, y in zip(hover.text, hover.x, hover.y)}
+    mlp_x = graph.n_heads + 0.5
+    near, far = middle["L0.MLP->L1.MLP"], middle["L0.MLP->L3.MLP"]
+    assert mlp_x < near[0] < far[0]  # both bow out of the column, the longer one further
+    assert middle["L0.H1->L2.H1.v"][0] > 1.0  # a head's column too
+    lines = [t for t in figure.data if t.mode == "lines"]
+    assert sum(len(t.x) for t in lines) == 3 * (9 + 1)  # curves of 9 points, not segments
