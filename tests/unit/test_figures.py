@@ -104,7 +104,8 @@ def test_edges_in_one_column_of_the_circuit_graph_do_not_overlap():
         scores[graph.edge_names.index(name)] = 1.0 + i
     figure = circuit_graph_figure(graph, scores, EdgeMask.from_edges(graph, names))
     hover = next(t for t in figure.data if t.name == "edges")
-    middle = {text.split("<br>")[0]: (x, y) for text, x, y in zip(hover.text, hover.x, hover.y)}
+    points = zip(hover.text, hover.x, hover.y, strict=True)
+    middle = {text.split("<br>")[0]: (x, y) for text, x, y in points}
     mlp_x = graph.n_heads + 0.5
     near, far = middle["L0.MLP->L1.MLP"], middle["L0.MLP->L3.MLP"]
     assert mlp_x < near[0] < far[0]  # both bow out of the column, the longer one further
