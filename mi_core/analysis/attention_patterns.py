@@ -44,7 +44,7 @@ from torch import Tensor
 
 from mi_core.analysis.subnetworks import head_label, parse_head_label
 from mi_core.errors import ConfigError
-from mi_core.models.classifier import StagedClassifier
+from mi_core.models.classifier import StagedClassifier, batch_inputs
 
 __all__ = [
     "PATTERN_CLASSES",
@@ -74,13 +74,22 @@ class PatternMassSums:
     count: dict[str, int]
 
 
-def _sep_tensor(sep_ids: Collection[int] | Tensor, device: torch.device) -> Tensor:
-    return torch.as_tensor(sorted(int(i) for i in sep_ids), dtype=torch.long, device=device)
+def _sep_list(sep_ids: Collection[int] | Tensor | int) -> list[int]:
+    """Separator ids as a sorted list; one id (``tokenizer.sep_token_id``) is a list of one."""
+    if isinstance(sep_ids, Tensor):
+        sep_ids = sep_ids.reshape(-1).tolist()
+    if isinstance(sep_ids, int):
+        sep_ids = [sep_ids]
+    return sorted(int(i) for i in sep_ids)
+
+
+def _sep_tensor(sep_ids: Collection[int] | Tensor | int, device: torch.device) -> Tensor:
+    return torch.as_tensor(_sep_list(sep_ids), dtype=torch.long, device=device)
 
 
 def segment_ids_from_sep(
     input_ids: Int[Tensor, "batch pos"],
-    sep_ids: Collection[int],
+    sep_ids: Collection[int] | int,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
 ) -> Int[Tensor, "batch pos"]:
     """Segment ids for models without token types (RoBERTa, GPT-2): 0 up to and including the
@@ -108,7 +117,7 @@ def class_key_masks(
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None,
     segment_ids: Int[Tensor, "batch pos"] | None,
-    sep_ids: Collection[int],
+    sep_ids: Collection[int] | int,
     *,
     first_is_special: bool = True,
     causal: bool = False,
@@ -165,7 +174,7 @@ def pattern_masses(
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None,
     segment_ids: Int[Tensor, "batch pos"] | None,
-    sep_ids: Collection[int],
+    sep_ids: Collection[int] | int,
     *,
     first_is_special: bool = True,
     causal: bool = False,
@@ -233,13 +242,13 @@ class AttentionPatternScores:
         n_layers: int,
         n_heads: int,
         *,
-        sep_ids: Collection[int],
+        sep_ids: Collection[int] | int,
         causal: bool = False,
         first_is_special: bool = True,
         classes: Sequence[str] = PATTERN_CLASSES,
     ) -> None:
         self.n_layers, self.n_heads = int(n_layers), int(n_heads)
-        self.sep_ids = sorted(int(i) for i in sep_ids)
+        self.sep_ids = _sep_list(sep_ids)
         self.causal = bool(causal)
         self.first_is_special = bool(first_is_special)
         self.classes = tuple(classes)
@@ -431,7 +440,7 @@ def score_attention_patterns(
     model: Any,
     batches: Iterable[Mapping[str, Any]],
     *,
-    sep_ids: Collection[int],
+    sep_ids: Collection[int] | int,
     heads: Iterable[str | tuple[int, int]] | None = None,
     causal: bool | None = None,
     first_is_special: bool = True,
@@ -487,9 +496,14 @@ def score_attention_patterns(
                 if max_batches is not None and i >= max_batches:
                     break
                 batch = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in raw.items()}
+                if getattr(hooked, "infer_inputs", None) is not None:  # what model(ids) infers
+                    ids, mask, types = batch_inputs(hooked, batch, device)
+                    batch = {**batch, "input_ids": ids, "attention_mask": mask}
+                    if types is not None:
+                        batch["token_type_ids"] = types
                 current["input_ids"] = batch["input_ids"]
                 current["mask"] = batch.get("attention_mask")
-                current["segment_ids"] = _segments(batch, sep_ids)
+                current["segment_ids"] = _segments(batch, scores.sep_ids)
                 current["key_masks"] = None
                 if forward is not None:
                     forward(batch)

@@ -41,7 +41,7 @@ from mi_core.interventions.components import (
 from mi_core.interventions.config import AblationTableConfig
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
-from mi_core.models.classifier import StagedClassifier
+from mi_core.models.classifier import StagedClassifier, batch_inputs
 from mi_core.models.hooks import act_name
 
 Batch = Mapping[str, torch.Tensor]
@@ -74,14 +74,6 @@ def _check_heads(model: Any, components: Iterable[Component]) -> None:
         c.check(cfg.n_layers, cfg.n_heads)
         if c.is_mlp:
             raise InterventionError(f"ablation tables ablate attention heads, not {c}")
-
-
-def _batch_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, ...]:
-    ids = batch["input_ids"].to(device)
-    mask = batch.get("attention_mask")
-    mask = torch.ones_like(ids) if mask is None else mask.to(device)
-    types = batch.get("token_type_ids")
-    return ids, mask, None if types is None else types.to(device)
 
 
 class _Collector:
@@ -143,7 +135,7 @@ def ablation_logits(
     device = next(model.parameters()).device
     out = _Collector()
     for batch in tqdm(batches, desc="ablations", disable=not progress, unit="batch"):
-        ids, mask, types = _batch_inputs(batch, device)
+        ids, mask, types = batch_inputs(model, batch, device)
         out.add_batch(batch, ids.shape[0])
         resid = model.embed_input(ids, mask, types)
         resid_pre = []
@@ -244,7 +236,7 @@ def naive_ablation_logits(
     device = next(model.parameters()).device
     out = _Collector()
     for batch in batches:
-        ids, mask, types = _batch_inputs(batch, device)
+        ids, mask, types = batch_inputs(model, batch, device)
         out.add_batch(batch, ids.shape[0])
         for key, component_mask in masks:
             if component_mask is None:

@@ -27,7 +27,7 @@ from mi_core.errors import ConfigError, DataError, InterventionError
 from mi_core.interventions.components import model_dims
 from mi_core.interventions.config import MeansConfig, MeansSettings  # noqa: F401 (re-exported)
 from mi_core.io import read_safetensors, write_safetensors
-from mi_core.models.classifier import StagedClassifier
+from mi_core.models.classifier import StagedClassifier, batch_inputs
 from mi_core.models.fingerprint import weights_fingerprint
 from mi_core.models.hooks import act_name
 
@@ -193,14 +193,9 @@ def compute_means(
     n_tokens = n_examples = 0
     with model.hooks(fwd_hooks=hooks):
         for batch in tqdm(batches, desc="means", disable=not progress, unit="batch"):
-            ids = batch["input_ids"].to(device)
-            attention_mask = batch.get("attention_mask")
-            attention_mask = (
-                torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
-            )
+            ids, attention_mask, types = batch_inputs(model, batch, device)
             keep["index"] = attention_mask.reshape(-1).nonzero().squeeze(1)
-            types = batch.get("token_type_ids")
-            run_body(model, ids, attention_mask, None if types is None else types.to(device))
+            run_body(model, ids, attention_mask, types)
             n_tokens += int(keep["index"].numel())
             n_examples += int(ids.shape[0])
     if n_tokens == 0:

@@ -373,6 +373,26 @@ class HookedClassifier:
         return attention_mask, token_type_ids
 
 
+def batch_inputs(
+    model: Any, batch: Mapping[str, Any], device: torch.device | str | None = None
+) -> tuple[Ids, Int[torch.Tensor, "batch pos"], Ids | None]:
+    """A batch's ``input_ids``, attention mask and token types on ``device``, with what the
+    batch lacks filled in as ``model(input_ids)`` fills it (:meth:`HookedClassifier.infer_inputs`:
+    pads masked, a BERT pair's second segment typed 1); a model that infers nothing gets an
+    all-ones mask. Code that runs a model's stages itself (means, ablation tables, attention
+    scores) reads its batches through this, so ids alone give the numbers ``model(ids)`` does."""
+    ids = torch.as_tensor(batch["input_ids"])
+    mask, types = batch.get("attention_mask"), batch.get("token_type_ids")
+    infer = getattr(model, "infer_inputs", None)
+    if infer is not None and (mask is None or types is None):
+        mask, types = infer(ids, None if mask is None else torch.as_tensor(mask), types)
+    mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
+    if device is not None:
+        ids, mask = ids.to(device), mask.to(device)
+        types = None if types is None else torch.as_tensor(types).to(device)
+    return ids, mask, types
+
+
 _POST_LN = (
     "the residual stream of a post-LayerNorm encoder (BERT, RoBERTa, MiniLM) is not a sum of "
     "component outputs: LayerNorm rescales it after every attention and MLP sublayer, so "

@@ -207,3 +207,42 @@ def test_nonzero_token_types_on_a_model_without_them_warn_once(which, request):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per model
         model(ids, token_type_ids=ones)
+
+
+@pytest.mark.parametrize("which", ["tiny", "gpt2_cls"])
+def test_means_ablation_tables_and_attention_scores_infer_what_a_batch_lacks(which, request):
+    """Ids alone (or ids and a mask) give the numbers the whole batch gives, as ``model(ids)``
+    does: means, the fast ablation table and attention scores had counted pads as tokens (and
+    typed a BERT pair's hypothesis 0)."""
+    from mi_core.analysis import score_attention_patterns
+    from mi_core.interventions import ablation_logits, compute_means
+    from mi_core.naming import Component
+
+    model = request.getfixturevalue(which)
+    data = PairDataset(
+        name="pads", task="mnli", text_a=PREMISES * 2, text_b=[HYPOTHESES[1], HYPOTHESES[0]] * 2,
+        labels=[0, 1, 2, 0], num_labels=3,
+        label_names=["entailment", "neutral", "contradiction"], prediction_map=[0, 1, 2],
+    )  # fmt: skip
+    whole = list(pair_batches(data, model.tokenizer, batch_size=4))
+    assert (whole[0]["attention_mask"] == 0).any()  # the batch has pads
+    partial = {
+        "ids": [{"input_ids": b["input_ids"]} for b in whole],
+        "no types": [
+            {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]} for b in whole
+        ],  # fmt: skip
+    }
+    means = compute_means(model, whole)
+    heads = [Component(0, 1), Component(1, 0)]
+    table = ablation_logits(model, whole, heads, means=means)
+    sep = [model.tokenizer.sep_token_id or model.tokenizer.eos_token_id]
+    scores = score_attention_patterns(model, whole, sep_ids=sep).to_frame()
+    for name, batches in partial.items():
+        other = compute_means(model, batches)
+        torch.testing.assert_close(other.z, means.z, msg=name)
+        torch.testing.assert_close(other.mlp_out, means.mlp_out, msg=name)
+        assert ablation_logits(model, batches, heads, means=means).max_abs_diff(table) < 1e-5
+        again = score_attention_patterns(model, batches, sep_ids=sep).to_frame()
+        assert again.equals(scores), name
+    # a lone separator id works as a list of one
+    assert score_attention_patterns(model, whole, sep_ids=sep[0]).to_frame().equals(scores)
