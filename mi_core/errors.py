@@ -26,6 +26,12 @@ class ConfigError(MiCoreError):
     """A configuration value or command-line argument is out of range or malformed."""
 
 
+class ModelInputError(MiCoreError, ValueError):
+    """Inputs a model cannot take: ids, mask, token types or labels of mismatched shapes, more
+    tokens than the model's context, labels outside its classes. A ``ValueError`` too, as
+    PyTorch's own shape errors are."""
+
+
 class TrainingError(MiCoreError):
     """Training or pruning cannot go on (e.g. the loss became NaN)."""
 

@@ -27,7 +27,7 @@ from transformer_lens import (
     HookedTransformerConfig,
 )
 
-from mi_core.errors import ConfigError, DataError
+from mi_core.errors import ConfigError, DataError, ModelInputError
 from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
@@ -328,6 +328,9 @@ class HookedClassifier:
         labels = batch_keys.get("labels")
         if return_type in ("loss", "both") and labels is None:
             raise ValueError(f"return_type={return_type!r} needs the batch's labels (labels=...)")
+        input_ids, attention_mask, token_type_ids = self._checked_inputs(
+            input_ids, attention_mask, token_type_ids
+        )
         attention_mask, token_type_ids = self.infer_inputs(
             input_ids, attention_mask, token_type_ids
         )
@@ -335,10 +338,57 @@ class HookedClassifier:
         resid = self.run_blocks(resid, attention_mask)
         logits = self.classify(resid, attention_mask)
         if return_type in ("loss", "both"):
-            target = torch.as_tensor(labels, device=logits.device).long()
+            target = torch.as_tensor(labels, device=logits.device).long().reshape(-1)
+            n_labels = logits.shape[-1]
+            if target.shape[0] != logits.shape[0]:
+                raise ModelInputError(
+                    f"labels hold {target.shape[0]} values for a batch of {logits.shape[0]}"
+                )
+            if bool(((target < 0) | (target >= n_labels)).any()):
+                raise ModelInputError(
+                    f"labels must be class indices 0-{n_labels - 1} of this model's head, got "
+                    f"{sorted(set(target.tolist()))}"
+                )
             loss = nn.functional.cross_entropy(logits.float(), target)
             return loss if return_type == "loss" else (logits, loss)
         return logits if return_type == "logits" else None
+
+    def _checked_inputs(
+        self, input_ids: Any, attention_mask: Any, token_type_ids: Any
+    ) -> tuple[Ids, Any, Any]:
+        """Ids as a ``[batch, pos]`` tensor (one text's ids, 1-D or a list of ints, get a batch
+        dimension, as TransformerLens gives them), with a mask and token types of its shape and
+        no more tokens than the model's context."""
+        if not isinstance(input_ids, torch.Tensor):
+            try:
+                input_ids = torch.as_tensor(input_ids, dtype=torch.long)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise ModelInputError(f"input_ids must be token ids, not {exc}") from None
+        if input_ids.ndim == 1:  # one text, as TransformerLens's tokens[None]
+            input_ids = input_ids[None]
+            attention_mask = (
+                None if attention_mask is None else torch.as_tensor(attention_mask)[None]
+            )
+            token_type_ids = (
+                None if token_type_ids is None else torch.as_tensor(token_type_ids)[None]
+            )
+        if input_ids.ndim != 2:
+            raise ModelInputError(
+                "input_ids must be [batch, pos] (or one text's [pos]), got "
+                f"{tuple(input_ids.shape)}"
+            )
+        for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if value is not None and tuple(value.shape) != tuple(input_ids.shape):
+                raise ModelInputError(
+                    f"{name} has shape {tuple(value.shape)} but input_ids "
+                    f"{tuple(input_ids.shape)}; they must match"
+                )
+        if input_ids.shape[1] > self.cfg.n_ctx:
+            raise ModelInputError(
+                f"{input_ids.shape[1]} tokens, more than the model's context of {self.cfg.n_ctx} "
+                "(n_ctx); truncate them (the data loaders' max_length does)"
+            )
+        return input_ids, attention_mask, token_type_ids
 
     def infer_inputs(
         self,

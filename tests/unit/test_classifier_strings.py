@@ -3,6 +3,7 @@ pipeline tokenises them."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -246,3 +247,35 @@ def test_means_ablation_tables_and_attention_scores_infer_what_a_batch_lacks(whi
         assert again.equals(scores), name
     # a lone separator id works as a list of one
     assert score_attention_patterns(model, whole, sep_ids=sep[0]).to_frame().equals(scores)
+
+
+@pytest.mark.parametrize("which", ["tiny", "gpt2_cls"])
+def test_one_texts_ids_get_a_batch_dimension_and_mismatched_inputs_are_refused(which, request):
+    """TransformerLens adds a batch dimension to 1-D tokens; a mask of another length had given
+    the GPT-2 classifier's logits at a wrong position, silently."""
+    from mi_core.errors import ModelInputError
+
+    model = request.getfixturevalue(which)
+    batch = _batch(model)
+    full = model(**batch)
+    first = batch["input_ids"][0]
+    torch.testing.assert_close(model(first), full[:1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(model(first.tolist()), full[:1], atol=1e-5, rtol=0)
+    bad = {
+        "attention_mask has shape": lambda: model(
+            batch["input_ids"], batch["attention_mask"][:, 1:]
+        ),
+        "more than the model's context": lambda: model(
+            torch.full((1, model.cfg.n_ctx + 1), 5, dtype=torch.long)
+        ),
+        "labels must be class indices 0-2": lambda: model(
+            **{**batch, "labels": torch.tensor([0, 5])}, return_type="loss"
+        ),
+        "labels hold 1 values for a batch of 2": lambda: model(
+            **{**batch, "labels": torch.tensor([0])}, return_type="loss"
+        ),
+        "must be [batch, pos]": lambda: model(torch.zeros(2, 3, 4, dtype=torch.long)),
+    }
+    for says, call in bad.items():
+        with pytest.raises(ModelInputError, match=re.escape(says)):
+            call()
