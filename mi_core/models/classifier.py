@@ -142,6 +142,8 @@ class HookedClassifier:
         ``move_to_device``, ``truncate``), as TL's helpers call it, it is TL's ``to_tokens``.
         """
         if tl_keywords:
+            if self.is_encoder:
+                _refuse_decoder_keywords("to_tokens", tl_keywords, ("move_to_device", "truncate"))
             return super().to_tokens(premise, **tl_keywords)  # type: ignore[misc]
         if self.tokenizer is None:
             raise ConfigError("this classifier has no tokenizer; pass token ids instead")
@@ -189,6 +191,9 @@ class HookedClassifier:
             isinstance(premise, list) and premise and isinstance(premise[0], str)
         ):
             if tl_args or tl_keywords:  # TL's keywords (prepend_bos, padding_side): TL's way
+                if self.is_encoder:  # TL's HookedEncoder has no to_str_tokens
+                    extra = {"positional arguments after the hypothesis": 1} if tl_args else {}
+                    _refuse_decoder_keywords("to_str_tokens", {**tl_keywords, **extra}, ())
                 return super().to_str_tokens(premise, *tl_args, **tl_keywords)  # type: ignore[misc]
             tokens = self.to_tokens(premise, hypothesis)
             rows = self._str_rows(tokens["input_ids"], tokens["attention_mask"])
@@ -421,6 +426,20 @@ class HookedClassifier:
             after_sep = (input_ids == sep).long().cumsum(dim=-1) - (input_ids == sep).long()
             token_type_ids = ((after_sep > 0) & attention_mask.bool()).long()
         return attention_mask, token_type_ids
+
+
+def _refuse_decoder_keywords(method: str, given: Mapping[str, object], takes: tuple) -> None:
+    """TransformerLens's decoder keywords on an encoder: one clear error (TL's HookedEncoder
+    takes none of ``prepend_bos`` / ``padding_side``: [CLS] always opens a BERT input and pads
+    go on the right)."""
+    other = sorted(k for k in given if k not in takes)
+    if other:
+        raise TypeError(
+            f"an encoder classifier's {method} does not take {', '.join(other)} (decoder "
+            "keywords of TransformerLens: a BERT-family input always starts with its [CLS] / <s> "
+            "token and is padded on the right); call it with the texts alone"
+            + (f", or with {' / '.join(takes)}" if takes else "")
+        )
 
 
 def batch_inputs(

@@ -67,6 +67,17 @@ def test_transformer_lens_helpers_still_work_on_a_decoder_classifier(gpt2_cls):
     assert isinstance(tl_tokens, torch.Tensor) and tl_tokens.dim() == 2
 
 
+def test_decoder_keywords_on_an_encoder_are_one_clear_error(tiny):
+    """TL's HookedEncoder takes no prepend_bos and has no to_str_tokens: the calls had failed
+    with TL's TypeError and an AttributeError of super()."""
+    for call in (lambda: tiny.to_tokens(PREMISES[0], prepend_bos=False),
+                 lambda: tiny.to_str_tokens(PREMISES[0], prepend_bos=False)):  # fmt: skip
+        with pytest.raises(TypeError, match="does not take prepend_bos"):
+            call()
+    ids, mask, types = tiny.to_tokens(PREMISES[0], truncate=True)  # TL's encoder keywords: TL's
+    assert torch.equal(ids, tiny.to_tokens(PREMISES[0])["input_ids"])
+
+
 @pytest.fixture(scope="module")
 def roberta_cls(tiny_checkpoints):
     return load_model(tiny_checkpoints["roberta-cls"], task="mnli")
