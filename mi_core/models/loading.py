@@ -23,7 +23,8 @@ from transformer_lens import HookedTransformer
 import mi_core.models.configs as configs
 import mi_core.models.convert as convert
 import mi_core.models.embedded as embedded
-from mi_core.errors import ModelLoadError, OutputError
+from mi_core.devices import resolve_device
+from mi_core.errors import ConfigError, ModelLoadError, OutputError
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.classifier import (
     HookedClassifier,
@@ -448,13 +449,27 @@ def _load_causal_lm(
     return model
 
 
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating torch dtype from itself or its name (``"float16"``, ``"torch.bfloat16"``)."""
+    if isinstance(dtype, str):
+        value = getattr(torch, dtype.removeprefix("torch."), None)
+        if isinstance(value, torch.dtype):
+            dtype = value
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ConfigError(
+            f"dtype must be a floating torch dtype such as torch.float32, torch.bfloat16 or "
+            f"'float16', not {dtype!r}"
+        )
+    return dtype
+
+
 def load_model(
     name_or_path: str | os.PathLike[str],
     task: str | None = None,
     num_labels: int | None = None,
     seed: int = 0,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str = torch.float32,
     fold_ln: bool = True,
     fold_value_biases: bool | None = None,
     fast_paths: bool = True,
@@ -476,7 +491,11 @@ def load_model(
         fast_paths: fused forwards (attention, norms, MLPs, unembedding) with TL's values and
             hooks; False keeps TransformerLens's own code, e.g. for second-order gradients
             through attention (see :func:`~mi_core.models.fast_paths.disable_fast_paths`).
+        device: ``cpu``, ``cuda``, ``cuda:1``, ``mps`` or ``auto`` (CUDA when torch sees one).
+        dtype: a torch dtype or its name (``float32``, ``"bfloat16"``, ...).
     """
+    device = str(resolve_device(device))  # a device this machine lacks: one clear line
+    dtype = _as_dtype(dtype)
     source = resolve_source(name_or_path)
     config = load_hf_config(source)
     arch = (config.architectures or [_default_architecture(config)])[0]

@@ -253,6 +253,22 @@ def test_transformer_lens_switches_work_on_classifiers(tiny_checkpoints, kind):
             model.set_use_attn_in(True)
 
 
+def test_a_device_or_dtype_the_machine_cannot_give_is_one_clear_error(tiny_checkpoints):
+    """They had failed deep in torch / TransformerLens (an AssertionError for cuda, a TypeError
+    for a dtype name)."""
+    path = tiny_checkpoints["bert-cls"]
+    with pytest.raises(ConfigError, match="device must be auto, cpu, cuda"):
+        load_model(path, task="mnli", device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
+            load_model(path, task="mnli", device="cuda")
+    with pytest.raises(ConfigError, match="floating torch dtype"):
+        load_model(path, task="mnli", dtype="int8")
+    model = load_model(path, task="mnli", dtype="bfloat16", device="auto")  # names work
+    assert model.cfg.dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
 def test_loading_prints_nothing_on_stdout(tiny_checkpoints, capsys):
     load_model(tiny_checkpoints["bert-cls"], task="mnli")
     load_model(tiny_checkpoints["gpt2-lm"])
