@@ -324,7 +324,16 @@ class HookedClassifier:
                 f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
                 for k, h in zip(unknown, hints, strict=True)
             )
-            raise TypeError(f"{type(self).__name__}.forward() got unexpected keywords: {said}")
+            hint = (
+                "; for the residual stream entering block L (TransformerLens's "
+                "stop_at_layer=L) run model.run_blocks(model.embed_input(ids, mask, types), "
+                "mask, stop=L), or run_with_cache and read blocks.L.hook_resid_pre"
+                if "stop_at_layer" in unknown
+                else ""
+            )
+            raise TypeError(
+                f"{type(self).__name__}.forward() got unexpected keywords: {said}{hint}"
+            )
         if return_type not in ("logits", "loss", "both", None):
             raise ValueError(
                 "return_type must be 'logits', 'loss', 'both' or None for a classifier, not "

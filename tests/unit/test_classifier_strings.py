@@ -290,3 +290,16 @@ def test_one_texts_ids_get_a_batch_dimension_and_mismatched_inputs_are_refused(w
     for says, call in bad.items():
         with pytest.raises(ModelInputError, match=re.escape(says)):
             call()
+
+
+@pytest.mark.parametrize("which", ["tiny", "gpt2_cls"])
+def test_stop_at_layer_is_refused_with_the_calls_that_give_that_stream(which, request):
+    model = request.getfixturevalue(which)
+    batch = _batch(model)
+    with pytest.raises(TypeError, match=r"stop_at_layer=L\) run model.run_blocks") as info:
+        model(**batch, stop_at_layer=1)
+    assert "blocks.L.hook_resid_pre" in str(info.value)
+    ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+    stream = model.run_blocks(model.embed_input(ids, mask, types), mask, stop=1)
+    _, cache = model.run_with_cache(**batch)
+    torch.testing.assert_close(stream, cache["blocks.1.hook_resid_pre"], atol=1e-5, rtol=0)
