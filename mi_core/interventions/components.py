@@ -39,17 +39,31 @@ def parse_components(
     for item in items:
         if isinstance(item, Component):
             components.add(item)
-        elif isinstance(item, tuple):
-            if len(item) != 2 or not all(isinstance(i, int) for i in item):
-                raise InterventionError(f"a head is a (layer, head) pair of ints, not {item!r}")
-            components.add(Component(*item))
-        elif item.strip():
-            components.add(Component.parse(item))
+        elif isinstance(item, str):
+            if item.strip():
+                components.add(Component.parse(item))
+        else:
+            components.add(Component(*_head_pair(item)))
     if cfg_or_model is not None:
         cfg = model_dims(cfg_or_model)
         for component in components:
             component.check(cfg.n_layers, cfg.n_heads)
     return sorted(components, key=_order)
+
+
+def _head_pair(item: Any) -> tuple[int, int]:
+    """A ``(layer, head)`` pair of integers: a tuple or list, its items Python, NumPy or 0-d
+    torch integers (what ``argmax`` / ``topk`` / ``nonzero().tolist()`` hand back)."""
+    if hasattr(item, "tolist") and not isinstance(item, list | tuple):
+        item = item.tolist()  # a [2] tensor or array
+    if isinstance(item, list | tuple) and len(item) == 2:
+        values = [i.item() if hasattr(i, "item") and not isinstance(i, int) else i for i in item]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            return values[0], values[1]
+    raise InterventionError(
+        f"a head is a (layer, head) pair of non-negative integers or a name like 'L2.H5', not "
+        f"{item!r}"
+    )
 
 
 def all_heads(cfg_or_model: Any) -> list[Component]:

@@ -35,6 +35,20 @@ def test_parse_rejects_malformed_names(bad):
         parse_components(bad)
 
 
+def test_heads_as_the_integers_torch_and_numpy_hand_back():
+    """``(layer, head)`` from argmax / topk / nonzero().tolist(): lists, NumPy and 0-d torch
+    integers, a [2] tensor (a list had raised AttributeError, NumPy ints were refused)."""
+    import numpy as np
+
+    heads = [[1, 2], (np.int64(0), 3), (torch.tensor(2), torch.tensor(1)), torch.tensor([3, 0])]
+    assert parse_components([*heads, "L4.MLP"], BERT) == [
+        Component(0, 3), Component(1, 2), Component(2, 1), Component(3, 0), Component(4)
+    ]  # fmt: skip
+    for bad in [(1, 2, 3), (1.5, 2), (-1, 2), None, (True, 1)]:
+        with pytest.raises(InterventionError, match="a head is a .layer, head. pair"):
+            parse_components([bad])
+
+
 def test_parse_rejects_components_outside_the_model():
     with pytest.raises(InterventionError, match=r"L12\.H0 does not exist: the model has 12 layers"):
         parse_components("L12.H0", BERT)
