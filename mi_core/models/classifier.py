@@ -26,6 +26,7 @@ from transformer_lens import (
     HookedTransformer,
     HookedTransformerConfig,
 )
+from transformer_lens.utils import Slice
 
 from mi_core.errors import ConfigError, DataError, ModelInputError
 from mi_core.models.dropout import DropoutRates
@@ -487,7 +488,11 @@ class PostLNActivationCache(ActivationCache):
     component outputs (``decompose_resid``, ``apply_ln_to_stack``,
     ``get_full_resid_decomposition``, ``logit_attrs``, ``accumulated_resid(apply_ln=True)``):
     they raise one clear error instead of returning numbers that do not mean what they mean for
-    a pre-LN model. ``accumulated_resid()`` stacks the real residual streams, as TL does.
+    a pre-LN model. ``accumulated_resid()`` stacks the residual streams the model reads, with
+    TL's labels: each block's ``resid_pre``; for ``{l}_mid`` the stream the MLP reads
+    (``ln1.hook_normalized``), and for ``final_post`` the one the head reads
+    (``hook_normalized_resid_post``). TL's ``hook_resid_mid`` / ``hook_resid_post`` of a BERT
+    block are the sums *before* its LayerNorm, which no later component sees.
     """
 
     def _refuse(self, name: str):
@@ -499,9 +504,31 @@ class PostLNActivationCache(ActivationCache):
     def accumulated_resid(  # noqa: D102
         self, layer=None, incl_mid: bool = False, apply_ln: bool = False, *args, **kwargs
     ):
-        if apply_ln:  # stacking the real resid_pre / mid values is fine; "applying LN" is not
+        if apply_ln:  # the streams are already normalised; "applying LN" to them is not
             self._refuse("accumulated_resid(apply_ln=True)")
-        return super().accumulated_resid(layer, incl_mid, apply_ln, *args, **kwargs)
+        if args:
+            raise TypeError("give accumulated_resid's arguments after apply_ln by keyword")
+        pos_slice = kwargs.pop("pos_slice", None)
+        mlp_input = bool(kwargs.pop("mlp_input", False))
+        return_labels = bool(kwargs.pop("return_labels", False))
+        if kwargs:
+            raise TypeError(f"accumulated_resid() got unexpected keywords {sorted(kwargs)}")
+        n_layers = self.model.cfg.n_layers
+        layer = n_layers if layer is None or layer == -1 else layer
+        pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
+        labels, parts = [], []
+        for l in range(layer + 1):
+            if l == n_layers:  # what the classification head reads
+                parts.append(self[f"blocks.{n_layers - 1}.hook_normalized_resid_post"])
+                labels.append("final_post")
+                continue
+            parts.append(self[f"blocks.{l}.hook_resid_pre"])
+            labels.append(f"{l}_pre")
+            if (incl_mid and l < layer) or (mlp_input and l == layer):
+                parts.append(self[f"blocks.{l}.ln1.hook_normalized"])  # what the MLP reads
+                labels.append(f"{l}_mid")
+        stack = torch.stack([pos_slice.apply(p, dim=-2) for p in parts], dim=0)
+        return (stack, labels) if return_labels else stack
 
     def apply_ln_to_stack(self, *args, **kwargs):  # noqa: D102
         self._refuse("apply_ln_to_stack")

@@ -41,14 +41,28 @@ def test_the_rest_of_the_cache_works_as_in_transformer_lens(tiny):
     assert isinstance(plain, dict)
 
 
-def test_accumulated_resid_takes_transformer_lens_positional_arguments(tiny):
-    """accumulated_resid(layer, incl_mid, apply_ln) positionally, as TL's signature: the
-    stack of real residual streams works, applying LN is refused with the clear error."""
-    _, cache = tiny.run_with_cache(random_tokens(2, 5, low=1000, high=2000))
-    stack = cache.accumulated_resid(None, False, False)
-    assert stack.shape[0] == tiny.cfg.n_layers + 1
-    torch.testing.assert_close(stack[-1], cache[f"blocks.{tiny.cfg.n_layers - 1}.hook_resid_post"])
-    mid = cache.accumulated_resid(1, True)
-    torch.testing.assert_close(mid[1], cache["blocks.0.hook_resid_mid"])
+def test_accumulated_resid_stacks_the_streams_the_model_reads(tiny):
+    """accumulated_resid(layer, incl_mid, apply_ln) positionally, as TL's signature. Its last
+    entry is what the head reads (it was TL's hook_resid_post, the sum before the block's
+    LayerNorm, off by up to 213 on MiniLM) and a mid entry what the MLP reads; applying LN is
+    refused with the clear error."""
+    ids = random_tokens(2, 5, low=1000, high=2000)
+    logits, cache = tiny.run_with_cache(ids)
+    n = tiny.cfg.n_layers
+    stack, labels = cache.accumulated_resid(None, False, False, return_labels=True)
+    assert stack.shape[0] == n + 1 and labels == [*(f"{l}_pre" for l in range(n)), "final_post"]
+    torch.testing.assert_close(stack[-1], cache[f"blocks.{n - 1}.hook_normalized_resid_post"])
+    torch.testing.assert_close(tiny.classify(stack[-1]), logits)  # the head reads it
+    for layer in range(1, n):  # each pre entry is the previous block's output
+        torch.testing.assert_close(
+            stack[layer], cache[f"blocks.{layer - 1}.hook_normalized_resid_post"]
+        )
+    assert not torch.allclose(stack[-1], cache[f"blocks.{n - 1}.hook_resid_post"])
+    mid, labels = cache.accumulated_resid(1, True, return_labels=True)
+    assert labels == ["0_pre", "0_mid", "1_pre"]
+    torch.testing.assert_close(mid[1], cache["blocks.0.ln1.hook_normalized"])
+    last = cache.accumulated_resid(pos_slice=-1, mlp_input=True, layer=0)
+    assert last.shape == (2, 2, tiny.cfg.d_model)  # 0_pre and 0_mid, the last position
+    torch.testing.assert_close(last[1], cache["blocks.0.ln1.hook_normalized"][:, -1])
     with pytest.raises(ConfigError, match="post-LayerNorm encoder"):
         cache.accumulated_resid(None, False, True)
