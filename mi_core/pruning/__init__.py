@@ -1,18 +1,30 @@
 """Structured L0 pruning, model-independent core: gates, constraint, schedule, discretisation.
 
-The pieces a training loop composes (one gate per attention head and per MLP layer)::
+The pieces a training loop composes (one gate per attention head and per MLP layer), with the
+``paper`` profile's values (the authors' recipe; :func:`prune` runs exactly this, with the
+gates' noise seeded per step, gradient clipping and checkpoints)::
 
-    gates = HardConcrete(n_layers * n_heads + n_layers)        # flat: heads, then MLPs
+    cfg = make_prune_config("paper", target_sparsity=0.5, seed=1)
+    gates = HardConcrete(n_layers * n_heads + n_layers,     # flat: heads, then MLPs
+                         init_mean=cfg.log_alpha_init, init_std=cfg.log_alpha_init_std)
     controller = LagrangianController()
-    optimizer = pruning_optimizer(gates.parameters(), controller, cfg.lr_log_alpha, cfg.lr_lambda)
+    optimizer = pruning_optimizer(gates.parameters(), controller, cfg.lr_log_alpha,
+                                  cfg.lr_lambda, cfg.weight_decay, cfg.lambda_weight_decay)
+    base = [group["lr"] for group in optimizer.param_groups]
     for step in range(cfg.steps):
-        z = gates()                                            # sample (train) / eval value
+        for group, lr in zip(optimizer.param_groups, base):
+            group["lr"] = lr * lr_factor(step, cfg.lr_warmup_steps, cfg.steps, cfg.lr_schedule)
+        z = gates()                                          # a sample (train mode)
         heads, mlps = unflatten_components(z, n_layers, n_heads)
-        t = expected_sparsity(gates.prob_nonzero())
+        t = sampled_sparsity(z)                              # cfg.sparsity_estimate
         s = target_sparsity_at(step, cfg.target_sparsity, cfg.warmup_steps)
         loss = task_loss(heads, mlps) + controller.penalty(t, s)
         optimizer.zero_grad(); loss.backward(); optimizer.step()
-    mask, achieved = binary_mask_from_log_alpha(gates.log_alpha, cfg.target_sparsity)
+    keep, achieved = discretize(gates.log_alpha, n_layers, n_heads, cfg.target_sparsity,
+                                cfg.discretize)              # the authors' rule: "reference"
+
+The ``cofi`` profile swaps in :func:`expected_sparsity`, no weight decay, a constant rate and
+:func:`binary_mask_from_log_alpha` (``discretize="exact"``).
 """
 
 from typing import TYPE_CHECKING
@@ -23,8 +35,10 @@ if TYPE_CHECKING:
     from mi_core.pruning.discretize import (
         AchievedSparsity,
         binary_mask_from_log_alpha,
+        discretize,
         flatten_components,
         mask_sparsity,
+        reference_binary_mask,
         unflatten_components,
     )
     from mi_core.pruning.hard_concrete import (
@@ -51,6 +65,7 @@ if TYPE_CHECKING:
         component_weights,
         expected_sparsity,
         pruning_optimizer,
+        sampled_sparsity,
     )
     from mi_core.pruning.objective import PruningLoss, kl_to_reference, pruning_loss
     from mi_core.pruning.profiles import (
@@ -75,7 +90,7 @@ if TYPE_CHECKING:
         prune_run,
         pruning_step,
     )
-    from mi_core.pruning.schedule import paper_schedule, target_sparsity_at
+    from mi_core.pruning.schedule import lr_factor, paper_schedule, target_sparsity_at
     from mi_core.pruning.sweep import (
         SweepResult,
         SweepRun,
@@ -92,6 +107,8 @@ _NAMES = {
     "length_grouped_batches": "mi_core.data.batches",
     "AchievedSparsity": "mi_core.pruning.discretize",
     "binary_mask_from_log_alpha": "mi_core.pruning.discretize",
+    "discretize": "mi_core.pruning.discretize",
+    "reference_binary_mask": "mi_core.pruning.discretize",
     "flatten_components": "mi_core.pruning.discretize",
     "mask_sparsity": "mi_core.pruning.discretize",
     "unflatten_components": "mi_core.pruning.discretize",
@@ -109,11 +126,13 @@ _NAMES = {
     "component_weights": "mi_core.pruning.lagrangian",
     "expected_sparsity": "mi_core.pruning.lagrangian",
     "pruning_optimizer": "mi_core.pruning.lagrangian",
+    "sampled_sparsity": "mi_core.pruning.lagrangian",
     "PruneConfig": "mi_core.pruning.profiles",
     "make_prune_config": "mi_core.pruning.profiles",
     "parse_seed_spec": "mi_core.pruning.profiles",
     "parse_sparsities": "mi_core.pruning.profiles",
     "paper_schedule": "mi_core.pruning.schedule",
+    "lr_factor": "mi_core.pruning.schedule",
     "target_sparsity_at": "mi_core.pruning.schedule",
     "PruningLoss": "mi_core.pruning.objective",
     "kl_to_reference": "mi_core.pruning.objective",
@@ -159,6 +178,10 @@ __all__ = [
     "LagrangianController",
     "PruneConfig",
     "binary_mask_from_log_alpha",
+    "discretize",
+    "reference_binary_mask",
+    "sampled_sparsity",
+    "lr_factor",
     "component_weights",
     "deterministic_hard_concrete",
     "expected_sparsity",
