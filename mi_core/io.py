@@ -11,7 +11,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,20 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise refuse(f"Permission denied (in {ancestor})")
     return target
+
+
+def check_replaceable(folder: str | os.PathLike[str], names: Iterable[str]) -> None:
+    """Check, before any work starts, that a job may replace each of ``names`` (paths relative
+    to ``folder``) that exists: not read-only, not a device or FIFO, in a writable folder. A
+    read-only file among a job's outputs had been found only when the job wrote it, after the
+    work, with some outputs replaced and others not. Raises :class:`OutputError`."""
+    for name in names:
+        target, reason = _file_target(Path(folder).expanduser() / name)
+        if reason is None and target.parent.is_dir():
+            if not os.access(target.parent, os.W_OK | os.X_OK):
+                reason = "Permission denied"
+        if reason is not None:
+            raise OutputError(f"cannot write results to {target}: {reason}")
 
 
 @contextlib.contextmanager

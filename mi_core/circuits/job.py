@@ -42,12 +42,12 @@ from mi_core.circuits.evaluate import (
     write_mib,
 )
 from mi_core.circuits.metrics import get_metric
-from mi_core.circuits.prune import prune_edges
+from mi_core.circuits.prune import PROGRESS_FILE, STATE_FILE, prune_edges
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, sender_means
-from mi_core.io import read_json, write_csv, write_json, write_text
+from mi_core.io import check_replaceable, read_json, write_csv, write_json, write_text
 from mi_core.pruning.sweep import run_ray_tasks
 from mi_core.viz.circuits import circuit_graph_html
 
@@ -135,11 +135,26 @@ def pair_forward_batches(
     ]
 
 
+#: The files every circuit job writes into its folder; ``summary.json`` marks it finished.
+_COMMON_FILES = ("scores.safetensors", "edges.json", "circuit.safetensors", "mib.json",
+                 "summary.json", "circuit.html")  # fmt: skip
+_ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv")
+_PRUNE_FILES = (*_COMMON_FILES, "history.csv", f"state/{STATE_FILE}", f"state/{PROGRESS_FILE}")
+
+
+def _start_writing(out: Path) -> None:
+    """Before a job replaces its files: the folder exists and the old ``summary.json`` is gone,
+    so a write that fails part-way leaves a folder marked unfinished, not new files beside a
+    summary that contradicts them."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)
+
+
 def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dict[str, Any],
                   title: str) -> None:  # fmt: skip
     """Scores (attribution scores, or an edge-pruning run's log_alpha with method
     ``edge-pruning``), edge names, the circuit, MIB JSON, the summary and the graph page."""
-    out.mkdir(parents=True, exist_ok=True)
+    _start_writing(out)
     graph = scores.graph
     scores.save(out / "scores.safetensors")
     write_json(out / "edges.json", graph.edge_names)
@@ -157,6 +172,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     """Score the edges, judge top-k circuits on held-out pairs, write everything to ``out``."""
     out = Path(config.out)
     _check_out(out, config.method, config.to_dict())
+    check_replaceable(out, _ATTRIBUTE_FILES)
     model, find, judge, means = _prepare(config)
     metric = get_metric(config.metric)
     scores: EdgeScores = attribute(
@@ -183,7 +199,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
         "curve_difference": curve_difference(rows),
         "circuit": judged.as_dict(),
     }
-    out.mkdir(parents=True, exist_ok=True)
+    _start_writing(out)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
     title = f"{config.method} circuit of {config.model} on {config.data}"
     _write_common(out, scores, circuit, summary, title)
@@ -193,6 +209,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
 def run_circuit_prune_job(config: CircuitPruneConfig, *, progress: bool = True) -> dict[str, Any]:
     """Edge-prune on the finding pairs (resumable in ``out``), judge on the held-out ones."""
     _check_finished(config)  # before any work: another job's folder, or other settings
+    check_replaceable(config.out, _PRUNE_FILES)
     return _prune_one(config, *_prepare(config), progress=progress)
 
 
@@ -205,6 +222,9 @@ def run_circuit_sweep_job(config: CircuitSweepConfig, *, progress: bool = True) 
     for run in runs:  # a finished run of other settings is refused, not reported as this one
         _check_finished(run)
     pending = [r for r in runs if not (Path(r.out) / "summary.json").is_file()]
+    check_replaceable(config.out, ("circuits.csv",))
+    for run in pending:
+        check_replaceable(run.out, _PRUNE_FILES)
     failures: list[str] = []
     if pending and config.executor == "ray":
         payloads = [{"config": r.to_dict()} for r in pending]
@@ -295,6 +315,7 @@ def _prune_one(
     result = prune_edges(model, find, settings, out / "state", means=means, progress=progress)
     judged = evaluate_circuit(model, result.circuit, judge, get_metric(config.metric),
                               config.batch_size)  # fmt: skip
+    _start_writing(out)
     summary = {
         "info": {"model": config.model, "data": config.data, "method": "edge-pruning"},
         "config": config.to_dict(),

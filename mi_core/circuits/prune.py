@@ -57,8 +57,8 @@ from mi_core.seeding import derive_seed
 
 __all__ = ["EdgePruneResult", "EdgePruneSettings", "discretize_circuit", "prune_edges"]
 
-_STATE = "edge_prune_state.safetensors"
-_PROGRESS = "edge_prune_state.json"
+STATE_FILE = "edge_prune_state.safetensors"
+PROGRESS_FILE = "edge_prune_state.json"
 
 
 @dataclass
@@ -148,27 +148,29 @@ def _save_state(folder: Path, step: int, params, optimizer, history, config, inp
                     tensors[f"optim.{group}.{i}.{key}"] = torch.as_tensor(state[key]).float()
     progress = {"step": step, "config": config.to_dict(), "inputs": inputs, "history": history}
     write_safetensors(
-        folder / _STATE, tensors, {"step": str(step), "progress": json.dumps(progress)}
+        folder / STATE_FILE, tensors, {"step": str(step), "progress": json.dumps(progress)}
     )
-    write_json(folder / _PROGRESS, progress)
+    write_json(folder / PROGRESS_FILE, progress)
 
 
 def _has_state(folder: Path) -> bool:
     """Whether ``folder`` holds a state to resume: the one file, or an older state file with
     its JSON beside it (an older file alone was cut short before its progress was written:
     the run starts over, as it did then)."""
-    if not (folder / _STATE).exists():
+    if not (folder / STATE_FILE).exists():
         return False
-    return "progress" in read_safetensors(folder / _STATE)[1] or (folder / _PROGRESS).exists()
+    return (
+        "progress" in read_safetensors(folder / STATE_FILE)[1] or (folder / PROGRESS_FILE).exists()
+    )
 
 
 def _read_progress(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The state's tensors and progress; a state saved before the progress moved into it
     reads the JSON beside it, whose step must be the tensors' (else a save was cut short)."""
-    tensors, metadata = read_safetensors(folder / _STATE)
+    tensors, metadata = read_safetensors(folder / STATE_FILE)
     if "progress" in metadata:
         return tensors, json.loads(metadata["progress"])
-    progress = read_json(folder / _PROGRESS)
+    progress = read_json(folder / PROGRESS_FILE)
     if str(progress.get("step")) != metadata.get("step"):
         raise TrainingError(
             f"{folder}: the saved gates are from step {metadata.get('step')} and the progress "

@@ -26,12 +26,13 @@ from transformer_lens import (
     HookedTransformer,
     HookedTransformerConfig,
 )
-from transformer_lens.utils import Slice
+from transformer_lens.utilities import Slice
 
 from mi_core.errors import ConfigError, DataError, ModelInputError
 from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
+from mi_core.models.hooks import act_name
 from mi_core.models.text import encode_pairs, pad_token_id
 
 Ids = Int[torch.Tensor, "batch pos"]
@@ -519,13 +520,13 @@ class PostLNActivationCache(ActivationCache):
         labels, parts = [], []
         for l in range(layer + 1):
             if l == n_layers:  # what the classification head reads
-                parts.append(self[f"blocks.{n_layers - 1}.hook_normalized_resid_post"])
+                parts.append(self[act_name("normalized_resid_post", n_layers - 1)])
                 labels.append("final_post")
                 continue
-            parts.append(self[f"blocks.{l}.hook_resid_pre"])
+            parts.append(self[act_name("resid_pre", l)])
             labels.append(f"{l}_pre")
             if (incl_mid and l < layer) or (mlp_input and l == layer):
-                parts.append(self[f"blocks.{l}.ln1.hook_normalized"])  # what the MLP reads
+                parts.append(self[act_name("normalized", l, "ln1")])  # what the MLP reads
                 labels.append(f"{l}_mid")
         stack = torch.stack([pos_slice.apply(p, dim=-2) for p in parts], dim=0)
         return (stack, labels) if return_labels else stack

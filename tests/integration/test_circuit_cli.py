@@ -30,6 +30,14 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
     # tuples: a re-run was refused as "other settings"); --no-progress silences the bars
     assert main([*argv, "--no-progress"]) == 0
     assert "%|" not in capsys.readouterr().err
+    # a read-only output is refused before any work (it was found after the job, with the
+    # other files replaced beside a summary that contradicted them)
+    (out / "summary.json").chmod(0o444)
+    stamp = (out / "scores.safetensors").stat().st_mtime_ns
+    assert main([*argv, "--circuit-fraction", "0.1"]) == 2
+    assert "summary.json: the file is read-only" in capsys.readouterr().err
+    assert (out / "scores.safetensors").stat().st_mtime_ns == stamp
+    (out / "summary.json").chmod(0o644)
     rows = list(csv.DictReader((out / "faithfulness.csv").open()))
     assert [float(r["fraction"]) for r in rows] == [0.0, pytest.approx(0.05, abs=0.01),
                                                     pytest.approx(0.2, abs=0.01), 1.0]  # fmt: skip
@@ -88,6 +96,22 @@ def test_prune_a_classifier_on_hans_pairs_and_resume(tmp_path, capsys, tiny_chec
         EdgeScores.load(out / "scores.safetensors")  # log_alpha, not attribution scores
     with pytest.raises(InterventionError, match="not an edge-scores file"):
         EdgeScores.load(out / "circuit.safetensors")
+    # a write cut short leaves the folder without its summary, so no reader takes new files
+    # beside an old summary for a finished run
+    from mi_core.circuits import job as job_module
+    from mi_core.errors import OutputError
+
+    def full_disk(*args, **kwargs):
+        raise OutputError("cannot write results: No space left on device")
+
+    real = job_module.write_mib
+    job_module.write_mib = full_disk
+    try:
+        assert main(argv) == 2
+    finally:
+        job_module.write_mib = real
+    assert not (out / "summary.json").exists()
+    assert main(argv) == 0  # the state is finished: the outputs are written again
     history = (out / "history.csv").read_text()
     assert main(argv) == 0  # a re-run finds the finished state and does no step again
     assert (out / "history.csv").read_text() == history

@@ -327,3 +327,43 @@ def test_summary_judges_the_reports_finding():
     assert (
         "after 20 steps the cripple top-1 is at 10 % of its start, the focus top-1 at 80 %" in text
     )
+
+
+def test_bad_data_and_unreplaceable_outputs_are_refused_before_the_model_loads(
+    tmp_path, monkeypatch, caplog, tiny_checkpoints
+):
+    """A missing --cripple file was found after the model had loaded (35 s for SmolLM2, a full
+    1.3B load for the OPT config), a read-only output after the first step."""
+    import json
+
+    import mi_core.models
+    from mi_core.errors import DataError, OutputError
+    from mi_core.methods.separability.job import _task, run_separability_job
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(mi_core.models, "load_model", no_load)
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"text": f"word {i} " * 30}) + "\n" for i in range(20)))
+    base = {"model": str(tiny_checkpoints["opt-lm"]), "focus": str(text),
+            "cripple": str(tmp_path / "missing.jsonl"), "out": str(tmp_path / "a")}  # fmt: skip
+    with pytest.raises(DataError, match="missing.jsonl not found"):
+        run_separability_job(SeparabilityConfig.from_dict(base))
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / "trajectory.csv").write_text("old\n")
+    (out / "trajectory.csv").chmod(0o444)
+    with pytest.raises(OutputError, match="trajectory.csv: the file is read-only"):
+        run_separability_job(SeparabilityConfig.from_dict({**base, "cripple": str(text),
+                                                           "out": str(out)}))  # fmt: skip
+    # the texts protocol says when the held-out texts hold fewer predictions than asked
+    texts = {"cripple": str(text), "window": 8, "eval_protocol": "texts", "text_tokens": 16}
+    config = SeparabilityConfig.from_dict({**base, **texts})
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoints["opt-lm"])
+    with caplog.at_level("WARNING", logger="mi_core.methods.separability.job"):
+        task = _task(tokenizer, str(text), config, 5000)
+    held = int(task.heldout_mask.sum()) - task.heldout_mask.shape[0]
+    assert held < 5000 and f"hold {held} predictions" in caplog.text and "5000 asked" in caplog.text

@@ -84,7 +84,9 @@ class SeparabilityConfig(DeviceOption):
     eval_protocol: str = option("windows", choices=EVAL_PROTOCOLS)
     """windows: metrics on fixed held-out windows of window tokens, the loss averaged per token;
     texts: the report's protocol, each held-out text up to text_tokens tokens after a start
-    token, eval_tokens predictions in all, the loss averaged per text first."""
+    token, texts taken whole until they hold eval_tokens predictions (the last may add a few
+    more; fewer, with a warning, when the held-out texts run out), the loss averaged per text
+    first."""
     stats_correct_top_k: int = option(0, flag="--correct-top-k")
     """Collect statistics only where the next token is in the model's top k (0: every token;
     the reference code's check_accuracy option, off in the report's runs, used k = 10)."""

@@ -18,8 +18,10 @@ from pathlib import Path
 
 from mi_core.config import read_config_json, resolve_shipped, shipped_names
 from mi_core.data import token_texts, token_windows
+from mi_core.data.text import load_text
 from mi_core.errors import ConfigError
-from mi_core.methods.separability.report import write_separability_outputs
+from mi_core.io import check_replaceable
+from mi_core.methods.separability.report import OUTPUT_FILES, write_separability_outputs
 from mi_core.methods.separability.run import (
     SeparabilityConfig,
     SeparabilityResult,
@@ -54,6 +56,16 @@ def _task(tokenizer, spec: str, config: SeparabilityConfig, eval_tokens: int) ->
     stats = _windows(tokenizer, spec, config.window, config.tokens, "stats")
     if config.eval_protocol == "texts":
         heldout, mask = token_texts(tokenizer, spec, config.text_tokens, eval_tokens, "heldout")
+        predictions = int(mask.sum()) - mask.shape[0]  # the start token predicts nothing before
+        if predictions < eval_tokens:
+            log.warning(
+                "%s: the held-out texts hold %d predictions of up to %d tokens each; using all "
+                "of them (%d asked for)",
+                spec,
+                predictions,
+                config.text_tokens,
+                eval_tokens,
+            )
         return TaskTokens(name=spec, stats=stats, heldout=heldout, heldout_mask=mask)
     heldout = _windows(tokenizer, spec, config.window, eval_tokens, "heldout")
     return TaskTokens(name=spec, stats=stats, heldout=heldout)
@@ -114,6 +126,11 @@ def run_separability_job(
     out = Path(config.out)
     state_path = out / STATE_FILE
     done = check_state(state_path, config, identity)  # fails fast on a mismatched state
+    # before the model loads (minutes for a large one): a missing data set, a file the
+    # outputs cannot replace
+    check_replaceable(out, (STATE_FILE, *OUTPUT_FILES.values()))
+    for spec in (config.focus, config.cripple):
+        load_text(spec)
     if done >= 0:
         log.info("resuming %s after step %d of %d", out, done, config.steps)
     # value biases stay in hook_z: a pre-out neuron is the report's, bias included
