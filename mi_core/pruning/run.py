@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from mi_core.data import PairDataset, load_pairs
 from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
 from mi_core.devices import autocast, grad_scaler, matmul_precision, move, to_device
-from mi_core.errors import ConfigError, DataError, TrainingError
+from mi_core.errors import ConfigError, DataError, OutputError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, Subnetwork, ablate, load_means
 from mi_core.interventions.components import model_dims
@@ -1051,11 +1051,14 @@ def _claim_run_dir(
                 f"{run_dir} already holds a run with other settings ({', '.join(differ)} differ); "
                 "use another --out or delete it"
             )
-        # the same run asked with other eval sets, sizes, paths: record what this call used
-        # (a finished run's metrics are re-evaluated to match; metrics.json has the sizes)
-        asked = {k: v for k, v in run_config.items() if k not in identity}
+        # the same run asked with other eval sets or sizes: record them (a finished run's
+        # metrics are re-evaluated to match); best effort, as the record is not the result
+        asked = {k: run_config[k] for k in ("eval", "max_eval_examples")}
         if any(old.get(k) != v for k, v in asked.items()):
-            write_json(config_path, {**read_json(config_path), **asked})
+            try:
+                write_json(config_path, {**read_json(config_path), **asked})
+            except OutputError as exc:
+                logger.warning("%s; it keeps the first call's eval settings", exc)
     else:
         write_json(config_path, run_config)
 
@@ -1296,6 +1299,17 @@ def _save_subnetwork(
     Subnetwork(mask, cfg.ablation, means).save(run_dir / "subnetwork.safetensors")
 
 
+def add_missing_subnetwork(run_dir: Path, means: ComponentMeans | None, cfg: PruneConfig) -> None:
+    """Give a run finished before ``subnetwork.safetensors`` existed its file; best effort (a
+    finished run kept read-only on purpose is left as it is, with a warning)."""
+    if (run_dir / "subnetwork.safetensors").is_file():
+        return
+    try:
+        _save_subnetwork(run_dir, ComponentMask.load(run_dir / "mask.safetensors"), means, cfg)
+    except OutputError as exc:
+        logger.warning("%s; apply its mask as Subnetwork(mask, ablation, means)", exc)
+
+
 def refresh_run_metrics(
     model: Any,
     means: ComponentMeans | None,
@@ -1340,8 +1354,7 @@ def _report_complete(
 ) -> PruneResult:
     metrics = refresh_run_metrics(model, means, cfg, run_dir, evals, full_accuracy)
     mask = ComponentMask.load(run_dir / "mask.safetensors")
-    if not (run_dir / "subnetwork.safetensors").is_file():  # finished before it was written
-        _save_subnetwork(run_dir, mask, means, cfg)
+    add_missing_subnetwork(run_dir, means, cfg)
     checkpoint = run_dir / "checkpoint.safetensors"
     log_alpha = read_safetensors(checkpoint)[0]["log_alpha"] if checkpoint.is_file() else None
     log_path = run_dir / "log.csv"

@@ -51,6 +51,7 @@ from mi_core.pruning.run import (
     _load_inputs,
     _load_means,
     _load_model,
+    add_missing_subnetwork,
     is_complete,
     prune,
     prune_group,
@@ -654,6 +655,7 @@ def run_sweep(
         for r in runs:  # finished before: their eval sets as asked for now (sizes included)
             if is_complete(r.run_dir):
                 refresh_run_metrics(model_obj, means_obj, r.config, r.run_dir, evals, full)
+                add_missing_subnetwork(r.run_dir, means_obj, r.config)
         table = collect_subnetworks(runs, eval_names)
         write_csv(sweep_dir / "subnetworks.csv", table)
         from mi_core.viz.figures import subnetworks_figure, write_figure_html

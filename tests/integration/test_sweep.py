@@ -12,7 +12,7 @@ import pytest
 from mi_core.cli import main
 from mi_core.data import load_pairs, pair_batches
 from mi_core.errors import ConfigError
-from mi_core.interventions import compute_means
+from mi_core.interventions import ComponentMask, compute_means
 from mi_core.io import read_json
 from mi_core.models import load_model
 from mi_core.pruning import sweep as sweep_module
@@ -271,6 +271,33 @@ def test_a_re_run_with_other_eval_examples_measures_them_again(
     table = pd.read_csv(out / "subnetworks.csv")
     assert table[f"full_acc_{name}"].iloc[0] == pytest.approx(full)
     assert read_json(out / "full_model.json")[name] == pytest.approx(full)
+
+
+def test_an_unchanged_sweep_re_run_keeps_finished_runs_and_adds_their_subnetwork(
+    model_path, means_file, tmp_path, capsys
+):
+    """A re-run had rewritten every finished run's config.json (means and reference logits
+    recorded in another form), and failed on one kept read-only; sweeps finished before
+    subnetwork.safetensors existed never gained it."""
+    out = tmp_path / "sweep"
+    args = [
+        "sweep", "--model", str(model_path), "--means", str(means_file),
+        "--train", "mnli:train", "--max-train-examples", "16",
+        "--eval", "mnli:validation_matched", "--max-eval-examples", "16",
+        "--sparsities", "0.3", "--seeds", "1", "--profile", "quick", "--steps", "2",
+        "--batch-size", "8", "--out", str(out), "--discretize", "exact", "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    run = out / "s0.30" / "seed0"
+    config = (run / "config.json").read_bytes()
+    (run / "subnetwork.safetensors").unlink()
+    (run / "config.json").chmod(0o444)
+    assert main(args) == 0, capsys.readouterr().err
+    assert (run / "config.json").read_bytes() == config
+    from mi_core.interventions import load_intervention
+
+    mask = ComponentMask.load(run / "mask.safetensors")
+    assert load_intervention(run / "subnetwork.safetensors").mask.removed() == mask.removed()
 
 
 @pytest.mark.slow
