@@ -81,18 +81,25 @@ def apply(model: Any, *interventions: Intervention) -> Iterator[Any]:
     ``prepare(model)``: an edge mask turns on per-head query / key / value inputs). Their hooks
     go before any hook already on the model (so ``run_with_cache`` and later hooks
     see the intervened activations); at a shared hook point the first intervention acts first.
-    Leaving the block removes exactly these hooks.
+    An edge mask's hooks go *after* every hook already there, whatever the order or nesting:
+    it reads each sender's output and the residual stream as the model computes them, so a
+    subnetwork applied with it (in the same call or around it) and hooks already on the model
+    (``model.add_hook``, an enclosing ``hooks()`` block) act first. Hooks added inside the
+    block (``run_with_hooks``) act after it has read them. Leaving the block removes exactly
+    these hooks.
     """
     # prepending reverses the order at a hook point, so add the last intervention first
     with contextlib.ExitStack() as claims:
         for intervention in interventions:  # switches first: hooks may depend on them
             if isinstance(intervention, Intervention):
                 claims.enter_context(_prepared(model, intervention))
-        hooks = intervention_hooks(model, interventions)
+        edges = [i for i in interventions if isinstance(i, EdgeMask)]
+        hooks = intervention_hooks(model, [i for i in interventions if not isinstance(i, EdgeMask)])
         for intervention in interventions:
             if isinstance(intervention, Subnetwork):  # one fill per removed component
                 claims.enter_context(removal_claims(model, intervention.mask, intervention.fill))
-        with prepended_hooks(model, list(reversed(hooks))):
+        appended = intervention_hooks(model, edges)
+        with prepended_hooks(model, list(reversed(hooks)), appended):
             yield model
 
 
