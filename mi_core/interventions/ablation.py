@@ -141,7 +141,10 @@ def fill_name(ablation: str | Ablation, means: ComponentMeans | None) -> str:
     """What replaces a removed component, in words: ``zero`` or the means' identity."""
     if Ablation.parse(ablation) is Ablation.ZERO or means is None:
         return "zero"
-    return f"the mean over {means.dataset or '?'} (weights {means.fingerprint})"
+    return (
+        f"the mean over {means.dataset or '?'} (weights {means.fingerprint}, values "
+        f"{means.values_digest})"
+    )
 
 
 @contextlib.contextmanager

@@ -12,6 +12,8 @@ and the number of tokens and examples; applying means to another model is an err
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +65,15 @@ class ComponentMeans:
     @property
     def n_layers(self) -> int:
         return int(self.z.shape[0])
+
+    @functools.cached_property
+    def values_digest(self) -> str:
+        """A short digest of the mean values themselves (computed once): two means of one
+        model over unnamed data sets differ here where their names and fingerprints agree."""
+        digest = hashlib.sha256()
+        for values in (self.z, self.mlp_out):
+            digest.update(values.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
+        return digest.hexdigest()[:12]
 
     def cast(
         self, device: torch.device, dtype: torch.dtype

@@ -149,6 +149,15 @@ def test_nested_mean_and_zero_ablation_of_one_component_is_refused(setup):
     with pytest.raises(InterventionError, match="already removed"):
         with apply(model, Subnetwork(head, "mean", means), Subnetwork(head, "zero")):
             model(tokens)
+    # two means of one model over unnamed data differ in their values, not their names: the
+    # result had depended on the order of the two
+    other_means = compute_means(model, [{"input_ids": tokens[:2]}], dataset="toy")
+    with pytest.raises(InterventionError, match="already removed"):
+        with apply(model, Subnetwork(head, "mean", means), Subnetwork(head, "mean", other_means)):
+            model(tokens)
+    again = compute_means(model, [{"input_ids": tokens}], dataset="toy")
+    with apply(model, Subnetwork(head, "mean", means), Subnetwork(head, "mean", again)):
+        assert torch.equal(model(tokens), same)  # equal values nest
     assert not model.hook_dict["blocks.0.attn.hook_z"].fwd_hooks  # nothing left behind
 
 
