@@ -56,6 +56,7 @@ from mi_core.errors import InterventionError
 from mi_core.interventions.components import Component
 from mi_core.interventions.config import FILLS
 from mi_core.io import read_json, read_safetensors, write_safetensors
+from mi_core.models.classifier import batch_inputs
 from mi_core.models.hooks import act_name
 
 __all__ = [
@@ -550,6 +551,8 @@ def sender_means(
             )
         outputs = node_outputs(model, graph, **batch).double().cpu()
         mask = masks[i] if masks is not None else batch.get("attention_mask")
+        if mask is None and "input_ids" in batch and hasattr(model, "infer_inputs"):
+            mask = batch_inputs(model, batch)[1]  # what model(ids) infers: pads left out
         if mask is None:
             weights = torch.ones(outputs.shape[1:3], dtype=torch.float64)
         else:

@@ -382,17 +382,21 @@ class HookedClassifier:
                 raise ModelInputError(f"input_ids must be token ids, not {exc}") from None
         if input_ids.ndim == 1:  # one text, as TransformerLens's tokens[None]
             input_ids = input_ids[None]
-            attention_mask = (
-                None if attention_mask is None else torch.as_tensor(attention_mask)[None]
-            )
-            token_type_ids = (
-                None if token_type_ids is None else torch.as_tensor(token_type_ids)[None]
-            )
+
+            def one_row(value: Any) -> Any:
+                value = None if value is None else torch.as_tensor(value)
+                return value[None] if value is not None and value.ndim == 1 else value
+
+            attention_mask, token_type_ids = one_row(attention_mask), one_row(token_type_ids)
         if input_ids.ndim != 2:
             raise ModelInputError(
                 "input_ids must be [batch, pos] (or one text's [pos]), got "
                 f"{tuple(input_ids.shape)}"
             )
+        if attention_mask is not None:
+            attention_mask = torch.as_tensor(attention_mask, device=input_ids.device)
+        if token_type_ids is not None:
+            token_type_ids = torch.as_tensor(token_type_ids, device=input_ids.device)
         for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if value is not None and tuple(value.shape) != tuple(input_ids.shape):
                 raise ModelInputError(
@@ -507,8 +511,14 @@ class PostLNActivationCache(ActivationCache):
     ):
         if apply_ln:  # the streams are already normalised; "applying LN" to them is not
             self._refuse("accumulated_resid(apply_ln=True)")
-        if args:
-            raise TypeError("give accumulated_resid's arguments after apply_ln by keyword")
+        names = ("pos_slice", "mlp_input", "return_labels")  # TL's order after apply_ln
+        if len(args) > len(names):
+            raise TypeError(f"accumulated_resid() takes at most {3 + len(names)} arguments")
+        given = dict(zip(names, args, strict=False))
+        for name in given:
+            if name in kwargs:
+                raise TypeError(f"accumulated_resid() got {name} twice")
+        kwargs = {**kwargs, **given}
         pos_slice = kwargs.pop("pos_slice", None)
         mlp_input = bool(kwargs.pop("mlp_input", False))
         return_labels = bool(kwargs.pop("return_labels", False))

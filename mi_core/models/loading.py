@@ -494,7 +494,7 @@ def load_model(
         device: ``cpu``, ``cuda``, ``cuda:1``, ``mps`` or ``auto`` (CUDA when torch sees one).
         dtype: a torch dtype or its name (``float32``, ``"bfloat16"``, ...).
     """
-    device = str(resolve_device(device))  # a device this machine lacks: one clear line
+    device = str(resolve_device(str(device)))  # a device this machine lacks: one clear line
     dtype = _as_dtype(dtype)
     source = resolve_source(name_or_path)
     config = load_hf_config(source)

@@ -258,6 +258,13 @@ def test_means_ablation_tables_and_attention_scores_infer_what_a_batch_lacks(whi
         assert again.equals(scores), name
     # a lone separator id works as a list of one
     assert score_attention_patterns(model, whole, sep_ids=sep[0]).to_frame().equals(scores)
+    # the circuits' mean fill too (it had averaged over pads: 0.61 off on the tiny BERT)
+    from mi_core.interventions import Graph, sender_means
+
+    graph = Graph.from_model(model)
+    torch.testing.assert_close(
+        sender_means(model, graph, partial["ids"]), sender_means(model, graph, whole)
+    )
 
 
 @pytest.mark.parametrize("which", ["tiny", "gpt2_cls"])
@@ -272,6 +279,9 @@ def test_one_texts_ids_get_a_batch_dimension_and_mismatched_inputs_are_refused(w
     first = batch["input_ids"][0]
     torch.testing.assert_close(model(first), full[:1], atol=1e-5, rtol=0)
     torch.testing.assert_close(model(first.tolist()), full[:1], atol=1e-5, rtol=0)
+    mask = batch["attention_mask"]  # masks as lists, and one text's [1, pos] mask
+    torch.testing.assert_close(model(batch["input_ids"], mask.tolist()), full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(model(first, mask[:1]), full[:1], atol=1e-5, rtol=0)
     bad = {
         "attention_mask has shape": lambda: model(
             batch["input_ids"], batch["attention_mask"][:, 1:]

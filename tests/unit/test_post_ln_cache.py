@@ -63,6 +63,8 @@ def test_accumulated_resid_stacks_the_streams_the_model_reads(tiny):
     torch.testing.assert_close(mid[1], cache["blocks.0.ln1.hook_normalized"])
     last = cache.accumulated_resid(pos_slice=-1, mlp_input=True, layer=0)
     assert last.shape == (2, 2, tiny.cfg.d_model)  # 0_pre and 0_mid, the last position
+    # TL's positional order after apply_ln: pos_slice, mlp_input, return_labels
+    torch.testing.assert_close(cache.accumulated_resid(0, False, False, -1, True), last)
     torch.testing.assert_close(last[1], cache["blocks.0.ln1.hook_normalized"][:, -1])
     with pytest.raises(ConfigError, match="post-LayerNorm encoder"):
         cache.accumulated_resid(None, False, True)
