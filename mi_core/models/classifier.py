@@ -118,7 +118,7 @@ class HookedClassifier:
         self, head: nn.Module, num_labels: int, task: str | None, label_names: list[str] | None
     ) -> None:
         """Attach the head and the task's metadata, register hooks, and enable fast paths."""
-        self.head = head
+        self.head = head.to(self.cfg.dtype)  # the body's dtype (half precision included)
         self.num_labels = num_labels
         self.task = task
         self.label_names = list(label_names or [f"LABEL_{i}" for i in range(num_labels)])

@@ -267,6 +267,14 @@ def test_a_device_or_dtype_the_machine_cannot_give_is_one_clear_error(tiny_check
     model = load_model(path, task="mnli", dtype="bfloat16", device="auto")  # names work
     assert model.cfg.dtype == torch.bfloat16
     assert next(model.parameters()).dtype == torch.bfloat16
+    # a classifier runs in half precision (its head had stayed float32: a dtype error)
+    for kind in ("bert-cls", "gpt2-cls"):
+        full = load_model(tiny_checkpoints[kind], task="mnli")
+        half = load_model(tiny_checkpoints[kind], task="mnli", dtype=torch.float16)
+        tokens = full.to_tokens(["The cat sat ."], ["A cat sits ."])
+        logits = half(**tokens)
+        assert logits.dtype == torch.float16
+        torch.testing.assert_close(logits.float(), full(**tokens), atol=1e-2, rtol=0)
 
 
 def test_loading_prints_nothing_on_stdout(tiny_checkpoints, capsys):
