@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,7 +260,55 @@ def load_hf_classifier(
             raise _hub_error(source, exc) from exc
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+    if arch in CLASSIFIER_ARCHITECTURES and task in TASK_LABELS:
+        _in_task_order(model, task, source.name)
     return model.eval(), tokenizer, task
+
+
+def _label_key(name: str) -> str:
+    return "_".join(str(name).strip().lower().replace("-", " ").split())
+
+
+def _output_layer(model: Any) -> torch.nn.Linear | None:
+    """The last linear layer of a sequence classifier's head (one row per class)."""
+    for path in ("classifier.out_proj", "classifier", "score"):
+        layer = model
+        for part in path.split("."):
+            layer = getattr(layer, part, None)
+        if isinstance(layer, torch.nn.Linear):
+            return layer
+    return None
+
+
+def _in_task_order(model: Any, task: str, name: str) -> None:
+    """A checkpoint whose ``id2label`` names the task's labels in another order (e.g.
+    roberta-large-mnli: contradiction, neutral, entailment) gets its head's rows reordered to
+    the task's order (:data:`~mi_core.tasks.TASK_LABELS`), with ``id2label`` to match, so its
+    class ``i`` is the task's label ``i`` everywhere (evaluation, HANS's two-way mapping,
+    fine-tuning, saved checkpoints). Generic names (``LABEL_0``) are taken to be in the task's
+    order; other names are warned about."""
+    want = list(TASK_LABELS[task])
+    config = model.config
+    names = [_label_key(config.id2label[i]) for i in range(config.num_labels)]
+    if names == want:
+        return
+    if sorted(names) == sorted(want):
+        order = [names.index(label) for label in want]
+        layer = _output_layer(model)
+        if layer is None:
+            raise ModelLoadError(f"{name}: cannot find its head's output layer to reorder")
+        with torch.no_grad():
+            layer.weight.copy_(layer.weight[order].clone())
+            if layer.bias is not None:
+                layer.bias.copy_(layer.bias[order].clone())
+        config.id2label = dict(enumerate(want))
+        config.label2id = {label: i for i, label in enumerate(want)}
+        log.info("%s: head reordered from %s to %s's label order", name, names, task)
+    elif not all(re.fullmatch(r"label_\d+", n) for n in names):
+        log.warning(
+            "%s: its labels %s are not %s's %s; its classes are read in %s's order",
+            name, names, task, want, task,
+        )  # fmt: skip
 
 
 def load_hf_causal_lm(name_or_path: str | os.PathLike[str]):

@@ -583,3 +583,38 @@ def test_fast_paths_can_be_switched_off_for_second_order_gradients(tiny_checkpoi
     layers = range(fast.cfg.n_layers)
     pattern = [(f"blocks.{i}.attn.hook_pattern", lambda x, hook: x) for i in layers]
     torch.testing.assert_close(hvp(plain), hvp(fast, pattern), atol=1e-6, rtol=1e-5)
+
+
+def test_a_checkpoint_with_its_labels_in_another_order_is_read_in_the_tasks_order(
+    tiny_checkpoints, tmp_path, caplog
+):
+    """roberta-large-mnli's head is contradiction / neutral / entailment: its classes had been
+    read as mi_core's entailment / neutral / contradiction, so HANS counted contradictions as
+    entailments. The head is reordered on loading, and a fine-tune saves the task's order."""
+    from mi_core.models.loading import load_hf_classifier
+
+    original = load_model(tiny_checkpoints["bert-cls"], task="mnli")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        tiny_checkpoints["bert-cls"]
+    )
+    with torch.no_grad():  # the same model with its classes stored the other way round
+        hf.classifier.weight.copy_(hf.classifier.weight.flip(0))
+        hf.classifier.bias.copy_(hf.classifier.bias.flip(0))
+    hf.config.id2label = {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}
+    hf.config.label2id = {v: k for k, v in hf.config.id2label.items()}
+    hf.save_pretrained(tmp_path / "reversed")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_checkpoints["bert-cls"] / name, tmp_path / "reversed")
+    model = load_model(tmp_path / "reversed", task="mnli")
+    tokens = original.to_tokens(["The cat sat .", "A dog ran ."], ["A cat sits .", "Nobody ran ."])
+    torch.testing.assert_close(model(**tokens), original(**tokens), atol=1e-5, rtol=0)
+    assert model.label_names == ["entailment", "neutral", "contradiction"]
+    hf_again, _, _ = load_hf_classifier(tmp_path / "reversed", task="mnli")
+    assert hf_again.config.id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+    # names that are not the task's: read in the task's order, with a warning
+    hf.config.id2label = {0: "yes", 1: "maybe", 2: "no"}
+    hf.config.label2id = {v: k for k, v in hf.config.id2label.items()}
+    hf.save_pretrained(tmp_path / "reversed")
+    with caplog.at_level("WARNING", logger="mi_core.models.loading"):
+        load_model(tmp_path / "reversed", task="mnli")
+    assert "are not mnli's" in caplog.text
