@@ -307,6 +307,23 @@ class PairDataset:
         """The first ``n`` examples (all of them if there are fewer)."""
         return self.subset(range(min(max(int(n), 0), len(self))))
 
+    def spread(self, n: int, key: str = "subcase") -> PairDataset:
+        """``n`` examples taken in turn from each group of ``meta[key]`` (in file order within
+        a group, groups in order of first appearance), so a set of several HANS subcases keeps
+        them all in proportion; :meth:`head` when there is no such column or one group."""
+        groups: dict[Any, list[int]] = {}
+        for i, value in enumerate(self.meta.get(key, [])):
+            groups.setdefault(value, []).append(i)
+        if len(groups) < 2:
+            return self.head(n)
+        picked: list[int] = []
+        columns = list(groups.values())
+        for depth in range(max(len(c) for c in columns)):
+            picked += [c[depth] for c in columns if depth < len(c)]
+            if len(picked) >= n:
+                break
+        return self.subset(sorted(picked[: max(int(n), 0)]))
+
     def predictions_to_labels(self, pred_classes: Any) -> torch.Tensor:
         """Map model classes to this data set's labels through ``prediction_map``."""
         pred = (
@@ -616,7 +633,9 @@ def load_pairs(
     """Load a sentence-pair data set by spec (see the module doc) as a :class:`PairDataset`.
 
     Files are read from ``data_dir`` (else ``$MI_CORE_DATA_DIR``); MNLI, QQP and HANS fall back to
-    the hub when online. ``max_examples`` keeps the first rows (after any subcase filter);
+    the hub when online. ``max_examples`` keeps the first rows (after any subcase filter; a
+    HANS set of several subcases takes its rows from every subcase in turn: the first 1,000 of
+    ``hans`` had been one subcase, all non-entailment);
     ``task`` forces the model task (needed only for ambiguous local files).
     """
     _check_max(max_examples)
@@ -638,8 +657,10 @@ def load_pairs(
     root = resolve_data_dir(data_dir)
     if family in _GLUE_SPLITS:
         ds = _load_glue(family, sel, root, max_examples)
-    elif family == "hans":
+    elif family == "hans":  # several subcases: each in proportion, not the first ones only
         ds = _load_hans(sel, root)
+        _check_task(ds.name, ds.task, task)
+        return ds.spread(max_examples) if max_examples is not None else ds
     else:
         ds = _load_paws(sel, root)
     _check_task(ds.name, ds.task, task)

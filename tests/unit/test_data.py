@@ -229,6 +229,19 @@ def test_real_hans_counts():
     for sub in HANS_SUBCASES:
         part = load_pairs(f"hans:{sub}", data_dir=REAL_DIR)
         assert len(part) == 1000 and set(part.meta["subcase"]) == {sub}
+    # max_examples of several subcases takes each in turn (the first 300 rows had been one
+    # subcase, all non-entailment), in file order within each
+    few = load_pairs("hans", data_dir=REAL_DIR, max_examples=300)
+    assert (
+        set(Counter(few.meta["subcase"]).values()) == {10} and len(set(few.meta["subcase"])) == 30
+    )
+    assert Counter(few.labels) == {0: 150, 1: 150}
+    constituent = load_pairs("hans:constituent", data_dir=REAL_DIR, max_examples=25)
+    assert len(constituent) == 25 and len(set(constituent.meta["subcase"])) == 10
+    assert (
+        load_pairs("hans:so_swap", data_dir=REAL_DIR, max_examples=5).text_a
+        == (load_pairs("hans:so_swap", data_dir=REAL_DIR).text_a[:5])
+    )  # one subcase: the first rows, as before
     for short, sub in HANS_PAPER_SUBCASES.items():
         for spec in (f"hans:{short}", f"hans:{short.lower().replace('-', '_')}"):
             part = load_pairs(spec, data_dir=REAL_DIR)
