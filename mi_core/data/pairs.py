@@ -173,6 +173,7 @@ def _build_registry() -> dict[str, str]:
         reg[f"hans:{_short(short)}"] = f"HANS {short} = {sub}"
     reg["paws_qqp"] = "PAWS-QQP train + dev_and_test (12,663 rows; dev_and_test alone if no train)"
     reg["paws_qqp:adv"] = "PAWS-QQP, label-0 (non-paraphrase) rows"
+    reg["paws_qqp:dev_and_test"] = "PAWS-QQP dev_and_test.tsv alone (677 rows)"
     return reg
 
 
@@ -581,6 +582,8 @@ def _canonical(spec: str) -> tuple[str, str | None]:
     s = spec.strip()
     family, _, sel = s.partition(":")
     family = family.lower()
+    if family == "paws-qqp":  # spelt as in the paper
+        family = "paws_qqp"
     if family in _GLUE_SPLITS:
         split = sel.lower()
         if split in _GLUE_SPLITS[family]:
@@ -598,10 +601,10 @@ def _canonical(spec: str) -> tuple[str, str | None]:
             return "hans", _HANS_SHORT[_short(sel)]
         raise KeyError(spec)
     if family == "paws_qqp":
-        if not sel or sel.lower() == "dev_and_test":
+        if not sel:
             return "paws_qqp", None
-        if sel.lower() == "adv":
-            return "paws_qqp", "adv"
+        if sel.lower() in ("adv", "dev_and_test"):
+            return "paws_qqp", sel.lower()
     raise KeyError(spec)
 
 
@@ -769,4 +772,7 @@ def _load_paws(sel: str | None, root: Path | None) -> PairDataset:
         )
     if sel is None:
         return full
+    if sel == "dev_and_test":  # that file alone, with or without train.tsv beside it
+        rows = [i for i, split in enumerate(full.meta["split"]) if split == "dev_and_test"]
+        return full.subset(rows, name=name)
     return full.subset([i for i, y in enumerate(full.labels) if y == 0], name=name)

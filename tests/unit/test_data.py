@@ -340,6 +340,10 @@ def test_paws_uses_train_and_dev_and_test_when_both_are_there(tiny_dir, tmp_path
     assert len(both) == 5 and both.meta["id"] == [10, 11, 1, 2, 3]
     assert both.meta["split"] == ["train", "train", "dev_and_test", "dev_and_test", "dev_and_test"]
     assert load_pairs("paws_qqp:adv", data_dir=root).meta["id"] == [10, 1, 2]
+    # the file alone, by name (it had been read as train + dev_and_test), and the paper's
+    # spelling
+    assert load_pairs("paws_qqp:dev_and_test", data_dir=root).meta["id"] == [1, 2, 3]
+    assert load_pairs("PAWS-QQP", data_dir=root).meta["id"] == both.meta["id"]
 
 
 # ---------------------------------------------------------------------------------------------
