@@ -537,7 +537,7 @@ def dataset_from_rows(
         )
     col_a, col_b = text_cols
     col_task = {"premise": "mnli", "question1": "qqp"}.get(col_a)
-    text_a, text_b, parsed = [], [], []
+    text_a, text_b, parsed, kept = [], [], [], []
     for i, row in enumerate(rows):
         try:
             a, b, y = row[col_a], row[col_b], row[label_col]
@@ -545,12 +545,24 @@ def dataset_from_rows(
             raise DataError(f"{source}: row {i + 1} lacks column {exc.args[0]!r}") from None
         if not isinstance(a, str) or not isinstance(b, str):
             raise DataError(f"{source}: row {i + 1}: {col_a}/{col_b} must be strings")
+        if isinstance(y, str) and y.strip() == "-":  # MultiNLI's pairs without a gold label
+            continue
+        kept.append(row)
         try:
             parsed.append(_parse_label(y))
         except DataError as exc:
             raise DataError(f"{source}: row {i + 1}: {exc}") from None
         text_a.append(a)
         text_b.append(b)
+    if len(kept) < len(rows):
+        logger.warning(
+            "%s: %d rows without a gold label ('-') left out, as GLUE leaves them out",
+            source,
+            len(rows) - len(kept),
+        )
+    if not kept:
+        raise DataError(f"{source}: no row has a gold label")
+    rows = kept
     hans_like = "heuristic" in columns or "subcase" in columns
     scheme = _choose_scheme(source, parsed, task, col_task, hans_like)
     model_task, label_names, prediction_map = _SCHEMES[scheme]

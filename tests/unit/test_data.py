@@ -530,6 +530,21 @@ def test_local_tsv_sentence_columns(tmp_path):
         load_pairs(str(three), task="qqp")
 
 
+def test_multinli_rows_without_a_gold_label_are_left_out(tmp_path, caplog):
+    """The official MultiNLI files mark no-consensus pairs '-': GLUE leaves them out (9,815
+    matched pairs); the whole file had been refused with "unknown label name '_'"."""
+    path = tmp_path / "multinli_dev.jsonl"
+    _jsonl(path, [
+        {"sentence1": "a", "sentence2": "b", "gold_label": "entailment", "pairID": "1"},
+        {"sentence1": "c", "sentence2": "d", "gold_label": "-", "pairID": "2"},
+        {"sentence1": "e", "sentence2": "f", "gold_label": "contradiction", "pairID": "3"},
+    ])  # fmt: skip
+    with caplog.at_level("WARNING", logger="mi_core.data.pairs"):
+        ds = load_pairs(str(path))
+    assert (ds.text_a, ds.labels, ds.task) == (["a", "e"], [0, 2], "mnli")
+    assert "1 rows without a gold label ('-') left out" in caplog.text
+
+
 def test_local_hans_like_ints(tmp_path):
     path = tmp_path / "hans_export.jsonl"
     _jsonl(
