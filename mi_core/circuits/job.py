@@ -241,6 +241,8 @@ def run_circuit_sweep_job(config: CircuitSweepConfig, *, progress: bool = True) 
             rows.append({"sparsity": run.sparsity, "seed": run.seed,
                          **read_json(done)["circuit"], "run_dir": run.out})  # fmt: skip
     table = pd.DataFrame(rows)
+    if "n_connected" in table:  # runs from before it existed leave gaps: integers, not floats
+        table["n_connected"] = table["n_connected"].astype("Int64")
     write_csv(Path(config.out) / "circuits.csv", table)
     if len(rows) < len(runs):
         first = failures[0] if failures else "?"

@@ -112,14 +112,20 @@ def run_attribute(args: argparse.Namespace) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> None:
+    import pandas as pd
+
     from mi_core.circuits.job import run_circuit_sweep_job
 
     config = config_from_args(args)
     table = run_circuit_sweep_job(config, progress=not args.no_progress)
     for row in table.itertuples():
+        connected = getattr(row, "n_connected", None)
+        on_path = (
+            "" if connected is None or pd.isna(connected) else f" ({int(connected)} on a path)"
+        )
         print(
-            f"sparsity {row.sparsity:g} seed {row.seed}: {row.n_edges} edges, faithfulness "
-            f"{row.faithfulness:.1%} (KL {row.kl:.3g})"
+            f"sparsity {row.sparsity:g} seed {row.seed}: {row.n_edges} edges{on_path}, "
+            f"faithfulness {row.faithfulness:.1%} (KL {row.kl:.3g})"
         )
     small = table[table["small_gap"].fillna(False).astype(bool)] if "small_gap" in table else []
     if len(small):

@@ -154,6 +154,8 @@ def test_a_circuit_sweep_runs_each_sparsity_and_seed_once(tmp_path, capsys, tiny
         (0.8, 1), (0.8, 2), (0.9, 1), (0.9, 2)
     ]  # fmt: skip
     assert [int(r["n_edges"]) for r in table] == [round(0.2 * 262)] * 2 + [round(0.1 * 262)] * 2
+    assert all(0 <= int(r["n_connected"]) <= int(r["n_edges"]) for r in table)  # integers
+    assert f"({table[0]['n_connected']} on a path)" in capsys.readouterr().out
     one = load_intervention(out / "s0.80" / "seed2" / "circuit.safetensors")
     stamp = (out / "s0.80" / "seed2" / "summary.json").stat().st_mtime_ns
     assert main(argv) == 0  # finished runs are read back, not run again
