@@ -44,11 +44,25 @@ _FILES = {
 _TOP_HEADING = re.compile(r"^ ?= [^=].* = ?$")
 
 
+def _is_title(lines: list[str], i: int) -> bool:
+    """Whether line ``i`` is an article's `` = Title = `` heading. A wrapped formula can look
+    like one (WikiText-2 test: `` = 1 rad / s and a nominal impedance k = ``): it continues a
+    line that stops mid-sentence and is continued by a line starting with a number, where an
+    article starts with a word or a quote."""
+    if not _TOP_HEADING.match(lines[i]):
+        return False
+    before = lines[i - 1].rstrip() if i > 0 else ""
+    after = lines[i + 1].lstrip() if i + 1 < len(lines) else ""
+    mid_sentence = bool(before) and not before.endswith((".", "!", "?", '"', "”", ")", "="))
+    return not (mid_sentence and after[:1].isdigit())
+
+
 def split_wikitext(raw: str) -> list[str]:
     """Split raw WikiText into articles at its top-level headings (`` = Title = ``)."""
     docs: list[list[str]] = [[]]
-    for line in raw.splitlines():
-        if _TOP_HEADING.match(line) and any(x.strip() for x in docs[-1]):
+    lines = raw.splitlines()
+    for i, line in enumerate(lines):
+        if _is_title(lines, i) and any(x.strip() for x in docs[-1]):
             docs.append([])
         docs[-1].append(line)
     out = []
