@@ -109,14 +109,25 @@ def encode_pairs(
         if max_length < 3:
             raise DataError(f"max_length {max_length} leaves no room for a pair")
         budget = max_length - 1
-        # each side clipped at max_length: a clipped side already overflows the budget
+        # each side clipped at max_length: a clipped side already overflows the budget; where
+        # both are clipped, which is longer (what longest_first keeps more of) needs their
+        # whole lengths
         kw = {"add_special_tokens": False, "truncation": True, "max_length": max_length}
         ids_a, ids_b = _encode(tokenizer, a, **kw), _encode(tokenizer, b, **kw)
+        both = [i for i, (xa, xb) in enumerate(zip(ids_a, ids_b, strict=True))
+                if len(xa) == len(xb) == max_length]  # fmt: skip
+        whole = {"add_special_tokens": False}
+        lengths = dict(zip(both, zip(
+            (len(x) for x in _encode(tokenizer, [a[i] for i in both], **whole)),
+            (len(x) for x in _encode(tokenizer, [b[i] for i in both], **whole)),
+            strict=True,
+        ), strict=True)) if both else {}  # fmt: skip
         ids, truncated = [], []
         for i, (xa, xb) in enumerate(zip(ids_a, ids_b, strict=True)):
             if len(xa) + len(xb) > budget:
                 truncated.append(i)
-                ka, kb = _keep_longest_first(len(xa), len(xb), budget)
+                la, lb = lengths.get(i, (len(xa), len(xb)))
+                ka, kb = _keep_longest_first(la, lb, budget)
                 xa, xb = xa[:ka], xb[:kb]
             ids.append(list(xa) + [int(eos)] + list(xb))
         types = [[0] * len(x) for x in ids]

@@ -170,6 +170,11 @@ def test_gpt2_like_tokenizer_joins_with_eos():
     batch = next(iter(pair_batches(tp, batch_size=2)))
     assert batch["input_ids"].shape == (2, 8)
     assert batch["input_ids"][0, 7].item() == eos and batch["attention_mask"][0, 7].item() == 0
+    # both sides longer than max_length: the longer one (10 words against 9) keeps the extra
+    # token, as longest_first does (both clipped to 8 had looked equal: a kept 3, b 4)
+    both = tokenize_pairs(_pairs(["the cat " * 5], ["a dog ran far " * 2 + "mat"]), tok, 8)
+    a_kept = both.input_ids[0].index(eos)
+    assert (a_kept, len(both.input_ids[0]) - a_kept - 1) == _keep_longest_first(10, 9, 7) == (4, 3)
 
 
 def test_keep_longest_first():
