@@ -236,6 +236,17 @@ def test_in_memory_sweep_equals_the_sweep_on_disk(model_path, means_file, tmp_pa
     assert compare_subnetworks(memory).cores == compare_subnetworks(disk).cores
 
 
+def _one_run_sweep(model_path, means_file, out) -> list[str]:
+    """``mi-core sweep`` of one short run (sparsity 0.3, seed 0), 16 eval examples."""
+    return [
+        "sweep", "--model", str(model_path), "--means", str(means_file),
+        "--train", "mnli:train", "--max-train-examples", "16",
+        "--eval", "mnli:validation_matched", "--max-eval-examples", "16",
+        "--sparsities", "0.3", "--seeds", "1", "--profile", "quick", "--steps", "2",
+        "--batch-size", "8", "--out", str(out), "--discretize", "exact", "--no-progress",
+    ]  # fmt: skip
+
+
 def test_a_re_run_with_other_eval_examples_measures_them_again(
     model_path, means_file, tmp_path, capsys, monkeypatch
 ):
@@ -244,13 +255,7 @@ def test_a_re_run_with_other_eval_examples_measures_them_again(
     from mi_core.evaluation import evaluate
 
     out = tmp_path / "sweep"
-    args = [
-        "sweep", "--model", str(model_path), "--means", str(means_file),
-        "--train", "mnli:train", "--max-train-examples", "16",
-        "--eval", "mnli:validation_matched", "--max-eval-examples", "16",
-        "--sparsities", "0.3", "--seeds", "1", "--profile", "quick", "--steps", "2",
-        "--batch-size", "8", "--out", str(out), "--discretize", "exact", "--no-progress",
-    ]  # fmt: skip
+    args = _one_run_sweep(model_path, means_file, out)
     assert main(args) == 0, capsys.readouterr().err
     calls = []
     real = sweep_module.prune_group
@@ -280,13 +285,7 @@ def test_an_unchanged_sweep_re_run_keeps_finished_runs_and_adds_their_subnetwork
     recorded in another form), and failed on one kept read-only; sweeps finished before
     subnetwork.safetensors existed never gained it."""
     out = tmp_path / "sweep"
-    args = [
-        "sweep", "--model", str(model_path), "--means", str(means_file),
-        "--train", "mnli:train", "--max-train-examples", "16",
-        "--eval", "mnli:validation_matched", "--max-eval-examples", "16",
-        "--sparsities", "0.3", "--seeds", "1", "--profile", "quick", "--steps", "2",
-        "--batch-size", "8", "--out", str(out), "--discretize", "exact", "--no-progress",
-    ]  # fmt: skip
+    args = _one_run_sweep(model_path, means_file, out)
     assert main(args) == 0, capsys.readouterr().err
     run = out / "s0.30" / "seed0"
     config = (run / "config.json").read_bytes()

@@ -89,8 +89,6 @@ def test_top_level_help_imports_no_subcommand_and_no_torch():
 def test_every_command_help_imports_no_heavy_module():
     """``mi-core <command> --help`` answers without torch, pandas, numpy or TransformerLens
     (job configs live in light modules; the packages export their names lazily)."""
-    import subprocess
-    import sys
 
     code = (
         "import contextlib, io, sys\n"
@@ -101,12 +99,8 @@ def test_every_command_help_imports_no_heavy_module():
         "        try:\n            main([command, '--help'])\n"
         "        except SystemExit:\n            pass\n"
         "    assert '--' in out.getvalue(), command  # the help was printed, with its flags\n"
-        "heavy = ('torch', 'pandas', 'numpy', 'transformer_lens', 'transformers', 'scipy')\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert _heavy_modules_after(code)[-1] == "[]"
 
 
 def test_a_command_builds_only_its_own_parser():
@@ -159,8 +153,6 @@ def test_an_exported_function_wins_over_its_module_of_the_same_name():
 def test_building_a_sweep_config_imports_no_heavy_module():
     """Validating a circuit sweep's config imported the pruning sweep (torch, TransformerLens)
     for its Ray GPU check."""
-    import subprocess
-    import sys
 
     code = (
         "import sys\n"
@@ -173,11 +165,23 @@ def test_building_a_sweep_config_imports_no_heavy_module():
         "source='t')\n"
         "except ConfigError as exc:\n"
         "    print(exc)\n"
-        "heavy = ('torch', 'pandas', 'transformer_lens', 'transformers')\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    refused, imported = done.stdout.strip().splitlines()[-2:]
+    refused, imported = _heavy_modules_after(code)[-2:]
     assert "needs --num-gpus-per-run > 0" in refused
     assert imported == "[]"
+
+
+def _heavy_modules_after(code: str) -> list[str]:
+    """Run ``code`` in a fresh interpreter, then print the heavy modules it imported; the
+    output's lines (the last: that list)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "\nimport sys\n"
+        "heavy = ('torch', 'pandas', 'numpy', 'transformer_lens', 'transformers', 'scipy')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    done = subprocess.run([sys.executable, "-c", code + probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()
