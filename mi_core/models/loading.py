@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -261,7 +262,7 @@ def load_hf_classifier(
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if arch in CLASSIFIER_ARCHITECTURES and task in TASK_LABELS:
-        _in_task_order(model, task, source.name)
+        _in_task_order(model, task, source.name, _written_by_finetune(source.path))
     return model.eval(), tokenizer, task
 
 
@@ -280,19 +281,39 @@ def _output_layer(model: Any) -> torch.nn.Linear | None:
     return None
 
 
-def _in_task_order(model: Any, task: str, name: str) -> None:
+def _written_by_finetune(path: Any) -> bool:
+    """Whether ``path`` is a checkpoint of ``mi-core finetune`` (its ``trainer_state.json``
+    holds the step and the optimizer layout; Hugging Face's Trainer writes ``global_step``)."""
+    state = Path(str(path)) / "trainer_state.json"
+    if not state.is_file():
+        return False
+    try:
+        keys = json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(keys, dict) and "step" in keys and "optimizer" in keys
+
+
+def _in_task_order(model: Any, task: str, name: str, finetuned: bool = False) -> None:
     """A checkpoint whose ``id2label`` names the task's labels in another order (e.g.
     roberta-large-mnli: contradiction, neutral, entailment) gets its head's rows reordered to
     the task's order (:data:`~mi_core.tasks.TASK_LABELS`), with ``id2label`` to match, so its
     class ``i`` is the task's label ``i`` everywhere (evaluation, HANS's two-way mapping,
-    fine-tuning, saved checkpoints). Generic names (``LABEL_0``) are taken to be in the task's
-    order; other names are warned about."""
+    fine-tuning, saved checkpoints). A checkpoint of ``mi-core finetune`` (``finetuned``) is
+    in the task's order whatever its names say, and is only renamed. Generic names
+    (``LABEL_0``) are taken to be in the task's order; other names are warned about."""
     want = list(TASK_LABELS[task])
     config = model.config
     names = [_label_key(config.id2label[i]) for i in range(config.num_labels)]
     if names == want:
         return
-    if sorted(names) == sorted(want):
+    if sorted(names) == sorted(want) and finetuned:
+        # mi-core finetune trains on the task's labels whatever the base's names said, and
+        # before its heads were reordered on loading it kept the base's names: rename only
+        config.id2label = dict(enumerate(want))
+        config.label2id = {label: i for i, label in enumerate(want)}
+        log.info("%s: a finetune checkpoint in %s's order, named %s: renamed", name, task, names)
+    elif sorted(names) == sorted(want):
         order = [names.index(label) for label in want]
         layer = _output_layer(model)
         if layer is None:

@@ -611,6 +611,20 @@ def test_a_checkpoint_with_its_labels_in_another_order_is_read_in_the_tasks_orde
     assert model.label_names == ["entailment", "neutral", "contradiction"]
     hf_again, _, _ = load_hf_classifier(tmp_path / "reversed", task="mnli")
     assert hf_again.config.id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+    # a checkpoint of mi-core finetune trained its head in the task's order whatever the
+    # base's names (and before this change kept those names): renamed, not reordered
+    finetuned = transformers.AutoModelForSequenceClassification.from_pretrained(
+        tiny_checkpoints["bert-cls"]
+    )
+    finetuned.config.id2label = {0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"}
+    finetuned.config.label2id = {v: k for k, v in finetuned.config.id2label.items()}
+    finetuned.save_pretrained(tmp_path / "finetuned")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_checkpoints["bert-cls"] / name, tmp_path / "finetuned")
+    (tmp_path / "finetuned" / "trainer_state.json").write_text('{"step": 5, "optimizer": {}}')
+    renamed = load_model(tmp_path / "finetuned", task="mnli")
+    torch.testing.assert_close(renamed(**tokens), original(**tokens), atol=1e-5, rtol=0)
+    assert renamed.label_names == ["entailment", "neutral", "contradiction"]
     # names that are not the task's: read in the task's order, with a warning
     hf.config.id2label = {0: "yes", 1: "maybe", 2: "no"}
     hf.config.label2id = {v: k for k, v in hf.config.id2label.items()}
