@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import hashlib
 import logging
 import os
 import re
@@ -307,6 +308,15 @@ class PairDataset:
     def head(self, n: int) -> PairDataset:
         """The first ``n`` examples (all of them if there are fewer)."""
         return self.subset(range(min(max(int(n), 0), len(self))))
+
+    def selection(self) -> str:
+        """``"<n>:<digest>"`` of the examples themselves (texts and labels, in order): caches of
+        results on a set compare it, so another selection under the same name and size (e.g.
+        the subcases a HANS ``max_examples`` takes) is measured again."""
+        digest = hashlib.sha256()
+        for a, b, y in zip(self.text_a, self.text_b, self.labels, strict=True):
+            digest.update(f"{a}\x1f{b}\x1f{y}\x1e".encode())
+        return f"{len(self)}:{digest.hexdigest()[:16]}"
 
     def spread(self, n: int, key: str = "subcase") -> PairDataset:
         """``n`` examples taken in turn from each group of ``meta[key]`` (in file order within
@@ -666,7 +676,7 @@ def load_pairs(
         path = Path(spec).expanduser()
         if path.suffix.lower() in _FILE_SUFFIXES or path.is_file():
             ds = load_file(path, task=task)
-            return ds.head(max_examples) if max_examples is not None else ds
+            return ds.spread(max_examples) if max_examples is not None else ds
         raise _unknown_spec(spec) from None
 
     root = resolve_data_dir(data_dir)

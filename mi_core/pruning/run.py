@@ -161,7 +161,7 @@ def _load_model(model: Any, task: str | None, device: str = "auto") -> tuple[Any
 
 def _load_data(data: Any, task: str | None, max_examples: int | None, role: str) -> PairDataset:
     if isinstance(data, PairDataset):
-        dataset = data.head(max_examples) if max_examples is not None else data
+        dataset = data.spread(max_examples) if max_examples is not None else data
     else:
         dataset = load_pairs(os.fspath(data), max_examples=max_examples, task=task)
     if task is not None and dataset.task != task:
@@ -1280,6 +1280,7 @@ def _finish(
         "accuracy": accuracy,
         "full_accuracy": full,
         "eval_examples": sizes,
+        "eval_selection": {d.name: d.selection() for d in evals},
         "chance_accuracy": {d.name: 1.0 / d.num_labels for d in evals},
         "seconds": round(seconds, 2),
     }
@@ -1322,11 +1323,11 @@ def refresh_run_metrics(
     examples (``max_eval_examples`` changed), evaluated now with the run's mask (its result;
     the accuracies follow the sets asked for) and written back."""
     metrics = read_json(run_dir / "metrics.json")
-    sizes = metrics.get("eval_examples", {})
+    chosen = metrics.get("eval_selection", {})  # runs before it: measured again, once
     missing = [
         d
         for d in evals
-        if d.name not in metrics.get("accuracy", {}) or sizes.get(d.name, len(d)) != len(d)
+        if d.name not in metrics.get("accuracy", {}) or chosen.get(d.name) != d.selection()
     ]
     if missing:
         mask = ComponentMask.load(run_dir / "mask.safetensors")
@@ -1337,6 +1338,7 @@ def refresh_run_metrics(
         metrics.setdefault("accuracy", {}).update(accuracy)
         metrics.setdefault("full_accuracy", {}).update(full)
         metrics.setdefault("eval_examples", {}).update(new_sizes)
+        metrics.setdefault("eval_selection", {}).update({d.name: d.selection() for d in missing})
         metrics.setdefault("chance_accuracy", {}).update(
             {d.name: 1.0 / d.num_labels for d in missing}
         )

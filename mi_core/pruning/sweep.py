@@ -482,19 +482,20 @@ def _full_model_accuracy(
     model: Any, evals: Sequence[PairDataset], cfg: PruneConfig, path: Path | None = None
 ) -> dict[str, float]:
     """The full model's accuracy per eval set (cached in ``path`` when given, with each set's
-    example count beside it in ``*_examples.json``: a set evaluated on other examples, e.g.
-    after ``max_eval_examples`` changed, is evaluated again)."""
+    selection (:meth:`PairDataset.selection`: its size and a digest of its examples) beside it
+    in ``*_examples.json``: a set evaluated on other examples, e.g. after ``max_eval_examples``
+    changed, is evaluated again)."""
     sizes_path = None if path is None else path.with_name(path.stem + "_examples.json")
     known: dict[str, float] = read_json(path) if path is not None and path.is_file() else {}
-    sizes: dict[str, int] = (
+    sizes: dict[str, Any] = (
         read_json(sizes_path) if sizes_path is not None and sizes_path.is_file() else {}
     )
-    missing = [d for d in evals if d.name not in known or sizes.get(d.name) != len(d)]
+    missing = [d for d in evals if d.name not in known or sizes.get(d.name) != d.selection()]
     for dataset in missing:
         known[dataset.name] = evaluate(
             model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
         ).accuracy
-        sizes[dataset.name] = len(dataset)
+        sizes[dataset.name] = dataset.selection()
     if missing and path is not None and sizes_path is not None:
         # the accuracies first: a kill between the two leaves a size that does not match, and
         # the set is evaluated again (the other order paired a new size with an old accuracy)

@@ -299,6 +299,36 @@ def test_an_unchanged_sweep_re_run_keeps_finished_runs_and_adds_their_subnetwork
     assert load_intervention(run / "subnetwork.safetensors").mask.removed() == mask.removed()
 
 
+def test_results_on_another_selection_of_the_same_size_are_measured_again(
+    model_path, means_file, tmp_path, capsys
+):
+    """The caches of eval results compared a set's name and size only: a HANS set of several
+    subcases, whose max_examples selection changed, kept numbers from the other examples."""
+    from mi_core.io import write_json
+
+    out = tmp_path / "sweep"
+    args = [a if a != "mnli:validation_matched" else "hans"
+            for a in _one_run_sweep(model_path, means_file, out)]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    run = out / "s0.30" / "seed0"
+    metrics = read_json(run / "metrics.json")
+    selection = load_pairs("hans", max_examples=16).selection()
+    assert metrics["eval_selection"]["hans"] == selection and selection.startswith("16:")
+    assert read_json(out / "full_model_examples.json")["hans"] == selection
+    # as a sweep of before: sizes only, and numbers from other examples
+    write_json(run / "metrics.json", {**metrics, "eval_selection": {},
+                                      "accuracy": {"hans": 0.123}})  # fmt: skip
+    write_json(out / "full_model.json", {"hans": 0.456})
+    write_json(out / "full_model_examples.json", {"hans": 16})
+    assert main(args) == 0, capsys.readouterr().err
+    again = read_json(run / "metrics.json")
+    assert again["accuracy"]["hans"] == pytest.approx(metrics["accuracy"]["hans"])
+    assert again["eval_selection"]["hans"] == selection
+    assert read_json(out / "full_model.json")["hans"] == pytest.approx(
+        metrics["full_accuracy"]["hans"]
+    )
+
+
 @pytest.mark.slow
 def test_a_ray_task_asking_for_more_than_the_cluster_has_is_refused(local_ray):
     """--num-gpus-per-run 1 on a cluster without a GPU waited forever, silently."""
