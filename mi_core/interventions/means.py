@@ -101,6 +101,13 @@ class ComponentMeans:
             theirs = weights_fingerprint(model)
             if theirs != self.fingerprint:
                 name = getattr(model, "model_name", None) or getattr(cfg, "model_name", "?")
+                if name == self.model_name and os.path.exists(name):  # a checkpoint changed
+                    raise InterventionError(
+                        f"means were computed for {name!r} when its weights were "
+                        f"{self.fingerprint}; they are {theirs} now (the checkpoint was "
+                        "rewritten, or its head reordered on loading since mi_core reads "
+                        "id2label); compute them again with mi-core means"
+                    )
                 raise InterventionError(
                     f"means were computed for model {self.model_name!r} (weights "
                     f"{self.fingerprint}), not for this model {name!r} (weights {theirs}); "

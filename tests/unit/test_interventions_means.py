@@ -95,3 +95,24 @@ def test_empty_data_and_bad_files(tmp_path):
     with pytest.raises(InterventionError, match="use a .safetensors name"):
         means.save(tmp_path / "means.json")
     assert not (tmp_path / "means.json").exists()
+
+
+def test_means_of_a_checkpoint_rewritten_since_say_so(tmp_path, tiny_checkpoints):
+    """The same path with other weights (a checkpoint rewritten, or its head reordered on
+    loading): the message had named the same model twice as two models."""
+    import shutil
+
+    import transformers
+
+    from mi_core.models import load_model
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoints["bert-cls"], path)
+    model = load_model(path, task="mnli")
+    means = compute_means(model, _batches()).save(tmp_path / "means.safetensors")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(path)
+    with torch.no_grad():
+        hf.classifier.bias.add_(1.0)
+    hf.save_pretrained(path)
+    with pytest.raises(InterventionError, match="when its weights were .*; they are .* now"):
+        load_means(means, load_model(path, task="mnli"))
