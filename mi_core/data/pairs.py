@@ -318,6 +318,15 @@ class PairDataset:
             digest.update(f"{a}\x1f{b}\x1f{y}\x1e".encode())
         return f"{len(self)}:{digest.hexdigest()[:16]}"
 
+    def matches(self, recorded: Any) -> bool:
+        """Whether a cache's record of a set (:meth:`selection`, or from before it existed the
+        set's size) names these examples. A size alone is trusted only where ``max_examples``
+        has always taken the first rows: a set of one subcase or none."""
+        if isinstance(recorded, str):
+            return recorded == self.selection()
+        one_group = len(set(self.meta.get("subcase", []))) < 2
+        return recorded == len(self) and one_group
+
     def spread(self, n: int, key: str = "subcase") -> PairDataset:
         """``n`` examples taken in turn from each group of ``meta[key]`` (in file order within
         a group, groups in order of first appearance), so a set of several HANS subcases keeps

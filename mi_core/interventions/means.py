@@ -101,12 +101,16 @@ class ComponentMeans:
             theirs = weights_fingerprint(model)
             if theirs != self.fingerprint:
                 name = getattr(model, "model_name", None) or getattr(cfg, "model_name", "?")
-                if name == self.model_name and os.path.exists(name):  # a checkpoint changed
+                if name == self.model_name and name not in ("custom", "?"):  # TL's unnamed
+                    why = (
+                        "the checkpoint was rewritten, or its head reordered on loading"
+                        if os.path.isabs(name)
+                        else "its head reordered on loading, another revision or head seed"
+                    )
                     raise InterventionError(
                         f"means were computed for {name!r} when its weights were "
-                        f"{self.fingerprint}; they are {theirs} now (the checkpoint was "
-                        "rewritten, or its head reordered on loading since mi_core reads "
-                        "id2label); compute them again with mi-core means"
+                        f"{self.fingerprint}; they are {theirs} now ({why}); compute them "
+                        "again with mi-core means"
                     )
                 raise InterventionError(
                     f"means were computed for model {self.model_name!r} (weights "

@@ -1323,11 +1323,12 @@ def refresh_run_metrics(
     examples (``max_eval_examples`` changed), evaluated now with the run's mask (its result;
     the accuracies follow the sets asked for) and written back."""
     metrics = read_json(run_dir / "metrics.json")
-    chosen = metrics.get("eval_selection", {})  # runs before it: measured again, once
+    # runs from before eval_selection: their sizes, where the first rows were always taken
+    chosen = metrics.get("eval_selection") or metrics.get("eval_examples", {})
     missing = [
         d
         for d in evals
-        if d.name not in metrics.get("accuracy", {}) or chosen.get(d.name) != d.selection()
+        if d.name not in metrics.get("accuracy", {}) or not d.matches(chosen.get(d.name))
     ]
     if missing:
         mask = ComponentMask.load(run_dir / "mask.safetensors")
@@ -1338,11 +1339,17 @@ def refresh_run_metrics(
         metrics.setdefault("accuracy", {}).update(accuracy)
         metrics.setdefault("full_accuracy", {}).update(full)
         metrics.setdefault("eval_examples", {}).update(new_sizes)
-        metrics.setdefault("eval_selection", {}).update({d.name: d.selection() for d in missing})
+        metrics["eval_selection"] = {
+            **metrics.get("eval_selection", {}),
+            **{d.name: d.selection() for d in missing},
+        }
         metrics.setdefault("chance_accuracy", {}).update(
             {d.name: 1.0 / d.num_labels for d in missing}
         )
-        write_json(run_dir / "metrics.json", metrics)
+        try:
+            write_json(run_dir / "metrics.json", metrics)
+        except OutputError as exc:  # a finished run kept read-only: report, do not fail
+            logger.warning("%s; its new numbers are reported but not kept", exc)
     return metrics
 
 

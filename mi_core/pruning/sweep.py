@@ -490,7 +490,7 @@ def _full_model_accuracy(
     sizes: dict[str, Any] = (
         read_json(sizes_path) if sizes_path is not None and sizes_path.is_file() else {}
     )
-    missing = [d for d in evals if d.name not in known or sizes.get(d.name) != d.selection()]
+    missing = [d for d in evals if d.name not in known or not d.matches(sizes.get(d.name))]
     for dataset in missing:
         known[dataset.name] = evaluate(
             model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length

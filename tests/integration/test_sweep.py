@@ -327,6 +327,31 @@ def test_results_on_another_selection_of_the_same_size_are_measured_again(
     assert read_json(out / "full_model.json")["hans"] == pytest.approx(
         metrics["full_accuracy"]["hans"]
     )
+    # a finished run kept read-only is measured again and reported, not a failed re-run
+    write_json(run / "metrics.json", {**again, "eval_selection": {}})
+    (run / "metrics.json").chmod(0o444)
+    assert main(args) == 0, capsys.readouterr().err
+    (run / "metrics.json").chmod(0o644)
+
+
+def test_results_of_before_the_selection_digest_keep_their_first_rows(
+    model_path, means_file, tmp_path, capsys
+):
+    """A run from before eval_selection on a set whose first rows were always taken (MNLI) is
+    not measured again: its recorded size still names its examples."""
+    from mi_core.io import write_json
+
+    out = tmp_path / "sweep"
+    args = _one_run_sweep(model_path, means_file, out)
+    assert main(args) == 0, capsys.readouterr().err
+    run = out / "s0.30" / "seed0"
+    metrics = read_json(run / "metrics.json")
+    name = "mnli:validation_matched"
+    old = {k: v for k, v in metrics.items() if k != "eval_selection"}
+    write_json(run / "metrics.json", {**old, "accuracy": {name: 0.123}})
+    write_json(out / "full_model_examples.json", {name: 16})
+    assert main(args) == 0, capsys.readouterr().err
+    assert read_json(run / "metrics.json")["accuracy"][name] == 0.123  # trusted, not redone
 
 
 @pytest.mark.slow

@@ -116,3 +116,10 @@ def test_means_of_a_checkpoint_rewritten_since_say_so(tmp_path, tiny_checkpoints
     hf.save_pretrained(path)
     with pytest.raises(InterventionError, match="when its weights were .*; they are .* now"):
         load_means(means, load_model(path, task="mnli"))
+    # a hub model's name is no path: the message still says it is the same model
+    hub = compute_means(model, _batches())
+    hub.model_name = "org/model"
+    changed = load_model(path, task="mnli")
+    changed.model_name = "org/model"
+    with pytest.raises(InterventionError, match="'org/model' when its weights were .* head seed"):
+        hub.check_model(changed)
