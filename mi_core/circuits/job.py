@@ -80,9 +80,25 @@ def load_circuit_pairs(model: Any, config: CircuitData) -> PromptPairs:
     return hans_pairs(model.tokenizer, subcase, names, n=config.n_examples)
 
 
+def _check_data_fits(config: CircuitData) -> None:
+    """Before the model loads (a minute for a large one): ioi needs a language model and
+    hans-pairs an NLI classifier, by what the checkpoint's config says it loads as."""
+    from mi_core.models.loading import loads_as_classifier
+
+    classifier = loads_as_classifier(config.model, config.task)
+    if config.data == "ioi" and classifier:
+        raise DataError("ioi is a language-model task; classifiers take hans-pairs:<subcase>")
+    if config.data != "ioi" and not classifier:
+        raise DataError(
+            f"{config.data} needs an NLI classifier; {config.model} loads as a language model "
+            "(give --task mnli for a classifier checkpoint or a pretrained body)"
+        )
+
+
 def _prepare(config: CircuitData) -> tuple[Any, PromptPairs, PromptPairs, torch.Tensor | None]:
     from mi_core.models import load_model
 
+    _check_data_fits(config)
     model = load_model(config.model, task=config.task, device=str(config.torch_device()))
     pairs = load_circuit_pairs(model, config).to(next(model.parameters()).device)
     if len(pairs) < 2:

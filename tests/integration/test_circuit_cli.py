@@ -210,6 +210,28 @@ def test_bad_circuit_input_is_one_line(tmp_path, capsys, tiny_checkpoints, extra
     assert says in err and len(err.splitlines()) == 1
 
 
+def test_data_of_the_other_kind_of_model_is_refused_before_it_loads(
+    tmp_path, capsys, tiny_checkpoints, monkeypatch
+):
+    """hans-pairs on a language model was refused only after the load (26 s for SmolLM2)."""
+    import mi_core.models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(mi_core.models, "load_model", no_load)
+    cases = [(tiny_checkpoints["gpt2-lm"], [], "hans-pairs:ln_subject/object_swap",
+              "needs an NLI classifier; "),
+             (tiny_checkpoints["bert-cls"], ["--task", "mnli"], "ioi",
+              "ioi is a language-model task")]  # fmt: skip
+    for model, task, data, says in cases:
+        argv = ["circuit", "attribute", "--model", str(model), *task, "--data", data,
+                "--out", str(tmp_path / "o")]  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("kind", ["bert-cls", "gpt2-cls"])
 def test_hans_pairs_are_encoded_as_the_classifier_was_trained(kind, tiny_checkpoints, data_dir):
     from mi_core.data.circuit_pairs import hans_pairs
