@@ -67,25 +67,20 @@ __all__ = [
 
 def load_circuit_pairs(model: Any, config: CircuitData) -> PromptPairs:
     """The pairs of ``config.data`` for ``model``."""
+    classifier = getattr(model, "task", None) is not None or getattr(model, "is_encoder", False)
+    _check_fits(config, classifier)
     if config.data == "ioi":
-        if getattr(model, "task", None) is not None or getattr(model, "is_encoder", False):
-            raise DataError("ioi is a language-model task; classifiers take hans-pairs:<subcase>")
         return ioi_pairs(model.tokenizer, n=config.n_examples, seed=config.data_seed)
     subcase = config.data.removeprefix("hans-pairs:")
-    if getattr(model, "task", None) is None:
-        raise DataError(f"{config.data} needs an NLI classifier (load the model with a task)")
     names = list(model.label_names)
     if "entailment" not in [n.lower() for n in names] and model.task == "mnli":
         names = list(MNLI_LABELS)  # generic LABEL_i names: the task's own order
     return hans_pairs(model.tokenizer, subcase, names, n=config.n_examples)
 
 
-def _check_data_fits(config: CircuitData) -> None:
-    """Before the model loads (a minute for a large one): ioi needs a language model and
-    hans-pairs an NLI classifier, by what the checkpoint's config says it loads as."""
-    from mi_core.models.loading import loads_as_classifier
-
-    classifier = loads_as_classifier(config.model, config.task)
+def _check_fits(config: CircuitData, classifier: bool) -> None:
+    """ioi needs a language model and hans-pairs an NLI classifier. Checked from the
+    checkpoint's config before the model loads (a minute for a large one), and on the model."""
     if config.data == "ioi" and classifier:
         raise DataError("ioi is a language-model task; classifiers take hans-pairs:<subcase>")
     if config.data != "ioi" and not classifier:
@@ -97,8 +92,9 @@ def _check_data_fits(config: CircuitData) -> None:
 
 def _prepare(config: CircuitData) -> tuple[Any, PromptPairs, PromptPairs, torch.Tensor | None]:
     from mi_core.models import load_model
+    from mi_core.models.loading import loads_as_classifier
 
-    _check_data_fits(config)
+    _check_fits(config, loads_as_classifier(config.model, config.task))
     model = load_model(config.model, task=config.task, device=str(config.torch_device()))
     pairs = load_circuit_pairs(model, config).to(next(model.parameters()).device)
     if len(pairs) < 2:
@@ -169,8 +165,8 @@ def _start_writing(out: Path) -> None:
 def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dict[str, Any],
                   title: str) -> None:  # fmt: skip
     """Scores (attribution scores, or an edge-pruning run's log_alpha with method
-    ``edge-pruning``), edge names, the circuit, MIB JSON, the summary and the graph page."""
-    _start_writing(out)
+    ``edge-pruning``), edge names, the circuit, MIB JSON, the summary and the graph page
+    (after :func:`_start_writing`)."""
     graph = scores.graph
     scores.save(out / "scores.safetensors")
     write_json(out / "edges.json", graph.edge_names)

@@ -94,7 +94,8 @@ def apply(model: Any, *interventions: Intervention) -> Iterator[Any]:
             if isinstance(intervention, Intervention):
                 claims.enter_context(_prepared(model, intervention))
         edges = [i for i in interventions if isinstance(i, EdgeMask)]
-        hooks = intervention_hooks(model, [i for i in interventions if not isinstance(i, EdgeMask)])
+        nodes = [i for i in interventions if not isinstance(i, EdgeMask)]
+        hooks = intervention_hooks(model, nodes)
         for intervention in interventions:
             if isinstance(intervention, Subnetwork):  # one fill per removed component
                 claims.enter_context(removal_claims(model, intervention.mask, intervention.fill))

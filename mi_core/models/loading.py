@@ -534,15 +534,17 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def loads_as_classifier(
-    name_or_path: str | os.PathLike[str] | Any,
+    name_or_path: str | os.PathLike[str],
     task: str | None = None,
     num_labels: int | None = None,
 ) -> bool:
     """Whether :func:`load_model` loads this checkpoint as a sequence classifier (a task or a
     label count given, a classifier checkpoint, or a body that is no causal LM) rather than as
     a language model; reads its config only, so a job can check its data before the load."""
-    source = name_or_path if isinstance(name_or_path, ModelSource) else resolve_source(name_or_path)
-    arch = _architecture(source)
+    return _classifier_arch(_architecture(resolve_source(name_or_path)), task, num_labels)
+
+
+def _classifier_arch(arch: str, task: str | None, num_labels: int | None) -> bool:
     return (
         task is not None
         or num_labels is not None
@@ -591,10 +593,11 @@ def load_model(
     device = str(resolve_device(str(device)))  # a device this machine lacks: one clear line
     dtype = _as_dtype(dtype)
     source = resolve_source(name_or_path)
-    if loads_as_classifier(source, task, num_labels):
+    arch = _architecture(source)
+    if _classifier_arch(arch, task, num_labels):
         hf_model, tokenizer, task = load_hf_classifier(source.name, task, num_labels, seed)
         model = hooked_classifier_from_hf(hf_model, tokenizer, task, device=device, dtype=dtype)
-        model.head_from_checkpoint = _architecture(source) in CLASSIFIER_ARCHITECTURES
+        model.head_from_checkpoint = arch in CLASSIFIER_ARCHITECTURES
     else:
         model = _load_causal_lm(source, device, dtype, fold_ln, fold_value_biases)
         enable_lm_fast_paths(model)  # no per-call weight copies in the MLPs and unembedding
