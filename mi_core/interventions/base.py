@@ -78,10 +78,12 @@ def apply(model: Any, *interventions: Intervention) -> Iterator[Any]:
     """Context manager: inside it, ``model`` runs with every intervention applied.
 
     An intervention may switch on what it needs for the span of the block (its optional
-    ``prepare(model)``: an edge mask turns on per-head query / key / value inputs). Their hooks
-    go before any hook already on the model (so ``run_with_cache`` and later hooks
-    see the intervened activations); at a shared hook point the first intervention acts first.
-    An edge mask's hooks go *after* every hook already there, whatever the order or nesting:
+    ``prepare(model)``: an edge mask turns on per-head query / key / value inputs). The hooks
+    of subnetworks and neuron masks go before any hook already on the model (so
+    ``run_with_cache`` and later hooks see the intervened activations); at a shared hook point
+    the first intervention acts first. An edge mask's hooks go *after* every hook already
+    there, whatever the order or nesting (``run_with_cache`` inside the block still sees its
+    effect):
     it reads each sender's output and the residual stream as the model computes them, so a
     subnetwork applied with it (in the same call or around it) and hooks already on the model
     (``model.add_hook``, an enclosing ``hooks()`` block) act first. Hooks added inside the
