@@ -322,3 +322,25 @@ def test_effective_size_reads_the_stages_out_of_domain_sets_not_its_groups(tmp_p
         "Spearman with out-of-domain accuracy 1.00"
         in table.set_index("finding").loc[name, "this run"]
     )
+
+
+def test_subnetworks_that_removed_nothing_do_not_count_as_agreeing(tmp_path):
+    """Runs whose gates never left the full model (n_removed 0) had made "subnetworks agree
+    in-domain: reproduced" on a run where no 30 % subnetwork removed anything."""
+    root = _write(tmp_path / "run")
+    runs = pd.read_csv(root / "analysis" / "subnetworks.csv")
+    runs["n_removed"] = [0, 0, 0, 5, 5, 5]  # the 50 % runs: the full model itself
+    runs["acc_mnli"] = [0.82, 0.82, 0.82, 0.6, 0.6, 0.6]
+    runs.to_csv(root / "analysis" / "subnetworks.csv", index=False)
+    verdicts, table = _verdicts(root)
+    row = table.set_index("finding").loc["Subnetworks agree in-domain", "this run"]
+    assert verdicts["Subnetworks agree in-domain"] == NOT_MEASURABLE
+    assert "3 of 3 runs at 50% removed nothing" in row and "need 2 pruned" in row
+    assert verdicts["Subnetworks spread out-of-domain"] == NOT_MEASURABLE
+    runs["n_removed"] = [0, 4, 4, 5, 5, 5]  # one left out, two judged
+    runs["acc_mnli"] = [0.82, 0.81, 0.70, 0.6, 0.6, 0.6]
+    runs.to_csv(root / "analysis" / "subnetworks.csv", index=False)
+    verdicts, table = _verdicts(root)
+    row = table.set_index("finding").loc["Subnetworks agree in-domain", "this run"]
+    assert verdicts["Subnetworks agree in-domain"] == NOT_REPRODUCED  # 1 of the 2 pruned
+    assert row.startswith("1 of 2 subnetworks at 50%") and "1 of 3 runs" in row

@@ -87,28 +87,47 @@ def _subnetwork_findings(
     ood = [n for n in names if n not in ids]
     full = {n: float(runs[f"full_acc_{n}"].iloc[0]) for n in names}
     full_id = sum(full[n] for n in ids) / len(ids)
-    lowest = runs[runs["sparsity"] == runs["sparsity"].min()]
+    at_lowest = runs[runs["sparsity"] == runs["sparsity"].min()]
+    sparsity = float(at_lowest["sparsity"].iloc[0])
+    # a run whose gates never left the full model removed nothing: it is the full model, and
+    # would "agree" with it trivially
+    pruned = at_lowest["n_removed"].astype(float) > 0 if "n_removed" in at_lowest else None
+    lowest = at_lowest if pruned is None else at_lowest[pruned]
+    unpruned = len(at_lowest) - len(lowest)
+    left_out = (
+        f"; {unpruned} of {len(at_lowest)} runs at {sparsity:.0%} removed nothing (their gates "
+        "did not converge) and are left out"
+        if unpruned
+        else ""
+    )
     id_acc = lowest[[f"acc_{n}" for n in ids]].astype(float).mean(axis=1)
-    sparsity = float(lowest["sparsity"].iloc[0])
     gaps = full_id - id_acc
     faithful = gaps <= 0.03 + 1e-12
     within = int(faithful.sum())
     at_chance = chance is not None and full_id < chance + 0.03
     why_chance = (
-        f"; the full model is within 3 points of chance in-domain ({_pct(full_id)}, chance "
-        f"{_pct(chance or 0.0)}): there is no behaviour to agree on"
+        f"; the full model is within 3 points of chance in-domain, or below it "
+        f"({_pct(full_id)}, chance {_pct(chance or 0.0)}): there is no behaviour to agree on"
     )
+    if len(lowest) < 2 or at_chance:
+        verdict = NOT_MEASURABLE
+    else:
+        verdict = REPRODUCED if within == len(lowest) else NOT_REPRODUCED
     rows = [
         _row(
             "Subnetworks agree in-domain",
             "all 12 subnetworks at 50 % within 2-3 points of the full model (MNLI 83.3 -> 81.3 "
             "mean)",
-            f"{within} of {len(lowest)} subnetworks at {sparsity:.0%} within 3 points "
-            f"(full {_pct(full_id)}, largest gap {100 * float(gaps.max()):.1f} points)"
+            f"{within} of {len(lowest)} subnetworks at {sparsity:.0%} within 3 points"
+            + (
+                f" (full {_pct(full_id)}, largest gap {100 * float(gaps.max()):.1f} points)"
+                if len(lowest)
+                else ""
+            )
+            + left_out
+            + ("; need 2 pruned subnetworks" if len(lowest) < 2 else "")
             + (why_chance if at_chance else ""),
-            NOT_MEASURABLE
-            if at_chance
-            else (REPRODUCED if within == len(lowest) else NOT_REPRODUCED),
+            verdict,
         )
     ]
     context = {"full": full, "in_domain": ids, "ood": ood,
