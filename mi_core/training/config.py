@@ -55,8 +55,9 @@ class FinetuneSettings(Config):
 
     def validate(self) -> None:
         super().validate()
-        if self.steps < 1 or self.save_every < 1:
-            raise ConfigError(f"steps ({self.steps}) and save_every must be at least 1")
+        for name in ("steps", "save_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.save_total_limit is not None and self.save_total_limit < 2:
             raise ConfigError(
                 f"save_total_limit must be at least 2 (resuming falls back to the checkpoint "

@@ -193,6 +193,9 @@ def test_validation_is_one_place_and_one_line():
         SweepConfig.from_dict({**JOBS[5][3], "sparsity": 0.5})
     with pytest.raises(ConfigError, match="missing required key"):
         FinetuneConfig.from_dict({"model": "m"})
+    job = {"model": "m", "task": "mnli", "train": "mnli:train", "out": "o", "steps": 10}
+    with pytest.raises(ConfigError, match=r"^save_every must be at least 1, got 0$"):
+        FinetuneConfig.from_dict({**job, "save_every": 0})  # it had named steps, which was fine
     with pytest.raises(ConfigError, match="must be an integer"):
         PruneConfig.from_dict({**make_prune_config("quick", 0.5, 1).to_dict(), "steps": "5"})
 
