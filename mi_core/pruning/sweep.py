@@ -625,6 +625,7 @@ def run_sweep(
                         [r.run_dir for r in group],
                         eval_sets=evals,
                         task=task,
+                        max_eval_examples=max_eval_examples,  # recorded as the sweep asked it
                         reference_logits_path=ref_path,
                         full_accuracy=full,
                         progress=progress,

@@ -289,6 +289,7 @@ def test_an_unchanged_sweep_re_run_keeps_finished_runs_and_adds_their_subnetwork
     assert main(args) == 0, capsys.readouterr().err
     run = out / "s0.30" / "seed0"
     config = (run / "config.json").read_bytes()
+    assert read_json(run / "config.json")["max_eval_examples"] == 16  # what it used, not null
     (run / "subnetwork.safetensors").unlink()
     (run / "config.json").chmod(0o444)
     assert main(args) == 0, capsys.readouterr().err
