@@ -691,14 +691,13 @@ def load_pairs(
     root = resolve_data_dir(data_dir)
     if family in _GLUE_SPLITS:
         ds = _load_glue(family, sel, root, max_examples)
-    elif family == "hans":  # several subcases: each in proportion, not the first ones only
+    elif family == "hans":
         ds = _load_hans(sel, root)
-        _check_task(ds.name, ds.task, task)
-        return ds.spread(max_examples) if max_examples is not None else ds
     else:
         ds = _load_paws(sel, root)
     _check_task(ds.name, ds.task, task)
-    return ds.head(max_examples) if max_examples is not None else ds
+    # the first rows, or of several HANS subcases each in turn (spread is head otherwise)
+    return ds.spread(max_examples) if max_examples is not None else ds
 
 
 def _load_glue(family: str, split: str, root: Path | None, max_examples: int | None) -> PairDataset:

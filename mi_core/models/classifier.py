@@ -380,23 +380,21 @@ class HookedClassifier:
                 input_ids = torch.as_tensor(input_ids, dtype=torch.long)
             except (TypeError, ValueError, RuntimeError) as exc:
                 raise ModelInputError(f"input_ids must be token ids, not {exc}") from None
+        attention_mask, token_type_ids = (
+            None if v is None else torch.as_tensor(v, device=input_ids.device)
+            for v in (attention_mask, token_type_ids)
+        )
         if input_ids.ndim == 1:  # one text, as TransformerLens's tokens[None]
             input_ids = input_ids[None]
-
-            def one_row(value: Any) -> Any:
-                value = None if value is None else torch.as_tensor(value)
-                return value[None] if value is not None and value.ndim == 1 else value
-
-            attention_mask, token_type_ids = one_row(attention_mask), one_row(token_type_ids)
+            attention_mask, token_type_ids = (
+                v[None] if v is not None and v.ndim == 1 else v
+                for v in (attention_mask, token_type_ids)
+            )
         if input_ids.ndim != 2:
             raise ModelInputError(
                 "input_ids must be [batch, pos] (or one text's [pos]), got "
                 f"{tuple(input_ids.shape)}"
             )
-        if attention_mask is not None:
-            attention_mask = torch.as_tensor(attention_mask, device=input_ids.device)
-        if token_type_ids is not None:
-            token_type_ids = torch.as_tensor(token_type_ids, device=input_ids.device)
         for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if value is not None and tuple(value.shape) != tuple(input_ids.shape):
                 raise ModelInputError(
