@@ -16,9 +16,12 @@ def add_parser(subparsers) -> None:
         help=command_help("effective-size"),
         description="For every DIR/checkpoint-<step>: compute means on --train (unless --means), "
         "prune at every sparsity and seed (a sweep under OUT/checkpoint-<step>/sweep, resumable, "
-        "local or on Ray), and report the largest sparsity whose mean accuracy over seeds stays "
-        "within --margin of that checkpoint's full model on the in-domain set (the first --eval), "
-        "the out-of-domain sets and their equal mix; effective size = 100 - that sparsity (in %). "
+        "local or on Ray), and report the effective size = 100 - the largest sparsity that stays "
+        "within --margin of that checkpoint's full model (in %), in-domain (the sets of --train's "
+        "data set, e.g. MNLI matched and mismatched), out-of-domain (the other --eval sets) and "
+        "mixed. --method authors (the default, their mnli-effective-size.py): each seed's largest "
+        "strictly faithful sparsity, averaged over seeds, mixed = the mean of every set; --method "
+        "paper (the paper's text): the mean accuracy over seeds judged, mixed = (in + out) / 2. "
         "Writes OUT/effective_size.csv, faithfulness.csv, accuracy.csv, full_accuracy.csv and "
         "effective_size.html.",
     )

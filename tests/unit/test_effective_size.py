@@ -130,8 +130,9 @@ def test_larger_margin_and_single_ood_set():
 
 def test_faithfulness_table_averages_seeds():
     table = faithfulness_table(
-        _results(), _full_frame(), id_datasets="mnli", ood_datasets=["hans", "paws"]
-    )
+        _results(), _full_frame(), id_datasets="mnli", ood_datasets=["hans", "paws"],
+        method="paper",
+    )  # fmt: skip
     assert len(table) == 2 * 3 * len(SPARSITIES)
     assert (table["n_seeds"] == 3).all()
     # Per-seed offsets are +-0.02 on every dataset, so every combined accuracy has std 0.02.
@@ -282,7 +283,11 @@ def test_authors_method_is_per_seed_strict_then_mean():
             for k in (0, 1)
         ]  # fmt: skip
         assert 100 - 100 * np.mean(largest) == pytest.approx(sizes.loc[target, "effective_size"])
-    paper_table = faithfulness_table(results, full, id_datasets=["m", "mm"], ood_datasets=["ood"])
+    # the default judges as effective_size's default does (the authors' script)
+    default = faithfulness_table(results, full, id_datasets=["m", "mm"], ood_datasets=["ood"])
+    pd.testing.assert_frame_equal(default.set_index(["target", "sparsity"]), table)
+    paper_table = faithfulness_table(results, full, id_datasets=["m", "mm"], ood_datasets=["ood"],
+                                     method="paper")  # fmt: skip
     mixed_paper = paper_table.set_index(["target", "sparsity"]).loc[("mixed", 0.1)]
     assert mixed_paper["full_accuracy"] == pytest.approx((0.82 + 0.50) / 2)  # the paper's mix
     # nothing faithful for any seed: 100
@@ -309,6 +314,29 @@ def test_pre_generalisation_checkpoint():
     flat = metrics.assign(accuracy=0.01)
     never = pre_generalisation_checkpoint(flat, ["hans:a"], [100, 200])
     assert never["rise_step"] is None and never["checkpoint_step"] is None
+
+
+def test_the_rise_is_measured_from_the_trained_floor_not_the_untrained_head():
+    """Step 0 is the untrained head, which scores high on HANS (all non-entailment) by answering
+    mostly non-entailment; the fine-tuned model falls into the heuristic regime and rises late.
+    Measured from step 0 (0.594) the rise to 0.567 was never found."""
+    from mi_core.analysis.generalisation import pre_generalisation_checkpoint
+
+    steps = [0, 500, 1000, 1500, 2000, 2500, 3000]
+    ood = [0.594, 0.05, 0.04, 0.045, 0.065, 0.30, 0.567]  # 0.065 - 0.04 is within the margin
+    metrics = pd.DataFrame(
+        [(s, "hans:a", a) for s, a in zip(steps, ood, strict=True)],
+        columns=["step", "dataset", "accuracy"],
+    )
+    found = pre_generalisation_checkpoint(metrics, ["hans:a"], steps[1:])
+    assert found["rise_step"] == 2500 and found["checkpoint_step"] == 2000
+    assert found["ood_floor"] == pytest.approx(0.04)  # the lowest value before the rise
+    assert found["ood_untrained"] == pytest.approx(0.594)
+    assert found["ood_at_checkpoint"] == pytest.approx(0.065)
+    # a model that stays in the heuristic regime after step 0 never rises, whatever step 0 was
+    flat = metrics.assign(accuracy=[0.594, 0.05, 0.04, 0.045, 0.05, 0.04, 0.06])
+    never = pre_generalisation_checkpoint(flat, ["hans:a"], steps[1:])
+    assert never["rise_step"] is None and never["ood_floor"] == pytest.approx(0.04)
     with pytest.raises(ConfigError):
         pre_generalisation_checkpoint(metrics, ["qqp"], [100])
 

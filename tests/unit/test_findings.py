@@ -159,7 +159,7 @@ def test_core_before_finding(tmp_path):
     root = _write(tmp_path / "run")
     (root / "core_before").mkdir()
     info = {
-        "rise_step": 300, "checkpoint_step": 200, "ood_start": 0.01, "ood_at_rise": 0.3,
+        "rise_step": 300, "checkpoint_step": 200, "ood_floor": 0.01, "ood_at_rise": 0.3,
         "final_core": ["L0.H0", "L1.H1"], "final_core_present": ["L0.H0", "L1.H1"],
         "core": ["L0.H0", "L1.H1", "L2.H2"], "n_subnetworks": 4,
     }  # fmt: skip
@@ -169,6 +169,9 @@ def test_core_before_finding(tmp_path):
     assert _verdicts(root)[0][name] == REPRODUCED
     path.write_text(json.dumps({**info, "final_core_present": ["L0.H0"]}))
     assert _verdicts(root)[0][name] == NOT_REPRODUCED
+    # every subnetwork of the checkpoint kept everything: no core to compare
+    path.write_text(json.dumps({**info, "core": [], "n_subnetworks": 0, "n_left_out": 4}))
+    assert _verdicts(root)[0][name] == NOT_MEASURABLE
     path.write_text(json.dumps({**info, "rise_step": None, "checkpoint_step": None}))
     verdicts, table = _verdicts(root)
     assert verdicts[name] == NOT_MEASURABLE
@@ -222,6 +225,25 @@ def test_ablations_that_raise_accuracy_are_not_superadditive_harm(tmp_path):
     assert verdicts[name] == NOT_REPRODUCED
     assert (
         "joint change +5.0 points (the joint ablation does not hurt)"
+        in (frame.set_index("finding").loc[name, "this run"])
+    )
+
+
+def test_superadditivity_within_the_margin_is_not_the_paper_s_joint_harm(tmp_path):
+    """The claim needs the joint drop to exceed the singles' sum by the 3-point margin the
+    single-head claim uses: +0.5 on one set (noise on a few hundred examples) is not it, +5 is;
+    the mean over the out-of-domain sets is printed beside the set picked."""
+    root = _write(tmp_path / "run")
+    name = "Joint ablation of core heads is superadditive"
+    path = root / "ablation" / "ablation_table.csv"
+    table = pd.read_csv(path)
+    assert _verdicts(root)[0][name] == REPRODUCED  # superadditivity +5.0, joint -27
+    table.loc[table["kind"] == "superadditivity", "hans"] = 0.5
+    table.to_csv(path, index=False)
+    verdicts, frame = _verdicts(root)
+    assert verdicts[name] == NOT_REPRODUCED
+    assert (
+        "mean superadditivity over the 1 out-of-domain sets +0.5"
         in (frame.set_index("finding").loc[name, "this run"])
     )
 

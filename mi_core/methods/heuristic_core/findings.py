@@ -20,10 +20,12 @@ core heads are shallow         at least one core head attends mostly to tokens r
                                across the pair (the ``overlap`` attention class)
 core ablation hurts OOD        ablating some core head lowers out-of-domain accuracy at
                                least 3 points more than in-domain accuracy
-joint ablation superadditive   some joint ablation lowers an out-of-domain accuracy, by more
-                               than the sum of its heads' single drops (superadditivity > 0
-                               and a joint drop > 0: ablations that all raise accuracy
-                               against a ceiling are not superadditive harm)
+joint ablation superadditive   some joint ablation lowers an out-of-domain accuracy, by at
+                               least 3 points more than the sum of its heads' single drops
+                               (superadditivity >= 3, the margin of the single-head claim, and
+                               a joint drop > 0: ablations that all raise accuracy against a
+                               ceiling are not superadditive harm); the row names the set and
+                               gives the mean over every out-of-domain set beside it
 effective size rises           out-of-domain effective size correlates positively with the
                                full model's out-of-domain accuracy over checkpoints
 core before generalisation     every head of the final core is in every subnetwork of the
@@ -281,13 +283,19 @@ def _ablation_findings(table: pd.DataFrame | None, context: dict[str, Any]) -> l
             for n in ood_cols:
                 joint = joints[f"{n} change"].get(name, math.nan) if len(joints) else math.nan
                 candidates.append((float(row[n]), -float(joint), name, n))
-        # the claim: a joint ablation that hurts, by more than its singles together
-        best = max(candidates, key=lambda c: (c[0] > 0 and c[1] > 0, c[0]))
+        # the claim: a joint ablation that hurts, by more than its singles together, by at least
+        # the 3-point margin the single-head finding uses (the paper's faithfulness margin); on
+        # the set where it is largest (the paper's example is SO-Swap), with the mean over every
+        # out-of-domain set beside it, so a best-of-many pick is visible as one
+        best = max(candidates, key=lambda c: (c[0] >= 3 and c[1] > 0, c[0]))
         value, drop, name, data = best
-        harms = value > 0 and drop > 0
+        harms = value >= 3 and drop > 0
+        mean = sum(c[0] for c in candidates if c[2] == name) / len(ood_cols)
         text = (
             f"{name} on {data}: superadditivity {value:+.1f} points, joint change "
-            f"{-drop:+.1f} points" + ("" if drop > 0 else " (the joint ablation does not hurt)")
+            f"{-drop:+.1f} points"
+            + ("" if drop > 0 else " (the joint ablation does not hurt)")
+            + f"; mean superadditivity over the {len(ood_cols)} out-of-domain sets {mean:+.1f}"
         )
         rows.append(
             _row(
@@ -346,7 +354,8 @@ def _core_before_finding(info: dict[str, Any] | None) -> dict[str, str]:
         return _row(
             name,
             paper,
-            f"out-of-domain accuracy never rises (from {_pct(info['ood_start'])}): the model "
+            f"out-of-domain accuracy never rises (from its floor "
+            f"{_pct(info.get('ood_floor', info.get('ood_start')))}): the model "
             "never generalises",
             NOT_MEASURABLE,
         )
@@ -355,6 +364,13 @@ def _core_before_finding(info: dict[str, Any] | None) -> dict[str, str]:
     final, present = info["final_core"], info["final_core_present"]
     if not final:
         return _row(name, paper, "the final model has no core", NOT_MEASURABLE)
+    if info.get("n_subnetworks") == 0:
+        return _row(
+            name,
+            paper,
+            f"none of checkpoint {info['checkpoint_step']}'s subnetworks removed anything",
+            NOT_MEASURABLE,
+        )
     return _row(
         name,
         paper,

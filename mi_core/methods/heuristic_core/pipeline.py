@@ -488,20 +488,30 @@ class HeuristicCoreExperiment:
         summary["final_core"] = SubnetworkComparison.load(self.layout.analysis).core
         step = found["checkpoint_step"]
         if step is not None:
+            # one folder per checkpoint: a rule or margin that picks another checkpoint starts
+            # afresh there, and finished runs of the same checkpoint are kept
+            where = out / f"checkpoint-{step}"
             model = load_model(saved[step], task=c.task, device=self.device)
-            means = out / "means.safetensors"
+            means = where / "means.safetensors"
             if not means.is_file():
+                where.mkdir(parents=True, exist_ok=True)
                 compute_checkpoint_means(model, c.data.train, means, self.train_cap)
             ray = p.executor == "ray"
             self._prune_grid(
-                out / "sweep", p.sparsities, p.seeds, str(saved[step]) if ray else model, means
+                where / "sweep", p.sparsities, p.seeds, str(saved[step]) if ray else model, means
             )
-            results = load_sweep(out / "sweep", sparsities=p.sparsities, seeds=p.seeds)
-            masks = torch.cat(list(results.masks_by_sparsity().values()))
-            core = core_heads(masks)
+            results = load_sweep(where / "sweep", sparsities=p.sparsities, seeds=p.seeds)
+            # a subnetwork that removed nothing (gates that never moved) holds every head
+            # trivially: left out of the core, as the findings leave it out of agreement
+            pruned = (results.runs["n_removed"].astype(int) > 0).tolist()
+            masks = results.head_masks()  # in the order of results.runs
+            kept = masks[torch.tensor(pruned, dtype=torch.bool)]
+            core = core_heads(kept) if len(kept) else []
             summary.update(
                 core=core,
-                n_subnetworks=int(masks.shape[0]),
+                n_subnetworks=int(kept.shape[0]),
+                n_left_out=int(masks.shape[0] - kept.shape[0]),
+                run_folder=str(where.relative_to(self.out)),
                 final_core_present=[h for h in summary["final_core"] if h in core],
             )
         write_json(self.layout.core_before_summary, summary)

@@ -559,8 +559,7 @@ def _effective_size_section(tables: ExperimentTables) -> ReportSection | None:
             step_col="step",
             title="Figure 6: accuracy and effective size over training",
         ),
-        "Effective size: 100 minus the largest sparsity whose mean accuracy over seeds stays "
-        "within the margin of the checkpoint's full model (in-domain, out-of-domain, mixed).",
+        _effective_size_rule(sizes),
     )
     section.table(
         sizes,
@@ -568,6 +567,33 @@ def _effective_size_section(tables: ExperimentTables) -> ReportSection | None:
         f"({_file(tables, tables.layout.effective_size_file('effective_size'))}).",
     )
     return section
+
+
+def _effective_size_rule(sizes: pd.DataFrame) -> str:
+    """How the effective sizes shown were computed (the table says which method made it)."""
+    if "method" in sizes.columns and (sizes["method"] == "authors").all():
+        return (
+            "Effective size as the authors' script computes it: for each seed, 100 minus the "
+            "largest sparsity whose accuracy stays strictly within the margin of the "
+            "checkpoint's full model, then the mean over seeds; in-domain is the mean of the "
+            "in-domain sets, out-of-domain of the others, mixed the mean of every set."
+        )
+    return (
+        "Effective size as the paper's text defines it: 100 minus the largest sparsity whose "
+        "mean accuracy over seeds stays within the margin of the checkpoint's full model; "
+        "mixed is the equal mix of in-domain and out-of-domain."
+    )
+
+
+def _ood_floor(info: dict[str, Any]) -> Any:
+    """The value the rise was measured from (``ood_start`` in summaries written before the
+    step-0 evaluation was left out)."""
+    return info.get("ood_floor", info.get("ood_start"))
+
+
+def _left_out(info: dict[str, Any]) -> str:
+    n = int(info.get("n_left_out") or 0)
+    return f" ({n} that removed nothing left out)" if n else ""
 
 
 def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
@@ -578,8 +604,8 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
     if info.get("rise_step") is None:
         section.text(
             f"The full model's out-of-domain accuracy never rose more than the margin above its "
-            f"first evaluation ({_format(info.get('ood_start'), 3)}): it never left the "
-            "heuristic regime, so there is no checkpoint before generalisation to prune."
+            f"floor (its lowest value after step 0: {_format(_ood_floor(info), 3)}): it never "
+            "left the heuristic regime, so there is no checkpoint before generalisation to prune."
         )
     elif info.get("checkpoint_step") is None:
         section.text(
@@ -590,9 +616,11 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
         present = info.get("final_core_present", [])
         section.text(
             f"Out-of-domain accuracy starts to rise at step {info['rise_step']} "
-            f"({_format(info['ood_start'], 3)} -> {_format(info['ood_at_rise'], 3)}); checkpoint "
+            f"from its floor ({_format(_ood_floor(info), 3)} -> {_format(info['ood_at_rise'], 3)}"
+            f"; step 0, the untrained head, is not counted); checkpoint "
             f"{info['checkpoint_step']} is the last before it. Its {info['n_subnetworks']} "
-            f"subnetworks share {len(info['core'])} heads: {' '.join(info['core']) or 'none'}. "
+            f"subnetworks share {len(info['core'])} heads: {' '.join(info['core']) or 'none'}"
+            f"{_left_out(info)}. "
             f"Of the final model's core ({' '.join(info['final_core']) or 'none'}), "
             f"{len(present)} are already there: {' '.join(present) or 'none'} "
             f"({_file(tables, tables.layout.core_before_summary)})."

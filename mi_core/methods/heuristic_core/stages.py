@@ -125,7 +125,8 @@ STAGE_SPECS: tuple[Stage, ...] = (
         "the core of the last checkpoint before the model generalises",
         ("analysis",),
         ("core_before/",),
-        lambda c: (_pruning(c), asdict(c.core_before)),
+        # the rule's version: summaries measured from the step-0 evaluation are re-made
+        lambda c: (_pruning(c), asdict(c.core_before), "rise from the trained floor"),
         lambda c: c.core_before.enabled,
     ),
     Stage(
