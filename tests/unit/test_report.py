@@ -326,3 +326,16 @@ def test_report_and_findings_parse_no_file_themselves():
     for module in (report, findings):
         source = inspect.getsource(module)
         assert "read_csv" not in source and "read_json" not in source, module.__name__
+
+
+def test_the_effective_size_caption_names_the_method_that_made_the_table():
+    """The default table is the authors' (per seed, then mean); the caption had described the
+    paper's rule (the mean over seeds judged) for every table."""
+    from mi_core.methods.heuristic_core.report import _effective_size_rule
+
+    authors = pd.DataFrame({"target": ["id"], "effective_size": [60.0], "method": ["authors"]})
+    paper = pd.DataFrame({"target": ["id"], "effective_size": [60.0]})
+    assert "authors' script" in _effective_size_rule(authors)
+    assert "then the mean over seeds" in _effective_size_rule(authors)
+    assert "paper's text" in _effective_size_rule(paper)
+    assert "mean accuracy over seeds" in _effective_size_rule(paper)
