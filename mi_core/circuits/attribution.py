@@ -12,7 +12,11 @@ change of the metric ``m`` is::
 **EAP** (Syed, Rager and Conmy 2023) takes the gradient in the clean run: one corrupted
 forward, one clean forward and one backward score every edge. **EAP-IG** (Hanna, Pezzelle and
 Belinkov 2024) averages the gradient over ``steps`` runs whose input embedding moves from the
-fill's to the clean one (``alpha = k / steps``, ``k = 1..steps``; ``steps = 1`` is EAP).
+fill's to the clean one: ``alpha = k / steps`` for ``k = 0..steps-1`` (``ig_rule="left"``, their
+code, hannamw/EAP-IG, which the MIB benchmark runs: the default) or ``k = 1..steps``
+(``"right"``, the sum the paper writes, ending at the clean input). ``steps = 1`` is EAP under
+either rule (the left rule's single point would be the corrupted input alone, which no method
+uses).
 Scores are averaged over examples; a negative score means corrupting the edge lowers the
 metric. :func:`exact_patching` measures the same change by running the model with each edge
 removed, one at a time.
@@ -32,7 +36,7 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from mi_core.buffers import reusing_buffers, scratch
-from mi_core.circuits.config import ATTRIBUTION_METHODS, SELECTIONS
+from mi_core.circuits.config import ATTRIBUTION_METHODS, IG_RULES, SELECTIONS
 from mi_core.circuits.metrics import Metric, logit_difference, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError
@@ -365,6 +369,20 @@ def _sweep_scores(
     return scores
 
 
+def ig_alphas(steps: int, rule: str = "left") -> list[float]:
+    """The points EAP-IG takes the gradient at, as fractions of the way from the fill's input to
+    the clean one: ``k / steps`` for ``k = 0..steps-1`` (``left``, the authors' code) or
+    ``k = 1..steps`` (``right``, the paper's sum); ``[1.0]`` (EAP) for one step."""
+    if rule not in IG_RULES:
+        raise ConfigError(f"unknown EAP-IG rule {rule!r}; expected one of {IG_RULES}")
+    if steps < 1:
+        raise ConfigError(f"EAP-IG needs at least one step, not {steps}")
+    if steps == 1:
+        return [1.0]
+    first = 0 if rule == "left" else 1
+    return [k / steps for k in range(first, first + steps)]
+
+
 def edge_attribution(
     model: Any,
     graph: Graph,
@@ -373,10 +391,11 @@ def edge_attribution(
     steps: int = 1,
     fill: str = "corrupted",
     means: torch.Tensor | None = None,
+    ig_rule: str = "left",
 ) -> Float[torch.Tensor, " edge"]:
-    """EAP (``steps=1``) or EAP-IG scores of every edge on one batch (mean over examples)."""
-    if steps < 1:
-        raise ConfigError(f"EAP-IG needs at least one step, not {steps}")
+    """EAP (``steps=1``) or EAP-IG scores of every edge on one batch (mean over examples);
+    ``ig_rule`` chooses EAP-IG's points (:func:`ig_alphas`)."""
+    alphas = ig_alphas(steps, ig_rule)
     if fill not in FILLS:
         raise ConfigError(f"unknown fill {fill!r}; expected one of {FILLS}")
     graph.check_model(model)
@@ -390,9 +409,9 @@ def edge_attribution(
                 reference = _record_senders(model, graph, (), pairs.corrupted, head_z)
             else:
                 reference = _reference(model, graph, pairs, fill, means)
-            return _decoder_attribution(model, graph, pairs, metric, steps, reference, head_z)
+            return _decoder_attribution(model, graph, pairs, metric, alphas, reference, head_z)
         reference = _reference(model, graph, pairs, fill, means)
-        return _sweep_attribution(model, graph, pairs, metric, steps, reference, projected=True)
+        return _sweep_attribution(model, graph, pairs, metric, alphas, reference, projected=True)
 
 
 def _sweep_attribution(
@@ -400,7 +419,7 @@ def _sweep_attribution(
     graph: Graph,
     pairs: PromptPairs,
     metric: Metric,
-    steps: int,
+    alphas: Sequence[float],
     reference: NodeOutputs,
     projected: bool = False,
 ) -> Float[torch.Tensor, " edge"]:
@@ -417,9 +436,10 @@ def _sweep_attribution(
         raise InterventionError("projected gradients need a post-LN encoder (no ln1 before W_Q)")
     gradients: list[torch.Tensor] | None = None
     run = None
+    steps = len(alphas)
     with graph_switches(model, split_inputs=not projected):
-        for k in range(1, steps + 1):
-            run = _GradientRun(model, graph, reference[0], k / steps, projected)
+        for alpha in alphas:
+            run = _GradientRun(model, graph, reference[0], alpha, projected)
             with torch.enable_grad(), model.hooks(fwd_hooks=run.hooks()):
                 value = metric(metric_logits(model, pairs, metric), pairs).mean()
                 grads = torch.autograd.grad(value, run.receivers, allow_unused=True)
@@ -432,6 +452,10 @@ def _sweep_attribution(
                 gradients = points if steps == 1 else [p / steps for p in points]
             else:
                 gradients = [a + p / steps for a, p in zip(gradients, points, strict=True)]
+        if alphas[-1] != 1.0:  # the left rule never reaches the clean run: record it alone
+            run = _GradientRun(model, graph, reference[0], 1.0, projected)
+            with torch.no_grad(), model.hooks(fwd_hooks=run.hooks()):
+                metric_logits(model, pairs, metric)
     assert run is not None and gradients is not None
     clean = run.outputs  # the last pass (alpha = 1) is the clean run
     deltas = []
@@ -454,7 +478,7 @@ def _decoder_attribution(
     graph: Graph,
     pairs: PromptPairs,
     metric: Metric,
-    steps: int,
+    alphas: Sequence[float],
     reference: NodeOutputs,
     head_z: dict[int, torch.Tensor] | None = None,
 ) -> Float[torch.Tensor, " edge"]:
@@ -479,7 +503,7 @@ def _decoder_attribution(
     start_input = reference[0].clone()
     # on the device until the end: a copy to the host per group would wait for the GPU
     scores = torch.zeros(graph.n_senders, graph.n_receivers, device=deltas.device)
-    weight = 1.0 / steps
+    weight = 1.0 / len(alphas)
 
     def subtract(start: int) -> Callable:
         def hook(x: torch.Tensor, hook: Any) -> None:
@@ -670,12 +694,12 @@ def _decoder_attribution(
         return hooks
 
     with graph_switches(model, split_inputs=False):  # per-head gradients by hand (see above)
-        if steps > 1:  # the clean outputs first: every step's backward needs the differences
+        eap = list(alphas) == [1.0]  # EAP: the one clean pass records as it goes
+        if not eap:  # the clean outputs first: every step's backward needs the differences
             with torch.no_grad(), model.hooks(fwd_hooks=record_clean()):
                 metric_logits(model, pairs)  # the blocks' hooks record; no full unembedding
-        for k in range(1, steps + 1):
-            record = steps == 1  # EAP: the one clean pass records as it goes
-            with torch.enable_grad(), model.hooks(fwd_hooks=receiver_hooks(k / steps, record)):
+        for alpha in alphas:
+            with torch.enable_grad(), model.hooks(fwd_hooks=receiver_hooks(alpha, eap)):
                 value = metric(metric_logits(model, pairs, metric), pairs).mean()
                 # the receivers' hooks score as backward passes them; no parameter gradient
                 torch.autograd.grad(value, leaf["x"])
@@ -750,9 +774,11 @@ def attribute(
     fill: str = "corrupted",
     means: torch.Tensor | None = None,
     progress: bool = True,
+    ig_rule: str = "left",
 ) -> EdgeScores:
     """Score every edge of ``model``'s graph on ``pairs`` with ``method`` (``eap``, ``eap-ig``
-    or ``exact``), batch by batch (scores averaged over examples)."""
+    or ``exact``), batch by batch (scores averaged over examples); ``ig_rule``: EAP-IG's
+    points (:func:`ig_alphas`)."""
     if method not in ATTRIBUTION_METHODS:
         raise ConfigError(f"unknown attribution method {method!r}; choose {ATTRIBUTION_METHODS}")
     graph = Graph.from_model(model)
@@ -763,6 +789,8 @@ def attribute(
                 scores = exact_patching(model, graph, batch, metric, fill=fill, means=means)
             else:
                 n_steps = 1 if method == "eap" else steps
-                scores = edge_attribution(model, graph, batch, metric, n_steps, fill, means)
+                scores = edge_attribution(
+                    model, graph, batch, metric, n_steps, fill, means, ig_rule
+                )
             total += scores.double() * len(batch)
     return EdgeScores(graph, (total / len(pairs)).float(), method, len(pairs))

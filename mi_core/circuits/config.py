@@ -17,6 +17,7 @@ from mi_core.tasks import TASKS
 __all__ = [
     "ATTRIBUTION_METHODS",
     "CURVE_FRACTIONS",
+    "IG_RULES",
     "METRIC_NAMES",
     "SELECTIONS",
     "AttributeConfig",
@@ -25,6 +26,11 @@ __all__ = [
     "CircuitSweepConfig",
     "EdgePruneSettings",
 ]
+
+#: EAP-IG's Riemann sums: ``left`` (hannamw/EAP-IG's code, which the MIB benchmark runs:
+#: ``alpha = k / steps`` for ``k = 0..steps-1``, from the corrupted input) and ``right`` (the
+#: paper's formula: ``k = 1..steps``, ending at the clean input).
+IG_RULES = ("left", "right")
 
 #: The metrics a circuit is judged by (:data:`mi_core.circuits.metrics.METRICS` implements them).
 METRIC_NAMES = ("logit-diff",)
@@ -172,6 +178,9 @@ class AttributeConfig(CircuitData):
     """eap (1 backward pass), eap-ig (integrated gradients) or exact (one forward per edge)."""
     steps: int = 5
     """EAP-IG interpolation steps."""
+    ig_rule: str = option("left", choices=IG_RULES)
+    """EAP-IG's sum: left (the authors' code and MIB: k / steps for k = 0..steps-1, from the
+    corrupted input) or right (the paper's formula: k = 1..steps, ending at the clean one)."""
     fractions: tuple[float, ...] = option(CURVE_FRACTIONS, parse=_parse_fractions)
     """Fractions of edges kept along the faithfulness curve (comma separated)."""
     circuit_fraction: float = 0.05

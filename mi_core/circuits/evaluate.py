@@ -8,9 +8,10 @@ corrupted / mean-ablated model)::
 
 with ``m`` the mean metric (IOI: logit difference). The KL divergence from the full model's
 answer distribution to the circuit's is reported next to it. A faithfulness curve evaluates the
-circuits of a score for growing ``k``; its area (trapezoid over the fraction of edges kept,
-between the smallest and the largest fraction evaluated: 0.001 to 1 by default) summarises it in
-one number, as the MIB circuit-localisation benchmark does.
+circuits of a score for growing ``k``; its area (trapezoid over the fraction of edges *actually*
+kept, between the smallest and the largest evaluated: the levels are 0.001 to 1 by default, and
+in a graph of fewer than 500 edges the first rounds to 0 edges) summarises it in one number, as
+the MIB circuit-localisation benchmark does (MIB integrates over its nominal levels).
 """
 
 from __future__ import annotations

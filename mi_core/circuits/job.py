@@ -10,7 +10,8 @@ Files written to ``out`` (atomically):
 - ``circuit.safetensors``: the circuit as an :class:`~mi_core.interventions.edges.EdgeMask`;
 - ``mib.json``: the circuit in the MIB circuit-localisation format, scores in MIB's convention
   (attribution against the loss: negated; edge-pruning gates shifted to be positive);
-- ``faithfulness.csv`` (attribution: the top-k curve) and ``summary.json``;
+- ``faithfulness.csv`` (attribution: the curve of the chosen selection, greedy by default)
+  and ``summary.json``;
 - ``circuit.html``: the circuit as an interactive graph (offline).
 """
 
@@ -189,7 +190,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     metric = get_metric(config.metric)
     scores: EdgeScores = attribute(
         model, find, config.method, metric, config.steps, config.batch_size, config.fill, means,
-        progress=progress,
+        progress=progress, ig_rule=config.ig_rule,
     )  # fmt: skip
     rows = faithfulness_curve(
         model, scores, judge, config.fractions, metric, config.fill, means, config.batch_size,

@@ -8,6 +8,7 @@ from helpers import random_prompt_pairs, random_tokens, tiny_model
 from scipy.stats import spearmanr
 
 from mi_core.circuits import Graph, attribute, edge_attribution, exact_patching, logit_difference
+from mi_core.circuits.attribution import ig_alphas
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, DataError
 from mi_core.models import load_model
@@ -59,6 +60,67 @@ def test_eap_is_gradient_times_difference_by_hand(gpt2):
     got = float(scores[graph.edge_index("L0.H1->L1.H2.v")])
     assert got == pytest.approx(expected, rel=1e-4, abs=1e-7)
     assert abs(expected) > 1e-4
+
+
+@pytest.mark.parametrize("rule", ["left", "right"])
+def test_eap_ig_is_the_mean_gradient_at_its_rule_s_points_by_hand(gpt2, rule):
+    """EAP-IG of L0.H1 -> L1.H2.v with 3 steps: the difference times the mean gradient at the
+    inputs ``corrupted + alpha (clean - corrupted)``, alpha in {0, 1/3, 2/3} (left: the authors'
+    code, the default) or {1/3, 2/3, 1} (right: the paper's sum)."""
+    pairs = _lm_pairs()
+    graph = Graph.from_model(gpt2)
+    alphas = [0.0, 1 / 3, 2 / 3] if rule == "left" else [1 / 3, 2 / 3, 1.0]
+    assert ig_alphas(3, rule) == pytest.approx(alphas)
+    scores = edge_attribution(gpt2, graph, pairs, steps=3, ig_rule=rule)
+    z_name, embed = "blocks.0.attn.hook_z", "blocks.0.hook_resid_pre"
+    _, corrupt = gpt2.run_with_cache(pairs.corrupted_ids, names_filter=[z_name, embed])
+    _, clean = gpt2.run_with_cache(pairs.clean_ids, names_filter=[z_name, embed])
+    w_o = gpt2.blocks[0].attn.W_O[1].detach()
+    delta = (corrupt[z_name][:, :, 1] - clean[z_name][:, :, 1]) @ w_o
+    grads = []
+    gpt2.set_use_split_qkv_input(True)
+    try:
+        for alpha in alphas:
+            kept = {}
+
+            def start(x, hook, alpha=alpha):
+                return corrupt[embed] + alpha * (clean[embed] - corrupt[embed])
+
+            def keep(v_input, hook, kept=kept):
+                v_input.retain_grad()
+                kept["v"] = v_input
+
+            with gpt2.hooks(fwd_hooks=[(embed, start), ("blocks.1.hook_v_input", keep)]):
+                logit_difference(gpt2(pairs.clean_ids), pairs).mean().backward()
+            grads.append(kept["v"].grad[:, :, 2])
+    finally:
+        gpt2.set_use_split_qkv_input(False)
+        gpt2.zero_grad(set_to_none=True)
+    expected = float((delta * torch.stack(grads).mean(0)).sum())
+    got = float(scores[graph.edge_index("L0.H1->L1.H2.v")])
+    assert got == pytest.approx(expected, rel=1e-4, abs=1e-7)
+    other_rule = "right" if rule == "left" else "left"
+    other = edge_attribution(gpt2, graph, pairs, steps=3, ig_rule=other_rule)
+    assert abs(float(other[graph.edge_index("L0.H1->L1.H2.v")]) - expected) > 1e-3 * abs(expected)
+
+
+def test_the_two_eap_ig_rules_on_an_encoder_differ_by_the_end_points(tiny_checkpoints):
+    """Left minus right is (g(0) - g(1)) / steps . difference, so it halves from 2 to 4 steps:
+    on the encoder path too, where the left rule records the clean run in a pass of its own."""
+    model = load_model(tiny_checkpoints["bert-cls"], task="mnli")
+    graph = Graph.from_model(model)
+    pairs = _classifier_pairs()
+    run = {
+        (steps, rule): edge_attribution(model, graph, pairs, steps=steps, ig_rule=rule).double()
+        for steps in (2, 4)
+        for rule in ("left", "right")
+    }
+    two = run[2, "left"] - run[2, "right"]
+    four = run[4, "left"] - run[4, "right"]
+    assert two.abs().max() > 1e-3 * run[2, "right"].abs().max()
+    torch.testing.assert_close(two, 2 * four, rtol=1e-4, atol=1e-6 * float(two.abs().max()))
+    with pytest.raises(ConfigError, match="rule"):
+        edge_attribution(model, graph, pairs, steps=2, ig_rule="midpoint")
 
 
 def test_eap_on_a_post_ln_encoder_carries_the_difference_through_layer_norm(tiny_checkpoints):
@@ -205,7 +267,9 @@ def test_decoder_eap_ig_and_every_fill_equal_the_split_input_path(steps, fill, k
     means = sender_means(model, graph, [pairs.clean]) if fill == "mean" else None
     got = edge_attribution(model, graph, pairs, steps=steps, fill=fill, means=means)
     reference = _reference(model, graph, pairs, fill, means)
-    expected = _sweep_attribution(model, graph, pairs, logit_difference, steps, reference)
+    expected = _sweep_attribution(
+        model, graph, pairs, logit_difference, ig_alphas(steps), reference
+    )
     model.zero_grad(set_to_none=True)
     assert expected.abs().max() > 1e-3
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
@@ -234,7 +298,7 @@ def test_encoder_eap_from_projection_gradients_equals_split_inputs(kind, tiny_ch
     pairs = _classifier_pairs()
     got = edge_attribution(model, graph, pairs, steps=2)
     reference = _reference(model, graph, pairs, "corrupted", None)
-    expected = _sweep_attribution(model, graph, pairs, logit_difference, 2, reference)
+    expected = _sweep_attribution(model, graph, pairs, logit_difference, ig_alphas(2), reference)
     model.zero_grad(set_to_none=True)
     assert expected.abs().max() > 1e-4
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))

@@ -390,6 +390,8 @@ class CoreEdgesSettings(Config):
     """Edge attribution method."""
     steps: int = 5
     """EAP-IG interpolation steps."""
+    ig_rule: str = option("left", choices=("left", "right"))
+    """EAP-IG's sum: left (the authors' code, MIB) or right (the paper's formula)."""
     per_group: int = 2
     """Subnetworks per group: the best and the worst out-of-domain accuracy."""
     batch_size: int = 16

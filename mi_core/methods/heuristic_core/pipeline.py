@@ -563,7 +563,7 @@ class HeuristicCoreExperiment:
                 means = sender_means(self.model, graph, mean_batches) if mean_batches else None
                 scores = attribute(self.model, pairs, e.method, steps=e.steps,
                                    batch_size=e.batch_size, fill=e.fill, means=means,
-                                   progress=False)  # fmt: skip
+                                   progress=False, ig_rule=e.ig_rule)  # fmt: skip
                 full, empty, se = circuit_baselines(self.model, graph, e.fill, means, pairs,
                                                     batch_size=e.batch_size)  # fmt: skip
             gaps.append({"subnetwork": row["subnetwork"], "fill": e.fill, "full": full,
