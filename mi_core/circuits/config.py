@@ -77,6 +77,9 @@ class EdgePruneSettings(Config):
     """Learning rate of the Lagrangian lambdas (ascent)."""
     weight_decay: float = 0.01
     """AdamW weight decay on log_alpha and the lambdas (torch's AdamW default, as the authors)."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm of the gates and lambdas together at this value (the authors'
+    Hugging Face Trainer's default, max_grad_norm 1.0); 0 turns it off."""
     init_mean: float = 10.0
     """Mean of the initial log_alpha."""
     init_std: float = 0.01
@@ -106,6 +109,10 @@ class EdgePruneSettings(Config):
             raise ConfigError(
                 f"sparsity_warmup_steps (--sparsity-warmup-steps) must lie in [0, steps="
                 f"{self.steps}], not {self.sparsity_warmup_steps}"
+            )
+        if self.max_grad_norm < 0:
+            raise ConfigError(
+                f"max_grad_norm must be at least 0 (0: off), not {self.max_grad_norm}"
             )
         if self.lr_warmup_steps < 0:
             raise ConfigError(f"lr_warmup_steps must be at least 0, not {self.lr_warmup_steps}")

@@ -91,7 +91,7 @@ def _batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tenso
 
 
 #: What a run folder written before a field existed ran with (their behaviour then).
-_DEFAULTS_SINCE = {"lr_warmup_steps": 0, "node_sparsity": None}
+_DEFAULTS_SINCE = {"lr_warmup_steps": 0, "node_sparsity": None, "max_grad_norm": 0.0}
 
 
 def discretize_circuit(
@@ -309,6 +309,8 @@ def prune_edges(
                 record = {"node_sparsity": node_sparsity.item(), "node_target": node_target}
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if config.max_grad_norm > 0:  # the authors' Trainer: every trained tensor together
+                torch.nn.utils.clip_grad_norm_(list(params.values()), config.max_grad_norm)
             factor = lr_factor(step, config.lr_warmup_steps, config.steps, "linear")
             for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = lr * factor

@@ -153,6 +153,47 @@ def test_masked_forward_gradients_match_finite_differences():
     model.zero_grad(set_to_none=True)
 
 
+def test_an_encoder_s_masked_forward_has_the_gradients_of_its_own_values(tiny_checkpoints):
+    """Post-LN: removed edges' differences are carried through each LayerNorm at the masked
+    run's scale, which depends on every edge weight. With gates at 0, 1 and in between (a
+    hard-concrete sample mid-run), autograd must equal finite differences of the same forward
+    (float64); a detached scale had left half of the edges more than 10 % off."""
+    from helpers import random_tokens
+
+    from mi_core.models import load_model
+
+    model = load_model(tiny_checkpoints["bert-cls"], task="mnli").to(torch.float64)
+    graph = Graph.from_model(model)
+    n, pos = 4, 7
+    clean = random_tokens(n, pos, seed=1, low=1000, high=2000)
+    corrupted = random_tokens(n, pos, seed=2, low=1000, high=2000)
+    mask_ids = torch.ones(n, pos, dtype=torch.long)
+    gen = torch.Generator().manual_seed(0)
+    u = torch.rand(graph.n_edges, generator=gen)
+    fractional = 0.1 + 0.8 * torch.rand(graph.n_edges, generator=gen)
+    start = torch.where(u < 0.45, 0.0, torch.where(u < 0.85, 1.0, fractional)).double()
+    probe = torch.randn(n, 3, generator=gen, dtype=torch.float64)
+
+    def value(weights: torch.Tensor) -> torch.Tensor:
+        bound = EdgeMask(graph, weights).patching(model, corrupted, attention_mask=mask_ids)
+        with graph_switches(model), model.hooks(fwd_hooks=bound.hooks(model)):
+            return (model(clean, attention_mask=mask_ids) * probe).sum()
+
+    weights = start.clone().requires_grad_(True)
+    value(weights).backward()
+    model.zero_grad(set_to_none=True)
+    chosen = torch.nonzero((start > 0) & (start < 1)).flatten()[:12]
+    h = 1e-3
+    for edge in chosen.tolist():
+        up, down = start.clone(), start.clone()
+        up[edge] += h
+        down[edge] -= h
+        with torch.no_grad():
+            numeric = float(value(up) - value(down)) / (2 * h)
+        got = float(weights.grad[edge])
+        assert got == pytest.approx(numeric, rel=1e-3, abs=1e-9), graph.edge_names[edge]
+
+
 def test_edge_pruning_reaches_its_target_exactly_and_learns():
     model = tiny_model("gpt2")
     config = EdgePruneSettings(
@@ -317,6 +358,35 @@ def test_the_learning_rate_warms_up_as_the_authors(tmp_path):
     no_warmup = EdgePruneSettings(**{**config.to_dict(), "steps": 1, "lr_warmup_steps": 0})
     moved = prune_edges(model, _pairs(), no_warmup, progress=False)
     assert not torch.allclose(moved.log_alpha, start)
+
+
+def test_edge_pruning_clips_the_gradient_norm_as_the_authors_trainer(monkeypatch):
+    """max_grad_norm (the authors' Hugging Face Trainer: 1.0): gates and lambdas are clipped
+    together before each step; 0 turns it off. A tiny bound changes the run (Adam is not
+    invariant to a scale that differs between steps)."""
+    model = tiny_model("gpt2")
+    base = dict(sparsity=0.5, steps=3, sparsity_warmup_steps=1, batch_size=8,
+                lr_warmup_steps=0, init_mean=1.0)  # fmt: skip
+    clipped_norms = []
+    real = torch.nn.utils.clip_grad_norm_
+
+    def spy(params, max_norm, *args, **kwargs):
+        params = list(params)
+        out = real(params, max_norm, *args, **kwargs)
+        clipped_norms.append(float(torch.stack([p.grad.norm() for p in params]).norm()))
+        return out
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    tiny = prune_edges(model, _pairs(), EdgePruneSettings(**base, max_grad_norm=1e-6),
+                       progress=False)  # fmt: skip
+    assert len(clipped_norms) == 3 and max(clipped_norms) <= 1e-6 * (1 + 1e-4)
+    off = prune_edges(model, _pairs(), EdgePruneSettings(**base, max_grad_norm=0.0),
+                      progress=False)  # fmt: skip
+    assert len(clipped_norms) == 3  # off: never called
+    assert not torch.allclose(tiny.log_alpha, off.log_alpha)
+    assert EdgePruneSettings().max_grad_norm == 1.0
+    with pytest.raises(ConfigError, match="max_grad_norm"):
+        EdgePruneSettings(max_grad_norm=-1.0)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
