@@ -3,7 +3,7 @@ Python, so a job's config imports no torch."""
 
 from __future__ import annotations
 
-__all__ = ["DIFFERENCE_SCORINGS", "HEAD_AGGREGATIONS", "SCHEDULES", "SCORINGS"]
+__all__ = ["DIFFERENCE_SCORINGS", "HEAD_AGGREGATIONS", "REFERENCE_EPS", "SCHEDULES", "SCORINGS"]
 
 
 #: ``--scoring`` names: the statistic each compares.
@@ -17,6 +17,11 @@ SCORINGS: dict[str, str] = {
     "mean_diff": "mean",
 }
 
+
+#: The reference code's epsilon of each ratio scoring (``cripple / (focus + eps)``): 1e-3 for
+#: ``freq`` (a frequency), 1e-6 for the others (nickypro/separability, ``scoring.py``).
+REFERENCE_EPS: dict[str, float] = {"freq": 1e-3}
+DEFAULT_EPS = 1e-6
 
 #: Scorings that compare the two data sets by a difference instead of a ratio.
 DIFFERENCE_SCORINGS = ("mean_diff",)

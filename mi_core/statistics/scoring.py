@@ -1,8 +1,10 @@
 """Separability scores: how much more a neuron is used on the cripple data than on the focus data.
 
 For a statistic ``s`` (one of :data:`mi_core.statistics.activations.STATISTICS`) a neuron's score is
-``(s_cripple + eps) / (s_focus + eps)``; the neurons with the highest scores are the ones the
-cripple data set relies on most relative to the focus data set, so they are pruned first.
+``s_cripple / (s_focus + eps)``, as the reference code computes it (``eps`` 1e-3 for ``freq``,
+1e-6 for the others unless given); the neurons with the highest scores are the ones the cripple
+data set relies on most relative to the focus data set, so they are pruned first. A neuron
+that never fires on either data set scores 0 (pruned last), not 1.
 ``mean`` is that ratio of the signed means; ``mean_diff`` is the reference code's ``mean``
 scoring, the difference ``|mean_cripple - mean_focus|`` (no ratio, no eps).
 Scores of a whole attention head aggregate its pre-out neurons' scores by their mean or by their
@@ -18,7 +20,14 @@ from jaxtyping import Bool, Float
 
 from mi_core.errors import ConfigError
 from mi_core.statistics.activations import STATISTICS, ActivationStats
-from mi_core.statistics.constants import DIFFERENCE_SCORINGS, HEAD_AGGREGATIONS, SCHEDULES, SCORINGS
+from mi_core.statistics.constants import (
+    DEFAULT_EPS,
+    DIFFERENCE_SCORINGS,
+    HEAD_AGGREGATIONS,
+    REFERENCE_EPS,
+    SCHEDULES,
+    SCORINGS,
+)
 
 
 def statistic_for(scoring: str) -> str:
@@ -31,30 +40,37 @@ def statistic_for(scoring: str) -> str:
 def score_ratio(
     focus: Float[torch.Tensor, "*neurons"],
     cripple: Float[torch.Tensor, "*neurons"],
-    eps: float = 1e-6,
+    eps: float = DEFAULT_EPS,
 ) -> Float[torch.Tensor, "*neurons"]:
-    """``(cripple + eps) / (focus + eps)``: above 1 where the cripple data set uses a neuron more.
+    """``cripple / (focus + eps)`` (the reference's ratio): large where the cripple data set
+    uses a neuron more; 0 where it never does.
 
     For the signed ``mean`` statistic the ratio may be negative (a neuron whose mean changes
     sign); such neurons rank below every neuron with a positive ratio.
     """
     if eps < 0:
         raise ConfigError(f"eps must be non-negative, got {eps}")
-    return (cripple + eps) / (focus + eps)
+    return cripple / (focus + eps)
+
+
+def scoring_eps(scoring: str, eps: float | None = None) -> float:
+    """``eps`` if given, else the reference's for ``scoring`` (1e-3 for freq, 1e-6 others)."""
+    return REFERENCE_EPS.get(scoring, DEFAULT_EPS) if eps is None else eps
 
 
 def neuron_scores(
     focus: ActivationStats,
     cripple: ActivationStats,
     scoring: str,
-    eps: float = 1e-6,
+    eps: float | None = None,
     attn_scoring: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Scores of every collected neuron: ``{"mlp": [L, d_mlp], "attn": [L, H, d_head]}``.
 
     ``scoring`` scores the MLP neurons, and the attention pre-out neurons too unless
     ``attn_scoring`` names another (the report scores MLP neurons by ``freq`` and attention
-    neurons by ``abs`` in the same run).
+    neurons by ``abs`` in the same run). ``eps``: one value for both sites, or None for each
+    scoring's reference value (:func:`scoring_eps`).
     """
     by_site = {"mlp": scoring, "attn": attn_scoring or scoring}
     out = {}
@@ -69,7 +85,7 @@ def neuron_scores(
         if name in DIFFERENCE_SCORINGS:
             out[site] = (c_stat - f_stat).abs()
         else:
-            out[site] = score_ratio(f_stat, c_stat, eps)
+            out[site] = score_ratio(f_stat, c_stat, scoring_eps(name, eps))
     return out
 
 

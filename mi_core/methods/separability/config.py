@@ -94,8 +94,9 @@ class SeparabilityConfig(DeviceOption):
     """Also run the random baseline."""
     seed: int = 0
     """Seed of the random baseline."""
-    eps: float = 1e-6
-    """Epsilon of the score ratio."""
+    eps: float | None = None
+    """Epsilon of the score ratio cripple / (focus + eps); default: the reference code's, 1e-3
+    for freq and 1e-6 for the other scorings."""
     batch_size: int = 8
     """Windows per forward pass."""
     skip_top: int = option(50, cli=False)
@@ -168,7 +169,7 @@ class SeparabilityConfig(DeviceOption):
             raise ConfigError("svd_combine_biases needs svd (--svd)")
         if self.stats_correct_top_k < 0:
             raise ConfigError(f"stats_correct_top_k must be >= 0, got {self.stats_correct_top_k}")
-        if self.batch_size < 1 or self.skip_top < 0 or self.eps < 0:
+        if self.batch_size < 1 or self.skip_top < 0 or (self.eps is not None and self.eps < 0):
             raise ConfigError("batch_size must be >= 1, skip_top >= 0 and eps >= 0")
         if self.tokens < self.window or (
             self.eval_tokens is not None and self.eval_tokens < self.window
