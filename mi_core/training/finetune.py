@@ -7,7 +7,8 @@ dropout is seeded from (seed, step), so a resumed run equals an uninterrupted on
 
 With ``group_by_length`` (the default) batches hold examples of similar length, in a shuffled
 order, as Hugging Face's Trainer does with ``group_by_length``: on a CPU this halves the
-padding computed, and the batches' contents stay the same from epoch to epoch.
+padding computed; each epoch draws new batches. The paper configs switch it off (the authors'
+random batches).
 """
 
 from __future__ import annotations

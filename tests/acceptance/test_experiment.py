@@ -63,14 +63,20 @@ def test_shipped_configs_follow_the_paper_and_the_demo_budget():
     assert quick.finetune is not None and quick.data.max_eval_examples is not None
     bert = load_config("bert-mnli-paper")
     assert bert.model == "bert-base-cased" and bert.pruning.profile == "paper"
-    assert bert.pruning.sparsities == [0.5, 0.7] and bert.pruning.seeds == list(range(1, 13))
+    # the authors' seeds (prune-all-mnli.sh, ft.sh) and their random fine-tuning batches
+    assert bert.pruning.sparsities == [0.5, 0.7] and bert.pruning.seeds == list(range(42, 54))
     assert (bert.finetune.steps, bert.finetune.batch_size, bert.finetune.lr) == (61360, 32, 2e-5)
+    assert bert.finetune.seed == 42 and not bert.finetune.group_by_length
     assert bert.finetune.save_every == 500 and bert.effective_size.enabled
-    assert len(bert.effective_size.sparsities) == 14 and bert.effective_size.seeds == [0, 1, 2]
+    assert len(bert.effective_size.sparsities) == 14 and bert.effective_size.seeds == [42, 43, 44]
+    assert bert.grid.seeds == bert.effective_size.seeds
     qqp = load_config("bert-qqp-paper")
     assert qqp.data.eval == ["qqp:validation", "paws_qqp:adv"]
     assert qqp.pruning.sparsities == [0.3, 0.6]
     assert (qqp.finetune.steps, qqp.finetune.batch_size) == (40000, 256)
+    # the authors' QQP effective-size grid: checkpoints 500, 2000, ..., 14000; 5-65 %
+    assert qqp.effective_size.enabled and qqp.effective_size.steps == list(range(500, 14001, 1500))
+    assert len(qqp.effective_size.sparsities) == 13
     assert load_config("roberta-mnli-paper").model == "roberta-base"
     gpt2 = load_config("gpt2-mnli-paper")
     assert gpt2.pruning.sparsities == [0.4, 0.6] and gpt2.ood_sets == ["hans:embed_if"]
