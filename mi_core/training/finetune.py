@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         if ds.task != cfg.task:
             raise DataError(f"eval set {ds.name} is for {ds.task} models, not {cfg.task}")
 
-    in_domain = [evals[0].name] if evals else []
+    in_domain = in_domain_sets(cfg.train, cfg.eval, [ds.name for ds in evals])
     checkpoints = resumable_checkpoints(out)
     device = cfg.torch_device()
     # the newest checkpoint whose weights read back (a damaged one: the one before it)
@@ -306,6 +307,17 @@ def _record(metrics: pd.DataFrame, step: int, accuracies: dict[str, float]) -> p
         [{"step": step, "dataset": name, "accuracy": acc} for name, acc in accuracies.items()]
     )
     return rows if metrics.empty else pd.concat([metrics, rows], ignore_index=True)
+
+
+def in_domain_sets(train: str, specs: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The names (``names``, one per spec) of the eval sets of ``train``'s data set (MNLI matched
+    and mismatched for ``mnli:train``), else the first: the in-domain lines of the figure."""
+    family = train.split(":")[0] if ":" in train else None
+    same = [
+        name for spec, name in zip(specs, names, strict=True)
+        if family is not None and spec.split(":")[0] == family
+    ]  # fmt: skip
+    return same or list(names[:1])
 
 
 def _write_metrics(out: Path, metrics: pd.DataFrame, in_domain: list[str], evals) -> None:

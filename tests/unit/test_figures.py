@@ -112,3 +112,15 @@ def test_edges_in_one_column_of_the_circuit_graph_do_not_overlap():
     assert middle["L0.H1->L2.H1.v"][0] > 1.0  # a head's column too
     lines = [t for t in figure.data if t.mode == "lines"]
     assert sum(len(t.x) for t in lines) == 3 * (9 + 1)  # curves of 9 points, not segments
+
+
+def test_fine_tuning_draws_every_set_of_the_training_data_as_in_domain():
+    """MNLI mismatched is in-domain for mnli:train (the authors average it with matched); the
+    training-dynamics figure had drawn it as out-of-domain."""
+    from mi_core.training.finetune import in_domain_sets
+
+    specs = ["mnli:validation_matched", "mnli:validation_mismatched", "hans:so_swap"]
+    names = ["mnli:validation_matched", "mnli:validation_mismatched", "hans:ln_subject/object_swap"]
+    assert in_domain_sets("mnli:train", specs, names) == names[:2]
+    assert in_domain_sets("my_pairs.jsonl", specs, names) == names[:1]  # a file: the first
+    assert in_domain_sets("qqp:train", ["qqp:validation", "paws_qqp:adv"], ["q", "p"]) == ["q"]

@@ -533,11 +533,15 @@ class HeuristicCoreExperiment:
         from mi_core.circuits.job import CircuitData, load_circuit_pairs, pair_forward_batches
         from mi_core.interventions import Subnetwork, apply
         from mi_core.io import write_csv
+        from mi_core.methods.heuristic_core.effective_size import dataset_name
 
         e = self.config.core_edges
         heads, reason = self.chosen_heads()
         results = self.load_sweep()
-        ood = [n for n in results.eval_names if n != results.eval_names[0]] or results.eval_names
+        # the config's out-of-domain sets (not MNLI mismatched, which is in-domain)
+        c = self.config
+        named = {dataset_name(spec, task=c.task) for spec in c.data.out_of_domain_sets}
+        ood = [n for n in results.eval_names if n in named] or results.eval_names
         runs = results.runs.assign(
             ood_accuracy=results.runs[[f"acc_{n}" for n in ood]].mean(axis=1)
         ).reset_index(drop=True)

@@ -319,12 +319,17 @@ def _finetune_section(tables: ExperimentTables) -> ReportSection | None:
     metrics = tables.finetune_metrics
     if metrics is None or metrics.empty:
         return None
-    in_domain = display_name(str(metrics["dataset"].iloc[0]))  # fine-tuning evaluates ID first
+    from mi_core.methods.heuristic_core.findings import _in_domain_names
+
+    names = [str(d) for d in dict.fromkeys(metrics["dataset"])]
+    # the experiment's data.in_domain (MNLI matched and mismatched in the paper configs);
+    # without it the first set, which fine-tuning evaluates first
+    in_domain = [display_name(d) for d in _in_domain_names(tables.config, names) or names[:1]]
     pretty = metrics.assign(dataset=metrics["dataset"].map(display_name))
     section = ReportSection("Fine-tuning")
     n, chance = _eval_meta(tables, pretty=True)
     section.figure(
-        training_dynamics(pretty, id_datasets=[in_domain], n=n, chance=chance),
+        training_dynamics(pretty, id_datasets=in_domain, n=n, chance=chance),
         "In-domain and out-of-domain accuracy of the full model during fine-tuning "
         f"({_file(tables, tables.layout.finetune_metrics)}).",
     )
