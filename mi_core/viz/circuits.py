@@ -128,9 +128,11 @@ def circuit_graph_figure(
     )
     shown = len(chosen)
     total = int(kept.sum())
+    count = f"{shown} of {total} kept edges shown ({graph.n_edges} in the graph)"
+    if title and shown < total:  # a caller's title still says that edges are left out
+        title = f"{title}<br><sup>{count}: the {shown} largest |score|</sup>"
     fig.update_layout(
-        title=title
-        or f"Circuit: {shown} of {total} kept edges shown ({graph.n_edges} in the graph)",
+        title=title or f"Circuit: {count}",
         xaxis={"visible": False},
         yaxis={
             "title": "layer",

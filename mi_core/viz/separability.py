@@ -99,15 +99,26 @@ def score_distribution_figure(
     title: str = "scores",
     bins: int = 60,
     value_range: tuple[float, float] | None = None,
+    difference: bool = False,
 ) -> go.Figure:
     """Per-layer histograms of log10 scores as a heatmap (layer x log10 ratio), as in the report.
 
     ``scores`` has a leading layer axis (``[n_layers, ...]``); 0 means equal use by both data
     sets, +1 a neuron used 10x as much on the cripple data set. Negative ratios (possible with the
-    signed ``mean`` statistic) are plotted by their magnitude.
+    signed ``mean`` statistic) are plotted by their magnitude. ``difference``: the scores are
+    ``|cripple - focus|`` (``mean_diff``), not ratios: the axis says so and has no "equal use"
+    line. Scores of exactly 0 (neurons the cripple set never uses) and infinite or undefined
+    ones have no log10: they are counted in the title, not drawn.
     """
-    logs = torch.log10(scores.double().abs().clamp(min=1e-30)).reshape(scores.shape[0], -1)
+    flat = scores.double().abs().reshape(scores.shape[0], -1)
+    zeros = int((flat == 0).sum())
+    logs = torch.log10(flat.masked_fill(flat == 0, float("nan")))
     finite = logs[torch.isfinite(logs)]
+    left_out = int(flat.numel() - zeros - finite.numel())
+    notes = [f"{zeros} scores of 0"] if zeros else []
+    notes += [f"{left_out} infinite or undefined"] if left_out else []
+    if notes:
+        title = f"{title}<br><sup>not shown: {', '.join(notes)}</sup>"
     if value_range is None:
         lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (-1.0, 1.0)
         if hi - lo < 1e-6:
@@ -129,12 +140,13 @@ def score_distribution_figure(
             hovertemplate="layer %{y}, log10 score %{x:.2f}: %{z:.3f}<extra></extra>",
         )
     )
-    fig.add_vline(x=0.0, line=dict(color="white", dash="dash", width=1))
+    if not difference:
+        fig.add_vline(x=0.0, line=dict(color="white", dash="dash", width=1))
     fig.update_layout(
-        title=title,
-        xaxis_title="log10(cripple / focus)",
+        title=dict(text=title, font=dict(size=13)),
+        xaxis_title="log10 |cripple - focus|" if difference else "log10(cripple / focus)",
         yaxis_title="layer",
-        height=max(300, 18 * scores.shape[0] + 120),
-        width=720,
+        height=max(320, 18 * scores.shape[0] + 140),
+        width=960,
     )
     return fig

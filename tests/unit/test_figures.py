@@ -112,6 +112,13 @@ def test_edges_in_one_column_of_the_circuit_graph_do_not_overlap():
     assert middle["L0.H1->L2.H1.v"][0] > 1.0  # a head's column too
     lines = [t for t in figure.data if t.mode == "lines"]
     assert sum(len(t.x) for t in lines) == 3 * (9 + 1)  # curves of 9 points, not segments
+    # a caller's own title still says when edges are left out of the picture
+    mask = EdgeMask.from_edges(graph, names)
+    titled = circuit_graph_figure(graph, scores, mask, max_edges=2, title="eap circuit")
+    assert "eap circuit" in titled.layout.title.text
+    assert "2 of 3 kept edges shown" in titled.layout.title.text
+    whole = circuit_graph_figure(graph, scores, mask, title="eap circuit")
+    assert whole.layout.title.text == "eap circuit"
 
 
 def test_fine_tuning_draws_every_set_of_the_training_data_as_in_domain():
@@ -124,3 +131,22 @@ def test_fine_tuning_draws_every_set_of_the_training_data_as_in_domain():
     assert in_domain_sets("mnli:train", specs, names) == names[:2]
     assert in_domain_sets("my_pairs.jsonl", specs, names) == names[:1]  # a file: the first
     assert in_domain_sets("qqp:train", ["qqp:validation", "paws_qqp:adv"], ["q", "p"]) == ["q"]
+
+
+def test_the_score_histogram_counts_what_it_cannot_draw_and_names_differences():
+    """Zeros (the reference's score of a neuron the cripple set never uses) have no log10: they
+    had been drawn at -30, squeezing every real score into one column; a mean_diff score is a
+    difference, not a ratio."""
+    import torch
+
+    from mi_core.viz.separability import score_distribution_figure
+
+    scores = torch.tensor([[0.5, 2.0, 0.0, 4.0], [1.0, float("inf"), 8.0, 0.25]])
+    fig = score_distribution_figure(scores, title="freq")
+    assert fig.layout.xaxis.range is None or min(fig.layout.xaxis.range) > -2
+    assert min(fig.data[0].x) > -1 and max(fig.data[0].x) < 1  # log10 of 0.25 .. 8
+    assert "1 scores of 0" in fig.layout.title.text
+    assert "1 infinite or undefined" in fig.layout.title.text
+    assert fig.layout.xaxis.title.text == "log10(cripple / focus)" and fig.layout.shapes
+    diff = score_distribution_figure(scores.clamp(max=1.0), title="mean_diff", difference=True)
+    assert diff.layout.xaxis.title.text == "log10 |cripple - focus|" and not diff.layout.shapes

@@ -360,7 +360,8 @@ class CoreBeforeSettings(Config):
 
     enabled: bool = False
     margin: float = 0.03
-    """The rise: out-of-domain accuracy above its first evaluation by more than this."""
+    """The rise: out-of-domain accuracy above its floor (the lowest value of the trained model
+    at the evaluations before it; step 0 is left out) by more than this."""
 
     def validate(self) -> None:
         if not 0 <= self.margin < 1:

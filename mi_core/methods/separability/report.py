@@ -7,6 +7,7 @@ from pathlib import Path
 
 from mi_core.io import write_csv, write_json, write_text
 from mi_core.methods.separability.run import SeparabilityResult
+from mi_core.statistics.constants import DIFFERENCE_SCORINGS
 from mi_core.viz.separability import score_distribution_figure, trajectory_figure
 
 #: Files :func:`write_separability_outputs` writes, by role.
@@ -38,6 +39,7 @@ def figures_html(result: SeparabilityResult, include_plotlyjs: bool | str = True
                 scores,
                 title=f"log10 {scoring.get(site, site)} score ({result.cripple_name} vs "
                 f"{result.focus_name}), {labels.get(site, site)}, step 1",
+                difference=scoring.get(site) in DIFFERENCE_SCORINGS,
             )
         )
     parts = [
