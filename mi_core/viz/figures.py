@@ -237,14 +237,17 @@ def accuracy_vs_sparsity(
     _need(df, [sparsity_col, dataset_col, value_col], "accuracy_vs_sparsity")
     fig = go.Figure()
     for name, group in df.groupby(dataset_col, sort=False):
-        stats = group.groupby(sparsity_col)[value_col].agg(["mean", "std"]).sort_index()
+        stats = group.groupby(sparsity_col)[value_col].agg(["mean", "std", "count"]).sort_index()
         fig.add_trace(
             go.Scatter(
                 x=stats.index.to_numpy(),
                 y=stats["mean"].to_numpy(),
-                error_y={"type": "data", "array": stats["std"].fillna(0).to_numpy()},
+                # one seed has no spread: no bar (a bar of 0 would read as seeds that agree)
+                error_y={"type": "data", "array": stats["std"].to_numpy()},
                 mode="lines+markers",
                 name=with_n(str(name), n),
+                customdata=stats["count"].to_numpy(),
+                hovertemplate="sparsity %{x}: %{y:.3f} (%{customdata} seeds)<extra></extra>",
             )
         )
     for name, acc in (full_model_acc or {}).items():
@@ -253,9 +256,14 @@ def accuracy_vs_sparsity(
         fig, chance, [str(d) for d in dict.fromkeys(df[dataset_col])],
         percent=_is_percent(df[value_col].to_numpy(), [0.0]),
     )  # fmt: skip
+    title = title or "Accuracy vs sparsity (mean ± std over seeds)"
+    if (df.groupby([dataset_col, sparsity_col])[value_col].count() == 1).any():
+        title += "<br><sup>points from a single seed have no error bar</sup>"
+    top = 1.0 if float(df[sparsity_col].max()) <= 1 else 100.0
     fig.update_layout(
-        title=title or "Accuracy vs sparsity (mean ± std over seeds)",
+        title=title,
         xaxis_title="sparsity",
+        xaxis_range=[0, top],  # one sparsity alone: no negative sparsities on the axis
         yaxis_title=value_col,
         yaxis_range=_accuracy_range(
             df[value_col].to_numpy(), list((full_model_acc or {}).values())
@@ -286,15 +294,19 @@ def frequency_heatmap_figure(
             text=z,
             texttemplate="%{text}",
             colorscale="Blues",
+            colorbar={"title": "heads"},
             hovertemplate=f"{label_a}: %{{y}}/{k_a}<br>{label_b}: %{{x}}/{k_b}"
             "<br>heads: %{z}<extra></extra>",
         )
     )
     fig.update_layout(
         title=title or "Number of heads by frequency in two groups of subnetworks",
-        xaxis_title=f"subnetworks at {label_b} keeping the head (of {k_b})",
-        yaxis_title=f"subnetworks at {label_a} keeping the head (of {k_a})",
-    )
+        # whole subnetworks only (plotly would tick 0.5 on a 3 x 3 grid)
+        xaxis={"title": f"subnetworks at {label_b} keeping the head (of {k_b})",
+               "tickmode": "array", "tickvals": list(range(k_b + 1))},
+        yaxis={"title": f"subnetworks at {label_a} keeping the head (of {k_a})",
+               "tickmode": "array", "tickvals": list(range(k_a + 1))},
+    )  # fmt: skip
     return fig
 
 

@@ -150,3 +150,22 @@ def test_the_score_histogram_counts_what_it_cannot_draw_and_names_differences():
     assert fig.layout.xaxis.title.text == "log10(cripple / focus)" and fig.layout.shapes
     diff = score_distribution_figure(scores.clamp(max=1.0), title="mean_diff", difference=True)
     assert diff.layout.xaxis.title.text == "log10 |cripple - focus|" and not diff.layout.shapes
+
+
+def test_figure_4_draws_no_error_bar_for_one_seed_and_figure_5_counts_whole_subnetworks():
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from mi_core.viz import accuracy_vs_sparsity
+    from mi_core.viz.figures import frequency_heatmap_figure
+
+    one = pd.DataFrame({"sparsity": [0.5], "dataset": ["mnli"], "accuracy": [0.8]})
+    fig = accuracy_vs_sparsity(one)
+    assert list(fig.layout.xaxis.range) == [0, 1]  # no negative sparsities around one point
+    assert "a single seed" in fig.layout.title.text
+    assert np.isnan(fig.data[0].error_y.array[0])  # no bar, not a bar of 0
+    two = pd.concat([one, one.assign(accuracy=0.7)])
+    assert "single seed" not in accuracy_vs_sparsity(two).layout.title.text
+    heat = frequency_heatmap_figure(torch.tensor([[1, 0, 0], [0, 2, 0], [0, 0, 3]]))
+    assert list(heat.layout.xaxis.tickvals) == [0, 1, 2] and heat.data[0].colorbar.title.text

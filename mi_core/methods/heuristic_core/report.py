@@ -372,10 +372,15 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
         "first row is the full model.",
     )
     gen.figure(
-        subnetworks_figure(runs, names, full, n=sizes, chance=chance).update_layout(
-            title="Figure 2: in-domain vs out-of-domain accuracy per subnetwork"
-        ),
-        f"x: {pretty[names[0]]} accuracy; y: each out-of-domain set; lines: the full model.",
+        subnetworks_figure(
+            runs.rename(columns={f"acc_{n}": f"acc_{pretty[n]}" for n in names}),
+            [pretty[n] for n in names],
+            {pretty[n]: v for n, v in full.items()},
+            n=sizes_p,
+            chance=chance_p,
+        ).update_layout(title="Figure 2: in-domain vs out-of-domain accuracy per subnetwork"),
+        f"x: {pretty[names[0]]} accuracy; y: each out-of-domain set; labelled lines: the full "
+        "model (dashed, dotted) and chance (grey, dash-dot).",
     )
     if len(names) > 1:
         for sparsity, group in runs.groupby("sparsity", sort=True):
@@ -395,7 +400,9 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
                     n=sizes_p,
                     chance=chance_p,
                 ),
-                "Different subnetworks of one sparsity generalize to different subcases.",
+                "Out-of-domain accuracy of each subnetwork of one sparsity, per subcase (the "
+                "paper finds that different subnetworks generalise to different subcases; the "
+                "findings table says whether this run does).",
             )
     grid = tables.grid_runs
     source, where = (runs, "the sweep") if grid is None or grid.empty else (grid, "grid/")
