@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -379,21 +380,29 @@ def attention_class_chart(
         rows = rows.loc[list(heads)]
     labels = list(rows.index)
     fig = go.Figure()
-    for c in classes:
-        fig.add_trace(go.Bar(x=labels, y=rows[f"{c}_mass"].to_numpy(), name=c))
-    if show_uniform:
-        for c in classes:
-            if f"{c}_uniform" in rows.columns:
-                fig.add_trace(
-                    go.Scatter(
-                        x=labels,
-                        y=rows[f"{c}_uniform"].to_numpy(),
-                        mode="markers",
-                        marker_symbol="line-ew-open",
-                        name=f"{c} (uniform)",
-                    )
+    palette = px.colors.qualitative.Plotly
+    for i, c in enumerate(classes):
+        colour = palette[i % len(palette)]
+        fig.add_trace(
+            go.Bar(x=labels, y=rows[f"{c}_mass"].to_numpy(), name=c, marker_color=colour,
+                   offsetgroup=c, legendgroup=c)
+        )  # fmt: skip
+        if show_uniform and f"{c}_uniform" in rows.columns:
+            # over its own class's bar (scattermode "group"), in the class's colour
+            fig.add_trace(
+                go.Scatter(
+                    x=labels,
+                    y=rows[f"{c}_uniform"].to_numpy(),
+                    mode="markers",
+                    marker={"symbol": "line-ew-open", "size": 16,
+                            "line": {"width": 3, "color": colour}},
+                    offsetgroup=c,
+                    legendgroup=c,
+                    name=f"{c} (uniform)",
                 )
+            )  # fmt: skip
     fig.update_layout(
+        scattermode="group",
         barmode="group",
         title=title or "Attention mass by token class",
         xaxis_title="head",

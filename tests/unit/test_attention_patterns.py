@@ -296,7 +296,8 @@ def test_attention_class_chart():
     pattern = torch.stack(list(_heads().values()))[None]
     table = classify_heads(_scores(pattern))
     fig = attention_class_chart(table, ["L0.H2", "L0.H0"], show_uniform=True)
-    assert [t.name for t in fig.data[:6]] == list(PATTERN_CLASSES)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [t.name for t in bars] == list(PATTERN_CLASSES)
     assert len(fig.data) == 12  # + one uniform-baseline marker trace per class
     overlap = fig.data[0]
     assert list(overlap.x) == ["L0.H2", "L0.H0"]

@@ -169,3 +169,21 @@ def test_figure_4_draws_no_error_bar_for_one_seed_and_figure_5_counts_whole_subn
     assert "single seed" not in accuracy_vs_sparsity(two).layout.title.text
     heat = frequency_heatmap_figure(torch.tensor([[1, 0, 0], [0, 2, 0], [0, 0, 3]]))
     assert list(heat.layout.xaxis.tickvals) == [0, 1, 2] and heat.data[0].colorbar.title.text
+
+
+def test_figure_9_puts_each_uniform_marker_over_its_own_class_bar():
+    """The uniform baselines had all sat at the centre of a head's bar group, in colours of
+    their own: no marker could be matched to its class."""
+    import pandas as pd
+
+    from mi_core.viz.figures import attention_class_chart
+
+    rows = [{"label": "L2.H5", "prev_mass": 0.5, "prev_uniform": 0.1, "sep_mass": 0.2,
+             "sep_uniform": 0.3}]  # fmt: skip
+    fig = attention_class_chart(pd.DataFrame(rows), classes=["prev", "sep"], show_uniform=True)
+    assert fig.layout.scattermode == "group" and fig.layout.barmode == "group"
+    bars = {t.name: t for t in fig.data if t.type == "bar"}
+    marks = {t.name: t for t in fig.data if t.type == "scatter"}
+    for c in ("prev", "sep"):
+        assert marks[f"{c} (uniform)"].offsetgroup == bars[c].offsetgroup == c
+        assert marks[f"{c} (uniform)"].marker.line.color == bars[c].marker.color
