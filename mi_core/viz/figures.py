@@ -388,17 +388,20 @@ def attention_class_chart(
                    offsetgroup=c, legendgroup=c)
         )  # fmt: skip
         if show_uniform and f"{c}_uniform" in rows.columns:
-            # over its own class's bar (scattermode "group"), in the class's colour
+            # a black tick over its own class's bar (scattermode "group"); one legend entry
             fig.add_trace(
                 go.Scatter(
                     x=labels,
                     y=rows[f"{c}_uniform"].to_numpy(),
                     mode="markers",
-                    marker={"symbol": "line-ew-open", "size": 16,
-                            "line": {"width": 3, "color": colour}},
+                    marker={"symbol": "line-ew-open", "size": 16, "color": "black",
+                            "line": {"width": 3}},
                     offsetgroup=c,
-                    legendgroup=c,
-                    name=f"{c} (uniform)",
+                    legendgroup="uniform",
+                    legendrank=2000,  # after the classes
+                    showlegend=not any(t.legendgroup == "uniform" for t in fig.data),
+                    name="a uniform pattern's mass",
+                    hovertemplate=f"{c}, uniform pattern: %{{y:.3f}}<extra></extra>",
                 )
             )  # fmt: skip
     fig.update_layout(

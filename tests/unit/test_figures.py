@@ -183,7 +183,6 @@ def test_figure_9_puts_each_uniform_marker_over_its_own_class_bar():
     fig = attention_class_chart(pd.DataFrame(rows), classes=["prev", "sep"], show_uniform=True)
     assert fig.layout.scattermode == "group" and fig.layout.barmode == "group"
     bars = {t.name: t for t in fig.data if t.type == "bar"}
-    marks = {t.name: t for t in fig.data if t.type == "scatter"}
-    for c in ("prev", "sep"):
-        assert marks[f"{c} (uniform)"].offsetgroup == bars[c].offsetgroup == c
-        assert marks[f"{c} (uniform)"].marker.line.color == bars[c].marker.color
+    marks = [t for t in fig.data if t.type == "scatter"]
+    assert [m.offsetgroup for m in marks] == [bars["prev"].offsetgroup, bars["sep"].offsetgroup]
+    assert [m.showlegend for m in marks] == [True, False]  # one legend entry for the ticks
