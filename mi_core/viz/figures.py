@@ -348,10 +348,15 @@ def effective_size_over_training(
             row=2,
             col=1,
         )
-    fig.update_yaxes(title_text="accuracy", row=1, col=1)
-    fig.update_yaxes(title_text="effective size (%)", row=2, col=1)
+    # the whole scales, as the other accuracy figures (a flat curve stays flat), whole steps
+    fig.update_yaxes(
+        title_text="accuracy", range=_accuracy_range(accuracy_df["accuracy"].to_numpy()),
+        row=1, col=1,
+    )  # fmt: skip
+    fig.update_yaxes(title_text="effective size (%)", range=[0, 102], row=2, col=1)
+    fig.update_xaxes(tickformat="d")
     fig.update_xaxes(title_text="training step", row=2, col=1)
-    fig.update_layout(title=title or "Accuracy and effective size over training")
+    fig.update_layout(title=title or "Accuracy and effective size over training", height=640)
     return fig
 
 

@@ -168,6 +168,9 @@ def test_effective_size_over_training_figure():
         "effective size (mixed)",
     ]
     assert list(fig.data[4].x) == [100, 200] and list(fig.data[4].y) == [60.0, 70.0]
+    # the whole scales, as the other accuracy figures: a flat curve is not stretched
+    assert list(fig.layout.yaxis.range) == [0.0, 1.02]
+    assert list(fig.layout.yaxis2.range) == [0, 102]
     assert fig.data[4].yaxis == "y2" and fig.data[0].yaxis == "y"
     assert fig.layout.yaxis2.title.text == "effective size (%)"
     assert fig.layout.xaxis2.title.text == "training step"
