@@ -79,6 +79,23 @@ def trajectory_figure(
                 row=row,
                 col=col,
             )
+            # the area closes the path from (1, 1) and to (0, 0): draw those legs, dotted
+            xs, ys = [float(v) for v in x], [float(v) for v in y]
+            if xs:
+                fig.add_trace(
+                    go.Scatter(
+                        x=[1.0, xs[0], None, xs[-1], 0.0],
+                        y=[1.0, ys[0], None, ys[-1], 0.0],
+                        mode="lines",
+                        line=dict(color=colours[i % len(colours)], dash="dot", width=1),
+                        showlegend=False,
+                        legendgroup=str(method),
+                        hoverinfo="skip",
+                        name=f"{method}: closing legs of the area",
+                    ),
+                    row=row,
+                    col=col,
+                )
         fig.update_xaxes(title_text=f"{x_name} (relative)", range=[0, 1.05], row=row, col=col)
         fig.update_yaxes(
             title_text=f"{y_name} (relative)" if col == 1 else None,

@@ -44,10 +44,13 @@ def test_the_separability_figure_fits_1400_pixels_and_names_each_areas_metric():
             rows.append(row)
     fig = trajectory_figure(pd.DataFrame(rows))
     assert fig.layout.width <= 1400
-    names = {t.name for t in fig.data if t.name != "no separation"}
+    names = {t.name for t in fig.data if t.showlegend is not False and t.name != "no separation"}
     expected = {f"{m}: {metric} area " for m in ("freq", "random") for metric in
                 ("top1", "top10", "skip50_top1", "skip50_top10", "loss")}  # fmt: skip
     assert {name.rsplit("area ", 1)[0] + "area " for name in names} == expected
+    # the legs the area closes with, (1, 1) to the first point and the last to (0, 0), drawn
+    legs = [t for t in fig.data if str(t.name).endswith("closing legs of the area")]
+    assert len(legs) == 2 * 5 and list(legs[0].x)[-1] == 0.0 and list(legs[0].x)[0] == 1.0
 
 
 def _lines(fig, axis):
