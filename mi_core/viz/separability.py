@@ -60,8 +60,10 @@ def trajectory_figure(
             row=row,
             col=col,
         )
+        drawn = False
         for i, (method, frame) in enumerate(trajectory.groupby("method", sort=False)):
             x, y = trajectory_axes(frame, metric, mode)
+            drawn = drawn or bool(np.isfinite(np.asarray(x, dtype=float)).any())
             area = trajectory_areas(frame, mode, [metric])[metric]["area"]
             steps = frame.sort_values("step")["step"].tolist()
             fig.add_trace(
@@ -96,6 +98,11 @@ def trajectory_figure(
                     row=row,
                     col=col,
                 )
+        if not drawn:  # e.g. an unpruned model whose top-1 is 0: nothing to be relative to
+            fig.add_annotation(
+                text=f"no trajectory: the unpruned model's {metric}<br>is 0 or undefined",
+                x=0.5, y=0.5, showarrow=False, row=row, col=col,
+            )  # fmt: skip
         fig.update_xaxes(title_text=f"{x_name} (relative)", range=[0, 1.05], row=row, col=col)
         fig.update_yaxes(
             title_text=f"{y_name} (relative)" if col == 1 else None,

@@ -51,6 +51,11 @@ def test_the_separability_figure_fits_1400_pixels_and_names_each_areas_metric():
     # the legs the area closes with, (1, 1) to the first point and the last to (0, 0), drawn
     legs = [t for t in fig.data if str(t.name).endswith("closing legs of the area")]
     assert len(legs) == 2 * 5 and list(legs[0].x)[-1] == 0.0 and list(legs[0].x)[0] == 1.0
+    assert not any("no trajectory" in a.text for a in fig.layout.annotations)
+    # an unpruned model that scores 0 on a metric has no relative trajectory: said, not blank
+    zero = pd.DataFrame(rows).assign(focus_top1=0.0, cripple_top1=0.0)
+    notes = [a.text for a in trajectory_figure(zero).layout.annotations]
+    assert sum("no trajectory: the unpruned model's top1" in t for t in notes) == 1
 
 
 def _lines(fig, axis):
