@@ -38,6 +38,9 @@ def _node_xy(graph: Graph) -> dict[str, tuple[float, float]]:
 #: of each other; bowed by length, each layer gap gets its own arc.
 _BOW = 0.12
 _CURVE_POINTS = 9
+#: The largest upward offset of a near-horizontal edge's control point (half of it at the
+#: curve's middle): less than a layer's height.
+_FLAT_BOW = 1.2
 
 
 def _curve(
@@ -47,7 +50,12 @@ def _curve(
     points' x, y and the curve's midpoint (where its hover marker goes)."""
     (x0, y0), (x1, y1) = start, end
     dx, dy = x1 - x0, y1 - y0
-    cx, cy = (x0 + x1) / 2 + _BOW * dy * 2, (y0 + y1) / 2 - _BOW * dx * 2  # control point
+    ox, oy = _BOW * dy * 2, -_BOW * dx * 2  # the control point's offset from the midpoint
+    if abs(dx) > abs(dy):
+        # a near-horizontal edge (a head into its own layer's MLP) bows up, a little, away
+        # from the row of heads it starts in, instead of running through its neighbours
+        ox, oy = 0.0, min(abs(oy), _FLAT_BOW)
+    cx, cy = (x0 + x1) / 2 + ox, (y0 + y1) / 2 + oy  # control point
     ts = [i / (_CURVE_POINTS - 1) for i in range(_CURVE_POINTS)]
     xs = [(1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t**2 * x1 for t in ts]
     ys = [(1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t**2 * y1 for t in ts]

@@ -120,6 +120,15 @@ def test_edges_in_one_column_of_the_circuit_graph_do_not_overlap():
     assert middle["L0.H1->L2.H1.v"][0] > 1.0  # a head's column too
     lines = [t for t in figure.data if t.mode == "lines"]
     assert sum(len(t.x) for t in lines) == 3 * (9 + 1)  # curves of 9 points, not segments
+    # a head into its own layer's MLP bows above its row of heads, not through them
+    wide = Graph(n_layers=2, n_heads=12, d_model=8)
+    edge = "L1.H0->L1.MLP"
+    one = torch.zeros(wide.n_edges)
+    one[wide.edge_names.index(edge)] = 1.0
+    flat = circuit_graph_figure(wide, one, EdgeMask.from_edges(wide, [edge]))
+    curve = next(t for t in flat.data if t.mode == "lines")
+    ys = [y for y in curve.y if y is not None]
+    assert min(ys) >= 2.0 and max(ys) < 4.0  # the heads' row is y = 2, the next layer's 4
     # a caller's own title still says when edges are left out of the picture
     mask = EdgeMask.from_edges(graph, names)
     titled = circuit_graph_figure(graph, scores, mask, max_edges=2, title="eap circuit")
