@@ -121,24 +121,28 @@ def binary_mask_from_log_alpha(
 
 
 def reference_soft_mask(
-    log_alpha: Float[torch.Tensor, " components"], n_layers: int, n_heads: int
+    log_alpha: Float[torch.Tensor, " components"],
+    n_layers: int,
+    n_heads: int,
+    beta: float = BETA,
 ) -> Float[torch.Tensor, " components"]:
     """The authors' deterministic gates, flat: per module, the expected zeros set to 0.
 
     Each module (the ``n_heads`` heads of a layer; the MLP of a layer) gets
     ``k = round(sum(P(z = 0)))`` zeros, on its ``k`` entries with the smallest soft value
     ``sigmoid(0.8 * log_alpha / beta)``; the other entries keep their soft value in (0, 1).
+    ``beta``: the run's temperature (the authors' one ``TEMPERATURE`` for sampling and this).
     """
     flat = log_alpha.detach().reshape(-1).double().cpu()
     if not bool(torch.isfinite(flat).all()):
         raise TrainingError("log_alpha contains NaN or infinite values; cannot rank components")
-    soft = torch.sigmoid(flat / BETA * REFERENCE_FACTOR)
+    soft = torch.sigmoid(flat / beta * REFERENCE_FACTOR)
     heads, mlps = unflatten_components(torch.arange(flat.numel()), n_layers, n_heads)
     groups = [heads[layer] for layer in range(n_layers)] + [
         mlps[l : l + 1] for l in range(n_layers)
     ]
     for index in groups:
-        expected_zeros = float((1.0 - hard_concrete_prob_nonzero(flat[index])).sum())
+        expected_zeros = float((1.0 - hard_concrete_prob_nonzero(flat[index], beta)).sum())
         k = int(torch.round(torch.tensor(expected_zeros)).item())
         if k > 0:
             order = torch.sort(soft[index], stable=True).indices[:k]
@@ -153,6 +157,7 @@ def reference_binary_mask(
     target_sparsity: float,
     weights: Float[torch.Tensor, " components"] | None = None,
     grid: tuple[float, ...] = THRESHOLD_GRID,
+    beta: float = BETA,
 ) -> tuple[Bool[torch.Tensor, " components"], AchievedSparsity]:
     """The authors' discretisation: keep ``soft > threshold`` (see :func:`reference_soft_mask`).
 
@@ -162,12 +167,15 @@ def reference_binary_mask(
     """
     if not 0.0 <= target_sparsity <= 1.0:
         raise ConfigError(f"target sparsity must lie in [0, 1], got {target_sparsity}")
-    soft = reference_soft_mask(log_alpha, n_layers, n_heads).cpu()
+    soft = reference_soft_mask(log_alpha, n_layers, n_heads, beta).cpu()
+    n = soft.numel()
     best: tuple[float, float, torch.Tensor] | None = None
     for threshold in grid:
         keep = soft > threshold
-        gap = abs(float((~keep).float().mean()) - target_sparsity)
-        if best is None or gap < best[0] - 1e-12:
+        # in components, in float64: a float32 mean had split exact ties by rounding (77 and
+        # 79 of 156 around 78), so the sparser mask won one of two mirror-image ties
+        gap = abs(int((~keep).sum()) - target_sparsity * n)
+        if best is None or gap < best[0] - 1e-9:
             best = (gap, threshold, keep)
     assert best is not None
     _, threshold, keep = best
@@ -183,10 +191,14 @@ def discretize(
     target_sparsity: float,
     rule: str = "reference",
     weights: Float[torch.Tensor, " components"] | None = None,
+    beta: float = BETA,
 ) -> tuple[Bool[torch.Tensor, " components"], AchievedSparsity]:
-    """A binary mask from flat gates by ``rule`` (``"reference"`` or ``"exact"``)."""
+    """A binary mask from flat gates by ``rule`` (``"reference"`` or ``"exact"``); ``beta``: the
+    run's temperature, which the reference rule's soft gates and expected zeros read."""
     if rule == "reference":
-        return reference_binary_mask(log_alpha, n_layers, n_heads, target_sparsity, weights)
+        return reference_binary_mask(
+            log_alpha, n_layers, n_heads, target_sparsity, weights, beta=beta
+        )
     if rule == "exact":
         return binary_mask_from_log_alpha(log_alpha, target_sparsity, weights)
     raise ConfigError(f"unknown discretisation {rule!r}; choose one of {DISCRETIZE_RULES}")

@@ -1237,8 +1237,9 @@ def _finish(
     dims = model_dims(model)
     weights = _sparsity_weights(model, cfg.sparsity_weighting)
     keep, achieved = discretize(
-        log_alpha, dims.n_layers, dims.n_heads, cfg.target_sparsity, cfg.discretize, weights
-    )
+        log_alpha, dims.n_layers, dims.n_heads, cfg.target_sparsity, cfg.discretize, weights,
+        beta=cfg.beta,
+    )  # fmt: skip
     heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
     mask = ComponentMask(heads, mlps)
     if run_dir is not None:

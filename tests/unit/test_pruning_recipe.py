@@ -248,3 +248,27 @@ def test_the_pruning_package_example_runs_the_paper_recipe():
         "sampled",
     )
     assert float(names["gates"].log_alpha.detach().mean()) < cfg.log_alpha_init  # decayed
+
+
+@pytest.mark.parametrize(("low", "edge", "removed"), [(77, 2, 77), (76, 4, 76)])
+def test_the_reference_threshold_breaks_ties_towards_the_denser_mask(low, edge, removed):
+    """156 components (BERT-base), target 0.5 (78): thresholds that remove 77 and 79 (or 76 and
+    80) lie equally far from it, and the denser mask wins both ties; float32 means had let the
+    sparser one win the first."""
+    from mi_core.pruning.discretize import reference_binary_mask
+
+    log_alpha = torch.full((156,), 3.0)
+    log_alpha[:low] = -1.0
+    log_alpha[low : low + edge] = -0.05
+    keep, achieved = reference_binary_mask(log_alpha, 12, 12, 0.5)
+    assert int((~keep).sum()) == removed
+
+
+def test_the_reference_discretisation_reads_the_run_s_temperature():
+    """beta (--beta) sets the expected zeros of each module as it sets the samples: 12 heads at
+    log_alpha -0.5 expect 3.4 zeros at beta 2/3 and 4.1 at beta 1/2 (rounded: 3 and 4)."""
+    from mi_core.pruning.discretize import reference_soft_mask
+
+    log_alpha = torch.cat([torch.full((12,), -0.5), torch.full((1,), 3.0)])
+    assert int((reference_soft_mask(log_alpha, 1, 12) == 0).sum()) == 3
+    assert int((reference_soft_mask(log_alpha, 1, 12, beta=0.5) == 0).sum()) == 4
