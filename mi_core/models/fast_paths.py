@@ -1,12 +1,15 @@
-"""Fused fast paths for hooked models that keep every hook working.
-
-TransformerLens computes attention and LayerNorm step by step so that every intermediate can be
-hooked. When nobody hooks those intermediates (no hook on ``hook_attn_scores`` / ``hook_pattern``,
-or on ``ln.hook_scale`` / ``ln.hook_normalized``), the same result comes from PyTorch's fused
-kernels: ``scaled_dot_product_attention`` and ``layer_norm``. Each call checks for hooks and
-falls back to TL's own code when any is attached, so ``run_with_cache`` and pattern hooks see
-exactly what they always see; hooks on ``hook_q/k/v``, ``hook_z`` and everything outside these
-modules fire on both paths (classifiers: :func:`enable_fast_paths`).
+"""Fused fast paths for hooked models that keep every hook working. TransformerLens computes
+attention and LayerNorm step by step so that every intermediate can be hooked. When nobody
+hooks those intermediates (no hook on ``hook_attn_scores`` / ``hook_pattern``, or on
+``ln.hook_scale`` / ``ln.hook_normalized``), the same result comes from PyTorch's fused
+kernels: ``scaled_dot_product_attention`` and ``layer_norm`` (in float32 / float64 to 1e-6; a
+classifier in bfloat16 / float16 keeps the fused kernels, within a rounding step of
+TransformerLens's own order and no further from a float64 run). Forward-mode derivatives
+(``torch.func.jvp``, ``jacfwd``), which the fused attention lacks, take the attention written
+out; second-order gradients need ``fast_paths=False`` (:func:`disable_fast_paths`). Each call
+checks for hooks and falls back to TL's own code when any is attached, so ``run_with_cache``
+and pattern hooks see exactly what they always see; hooks on ``hook_q/k/v``, ``hook_z`` and
+everything outside these modules fire on both paths (classifiers: :func:`enable_fast_paths`).
 
 Causal LMs (:func:`enable_lm_fast_paths`): TransformerLens's gated MLP and unembedding copy their
 weights' transposes to contiguous blocks at every call (so that bfloat16 sums in Hugging Face's
@@ -94,6 +97,29 @@ def _fast_attention(
     return _attend(self, q, k, v, mask, causal)
 
 
+def _attention_math(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` written out (``[batch, head, pos, d_head]``), for what
+    the fused kernels do not support (forward-mode derivatives)."""
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        n, m = scores.shape[-2:]
+        scores = scores.masked_fill(
+            ~torch.ones(n, m, dtype=torch.bool, device=q.device).tril(), float("-inf")
+        )
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else (
+            scores + mask
+        )  # fmt: skip
+    return torch.softmax(scores, dim=-1) @ v
+
+
 def _attend(
     self: AbstractAttention,
     q: torch.Tensor,
@@ -111,14 +137,17 @@ def _attend(
     may see no key, whose ``z`` is zero (TransformerLens zeroes their NaN pattern)."""
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    z = F.scaled_dot_product_attention(
+    args = (
         q.transpose(1, 2),
         k.to(device=q.device, dtype=q.dtype).transpose(1, 2),
         v.to(device=q.device, dtype=q.dtype).transpose(1, 2),
-        attn_mask=mask,
-        is_causal=causal,
-        scale=1.0 / self.attn_scale,
-    ).transpose(1, 2)
+    )
+    try:
+        z = F.scaled_dot_product_attention(
+            *args, attn_mask=mask, is_causal=causal, scale=1.0 / self.attn_scale
+        ).transpose(1, 2)
+    except NotImplementedError:  # forward-mode AD (jvp, jacfwd): the fused kernels lack it
+        z = _attention_math(*args, mask, causal, 1.0 / self.attn_scale).transpose(1, 2)
     if empty is not None:
         z = z.masked_fill(empty[:, :, None, None], 0.0)
     z = self.hook_z(z)

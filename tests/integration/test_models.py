@@ -585,6 +585,36 @@ def test_fast_paths_can_be_switched_off_for_second_order_gradients(tiny_checkpoi
     torch.testing.assert_close(hvp(plain), hvp(fast, pattern), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["gpt2-lm", "llama-lm", "bert-cls"])
+def test_forward_mode_derivatives_work_on_the_fast_paths(kind, tiny_checkpoints):
+    """jvp / jacfwd: the fused attention kernels have no forward-mode derivative, so the fast
+    path writes its attention out for them, with and without a padding mask."""
+    from torch.func import jvp
+
+    task = "mnli" if kind.endswith("cls") else None
+    results = []
+    for fast_paths in (True, False):
+        model = load_model(tiny_checkpoints[kind], task=task, fast_paths=fast_paths)
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(1000, 2000, (2, 6), generator=gen)
+        mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])
+        cache = model.run_with_cache(ids, names_filter="blocks.0.hook_resid_pre")[1]
+        start = cache["blocks.0.hook_resid_pre"]
+        tangent = torch.randn(start.shape, generator=gen)
+        kwargs = {"attention_mask": mask}
+
+        def from_stream(x, model=model, ids=ids, kwargs=kwargs):
+            hooks = [("blocks.0.hook_resid_pre", lambda _, hook: x)]
+            out = model.run_with_hooks(ids, fwd_hooks=hooks, **kwargs)
+            return out.float().logsumexp(-1)
+
+        results.append(jvp(from_stream, (start,), (tangent,)))
+    (value, derivative), (plain_value, plain_derivative) = results
+    torch.testing.assert_close(value, plain_value, atol=1e-5, rtol=1e-5)
+    scale = float(plain_derivative.abs().max())
+    torch.testing.assert_close(derivative, plain_derivative, atol=1e-5 * scale, rtol=1e-4)
+
+
 def test_a_checkpoint_with_its_labels_in_another_order_is_read_in_the_tasks_order(
     tiny_checkpoints, tmp_path, caplog
 ):
