@@ -16,6 +16,7 @@ embedded by default, so it opens offline).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -257,13 +258,13 @@ def accuracy_vs_sparsity(
         fig, chance, [str(d) for d in dict.fromkeys(df[dataset_col])],
         percent=_is_percent(df[value_col].to_numpy(), [0.0]),
     )  # fmt: skip
-    title = title or "Accuracy vs sparsity (mean ± std over seeds)"
-    if (df.groupby([dataset_col, sparsity_col])[value_col].count() == 1).any():
-        title += "<br><sup>points from a single seed have no error bar</sup>"
+    single = (df.groupby([dataset_col, sparsity_col])[value_col].count() == 1).any()
     top = 1.0 if float(df[sparsity_col].max()) <= 1 else 100.0
     fig.update_layout(
-        title=title,
-        xaxis_title="sparsity",
+        title=title or "Accuracy vs sparsity (mean ± std over seeds)",
+        xaxis_title="sparsity (points from a single seed have no error bar)"
+        if single
+        else "sparsity",
         xaxis_range=[0, top],  # one sparsity alone: no negative sparsities on the axis
         yaxis_title=value_col,
         yaxis_range=_accuracy_range(
@@ -477,6 +478,8 @@ def write_figure_html(
 
     page = fig.to_html(include_plotlyjs=include_plotlyjs, full_html=True, **kwargs)
     name = title or fig.layout.title.text or Path(path).stem.replace("_", " ")
+    # a figure title's subtitle (after <br>) and markup stay out of the page's title
+    name = re.sub(r"<[^>]*>", "", re.split(r"<br\s*/?>", name)[0]).strip() or name
     heading = f"<title>{html.escape(name)}</title>"
     page = page.replace("<head>", f"<head>\n    {heading}", 1)
     return write_text(path, page)
