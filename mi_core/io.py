@@ -155,9 +155,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except OSError as exc:  # name the file the user asked for, not the hidden temporary one
-        ours = exc.filename is None or str(exc.filename).startswith(
-            str(target.parent / f".{target.name}.")
-        )
+        hidden = os.path.abspath(target.parent / f".{target.name}.")
+        ours = exc.filename is None or os.path.abspath(str(exc.filename)).startswith(hidden)
         if not ours:
             raise
         raise type(exc)(exc.errno, exc.strerror or str(exc), str(target)) from exc

@@ -46,7 +46,14 @@ from mi_core.errors import ConfigError, DataError, OutputError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, Subnetwork, ablate, load_means
 from mi_core.interventions.components import model_dims
-from mi_core.io import read_json, read_safetensors, write_csv, write_json, write_safetensors
+from mi_core.io import (
+    check_replaceable,
+    read_json,
+    read_safetensors,
+    write_csv,
+    write_json,
+    write_safetensors,
+)
 from mi_core.models.classifier import StagedClassifier
 from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import fingerprint_held, weights_fingerprint
@@ -688,6 +695,22 @@ def _start_run(
 
 #: PruneConfig fields added after runs were first written, with the value older runs used.
 _DEFAULTS_SINCE: dict[str, Any] = {"precision": "fp32"}
+#: The files a pruning run writes in its folder.
+RUN_FILES = (
+    "config.json",
+    "checkpoint.safetensors",
+    "log.csv",
+    "reference_logits.safetensors",
+    "mask.safetensors",
+    "mask.json",
+    "metrics.json",
+    "subnetwork.safetensors",
+)
+
+#: Settings that change how often a run saves, logs and evaluates, not what it learns: a
+#: resumed run may change them.
+_NOT_LEARNT = ("checkpoint_every", "eval_every", "eval_batch_size")
+
 #: Configuration fields that may differ between the runs trained together in one group: the
 #: target and the seed, and the schedules derived from the target (the paper's step counts and
 #: warm-ups grow with the sparsity).
@@ -1019,7 +1042,9 @@ def _claim_run_dir(
     max_eval_examples: int | None,
     reference_logits_path: str | os.PathLike[str] | None,
 ) -> None:
-    """Write ``config.json`` in a new run folder, or check that an existing one is this run."""
+    """Write ``config.json`` in a new run folder, or check that an existing one is this run
+    (and, before any training, that every file the run writes can be replaced)."""
+    check_replaceable(run_dir, RUN_FILES)
     identity = {  # what a run folder must match to be resumed
         "prune": config.to_dict(),
         "model_fingerprint": weights_fingerprint(model),
@@ -1041,6 +1066,13 @@ def _claim_run_dir(
         if isinstance(old.get("prune"), dict):  # a field added since: its default was implied
             added = {k: v for k, v in _DEFAULTS_SINCE.items() if k not in old["prune"]}
             old["prune"] = {**old["prune"], **added}
+        # how often a run saves, logs and evaluates, and its evaluation batch size, change
+        # nothing it learns: a resumed run may take other values (a user who crashed may want
+        # to checkpoint more often), and config.json records them
+        if isinstance(old.get("prune"), dict):
+            old["prune"] = {
+                **old["prune"], **{k: identity["prune"][k] for k in _NOT_LEARNT}
+            }  # fmt: skip
         differ = sorted(k for k in identity if old.get(k) != identity[k])
         if "prune" in differ and isinstance(old.get("prune"), dict):  # name the fields
             was, now = old["prune"], identity["prune"]
@@ -1054,7 +1086,12 @@ def _claim_run_dir(
         # the same run asked with other eval sets or sizes: record them (a finished run's
         # metrics are re-evaluated to match); best effort, as the record is not the result
         asked = {k: run_config[k] for k in ("eval", "max_eval_examples")}
-        if any(old.get(k) != v for k, v in asked.items()):
+        recorded = read_json(config_path).get("prune")
+        if isinstance(recorded, dict) and any(
+            recorded.get(k) != identity["prune"][k] for k in _NOT_LEARNT
+        ):
+            asked["prune"] = {**recorded, **{k: identity["prune"][k] for k in _NOT_LEARNT}}
+        if any(old.get(k) != v for k, v in asked.items()) or "prune" in asked:
             try:
                 write_json(config_path, {**read_json(config_path), **asked})
             except OutputError as exc:

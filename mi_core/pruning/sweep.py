@@ -40,12 +40,13 @@ from mi_core.data.batches import tokenize_pairs
 from mi_core.errors import ConfigError, MiCoreError, TrainingError
 from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ComponentMeans
-from mi_core.io import read_json, write_csv, write_json
+from mi_core.io import check_replaceable, read_json, write_csv, write_json
 from mi_core.models.fingerprint import fingerprint_held
 from mi_core.pruning.constants import EXECUTORS, check_ray_gpus
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
 from mi_core.pruning.run import (
+    RUN_FILES,
     _claim_run_dir,
     _load_data,
     _load_inputs,
@@ -590,6 +591,15 @@ def run_sweep(
             model_obj, task, means, cfg.ablation, train, max_train_examples, eval_sets,
             max_eval_examples,
         )  # fmt: skip
+        # every file the sweep will replace, before any work (a read-only run folder had been
+        # found after the runs before it)
+        check_replaceable(
+            sweep_dir, ("reference_logits.safetensors", "full_model.json", "subnetworks.csv",
+                        "subnetworks.html")
+        )  # fmt: skip
+        for r in runs:
+            if not is_complete(r.run_dir):
+                check_replaceable(r.run_dir, RUN_FILES)
         for r in runs:  # a folder left by a run with other settings is refused, finished or not
             if (r.run_dir / "config.json").is_file():
                 _claim_run_dir(

@@ -29,7 +29,7 @@ from mi_core.data import load_pairs, pair_batches
 from mi_core.devices import autocast, grad_scaler, matmul_precision, to_device
 from mi_core.errors import ConfigError, DataError, ModelLoadError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
-from mi_core.io import read_json, write_csv, write_json
+from mi_core.io import check_replaceable, read_json, write_csv, write_json
 from mi_core.models import load_hf_classifier
 from mi_core.seeding import derive_seed
 from mi_core.training.checkpoints import (
@@ -123,6 +123,8 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
                         source, exc)  # fmt: skip
             checkpoints = checkpoints[:-1]
     model.to(device)
+    if not finished:  # every record a step writes, before the first step (not after a save's worth)
+        check_replaceable(out, (CONFIG, TRAIN_LOSS, METRICS, "training_dynamics.html"))
     out.mkdir(parents=True, exist_ok=True)
     if not finished:
         write_json(out / CONFIG, asdict(cfg))  # a finished run's record stays what it ran

@@ -258,3 +258,49 @@ def test_a_link_is_written_through_and_a_device_is_never_replaced(tmp_path, caps
     assert main(argv) == 2
     assert "it is not a regular file" in _one_line(capsys)
     assert fifo.exists() and not fifo.is_file()
+
+
+def test_a_failed_write_names_the_file_asked_for_also_on_a_relative_path(tmp_path, monkeypatch):
+    """mkstemp returns the temporary file's absolute path: compared with a relative target it
+    had not been recognised, and errors named the hidden temporary file."""
+    from mi_core.io import write_json
+
+    monkeypatch.chdir(tmp_path)
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied", src)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(PermissionError) as caught:
+        write_json(os.path.join("out", "x.json"), {})
+    assert caught.value.filename == os.path.join("out", "x.json")
+
+
+def test_training_jobs_check_their_records_before_the_first_step(
+    tmp_path, capsys, tiny_checkpoints, data_dir
+):
+    """finetune wrote train_loss.csv only at its first save, after training up to it, and a
+    sweep met a read-only run folder after the runs before it: both lost the work each retry."""
+    model = str(tiny_checkpoints["bert-cls"])
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "train_loss.csv").write_text("step,loss,lr\n")
+    (out / "train_loss.csv").chmod(0o444)
+    argv = ["finetune", "--model", model, "--task", "mnli", "--train", "mnli:train", "--steps",
+            "2", "--save-every", "2", "--max-train-examples", "16", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    assert "train_loss.csv: the file is read-only" in _one_line(capsys)
+    assert not list(out.glob("checkpoint-*"))  # refused before training
+
+    sweep = tmp_path / "sweep"
+    blocked = sweep / "s0.50" / "seed2"
+    blocked.mkdir(parents=True)
+    (blocked / "log.csv").write_text("")
+    (blocked / "log.csv").chmod(0o444)
+    argv = ["sweep", "--model", model, "--task", "mnli", "--train", "mnli:train", "--sparsities",
+            "0.5", "--seeds", "1-2", "--max-train-examples", "16", "--steps", "2", "--ablation",
+            "zero", "--out",
+            str(sweep), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    assert "seed2/log.csv: the file is read-only" in _one_line(capsys)
+    assert not (sweep / "s0.50" / "seed1" / "metrics.json").exists()  # no run before it
