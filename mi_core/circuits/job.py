@@ -181,10 +181,28 @@ def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dic
                                   gates=gates))  # fmt: skip
 
 
+def _finished_attribution(out: Path, config: AttributeConfig) -> dict[str, Any] | None:
+    """The summary of a finished attribution in ``out`` with these settings and every file in
+    place (a re-run of it is a no-op, as a finished pruning run's is: an exact-patching run is
+    one forward per edge); None when there is something to compute."""
+    done = out / "summary.json"
+    if not done.is_file() or not all((out / name).is_file() for name in _ATTRIBUTE_FILES):
+        return None
+    summary = read_json(done)
+    saved = summary.get("config", {})
+    now = json.loads(json.dumps(config.to_dict()))  # as summary.json holds it
+    if any(saved.get(k) != v for k, v in now.items() if k not in _WHERE_NOT_WHAT):
+        return None
+    return {**summary, "finished_before": True}  # the flag is the caller's, not the file's
+
+
 def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict[str, Any]:
     """Score the edges, judge top-k circuits on held-out pairs, write everything to ``out``."""
     out = Path(config.out)
     _check_out(out, config.method, config.to_dict())
+    finished = _finished_attribution(out, config)
+    if finished is not None:
+        return finished
     check_replaceable(out, _ATTRIBUTE_FILES)
     model, find, judge, means = _prepare(config)
     metric = get_metric(config.metric)
@@ -290,7 +308,8 @@ def _check_out(out: str | os.PathLike[str], method: str, now: dict[str, Any]) ->
         raise ConfigError(
             f"{folder} holds the results of {had}, not {method}; use another --out or delete it"
         )
-    if method != "edge-pruning":  # an attribution keeps nothing to resume: a re-run replaces it
+    if method != "edge-pruning":  # an attribution with other settings replaces it (the same: a
+        # no-op, see _finished_attribution)
         return
     saved = summary.get("config", {})
     now = json.loads(json.dumps(now))  # as summary.json holds it (tuples become lists)

@@ -108,7 +108,11 @@ def run_attribute(args: argparse.Namespace) -> None:
     from mi_core.circuits.job import run_attribute_job
 
     config = config_from_args(args)
-    _report(run_attribute_job(config, progress=not args.no_progress), config.out)
+    summary = run_attribute_job(config, progress=not args.no_progress)
+    if summary.pop("finished_before", False):
+        print(f"{config.out}: finished before with these settings; nothing recomputed "
+              "(delete its summary.json to recompute)")  # fmt: skip
+    _report(summary, config.out)
 
 
 def run_sweep(args: argparse.Namespace) -> None:

@@ -26,10 +26,19 @@ def test_attribute_writes_scores_circuit_curve_and_mib(tmp_path, capsys, tiny_ch
     assert main(argv) == 0
     first = capsys.readouterr()
     assert "recovers" in first.out and "faithfulness: 100%" in first.err  # progress bars
-    # the same command again: replaced (summary.json holds lists where the config holds
-    # tuples: a re-run was refused as "other settings"); --no-progress silences the bars
+    # the same command again: finished, nothing recomputed (summary.json holds lists where the
+    # config holds tuples: a re-run was refused as "other settings"); --no-progress silences
+    # the bars
+    stamp = (out / "scores.safetensors").stat().st_mtime_ns
     assert main([*argv, "--no-progress"]) == 0
-    assert "%|" not in capsys.readouterr().err
+    again = capsys.readouterr()
+    assert "%|" not in again.err and "finished before with these settings" in again.out
+    assert "recovers" in again.out and (out / "scores.safetensors").stat().st_mtime_ns == stamp
+    # other settings replace it
+    assert main([*argv, "--no-progress", "--circuit-fraction", "0.04"]) == 0
+    assert "finished before" not in capsys.readouterr().out
+    assert main([*argv, "--no-progress"]) == 0  # back to the first settings: recomputed
+    capsys.readouterr()
     # a read-only output is refused before any work (it was found after the job, with the
     # other files replaced beside a summary that contradicted them)
     (out / "summary.json").chmod(0o444)
