@@ -190,6 +190,13 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+#: What to do with a damaged file a job wrote: remove it alone. The job remakes what it can
+#: (a cache, a record, a finished run's metrics from its last checkpoint) and starts over only
+#: the piece that file was (a run's checkpoint); removing the whole run folder would throw
+#: away the rest.
+_REMOVE_ONE = "remove that one file and run the job that wrote it again, which remakes it"
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file; a damaged one raises :class:`~mi_core.errors.DamagedFileError` naming
     it."""
@@ -198,8 +205,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
         raise DamagedFileError(
-            f"{path} is damaged ({reason}): a partly written or edited file; restore it, or "
-            "remove the work it belongs to (its run folder) to start that work over"
+            f"{path} is damaged ({reason}): a partly written or edited file; restore it, or, if "
+            f"a mi-core job wrote it, {_REMOVE_ONE}"
         ) from None
 
 
@@ -246,6 +253,6 @@ def read_safetensors(
         return load_file(str(path)), metadata
     except SafetensorError as exc:
         raise DamagedFileError(
-            f"{path} is damaged ({exc}): a partly written file; restore it, or remove the work "
-            "it belongs to (its run folder) to start that work over"
+            f"{path} is damaged ({exc}): a partly written file; restore it, or, if a mi-core "
+            f"job wrote it, {_REMOVE_ONE}"
         ) from None
