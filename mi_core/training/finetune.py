@@ -80,6 +80,14 @@ def _check_resumable(cfg: FinetuneConfig, out: Path, finished: bool) -> None:
             f"{out} holds a run with other settings ({', '.join(changed)}); "
             "use a new --out or the same settings to resume"
         )
+    asked = [k for k in FINISHED_CHANGES if before.get(k, defaults.get(k)) != now[k]]
+    if finished and asked:  # accepted, but nothing is evaluated: say so and what to run
+        log.warning(
+            "%s is finished: its metrics keep the evaluation it trained with (%s); the %s "
+            "asked now are not evaluated here (mi-core eval --model %s --data ...)",
+            out, ", ".join(f"{k}={before.get(k, defaults.get(k))}" for k in asked),
+            ", ".join(asked), out / f"checkpoint-{cfg.steps}",
+        )  # fmt: skip
 
 
 def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:

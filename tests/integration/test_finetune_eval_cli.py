@@ -153,7 +153,9 @@ def test_damaged_newest_weights_resume_from_the_checkpoint_before(
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints, capsys, tmp_path):
+def test_finetune_refuses_other_settings_in_same_dir(
+    finetuned, tiny_checkpoints, capsys, caplog, tmp_path
+):
     assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--seed", "7")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mi-core: error:") and "seed" in err and "\n" not in err
@@ -167,10 +169,16 @@ def test_finetune_refuses_other_settings_in_same_dir(finetuned, tiny_checkpoints
         args = list(flags)
         assert _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=args) == 2
         assert field in capsys.readouterr().err
-    # the evaluation may change once the run is finished (it evaluates no more), not before
-    assert (
-        _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--max-eval-examples", "16")) == 0
-    )
+    # the evaluation may change once the run is finished (it evaluates no more), not before;
+    # it says that the new evaluation is not done and what to run instead
+    with caplog.at_level("WARNING", logger="mi_core.training.finetune"):
+        assert (
+            _finetune(tiny_checkpoints["bert-cls"], finetuned, extra=("--max-eval-examples", "16"))
+            == 0
+        )
+    said = caplog.text
+    assert "is finished: its metrics keep the evaluation it trained with" in said
+    assert "mi-core eval --model" in said and "max_eval_examples" in said
     unfinished = tmp_path / "unfinished"
     shutil.copytree(finetuned, unfinished)
     shutil.rmtree(unfinished / "checkpoint-4")
