@@ -13,7 +13,7 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, pair_batches
-from mi_core.errors import ConfigError
+from mi_core.errors import ConfigError, DataError
 from mi_core.evaluation.config import EvalConfig
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,6 @@ def evaluate(
     or a :class:`~mi_core.interventions.Subnetwork`) the subnetwork is evaluated: removed
     components are filled with ``means`` (mean ablation) or zero.
     """
-    from mi_core.errors import DataError
 
     if mask is not None:
         from mi_core.interventions import Subnetwork, apply
@@ -125,6 +124,12 @@ def evaluate(
             return evaluate(model, dataset, tokenizer, batch_size, max_length, progress)
     if len(dataset) == 0:
         raise DataError(f"{dataset.name} is empty; nothing to evaluate")
+    n_labels = getattr(model, "num_labels", None)
+    if n_labels is not None and n_labels != len(dataset.prediction_map):
+        raise DataError(  # a 2-class QQP model on MNLI pairs had been scored without a word
+            f"{dataset.name} is {dataset.task} data ({len(dataset.prediction_map)} classes) but "
+            f"the model has {n_labels} classes"
+        )
     was_training = model.training
     model.eval()
     batches = pair_batches(
@@ -138,6 +143,11 @@ def evaluate(
         logits = predict_logits(model, batches, len(dataset), dataset.name if progress else None)
     finally:
         model.train(was_training)
+    if logits.shape[-1] != len(dataset.prediction_map):  # any model: by its outputs
+        raise DataError(
+            f"{dataset.name}: logits have {logits.shape[-1]} classes but a {dataset.task} model "
+            f"has {len(dataset.prediction_map)}"
+        )
     predictions = dataset.predictions_to_labels(logits.argmax(-1))
     labels = dataset.label_tensor()
     accuracy = float((predictions == labels).float().mean())
@@ -164,6 +174,7 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
     from mi_core.interventions import ComponentMask, ablate, load_means
     from mi_core.io import atomic_path, write_csv
     from mi_core.models import load_model
+    from mi_core.models.loading import warn_if_random_head
 
     datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
     model = load_model(
@@ -172,13 +183,7 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")
-    if not getattr(model, "head_from_checkpoint", True):
-        logger.warning(
-            "%s has no %s head of its own: the head was made at random when it loaded, so these "
-            "accuracies are chance; evaluate a fine-tuned checkpoint (mi-core finetune)",
-            config.model,
-            model.task,
-        )
+    warn_if_random_head(model, config.model)
     mask = None
     if config.mask:
         mask = ComponentMask.load(config.mask)

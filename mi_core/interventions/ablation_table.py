@@ -421,7 +421,9 @@ def ablation_table(
     ``heads`` are the listed rows (None: every head), as components, names (``"L2.H5,L4.H0"``)
     or ``(layer, head)`` tuples; ``joints`` are head sets (``"L2.H5+L3.H7"`` or components).
     With ``others``, every other head is ablated too, one at a time, for the
-    ``Avg. (others)`` row (one pass per head: only when asked).
+    ``Avg. (others)`` row (one pass per head: only when asked); without it, a joint set's heads
+    that are not listed are shown as rows of their own (their singles are needed for the
+    superadditivity) and there is no ``Avg. (others)`` row.
     """
     if heads is not None:
         heads = parse_components(heads, model)
@@ -434,6 +436,9 @@ def ablation_table(
     ablated = set(listed) | {c for s in joints for c in s}
     if others:
         ablated |= set(every)
+    else:  # a joint set's heads, ablated singly for its superadditivity, get rows of their own:
+        # averaged as "others" they had made an Avg. row of a few heads look like every one
+        listed = sorted(ablated)
     if not datasets:
         raise InterventionError("an ablation table needs at least one data set")
     names = [ds.name for ds in datasets]
@@ -474,6 +479,7 @@ def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) ->
     from mi_core.interventions.means import load_means
     from mi_core.io import write_csv, write_text
     from mi_core.models import load_model
+    from mi_core.models.loading import warn_if_random_head
 
     datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
     model = load_model(
@@ -482,6 +488,7 @@ def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) ->
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")
+    warn_if_random_head(model, config.model, "the accuracies of this table")
     every = config.heads.strip().lower() == "all"
     heads = None if every else parse_components(config.heads, model)
     joints = [parse_head_set(text, model) for text in config.joint]

@@ -401,11 +401,7 @@ class HookedClassifier:
                     f"{name} has shape {tuple(value.shape)} but input_ids "
                     f"{tuple(input_ids.shape)}; they must match"
                 )
-        if input_ids.shape[1] > self.cfg.n_ctx:
-            raise ModelInputError(
-                f"{input_ids.shape[1]} tokens, more than the model's context of {self.cfg.n_ctx} "
-                "(n_ctx); truncate them (the data loaders' max_length does)"
-            )
+        check_context(self, input_ids.shape[1])
         return input_ids, attention_mask, token_type_ids
 
     def infer_inputs(
@@ -455,6 +451,17 @@ def _refuse_decoder_keywords(method: str, given: Mapping[str, object], takes: tu
         )
 
 
+def check_context(model: Any, n_tokens: int) -> None:
+    """Refuse ``n_tokens`` positions beyond ``model``'s context (:class:`ModelInputError`): its
+    positional embedding has no row for them."""
+    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    if n_ctx is not None and n_tokens > n_ctx:
+        raise ModelInputError(
+            f"{n_tokens} tokens, more than the model's context of {n_ctx} (n_ctx); truncate them: "
+            f"a max_length (--max-length) of at most {n_ctx}"
+        )
+
+
 def batch_inputs(
     model: Any, batch: Mapping[str, Any], device: torch.device | str | None = None
 ) -> tuple[Ids, Int[torch.Tensor, "batch pos"], Ids | None]:
@@ -464,6 +471,7 @@ def batch_inputs(
     all-ones mask. Code that runs a model's stages itself (means, ablation tables, attention
     scores) reads its batches through this, so ids alone give the numbers ``model(ids)`` does."""
     ids = torch.as_tensor(batch["input_ids"])
+    check_context(model, ids.shape[-1])  # stages run by hand skip forward's own check
     mask, types = batch.get("attention_mask"), batch.get("token_type_ids")
     infer = getattr(model, "infer_inputs", None)
     if infer is not None and (mask is None or types is None):

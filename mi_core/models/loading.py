@@ -610,3 +610,14 @@ def load_model(
     model.cfg.model_name = source.name  # the name the user gave, not a site-packages path
     log.info("loaded %s as %s", source.name, type(model).__name__)
     return model
+
+
+def warn_if_random_head(model: Any, source: str, what: str = "these accuracies") -> None:
+    """Warn that ``model``'s classifier head was made at random when it loaded (a checkpoint
+    with no head of its own, e.g. a language model): ``what`` are then chance numbers."""
+    if not getattr(model, "head_from_checkpoint", True):
+        log.warning(
+            "%s has no %s head of its own: the head was made at random when it loaded, so %s "
+            "are chance; use a fine-tuned checkpoint (mi-core finetune)",
+            source, getattr(model, "task", "classifier"), what,
+        )  # fmt: skip

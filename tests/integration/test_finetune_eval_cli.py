@@ -306,3 +306,13 @@ def test_eval_says_when_the_head_was_made_at_random(tmp_path, caplog, tiny_check
     assert warned("minilm")
     assert load_model(tiny_checkpoints["bert-cls"], task="mnli").head_from_checkpoint is True
     assert not warned(str(tiny_checkpoints["bert-cls"]))
+    # an ablation table of a random head is chance too, and says so (it had said nothing)
+    from mi_core.interventions import AblationTableConfig, run_ablation_table
+
+    caplog.clear()
+    table = AblationTableConfig(model="minilm", task="mnli", heads="L0.H0", ablation="zero",
+                                data=["hans:so_swap"], max_examples=4,
+                                out=str(tmp_path / "t.csv"))  # fmt: skip
+    with caplog.at_level("WARNING"):
+        run_ablation_table(table, progress=False)
+    assert any("made at random" in r.getMessage() for r in caplog.records)

@@ -313,3 +313,34 @@ def test_stop_at_layer_is_refused_with_the_calls_that_give_that_stream(which, re
     stream = model.run_blocks(model.embed_input(ids, mask, types), mask, stop=1)
     _, cache = model.run_with_cache(**batch)
     torch.testing.assert_close(stream, cache["blocks.1.hook_resid_pre"], atol=1e-5, rtol=0)
+
+
+def test_stages_run_by_hand_refuse_more_tokens_than_the_context(tiny_checkpoints):
+    """Means and ablation tables run the model's stages themselves and skipped forward's
+    context check: a --max-length beyond n_ctx ended in a raw shape error."""
+    from mi_core.errors import ModelInputError
+    from mi_core.interventions import compute_means
+    from mi_core.models.classifier import batch_inputs
+
+    model = load_model(tiny_checkpoints["bert-cls"], task="mnli")
+    ids = torch.full((1, model.cfg.n_ctx + 1), 1000)
+    with pytest.raises(ModelInputError, match=r"at most \d+"):
+        batch_inputs(model, {"input_ids": ids})
+    with pytest.raises(ModelInputError, match="more than the model's context"):
+        compute_means(model, [{"input_ids": ids}], progress=False)
+
+
+def test_evaluate_refuses_a_model_with_another_number_of_classes(tmp_path):
+    """A 2-class QQP model on MNLI pairs had been scored (argmax mapped through MNLI's labels)
+    without a word: 35 % on MNLI, 0 % on SO-Swap."""
+    from mi_core.evaluation import evaluate
+    from mi_core.testing import make_tiny_checkpoint
+
+    qqp = load_model(make_tiny_checkpoint("bert-cls", tmp_path / "qqp", num_labels=2), task="qqp")
+    pairs = PairDataset(
+        name="toy", task="mnli", text_a=["a cat sat"] * 3, text_b=["a dog sat"] * 3,
+        labels=[0, 1, 2], num_labels=3, label_names=["entailment", "neutral", "contradiction"],
+        prediction_map=[0, 1, 2],
+    )  # fmt: skip
+    with pytest.raises(DataError, match="the model has 2 classes"):
+        evaluate(qqp, pairs)
