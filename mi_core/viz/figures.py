@@ -125,6 +125,18 @@ def _accuracy_range(*values: Any) -> list[float]:
     return [0.0, top * 1.02]
 
 
+def _say_if_empty(fig: go.Figure, values: Any, what: str = "accuracy") -> go.Figure:
+    """A figure whose every value is missing (NaN) says so in the middle instead of showing
+    empty axes under a full legend."""
+    array = np.asarray(values, dtype=float)
+    if array.size == 0 or not np.isfinite(array).any():
+        fig.add_annotation(
+            text=f"no {what} to show: every value is missing (NaN)", showarrow=False,
+            xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 14},
+        )  # fmt: skip
+    return fig
+
+
 def id_vs_ood_scatter(
     subnetworks_df: pd.DataFrame,
     full_model_acc: Mapping[str, float] | None,
@@ -175,7 +187,7 @@ def id_vs_ood_scatter(
         yaxis_range=scale,
         showlegend=True,
     )
-    return fig
+    return _say_if_empty(fig, subnetworks_df[[id_col, *ood_cols]].to_numpy())
 
 
 def subcase_bars(
@@ -272,7 +284,7 @@ def accuracy_vs_sparsity(
         ),
         showlegend=True,  # a single evaluation set keeps its name
     )
-    return fig
+    return _say_if_empty(fig, df[value_col].to_numpy())
 
 
 def frequency_heatmap_figure(

@@ -203,3 +203,22 @@ def test_figure_9_puts_each_uniform_marker_over_its_own_class_bar():
     marks = [t for t in fig.data if t.type == "scatter"]
     assert [m.offsetgroup for m in marks] == [bars["prev"].offsetgroup, bars["sep"].offsetgroup]
     assert [m.showlegend for m in marks] == [True, False]  # one legend entry for the ticks
+
+
+def test_a_figure_of_missing_values_says_so():
+    import pandas as pd
+
+    from mi_core.viz import accuracy_vs_sparsity
+    from mi_core.viz.figures import id_vs_ood_scatter
+
+    nan = float("nan")
+    empty = accuracy_vs_sparsity(
+        pd.DataFrame({"sparsity": [0.5], "dataset": ["mnli"], "accuracy": [nan]})
+    )
+    assert any("every value is missing" in a.text for a in empty.layout.annotations)
+    scatter = id_vs_ood_scatter(pd.DataFrame({"mnli": [nan], "hans": [nan]}), None, "mnli", "hans")
+    assert any("every value is missing" in a.text for a in scatter.layout.annotations)
+    fine = accuracy_vs_sparsity(
+        pd.DataFrame({"sparsity": [0.5], "dataset": ["mnli"], "accuracy": [0.8]})
+    )
+    assert not any("missing" in str(a.text) for a in fine.layout.annotations)
