@@ -23,7 +23,7 @@ import torch
 from peak_memory import peak_growth
 
 from mi_core.circuits import Graph, logit_difference
-from mi_core.circuits.attribution import _reference, _sweep_attribution
+from mi_core.circuits.attribution import _reference, _sweep_attribution, ig_alphas
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.models import load_model
 from mi_core.models.frozen import frozen
@@ -47,7 +47,7 @@ def _run(model, graph, pairs, steps: int, projected: bool) -> torch.Tensor:
     with frozen(model, eval_mode=False):
         reference = _reference(model, graph, pairs, "corrupted", None)
         return _sweep_attribution(
-            model, graph, pairs, logit_difference, steps, reference, projected=projected
+            model, graph, pairs, logit_difference, ig_alphas(steps), reference, projected=projected
         )
 
 
@@ -86,8 +86,8 @@ def main() -> None:
         result[what] = json.loads(out.stdout.strip().splitlines()[-1])
     diff = (
         (
-            torch.load("/tmp/bench_encoder_eap_split.pt", weights_only=True)
-            - torch.load("/tmp/bench_encoder_eap_projected.pt", weights_only=True)
+            torch.load(f"{scores_dir}/split.pt", weights_only=True)
+            - torch.load(f"{scores_dir}/projected.pt", weights_only=True)
         )
         .abs()
         .max()

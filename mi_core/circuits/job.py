@@ -43,7 +43,7 @@ from mi_core.circuits.evaluate import (
     write_mib,
 )
 from mi_core.circuits.metrics import get_metric
-from mi_core.circuits.prune import PROGRESS_FILE, STATE_FILE, prune_edges
+from mi_core.circuits.prune import _DEFAULTS_SINCE, PROGRESS_FILE, STATE_FILE, prune_edges
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
 from mi_core.errors import ConfigError, DataError, TrainingError
@@ -311,7 +311,9 @@ def _check_out(out: str | os.PathLike[str], method: str, now: dict[str, Any]) ->
     if method != "edge-pruning":  # an attribution with other settings replaces it (the same: a
         # no-op, see _finished_attribution)
         return
-    saved = summary.get("config", {})
+    # a setting added since had its then default (a finished run without clipping is not a
+    # finished run of the clipped recipe)
+    saved = {**_DEFAULTS_SINCE, **summary.get("config", {})}
     now = json.loads(json.dumps(now))  # as summary.json holds it (tuples become lists)
     differ = sorted(
         k for k in now if k not in _WHERE_NOT_WHAT and k in saved and saved[k] != now[k]

@@ -282,6 +282,8 @@ class AblationTable:
     joints: dict[HeadSet, dict[str, float]] = field(default_factory=dict)
     n_examples: dict[str, int] = field(default_factory=dict)
     logits: dict[str, AblationLogits] = field(default_factory=dict, repr=False)
+    averages_others: bool = True
+    """Whether every unlisted head was ablated, so that ``Avg. (others)`` averages them all."""
 
     def others(self) -> list[Component]:
         """Ablated heads that are not listed: the heads averaged in ``Avg. (others)``."""
@@ -301,7 +303,7 @@ class AblationTable:
     def others_stats(self) -> tuple[dict[str, float], dict[str, float]] | None:
         """Mean and std (population) of the single-ablation accuracies of the other heads."""
         others = self.others()
-        if not others:
+        if not others or not self.averages_others:
             return None
         values = {
             d: torch.tensor([self.singles[c][d] for c in others], dtype=torch.float64)
@@ -421,9 +423,9 @@ def ablation_table(
     ``heads`` are the listed rows (None: every head), as components, names (``"L2.H5,L4.H0"``)
     or ``(layer, head)`` tuples; ``joints`` are head sets (``"L2.H5+L3.H7"`` or components).
     With ``others``, every other head is ablated too, one at a time, for the
-    ``Avg. (others)`` row (one pass per head: only when asked); without it, a joint set's heads
-    that are not listed are shown as rows of their own (their singles are needed for the
-    superadditivity) and there is no ``Avg. (others)`` row.
+    ``Avg. (others)`` row (one pass per head: only when asked); without it there is no such
+    row (a joint set's heads are ablated singly for its superadditivity, but a few of them
+    averaged had made an Avg. row look like every other head's).
     """
     if heads is not None:
         heads = parse_components(heads, model)
@@ -436,9 +438,6 @@ def ablation_table(
     ablated = set(listed) | {c for s in joints for c in s}
     if others:
         ablated |= set(every)
-    else:  # a joint set's heads, ablated singly for its superadditivity, get rows of their own:
-        # averaged as "others" they had made an Avg. row of a few heads look like every one
-        listed = sorted(ablated)
     if not datasets:
         raise InterventionError("an ablation table needs at least one data set")
     names = [ds.name for ds in datasets]
@@ -451,6 +450,7 @@ def ablation_table(
         singles={c: {} for c in ablated},
         listed=listed,
         joints={tuple(s): {} for s in joints},
+        averages_others=others,
     )
     for ds in datasets:
         if len(ds) == 0:

@@ -1043,8 +1043,10 @@ def _claim_run_dir(
     reference_logits_path: str | os.PathLike[str] | None,
 ) -> None:
     """Write ``config.json`` in a new run folder, or check that an existing one is this run
-    (and, before any training, that every file the run writes can be replaced)."""
-    check_replaceable(run_dir, RUN_FILES)
+    (and, for a run still to train, that every file it writes can be replaced; a finished run
+    is only read, and may be archived read-only)."""
+    if not is_complete(run_dir):
+        check_replaceable(run_dir, RUN_FILES)
     identity = {  # what a run folder must match to be resumed
         "prune": config.to_dict(),
         "model_fingerprint": weights_fingerprint(model),

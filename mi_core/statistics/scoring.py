@@ -1,8 +1,9 @@
 """Separability scores: how much more a neuron is used on the cripple data than on the focus data.
 
 For a statistic ``s`` (one of :data:`mi_core.statistics.activations.STATISTICS`) a neuron's score is
-``s_cripple / (s_focus + eps)``, as the reference code computes it (``eps`` 1e-3 for ``freq``,
-1e-6 for the others unless given); the neurons with the highest scores are the ones the cripple
+``s_cripple / (s_focus + eps)``, as the reference code computes it (``eps`` 1e-3 for MLP
+neurons and 1e-4 for attention pre-out neurons, as its pruning runs pass them, unless given);
+the neurons with the highest scores are the ones the cripple
 data set relies on most relative to the focus data set, so they are pruned first. A neuron
 that never fires on either data set scores 0 (pruned last), not 1.
 ``mean`` is that ratio of the signed means; ``mean_diff`` is the reference code's ``mean``
@@ -53,9 +54,9 @@ def score_ratio(
     return cripple / (focus + eps)
 
 
-def scoring_eps(scoring: str, eps: float | None = None) -> float:
-    """``eps`` if given, else the reference's for ``scoring`` (1e-3 for freq, 1e-6 others)."""
-    return REFERENCE_EPS.get(scoring, DEFAULT_EPS) if eps is None else eps
+def site_eps(site: str, eps: float | None = None) -> float:
+    """``eps`` if given, else the reference's for ``site`` (``mlp`` 1e-3, ``attn`` 1e-4)."""
+    return REFERENCE_EPS.get(site, DEFAULT_EPS) if eps is None else eps
 
 
 def neuron_scores(
@@ -70,7 +71,7 @@ def neuron_scores(
     ``scoring`` scores the MLP neurons, and the attention pre-out neurons too unless
     ``attn_scoring`` names another (the report scores MLP neurons by ``freq`` and attention
     neurons by ``abs`` in the same run). ``eps``: one value for both sites, or None for each
-    scoring's reference value (:func:`scoring_eps`).
+    site's reference value (:func:`site_eps`).
     """
     by_site = {"mlp": scoring, "attn": attn_scoring or scoring}
     out = {}
@@ -85,7 +86,7 @@ def neuron_scores(
         if name in DIFFERENCE_SCORINGS:
             out[site] = (c_stat - f_stat).abs()
         else:
-            out[site] = score_ratio(f_stat, c_stat, scoring_eps(name, eps))
+            out[site] = score_ratio(f_stat, c_stat, site_eps(site, eps))
     return out
 
 

@@ -304,3 +304,10 @@ def test_training_jobs_check_their_records_before_the_first_step(
     assert main(argv) == 2
     assert "seed2/log.csv: the file is read-only" in _one_line(capsys)
     assert not (sweep / "s0.50" / "seed1" / "metrics.json").exists()  # no run before it
+    # ...but finished runs archived read-only are only read: a re-run goes through
+    (blocked / "log.csv").unlink()
+    assert main(argv) == 0
+    for path in (sweep / "s0.50").rglob("*"):
+        if path.is_file():
+            path.chmod(0o444)
+    assert main(argv) == 0

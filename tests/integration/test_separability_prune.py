@@ -164,6 +164,18 @@ def test_resume_after_a_crash_gives_the_same_run(llama, tmp_path):
         run_separability(
             llama, focus, cripple, SeparabilityConfig(steps=2, ff_frac=0.2), state_path=state
         )
+    # a state from before the score was recorded ((c + eps) / (f + eps)) never resumes, even
+    # with its options given again: its steps and the new ones would mix two formulas
+    import json
+
+    from mi_core.io import read_safetensors, write_safetensors
+
+    tensors, metadata = read_safetensors(state)
+    identity = json.loads(metadata["identity"])
+    identity.pop("score")
+    write_safetensors(state, tensors, {**metadata, "identity": json.dumps(identity)})
+    with pytest.raises(ConfigError, match=r"scored by \(cripple \+ eps\)"):
+        run_separability(llama, focus, cripple, config, state_path=state)
 
 
 @pytest.mark.parametrize(

@@ -62,8 +62,9 @@ def test_neuron_scores_use_the_named_statistic():
     # focus freq [0.5, 0]; cripple freq [1, 0.5]
     assert freq["mlp"][0, 0] == pytest.approx(2.0)
     assert neuron_scores(focus, cripple, "freq", eps=1e-6)["mlp"][0, 1] > 1e4
-    # by default each scoring's reference eps: 1e-3 for freq (0.5 / 1e-3), 1e-6 for abs
+    # by default each site's reference eps, whatever the scoring: 1e-3 for MLP neurons
     assert neuron_scores(focus, cripple, "freq")["mlp"][0, 1] == pytest.approx(500.0)
+    assert neuron_scores(focus, cripple, "abs")["mlp"][0, 1] == pytest.approx(1 / (1 + 1e-3))
     absolute = neuron_scores(focus, cripple, "abs", eps=0.0)["mlp"]
     torch.testing.assert_close(absolute, torch.ones(1, 2, dtype=torch.float64))
 
@@ -72,14 +73,15 @@ def test_the_reference_eps_orders_a_silent_neuron_below_a_selective_one():
     """freq with the reference's eps (1e-3, numerator without it): a neuron firing 3 times in
     1e5 code tokens and never on text ranks below a code-selective one (0.3 vs 0.01); with
     (c + 1e-6) / (f + 1e-6) it had ranked first (31 against 30)."""
-    from mi_core.statistics.scoring import scoring_eps
+    from mi_core.statistics.scoring import site_eps
 
     focus = torch.tensor([0.0, 0.01], dtype=torch.float64)
     cripple = torch.tensor([3e-5, 0.3], dtype=torch.float64)
-    scores = score_ratio(focus, cripple, scoring_eps("freq"))
+    scores = score_ratio(focus, cripple, site_eps("mlp"))
     torch.testing.assert_close(scores, torch.tensor([0.03, 0.3 / 0.011], dtype=torch.float64))
     assert scores[1] > scores[0]
-    assert scoring_eps("abs") == 1e-6 and scoring_eps("freq", 0.5) == 0.5
+    # the reference's runs: ff_eps 1e-3, attn_eps 1e-4 (PruningConfig, examples/prune_30.py)
+    assert site_eps("attn") == 1e-4 and site_eps("mlp", 0.5) == 0.5
 
 
 def test_head_aggregation_mean_and_median_are_what_they_say():

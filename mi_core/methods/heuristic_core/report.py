@@ -613,11 +613,17 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
     if info is None:
         return None
     section = ReportSection("The core before generalisation (section 4)")
+    # summaries written before 2026-11-26 measured the rise from the first evaluation (step 0)
+    floor = (
+        "its floor (its lowest value after step 0"
+        if "ood_floor" in info
+        else "its first evaluation (step 0, an older summary: re-run the core_before stage"
+    )
     if info.get("rise_step") is None:
         section.text(
-            f"The full model's out-of-domain accuracy never rose more than the margin above its "
-            f"floor (its lowest value after step 0: {_format(_ood_floor(info), 3)}): it never "
-            "left the heuristic regime, so there is no checkpoint before generalisation to prune."
+            f"The full model's out-of-domain accuracy never rose more than the margin above "
+            f"{floor}: {_format(_ood_floor(info), 3)}): it never left the heuristic regime, so "
+            "there is no checkpoint before generalisation to prune."
         )
     elif info.get("checkpoint_step") is None:
         section.text(
@@ -628,8 +634,8 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
         present = info.get("final_core_present", [])
         section.text(
             f"Out-of-domain accuracy starts to rise at step {info['rise_step']} "
-            f"from its floor ({_format(_ood_floor(info), 3)} -> {_format(info['ood_at_rise'], 3)}"
-            f"; step 0, the untrained head, is not counted); checkpoint "
+            f"from {floor}: {_format(_ood_floor(info), 3)} -> "
+            f"{_format(info['ood_at_rise'], 3)}); checkpoint "
             f"{info['checkpoint_step']} is the last before it. Its {info['n_subnetworks']} "
             f"subnetworks share {len(info['core'])} heads: {' '.join(info['core']) or 'none'}"
             f"{_left_out(info)}. "

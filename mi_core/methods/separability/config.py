@@ -95,8 +95,8 @@ class SeparabilityConfig(DeviceOption):
     seed: int = 0
     """Seed of the random baseline."""
     eps: float | None = None
-    """Epsilon of the score ratio cripple / (focus + eps); default: the reference code's, 1e-3
-    for freq and 1e-6 for the other scorings."""
+    """Epsilon of the score ratio cripple / (focus + eps) for both sites; default: the
+    reference's runs' own, 1e-3 for MLP neurons and 1e-4 for attention pre-out neurons."""
     batch_size: int = 8
     """Windows per forward pass."""
     skip_top: int = option(50, cli=False)

@@ -364,6 +364,12 @@ def _load_state(
             f"{path} is a run of an older mi_core, whose attention pre-out neurons left out "
             "their value biases; it cannot resume: use another output directory"
         )
+    if "score" in wanted and saved.get("score") != wanted["score"]:
+        raise ConfigError(
+            f"{path} is a run whose neurons were scored by {saved.get('score', OLD_SCORE)}, not "
+            f"{wanted['score']}: resuming would mix the two in one trajectory; use another "
+            "output directory"
+        )
     if saved != wanted:
         changed = sorted(k for k in {*saved, *wanted} if saved.get(k) != wanted.get(k))
         raise ConfigError(
@@ -378,6 +384,12 @@ def _load_state(
         k.removeprefix("scores."): v for k, v in tensors.items() if k.startswith("scores.")
     }
     return json.loads(metadata["rows"]), masks, random_masks, first_scores
+
+
+#: The score a run's steps rank neurons by (recorded in its state): the reference's ratio.
+SCORE_FORMULA = "cripple / (focus + eps)"
+#: What states written before the formula was recorded (before 2026-11-26) used.
+OLD_SCORE = "(cripple + eps) / (focus + eps)"
 
 
 def run_separability(
@@ -401,6 +413,7 @@ def run_separability(
     ``on_step`` is called with each new trajectory row.
     """
     identity = dict(identity or {})
+    identity.setdefault("score", SCORE_FORMULA)  # a state of another formula cannot resume
     if getattr(model, "value_biases_folded", False) and (config.prunes_attention or config.svd):
         raise ConfigError(
             "the model's value biases were folded into its output bias (load_model's default "
