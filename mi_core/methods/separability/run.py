@@ -355,7 +355,8 @@ def _load_state(
             f"{path} is not a separability state file; remove it or use another --out"
         )
     saved = {**json.loads(metadata["config"]), **json.loads(metadata.get("identity", "{}"))}
-    wanted = {**config.pruning_options(), **identity}
+    # every state of this code records its score formula (run_separability adds it)
+    wanted = {**config.pruning_options(), "score": SCORE_FORMULA, **identity}
     for key in unknown:
         if key not in wanted:
             saved.pop(key, None)
@@ -364,7 +365,7 @@ def _load_state(
             f"{path} is a run of an older mi_core, whose attention pre-out neurons left out "
             "their value biases; it cannot resume: use another output directory"
         )
-    if "score" in wanted and saved.get("score") != wanted["score"]:
+    if saved.get("score") != wanted["score"]:
         raise ConfigError(
             f"{path} is a run whose neurons were scored by {saved.get('score', OLD_SCORE)}, not "
             f"{wanted['score']}: resuming would mix the two in one trajectory; use another "
