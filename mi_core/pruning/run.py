@@ -1064,17 +1064,16 @@ def _claim_run_dir(
     }
     config_path = run_dir / "config.json"
     if config_path.is_file():
-        old = read_json(config_path)
-        if isinstance(old.get("prune"), dict):  # a field added since: its default was implied
-            added = {k: v for k, v in _DEFAULTS_SINCE.items() if k not in old["prune"]}
-            old["prune"] = {**old["prune"], **added}
+        on_disk = read_json(config_path)
+        old = dict(on_disk)
+        recorded = old.get("prune")
         # how often a run saves, logs and evaluates, and its evaluation batch size, change
         # nothing it learns: a resumed run may take other values (a user who crashed may want
         # to checkpoint more often), and config.json records them
-        if isinstance(old.get("prune"), dict):
-            old["prune"] = {
-                **old["prune"], **{k: identity["prune"][k] for k in _NOT_LEARNT}
-            }  # fmt: skip
+        cadence = {k: identity["prune"][k] for k in _NOT_LEARNT}
+        if isinstance(recorded, dict):  # a field added since: its default was implied
+            added = {k: v for k, v in _DEFAULTS_SINCE.items() if k not in recorded}
+            old["prune"] = {**recorded, **added, **cadence}
         differ = sorted(k for k in identity if old.get(k) != identity[k])
         if "prune" in differ and isinstance(old.get("prune"), dict):  # name the fields
             was, now = old["prune"], identity["prune"]
@@ -1088,14 +1087,11 @@ def _claim_run_dir(
         # the same run asked with other eval sets or sizes: record them (a finished run's
         # metrics are re-evaluated to match); best effort, as the record is not the result
         asked = {k: run_config[k] for k in ("eval", "max_eval_examples")}
-        recorded = read_json(config_path).get("prune")
-        if isinstance(recorded, dict) and any(
-            recorded.get(k) != identity["prune"][k] for k in _NOT_LEARNT
-        ):
-            asked["prune"] = {**recorded, **{k: identity["prune"][k] for k in _NOT_LEARNT}}
-        if any(old.get(k) != v for k, v in asked.items()) or "prune" in asked:
+        if isinstance(recorded, dict) and any(recorded.get(k) != v for k, v in cadence.items()):
+            asked["prune"] = {**recorded, **cadence}
+        if any(on_disk.get(k) != v for k, v in asked.items()):
             try:
-                write_json(config_path, {**read_json(config_path), **asked})
+                write_json(config_path, {**on_disk, **asked})
             except OutputError as exc:
                 logger.warning("%s; it keeps the first call's eval settings", exc)
     else:
