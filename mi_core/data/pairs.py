@@ -143,6 +143,13 @@ _SCHEMES: dict[str, tuple[str, tuple[str, ...], list[int]]] = {
 }
 
 
+def same_data_set(spec: str, train: str) -> bool:
+    """Whether the data spec ``spec`` names a split of ``train``'s data set (``mnli:...`` for
+    ``mnli:train``: in-domain for a model trained on it); never for a local file."""
+    family = train.split(":")[0] if ":" in train else None
+    return family is not None and spec.split(":")[0] == family
+
+
 def model_num_labels(task: str) -> int:
     """Output classes of a model fine-tuned on ``task`` (``mnli``: 3, ``qqp``: 2)."""
     try:

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from mi_core.data import load_pairs, pair_batches
+from mi_core.data.pairs import same_data_set
 from mi_core.devices import autocast, grad_scaler, matmul_precision, to_device
 from mi_core.errors import ConfigError, DataError, ModelLoadError, TrainingError
 from mi_core.evaluation import evaluate, model_inputs
@@ -322,11 +323,7 @@ def _record(metrics: pd.DataFrame, step: int, accuracies: dict[str, float]) -> p
 def in_domain_sets(train: str, specs: Sequence[str], names: Sequence[str]) -> list[str]:
     """The names (``names``, one per spec) of the eval sets of ``train``'s data set (MNLI matched
     and mismatched for ``mnli:train``), else the first: the in-domain lines of the figure."""
-    family = train.split(":")[0] if ":" in train else None
-    same = [
-        name for spec, name in zip(specs, names, strict=True)
-        if family is not None and spec.split(":")[0] == family
-    ]  # fmt: skip
+    same = [name for spec, name in zip(specs, names, strict=True) if same_data_set(spec, train)]
     return same or list(names[:1])
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd
 
 from mi_core.analysis.effective_size import effective_size, faithfulness_table
+from mi_core.data.pairs import same_data_set
 from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_csv
 from mi_core.methods.heuristic_core.config import (  # noqa: F401 (re-exported)
@@ -124,13 +125,6 @@ def compute_checkpoint_means(model: Any, train: str, path: Path, max_examples: i
     return means.save(path)
 
 
-def _same_data_set(spec: str, train: str) -> bool:
-    """Whether the data spec ``spec`` names a split of ``train``'s data set (``mnli:...`` for
-    ``mnli:train``); never for a local file."""
-    family = train.split(":")[0] if ":" in train else None
-    return family is not None and spec.split(":")[0] == family
-
-
 def run_effective_size(
     checkpoints_dir: str | os.PathLike[str],
     train: str,
@@ -184,7 +178,7 @@ def run_effective_size(
     ood = (
         list(ood_sets)
         if ood_sets is not None
-        else [d for d in eval_sets[1:] if d not in grouped and not _same_data_set(d, train)]
+        else [d for d in eval_sets[1:] if d not in grouped and not same_data_set(d, train)]
     )
     if not ood or eval_sets[0] in ood or any(d not in eval_sets for d in ood):
         raise ConfigError(f"the out-of-domain sets {ood} must be eval sets after the first")
