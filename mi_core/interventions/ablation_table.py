@@ -477,10 +477,13 @@ def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) ->
     from mi_core.data import load_pairs
     from mi_core.interventions.components import parse_components
     from mi_core.interventions.means import load_means
-    from mi_core.io import write_csv, write_text
+    from mi_core.io import check_replaceable, write_csv, write_text
     from mi_core.models import load_model
     from mi_core.models.loading import warn_if_random_head
 
+    out = Path(config.out)  # the table's three files, before any work (not only the .csv)
+    check_replaceable(out.parent, [out.name, out.with_suffix(".md").name,
+                                   out.with_suffix(".html").name])  # fmt: skip
     datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
     model = load_model(
         config.model, task=config.task or datasets[0].task, device=str(config.torch_device())

@@ -311,3 +311,15 @@ def test_training_jobs_check_their_records_before_the_first_step(
         if path.is_file():
             path.chmod(0o444)
     assert main(argv) == 0
+
+
+def test_ablate_checks_all_three_of_its_files_before_the_work(tmp_path, capsys, tiny_checkpoints):
+    """The table is written as .csv, .md and .html; only the .csv was checked before the
+    ablations ran, so a folder named like the .md was found after them."""
+    (tmp_path / "table.md").mkdir()
+    argv = ["ablate", "--model", str(tiny_checkpoints["bert-cls"]), "--heads", "L0.H0",
+            "--ablation", "zero", "--data", "hans:so_swap", "--max-examples", "2", "--out",
+            str(tmp_path / "table.csv")]  # fmt: skip
+    assert main(argv) == 2
+    assert "table.md" in _one_line(capsys)
+    assert not (tmp_path / "table.csv").exists()  # nothing written beside it
