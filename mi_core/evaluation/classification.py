@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -21,6 +21,15 @@ logger = logging.getLogger(__name__)
 BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
+def _plain(value: Any) -> Any:
+    """A JSON-ready value (NumPy / torch scalars as Python ones)."""
+    return value.item() if hasattr(value, "item") else value
+
+
+#: Per-example fields of a data set that say which source row an example is.
+_IDENTIFIERS = ("pairID", "subcase", "idx", "id", "split")
+
+
 @dataclass
 class EvalResult:
     """One data set's evaluation: accuracy, and per example the label, prediction and logits."""
@@ -30,17 +39,23 @@ class EvalResult:
     labels: Int[torch.Tensor, " n"]
     predictions: Int[torch.Tensor, " n"]
     logits: Float[torch.Tensor, "n label"]
+    meta: dict[str, list] = field(default_factory=dict)
+    """The data set's per-example identifiers (HANS: ``pairID``, ``subcase``; GLUE: ``idx``;
+    PAWS: ``id``), so a row maps back to its source when a selection is not the file's first
+    rows (HANS subsets taken subcase by subcase)."""
 
     @property
     def n(self) -> int:
         return int(self.labels.shape[0])
 
     def prediction_rows(self) -> list[dict]:
-        """One JSON-ready dict per example: dataset, index, label, prediction, logits."""
+        """One JSON-ready dict per example: dataset, index, the data set's identifiers, label,
+        prediction, logits."""
         return [
             {
                 "dataset": self.dataset,
                 "index": i,
+                **{k: _plain(values[i]) for k, values in self.meta.items()},
                 "label": int(label),
                 "prediction": int(pred),
                 "logits": [round(float(x), 6) for x in logits],
@@ -151,7 +166,8 @@ def evaluate(
     predictions = dataset.predictions_to_labels(logits.argmax(-1))
     labels = dataset.label_tensor()
     accuracy = float((predictions == labels).float().mean())
-    return EvalResult(dataset.name, accuracy, labels, predictions, logits)
+    ids = {k: list(v) for k, v in dataset.meta.items() if k in _IDENTIFIERS}
+    return EvalResult(dataset.name, accuracy, labels, predictions, logits, ids)
 
 
 def results_frame(results: Iterable[EvalResult]) -> pd.DataFrame:

@@ -28,7 +28,8 @@ class EvalConfig(DeviceOption):
     out: str
     """Results CSV (columns dataset, n, accuracy)."""
     predictions: str | None = None
-    """Per-example predictions (JSONL)."""
+    """Per-example predictions (JSONL): data set, index, the source row's identifiers (HANS
+    pairID and subcase, GLUE idx, PAWS id and split), label, prediction and logits."""
     batch_size: int = 64
     """Examples per forward pass."""
     max_length: int = 128

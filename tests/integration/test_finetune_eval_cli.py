@@ -221,7 +221,11 @@ def test_eval_writes_results_and_predictions(finetuned, tmp_path):
     table = pd.read_csv(out)
     assert list(table.columns) == ["dataset", "n", "accuracy"] and list(table["n"]) == [30, 30]
     rows = [json.loads(line) for line in preds.read_text().splitlines()]
-    assert len(rows) == 60 and set(rows[0]) == {"dataset", "index", "label", "prediction", "logits"}
+    assert len(rows) == 60
+    assert set(rows[0]) == {"dataset", "index", "idx", "label", "prediction", "logits"}
+    # each row names its source row: HANS by pairID and subcase (a selection of several
+    # subcases is taken subcase by subcase, so the index alone does not find it)
+    assert rows[30]["pairID"] == "ex0" and rows[30]["subcase"] == "ln_subject/object_swap"
     # The reported accuracy is the mean of the per-example predictions; HANS is scored 2-way.
     hans = [r for r in rows if r["dataset"].startswith("hans")]
     assert {r["prediction"] for r in hans} <= {0, 1} and len(hans[0]["logits"]) == 3
