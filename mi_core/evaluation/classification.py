@@ -158,14 +158,9 @@ def evaluate(
         logits = predict_logits(model, batches, len(dataset), dataset.name if progress else None)
     finally:
         model.train(was_training)
-    if logits.shape[-1] != len(dataset.prediction_map):  # any model: by its outputs
-        raise DataError(
-            f"{dataset.name}: logits have {logits.shape[-1]} classes but a {dataset.task} model "
-            f"has {len(dataset.prediction_map)}"
-        )
+    accuracy = dataset.score(logits)  # checks the logits' classes against the data set's
     predictions = dataset.predictions_to_labels(logits.argmax(-1))
     labels = dataset.label_tensor()
-    accuracy = float((predictions == labels).float().mean())
     ids = {k: list(v) for k, v in dataset.meta.items() if k in _IDENTIFIERS}
     return EvalResult(dataset.name, accuracy, labels, predictions, logits, ids)
 
