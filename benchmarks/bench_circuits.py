@@ -24,7 +24,7 @@ times a model whose weights are not on the machine: ``--model`` names a folder h
 do not depend on the weights' values).
 
     python benchmarks/bench_circuits.py [--model smollm2] [--batch 8] [--tokens 64] [--repeats 3]
-        [--device cuda] [--random-weights]
+        [--device cuda] [--random-weights] [--profile]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.interventions import EdgeMask, graph_switches
 from mi_core.models import load_model
 from mi_core.models.frozen import frozen
+from mi_core.models.hook_context import hooked
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 
 
@@ -67,7 +68,9 @@ def _pairs(model, batch: int, tokens: int) -> PromptPairs:
 
 def bare(model, pairs: PromptPairs, answer_positions: bool = False) -> None:
     """2 forwards + 1 backward, nothing else: the backward to the input embedding with the
-    weights frozen (EAP needs no weight gradient, and neither does its lower bound).
+    weights frozen (EAP needs no weight gradient, and neither does its lower bound). The one
+    hook (the backward's leaf) is attached as mi_core attaches EAP's (``hooked``), so neither
+    side pays TransformerLens's removal visiting every hook point.
 
     ``answer_positions``: the stricter bound EAP's own passes now meet, the corrupted forward
     through the blocks only and the clean one unembedding the answer positions alone
@@ -85,7 +88,7 @@ def bare(model, pairs: PromptPairs, answer_positions: bool = False) -> None:
 
     with (
         frozen(model, eval_mode=False),
-        model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", start)]),
+        hooked(model, [("blocks.0.hook_resid_pre", start)]),
     ):
         logits = metric_logits(model, pairs) if answer_positions else model(pairs.clean_ids)
         value = logit_difference(logits, pairs).mean()
@@ -103,7 +106,7 @@ def node_step(model, pairs: PromptPairs, log_alpha: torch.Tensor, reference) -> 
             (f"blocks.{layer}.attn.hook_z", lambda x, hook, i=layer: x * heads[i, :, None])
         )
         hooks.append((f"blocks.{layer}.hook_mlp_out", lambda x, hook, i=layer: x * mlps[i]))
-    with model.hooks(fwd_hooks=hooks):  # the answer positions' logits, as the edge step
+    with hooked(model, hooks):  # the answer positions' logits, as the edge step
         logits = metric_logits(model, pairs)
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
 
@@ -114,7 +117,7 @@ def edge_step(
     z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(0))
     mask = EdgeMask(graph, z, hard_concrete=sparse)
     mask = mask._patched_by_z(model, pairs.corrupted_ids)  # as prune_edges binds it
-    with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+    with graph_switches(model), hooked(model, mask.hooks(model)):
         logits = metric_logits(model, pairs)  # as prune_edges: the answer positions alone
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
 
@@ -166,6 +169,12 @@ def main() -> None:
     parser.add_argument(
         "--parts", default="eap,step,memory", help="which measurements: eap, step, memory"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timings, one EAP and its bare passes under torch.profiler: operator and "
+        "kernel-launch counts, the top operators, and (on a GPU) every host sync EAP waits on",
+    )
     parser.add_argument("--measure", choices=["eap", "cache", "bare"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
@@ -192,6 +201,8 @@ def main() -> None:
             gpu_memory(model, graph, pairs)
         else:
             memory(args)
+    if args.profile:
+        profile(model, graph, pairs)
 
 
 def eap_vs_bare(model, graph, pairs: PromptPairs, repeats: int) -> None:
@@ -263,6 +274,64 @@ def _edge_vs_node_at(model, graph, pairs, state, alpha, node_alpha, reference, r
     print(f"edge-pruning step at the {state}: {t_edge / n:.2f} s (dense {t_dense / n:.2f} s) "
           f"vs node-pruning step {t_node / n:.2f} s: ratio {t_edge / t_node:.2f} "
           f"(dense {t_dense / t_node:.2f}; target <= 3)")  # fmt: skip
+
+
+def profile(model, graph, pairs: PromptPairs) -> None:
+    """Where EAP's time over its bare passes goes: one of each under ``torch.profiler`` (after
+    a warm-up), the operators and kernel launches counted, the top operators by host time; on
+    a GPU, each line of Python at which EAP makes the host wait for the device (a sync stalls
+    the launch queue, which is what a launch-bound pass cannot afford)."""
+    import warnings
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = torch.cuda.is_initialized()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    runs = {
+        "EAP": lambda: edge_attribution(model, graph, pairs, logit_difference),
+        "bare": lambda: bare(model, pairs, True),
+    }
+    with reusing_buffers():
+        for name, run in runs.items():
+            run()
+            _sync()
+            with torch_profile(activities=activities) as prof:
+                run()
+                _sync()
+            events = prof.key_averages()
+            ops = sum(e.count for e in events if e.key.startswith("aten::"))
+            launches = sum(
+                e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel")
+            )
+            syncs = sum(
+                e.count for e in events if "Synchronize" in e.key or e.key == "cudaMemcpyAsync"
+            )
+            print(f"\n{name}: {ops} aten operator calls, {launches} kernel launches, "
+                  f"{syncs} synchronising / memcpy calls")  # fmt: skip
+            host = sum(e.self_cpu_time_total for e in events) / 1e3
+            device = sum(e.self_device_time_total for e in events) / 1e3 if cuda else 0.0
+            print(f"{name}: host {host:.1f} ms" + (f", device {device:.1f} ms" if cuda else ""))
+            print(
+                events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50)
+            )
+            if cuda:
+                print(events.table(sort_by="self_device_time_total", row_limit=12,
+                                   max_name_column_width=50))  # fmt: skip
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    runs["EAP"]()
+                    _sync()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            where = Counter(f"{w.filename}:{w.lineno}" for w in caught)
+            print(f"host syncs in one EAP: {sum(where.values())}")
+            for line, n in where.most_common():
+                print(f"  {n:4d} x {line}")
 
 
 def gpu_memory(model, graph, pairs: PromptPairs) -> None:

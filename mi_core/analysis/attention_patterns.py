@@ -45,6 +45,7 @@ from torch import Tensor
 from mi_core.analysis.subnetworks import head_label, parse_head_label
 from mi_core.errors import ConfigError
 from mi_core.models.classifier import StagedClassifier, batch_inputs
+from mi_core.models.hook_context import hooked as hooks_held
 
 __all__ = [
     "PATTERN_CLASSES",
@@ -491,7 +492,7 @@ def score_attention_patterns(
     if hasattr(hooked, "eval"):
         hooked.eval()
     try:
-        with torch.no_grad(), hooked.hooks(fwd_hooks=fwd_hooks):
+        with torch.no_grad(), hooks_held(hooked, fwd_hooks):
             for i, raw in enumerate(batches):
                 if max_batches is not None and i >= max_batches:
                     break

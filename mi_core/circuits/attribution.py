@@ -55,6 +55,7 @@ from mi_core.interventions.edges import (
 )
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.frozen import frozen
+from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
 
 __all__ = [
@@ -339,7 +340,7 @@ def _sweep_scores(
         buffer[start : start + delta.shape[0]] = delta
         filled = start + delta.shape[0]
 
-    def score(columns: slice | list[int], grad: torch.Tensor) -> None:
+    def score(columns: slice, grad: torch.Tensor) -> None:  # a slice: no sync on a GPU
         flat = buffer[:filled].reshape(filled, -1)  # one matrix product per receiver point
         block = flat @ grad.reshape(grad.shape[0], -1).T.to(flat)
         scores[:filled, columns] += block.float()
@@ -361,11 +362,12 @@ def _sweep_scores(
         add(graph.head_sender(layer, 0), deltas[1 + 2 * layer])
         if graph.post_ln:
             through(block.ln1, scales[2 * layer])
-        score([graph.mlp_receiver(layer)], gradients[2 * layer + 1])
+        mlp = graph.mlp_receiver(layer)
+        score(slice(mlp, mlp + 1), gradients[2 * layer + 1])
         add(graph.mlp_sender(layer), deltas[2 + 2 * layer])
         if graph.post_ln:
             through(block.ln2, scales[2 * layer + 1])
-    score([graph.output_receiver], gradients[-1])
+    score(slice(graph.output_receiver, graph.output_receiver + 1), gradients[-1])
     return scores
 
 
@@ -440,7 +442,7 @@ def _sweep_attribution(
     with graph_switches(model, split_inputs=not projected):
         for alpha in alphas:
             run = _GradientRun(model, graph, reference[0], alpha, projected)
-            with torch.enable_grad(), model.hooks(fwd_hooks=run.hooks()):
+            with torch.enable_grad(), hooked(model, run.hooks()):
                 value = metric(metric_logits(model, pairs, metric), pairs).mean()
                 grads = torch.autograd.grad(value, run.receivers, allow_unused=True)
             grads = [
@@ -454,7 +456,7 @@ def _sweep_attribution(
                 gradients = [a + p / steps for a, p in zip(gradients, points, strict=True)]
         if alphas[-1] != 1.0:  # the left rule never reaches the clean run: record it alone
             run = _GradientRun(model, graph, reference[0], 1.0, projected)
-            with torch.no_grad(), model.hooks(fwd_hooks=run.hooks()):
+            with torch.no_grad(), hooked(model, run.hooks()):
                 metric_logits(model, pairs, metric)
     assert run is not None and gradients is not None
     clean = run.outputs  # the last pass (alpha = 1) is the clean run
@@ -534,16 +536,17 @@ def _decoder_attribution(
     # heads; the MLP's own row is not an edge and is dropped later); the last group holds the
     # last MLP and the output. Backward reaches a group's members one after another; the
     # product runs when the last one arrives.
-    groups: list[tuple[int, list[int]]] = []  # (senders read, receiver columns)
+    # A group's columns are one range of receivers (layer l-1's MLP comes right before layer
+    # l's q, k, v): its scores are added by slicing, which a GPU does without waiting (a list
+    # index is copied to the device and checked on the host, a sync per group). The layout is
+    # tested (test_receiver_groups_are_ranges).
+    groups: list[tuple[int, range]] = []  # (senders read, receiver columns)
     for layer in range(graph.n_layers):
         qkv = graph.qkv_receivers(layer)
-        columns = list(range(qkv.start, qkv.stop))
-        if layer > 0:
-            columns = [graph.mlp_receiver(layer - 1), *columns]
-        groups.append((graph.head_sender(layer, 0), columns))
-    groups.append(
-        (graph.n_senders, [graph.mlp_receiver(graph.n_layers - 1), graph.output_receiver])
-    )
+        first = graph.mlp_receiver(layer - 1) if layer > 0 else qkv.start
+        groups.append((graph.head_sender(layer, 0), range(first, qkv.stop)))
+    last = graph.mlp_receiver(graph.n_layers - 1)
+    groups.append((graph.n_senders, range(last, graph.output_receiver + 1)))
     # Each group's receiver gradients are written into one buffer [columns, batch, pos, d]
     # as backward reaches them: the MLP / output inputs' as they are, a layer's 27 head inputs
     # at once, head-major, from its three projection gradients (one product and the norm's
@@ -585,7 +588,7 @@ def _decoder_attribution(
             for group in waiting:
                 rows, columns = groups[group]
                 part = products[:rows, offsets.pop(group) :][:, : sizes[group]]
-                scores[:rows, columns] += weight * part.float()
+                scores[:rows, columns.start : columns.stop] += weight * part.float()
         block.update(rows=None, used=0)
 
     def flush(group: int) -> None:
@@ -597,7 +600,7 @@ def _decoder_attribution(
                 grads[position].zero_()
         if group not in offsets:
             upto, columns = groups[group]
-            scores[:upto, columns] += weight * product(upto, grads).float()
+            scores[:upto, columns.start : columns.stop] += weight * product(upto, grads).float()
             return
         full = block_rows - block["used"] < max(sizes)
         if not any(g in offsets for g in buffers) and (full or len(offsets) == _GROUPS_PER_PRODUCT):
@@ -696,10 +699,10 @@ def _decoder_attribution(
     with graph_switches(model, split_inputs=False):  # per-head gradients by hand (see above)
         eap = list(alphas) == [1.0]  # EAP: the one clean pass records as it goes
         if not eap:  # the clean outputs first: every step's backward needs the differences
-            with torch.no_grad(), model.hooks(fwd_hooks=record_clean()):
+            with torch.no_grad(), hooked(model, record_clean()):
                 metric_logits(model, pairs)  # the blocks' hooks record; no full unembedding
         for alpha in alphas:
-            with torch.enable_grad(), model.hooks(fwd_hooks=receiver_hooks(alpha, eap)):
+            with torch.enable_grad(), hooked(model, receiver_hooks(alpha, eap)):
                 value = metric(metric_logits(model, pairs, metric), pairs).mean()
                 # the receivers' hooks score as backward passes them; no parameter gradient
                 torch.autograd.grad(value, leaf["x"])
@@ -757,7 +760,7 @@ def exact_patching(
             for edge in chosen:
                 mask.weights = torch.ones(graph.n_edges)
                 mask.weights[edge] = 0.0
-                with model.hooks(fwd_hooks=mask.hooks(model)):
+                with hooked(model, mask.hooks(model)):
                     result[edge] = (
                         float(metric(metric_logits(model, pairs, metric), pairs).mean()) - base
                     )

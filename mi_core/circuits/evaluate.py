@@ -34,6 +34,7 @@ from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, to_mib_name
 from mi_core.io import write_json
+from mi_core.models.hook_context import hooked
 
 __all__ = [
     "CURVE_FRACTIONS",
@@ -108,7 +109,7 @@ def _masked_metric(
             bound = (
                 mask._patched_by_z(model, **batch.corrupted) if mask.fill == "corrupted" else mask
             )
-            with graph_switches(model), model.hooks(fwd_hooks=bound.hooks(model)):
+            with graph_switches(model), hooked(model, bound.hooks(model)):
                 logits = metric_logits(model, batch, metric)
             values.append(metric(logits, batch).detach().double().cpu())
             total_kl += float(kl_divergence(logits, reference, batch).sum())

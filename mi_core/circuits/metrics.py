@@ -88,10 +88,10 @@ def logit_difference(
     scores = answer_logits(logits, pairs).float()
     rows = torch.arange(scores.shape[0], device=scores.device)
     answer = scores[rows, pairs.answer]
-    if bool((pairs.distractor >= 0).all()):
-        return answer - scores[rows, pairs.distractor]
+    # row by row, with no branch on the device's values (a GPU would wait for them)
+    distractor = scores[rows, pairs.distractor.clamp(min=0)]
     others = (scores.sum(-1) - answer) / (scores.shape[-1] - 1)
-    return answer - others
+    return answer - torch.where(pairs.distractor >= 0, distractor, others)
 
 
 def kl_divergence(

@@ -50,6 +50,7 @@ from mi_core.interventions.edges import EdgeMask, Graph, graph_switches
 from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
 from mi_core.models.fingerprint import tensor_fingerprint, weights_fingerprint
 from mi_core.models.frozen import frozen
+from mi_core.models.hook_context import hooked
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
@@ -294,7 +295,7 @@ def prune_edges(
             )
             if config.fill == "corrupted":
                 mask = mask._patched_by_z(model, **batch.corrupted)
-            with model.hooks(fwd_hooks=mask.hooks(model)):
+            with hooked(model, mask.hooks(model)):
                 logits = answer_logits(metric_logits(model, batch), batch)
             kl = kl_divergence(logits, reference[index.to(reference.device)], batch).mean()
             sparsity = sampled_sparsity(z)

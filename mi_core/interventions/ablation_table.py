@@ -42,6 +42,7 @@ from mi_core.interventions.config import AblationTableConfig
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
 from mi_core.models.classifier import StagedClassifier, batch_inputs
+from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
 
 Batch = Mapping[str, torch.Tensor]
@@ -199,7 +200,7 @@ def _stacked_head_ablations(
             (act_name(merge_at, layer), merge_copies),
         ]
         resid, block_mask = resid_pre, attention_mask
-    with model.hooks(fwd_hooks=hooks + _readout_hooks(model)):
+    with hooked(model, hooks + _readout_hooks(model)):
         resid = model.run_blocks(resid, block_mask, start=layer, stop=layer + 1)
         resid = model.run_blocks(resid, repeated_mask, start=layer + 1)
     return model.classify(resid, repeated_mask).unflatten(0, (k, batch))

@@ -57,6 +57,7 @@ from mi_core.interventions.components import Component
 from mi_core.interventions.config import FILLS
 from mi_core.io import read_json, read_safetensors, write_safetensors
 from mi_core.models.classifier import batch_inputs
+from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
 
 __all__ = [
@@ -510,7 +511,7 @@ def _record_senders(
     with (
         _config_flags(model, use_split_qkv_input=False),
         torch.no_grad(),
-        model.hooks(fwd_hooks=_recorder_hooks(model, graph, store, head_z)),
+        hooked(model, _recorder_hooks(model, graph, store, head_z)),
     ):
         try:
             model(*args, **kwargs)
@@ -1704,7 +1705,7 @@ def graph_error(
         ):
             with (
                 graph_switches(model),
-                model.hooks(fwd_hooks=mask.with_corrupted(outputs).hooks(model)),
+                hooked(model, mask.with_corrupted(outputs).hooks(model)),
             ):
                 errors[name] = float((model(**clean) - reference).abs().max())
     return errors

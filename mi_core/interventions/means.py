@@ -31,6 +31,7 @@ from mi_core.interventions.config import MeansConfig, MeansSettings  # noqa: F40
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.classifier import StagedClassifier, batch_inputs
 from mi_core.models.fingerprint import weights_fingerprint
+from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
 
 MEANS_KIND = "mi_core.ComponentMeans"
@@ -213,7 +214,7 @@ def compute_means(
         hooks.append((act_name("mlp_out", layer), add(sum_mlp, layer)))
 
     n_tokens = n_examples = 0
-    with model.hooks(fwd_hooks=hooks):
+    with hooked(model, hooks):
         for batch in tqdm(batches, desc="means", disable=not progress, unit="batch"):
             ids, attention_mask, types = batch_inputs(model, batch, device)
             keep["index"] = attention_mask.reshape(-1).nonzero().squeeze(1)

@@ -1,10 +1,52 @@
-"""Hooks that hold for the span of a ``with`` block, ahead of every hook already there."""
+"""Hooks that hold for the span of a ``with`` block, removed from their own points alone.
+
+TransformerLens's ``model.hooks(...)`` removes its hooks on leaving by visiting every hook point
+of the model (about 1,570 on SmolLM2, each a module attribute set: 8 ms a block on a CPU, a
+tenth of a no-grad forward at a few tokens, and all of it host time that a GPU waits on).
+:func:`hooked` is the same block that visits only the points it hooked.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+HookName = str | Callable[[str], bool]
+
+
+def _points(model: Any, name: HookName) -> list[Any]:
+    """The hook points ``name`` names: one name, or a filter on names (as TransformerLens)."""
+    if isinstance(name, str):
+        return [model.mod_dict[name]]
+    return [point for point_name, point in model.hook_dict.items() if name(point_name)]
+
+
+@contextlib.contextmanager
+def _level(model: Any) -> Iterator[tuple[int, dict[int, Any]]]:
+    """A context level of its own; on leaving, the hooks added at it to the points collected in
+    the dict are removed (those points alone), as ``reset_hooks(level=...)`` would."""
+    model.context_level += 1
+    touched: dict[int, Any] = {}
+    try:
+        yield model.context_level, touched
+    finally:
+        for point in touched.values():
+            point.remove_hooks("both", including_permanent=False, level=model.context_level)
+        model.is_caching = False  # as TransformerLens's reset
+        model.context_level -= 1
+
+
+@contextlib.contextmanager
+def hooked(model: Any, fwd_hooks: Sequence[tuple[HookName, Callable]]) -> Iterator[Any]:
+    """``model.hooks(fwd_hooks=...)`` of TransformerLens, leaving in time proportional to the
+    hooks added rather than to the model's hook points. The hooks go after any already there."""
+    with _level(model) as (level, touched):
+        for name, hook in fwd_hooks:
+            for point in _points(model, name):
+                touched[id(point)] = point
+                point.add_hook(hook, dir="fwd", level=level)
+        yield model
 
 
 @contextlib.contextmanager
@@ -16,14 +58,13 @@ def prepended_hooks(
     """Add ``hooks`` to a TransformerLens model *before* the hooks already at their points (and
     ``appended`` after them), at a context level of their own; leaving the block removes
     exactly these hooks."""
-    model.context_level += 1
-    level = model.context_level
-    try:
+    with _level(model) as (level, touched):
         for name, hook in hooks:
+            for point in _points(model, name):
+                touched[id(point)] = point
             model.add_hook(name, hook, level=level, prepend=True)
         for name, hook in appended:
+            for point in _points(model, name):
+                touched[id(point)] = point
             model.add_hook(name, hook, level=level)
         yield model
-    finally:
-        model.reset_hooks(clear_contexts=False, including_permanent=False, level=level)
-        model.context_level -= 1

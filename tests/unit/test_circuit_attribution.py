@@ -379,6 +379,22 @@ def test_curve_area_and_difference_by_hand():
     assert curve_difference([row(0.0, 1.0), row(1.0, 1.0)]) == 0.0
 
 
+def test_logit_difference_by_hand_row_by_row():
+    """A distractor token where one is given, else the mean of the other logits, per row."""
+    logits = torch.tensor([[1.0, 4.0, 2.0], [3.0, 0.0, 6.0], [2.0, 5.0, -1.0]])
+    pairs = PromptPairs(
+        clean_ids=torch.zeros(3, 2, dtype=torch.long),
+        corrupted_ids=torch.zeros(3, 2, dtype=torch.long),
+        attention_mask=torch.ones(3, 2, dtype=torch.long),
+        answer=torch.tensor([1, 2, 0]),
+        distractor=torch.tensor([2, -1, 1]),
+        position=torch.zeros(3, dtype=torch.long),
+        kind="classifier",
+    )
+    expected = [4.0 - 2.0, 6.0 - (3.0 + 0.0) / 2, 2.0 - 5.0]
+    assert logit_difference(logits, pairs).tolist() == pytest.approx(expected)
+
+
 @pytest.mark.parametrize("per_product", [1, 2])
 def test_decoder_eap_scores_groups_side_by_side_as_one_at_a_time(per_product, monkeypatch):
     """Receiver groups scored several per product (the default) equal each group's own

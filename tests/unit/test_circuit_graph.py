@@ -57,6 +57,18 @@ def test_graph_counts_and_names(gpt2):
     assert [graph.edge_index(n) for n in graph.edge_names] == list(range(110))
 
 
+def test_receiver_groups_are_ranges(gpt2):
+    """Decoder EAP adds each group's scores by slicing: layer l-1's MLP input, then layer l's
+    q, k, v inputs, must be consecutive receivers (and the last MLP right before the output)."""
+    graph = Graph.from_model(gpt2)
+    names = graph.receivers
+    for layer in range(graph.n_layers):
+        qkv = graph.qkv_receivers(layer)
+        assert names[qkv][0] == f"L{layer}.H0.q" and names[qkv][-1] == f"L{layer}.H3.v"
+        assert graph.mlp_receiver(layer) == qkv.stop and names[qkv.stop] == f"L{layer}.MLP"
+    assert graph.output_receiver == graph.mlp_receiver(graph.n_layers - 1) + 1
+
+
 @pytest.mark.parametrize(
     ("name", "says"),
     [

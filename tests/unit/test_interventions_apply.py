@@ -214,3 +214,51 @@ def test_an_edge_mask_keeps_a_users_hook_on_the_stream():
             _, masked = model.run_with_cache(tokens, names_filter=name)
     torch.testing.assert_close(masked[name][:, :, 0], plain[name][:, :, 0], atol=1e-5, rtol=0)
     assert (masked[name][:, :, 2] - plain[name][:, :, 2]).abs().max() > 1e-4  # H2 lost the edge
+
+
+def test_hooked_blocks_remove_their_own_hooks_and_leave_the_rest():
+    """``hooked`` is ``model.hooks(fwd_hooks=...)`` visiting only the points it hooked: on
+    leaving (also by an exception) its hooks are gone, a user's hooks on the same and other
+    points stay, TransformerLens blocks nest inside and around it, and filter names work."""
+    from mi_core.models.hook_context import hooked, prepended_hooks
+
+    model = tiny_model("gpt2", seed=3)
+    tokens = random_tokens(2, 6, seed=5)
+    seen: list[str] = []
+
+    def note(tag):
+        def hook(x, hook):
+            seen.append(f"{tag}:{hook.name}")
+
+        return hook
+
+    def run() -> list[str]:
+        seen.clear()
+        with torch.no_grad():
+            model(tokens)
+        return list(seen)
+
+    model.add_hook("blocks.0.hook_resid_pre", note("user"))  # lasts past every block
+    try:
+        with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", note("tl"))]):
+            with hooked(model, [("blocks.0.hook_resid_pre", note("ours")),
+                                (lambda n: n.endswith("mlp_out"), note("filter"))]):  # fmt: skip
+                with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", note("inner"))]):
+                    assert run() == [
+                        "user:blocks.0.hook_resid_pre", "ours:blocks.0.hook_resid_pre",
+                        "inner:blocks.0.hook_resid_pre", "filter:blocks.0.hook_mlp_out",
+                        "tl:blocks.1.hook_resid_pre", "filter:blocks.1.hook_mlp_out",
+                    ]  # fmt: skip
+                assert "inner:blocks.0.hook_resid_pre" not in run()
+            assert run() == ["user:blocks.0.hook_resid_pre", "tl:blocks.1.hook_resid_pre"]
+            with pytest.raises(RuntimeError), hooked(model, [("blocks.1.hook_mlp_out", note("x"))]):
+                raise RuntimeError("inside")
+            with prepended_hooks(model, [("blocks.0.hook_resid_pre", note("first"))]):
+                assert run()[:2] == [
+                    "first:blocks.0.hook_resid_pre",
+                    "user:blocks.0.hook_resid_pre",
+                ]
+            assert run() == ["user:blocks.0.hook_resid_pre", "tl:blocks.1.hook_resid_pre"]
+        assert run() == ["user:blocks.0.hook_resid_pre"]
+    finally:
+        model.reset_hooks(including_permanent=True)

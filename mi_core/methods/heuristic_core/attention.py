@@ -24,6 +24,7 @@ from mi_core.data.batches import tokenize_pairs
 from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_json
 from mi_core.methods.heuristic_core.layout import ATTENTION_VIEWS
+from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
 from mi_core.viz.attention_html import write_attention_html
 
@@ -118,7 +119,7 @@ def attention_views(
         was_training = model.training
         model.eval()
         try:
-            with model.hooks(fwd_hooks=hooks):
+            with hooked(model, hooks):
                 model(
                     batch["input_ids"].to(device),
                     batch["attention_mask"].to(device),
