@@ -107,7 +107,7 @@ PY
             | tee "$out/bench_sweep.log" || true
 import runpy, sys
 from unittest.mock import MagicMock
-for name in ("plotly", "plotly.graph_objects", "plotly.subplots", "plotly.io"):
+for name in ("plotly", "plotly.express", "plotly.graph_objects", "plotly.subplots", "plotly.io"):
     sys.modules[name] = MagicMock()
 import mi_core.viz.figures as figures
 figures.subnetworks_figure = figures.write_figure_html = lambda *a, **k: None
