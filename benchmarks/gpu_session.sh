@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_session.sh prepare     # here: wheels, SmolLM2's config, MiniLM, data
 #   bash benchmarks/gpu_session.sh run [PARTS]  # there (carry .gpu and .whl); PARTS: all
 #                                      # (default) or some of tests, circuits, attention,
-#                                      # group-step, sweep, joined by commas
+#                                      # pruning-step, group-step, sweep, joined by commas
 #   bash benchmarks/gpu_session.sh run sweep --precision tf32   # more flags go to the benchmark
 #   bash benchmarks/gpu_session.sh run tests,circuits --profile # of the last part named
 #
@@ -96,6 +96,11 @@ PY
             --device cuda --shapes 8x64,4x512,4x2048 --repeats 10 2>&1 \
             | grep -v -i "writing\|shards" | tee "$out/bench_lm_attention.log" || true
     fi
+    if has pruning-step; then  # a random BERT-base, the paper recipe's step (MiniLM's tokenizer)
+        mapfile -t more < <(flags pruning-step)
+        timeout 200 python3 benchmarks/bench_pruning_step.py --bert-base --dropout --device cuda \
+            "${more[@]}" 2>&1 | tee "$out/bench_pruning_step.log" || true
+    fi
     if has group-step; then
         timeout 200 python3 benchmarks/bench_group_step.py --device cuda --profile 2>&1 \
             | grep -v -i "truncated\|converge" | tee "$out/bench_group_step.log" || true
@@ -121,5 +126,6 @@ PY
 case "${1:-}" in
     prepare) prepare ;;
     run) run ;;
-    *) echo "usage: $0 prepare | run [all | tests,circuits,attention,group-step,sweep]" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare | run [all | tests,circuits,attention,pruning-step,group-step,sweep]" >&2
+       exit 2 ;;
 esac
