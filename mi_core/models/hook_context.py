@@ -40,7 +40,12 @@ def _level(model: Any) -> Iterator[tuple[int, dict[int, Any]]]:
 @contextlib.contextmanager
 def hooked(model: Any, fwd_hooks: Sequence[tuple[HookName, Callable]]) -> Iterator[Any]:
     """``model.hooks(fwd_hooks=...)`` of TransformerLens, leaving in time proportional to the
-    hooks added rather than to the model's hook points. The hooks go after any already there."""
+    hooks added rather than to the model's hook points. The hooks go after any already there.
+    An object that only offers ``hooks()`` (no TransformerLens hook dictionary) gets its own."""
+    if not all(hasattr(model, name) for name in ("mod_dict", "hook_dict", "context_level")):
+        with model.hooks(fwd_hooks=list(fwd_hooks)):
+            yield model
+        return
     with _level(model) as (level, touched):
         for name, hook in fwd_hooks:
             for point in _points(model, name):

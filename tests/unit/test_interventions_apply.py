@@ -262,3 +262,24 @@ def test_hooked_blocks_remove_their_own_hooks_and_leave_the_rest():
         assert run() == ["user:blocks.0.hook_resid_pre"]
     finally:
         model.reset_hooks(including_permanent=True)
+
+
+def test_hooked_falls_back_to_hooks_of_an_object_without_hook_points():
+    """A duck-typed model (``hooks()`` and ``cfg`` alone, as ``score_attention_patterns``
+    accepts) gets its own ``hooks()``."""
+    import contextlib
+
+    from mi_core.models.hook_context import hooked
+
+    calls = []
+
+    class Duck:
+        @contextlib.contextmanager
+        def hooks(self, fwd_hooks=()):
+            calls.append(list(fwd_hooks))
+            yield self
+
+    duck, hook = Duck(), (lambda x, hook: x)
+    with hooked(duck, [("blocks.0.hook_resid_pre", hook)]) as inside:
+        assert inside is duck
+    assert calls == [[("blocks.0.hook_resid_pre", hook)]]
