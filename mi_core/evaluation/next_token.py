@@ -14,6 +14,7 @@ from jaxtyping import Bool, Int
 from transformer_lens import HookedTransformer
 
 from mi_core.data.text import iter_batches
+from mi_core.models.hook_context import hooked
 
 #: Metric names, in the order tables list them. Accuracies are fractions in [0, 1].
 METRICS: tuple[str, ...] = (
@@ -72,9 +73,8 @@ def evaluate_next_token(
     for batch, mask in batches:
         batch = batch.to(device)
         attention_mask = None if mask is None else mask.to(device=device, dtype=torch.long)
-        logits = model.run_with_hooks(
-            batch, fwd_hooks=list(fwd_hooks or []), attention_mask=attention_mask
-        )
+        with hooked(model, list(fwd_hooks or [])):
+            logits = model(batch, attention_mask=attention_mask)
         logits = logits[:, :-1].float()
         targets = batch[:, 1:]
         valid = torch.ones_like(targets, dtype=torch.bool)

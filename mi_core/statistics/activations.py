@@ -33,6 +33,7 @@ from transformer_lens import HookedTransformer
 from mi_core.buffers import Workspace
 from mi_core.data.text import iter_batches
 from mi_core.errors import ConfigError
+from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
 
 #: Statistic names, in the order scores and tables list them.
@@ -359,14 +360,9 @@ def collect_activation_stats(
         else:
             current_mask[0] = None
         if correct_top_k:
-            logits = model.run_with_hooks(
-                batch, fwd_hooks=list(fwd_hooks or []), attention_mask=attention_mask
-            )
+            with hooked(model, list(fwd_hooks or [])):
+                logits = model(batch, attention_mask=attention_mask)
             current_mask[0] = correct_positions(logits, batch, correct_top_k, mask).reshape(-1)
-        model.run_with_hooks(
-            batch,
-            fwd_hooks=hooks,
-            attention_mask=attention_mask,
-            stop_at_layer=cfg.n_layers,
-        )
+        with hooked(model, hooks):
+            model(batch, attention_mask=attention_mask, stop_at_layer=cfg.n_layers)
     return ActivationStats(**collected)
