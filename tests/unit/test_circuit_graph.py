@@ -531,20 +531,38 @@ def test_from_order_takes_edge_ids_and_refuses_masks_and_bad_ids(gpt2):
 
 @pytest.mark.parametrize("kind", ["gpt2-cls", "llama-lm", "bert-cls"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "hard-concrete"])
+@pytest.mark.parametrize("weights", ["trainable", "frozen"])
 def test_a_corrupted_run_bound_by_z_gives_the_patched_values_and_gradients(
-    checkpoints_loaded, kind, sparse
+    checkpoints_loaded, kind, sparse, weights
 ):
     """Edge pruning and circuit evaluation bind the corrupted run with its heads kept as
     ``hook_z`` (``_patched_by_z``: each head's difference is ``(z - z') W_O``): the masked
     logits and the gradients of log_alpha equal those of :meth:`EdgeMask.patching`, with and
-    without gradients; a corrupted run of another shape is refused as before."""
-    from mi_core.pruning.hard_concrete import sample_hard_concrete
+    without gradients; a corrupted run of another shape is refused as before. With the weights
+    frozen (as ``prune_edges`` runs), a decoder writes each layer's head differences straight
+    into the side-by-side buffer (``_HeadsInto``), with its own backward."""
+    import contextlib
+    from unittest import mock
+
+    from mi_core.models.frozen import frozen
 
     model = checkpoints_loaded[kind]
     graph = Graph.from_model(model)
     log_alpha = torch.randn(graph.n_edges, generator=torch.Generator().manual_seed(5)) + 1.0
     clean, corrupted = _inputs(kind, 0), _inputs(kind, 1)
     results = []
+    held = frozen(model) if weights == "frozen" else contextlib.nullcontext()
+    into = edges_module._HeadsInto.apply
+    with held, mock.patch.object(edges_module._HeadsInto, "apply", side_effect=into) as calls:
+        _bound_by_z_runs(model, graph, log_alpha, clean, corrupted, sparse, results)
+    # the direct write is taken exactly where it applies: a decoder's frozen weights
+    assert calls.called == (weights == "frozen" and not graph.post_ln)
+    _check_bound_by_z(model, graph, clean, corrupted, results)
+
+
+def _bound_by_z_runs(model, graph, log_alpha, clean, corrupted, sparse, results):
+    from mi_core.pruning.hard_concrete import sample_hard_concrete
+
     for by_z in (False, True):
         leaf = log_alpha.clone().requires_grad_(True)
         weights = sample_hard_concrete(leaf, generator=torch.Generator().manual_seed(6))
@@ -559,6 +577,9 @@ def test_a_corrupted_run_bound_by_z_gives_the_patched_values_and_gradients(
                 no_grad_logits = model(**clean)
         (logits[..., -1] * torch.arange(1, logits.shape[0] + 1)[:, None]).sum().backward()
         results.append((logits.detach(), no_grad_logits, leaf.grad))
+
+
+def _check_bound_by_z(model, graph, clean, corrupted, results):
     (logits, no_grad, grad), (z_logits, z_no_grad, z_grad) = results
     assert (logits - model(**clean)).abs().max() > 1e-3  # the mask changes the output
     torch.testing.assert_close(z_logits, logits, atol=1e-5, rtol=1e-5)
