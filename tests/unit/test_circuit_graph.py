@@ -21,6 +21,7 @@ from mi_core.interventions import (
 from mi_core.interventions import edges as edges_module
 from mi_core.interventions.edges import _from_mib_name, to_mib_name
 from mi_core.models import load_model
+from mi_core.models.hook_context import hooked
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -644,3 +645,40 @@ def test_two_edge_masks_at_once_are_refused_and_a_and_b_removes_both(gpt2):
     assert (got - gpt2(clean)).abs().max() > 1e-4
     with pytest.raises(InterventionError, match="corrupted fill & one with zero fill"):
         a & EdgeMask.from_edges(graph, [], fill="zero")  # noqa: B018
+
+
+@pytest.mark.parametrize("kind", ["gpt2-cls", "llama-lm"])
+def test_folded_head_weights_are_kept_until_a_weight_changes(checkpoints_loaded, kind):
+    """A decoder's per-head inputs stack ``W_Q`` / ``W_K`` / ``W_V`` (with ``ln1``'s gain) once
+    per layer while the weights stay the same (edge pruning: once a run, not once a step); a
+    weight changed in place is folded again, and a model without biases adds none."""
+    import copy
+
+    from mi_core.models.frozen import frozen
+
+    model = copy.deepcopy(checkpoints_loaded[kind])
+    graph = Graph.from_model(model)
+    weights = torch.ones(graph.n_edges)
+    weights[graph.edge_index("L0.H1->L1.H2.q")] = 0  # layer 1's heads read their own inputs
+    mask = EdgeMask(graph, weights, "zero")
+    clean = _inputs(kind, 0)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad(), graph_switches(model), hooked(model, mask.hooks(model)):
+            return model(**clean)
+
+    if kind == "gpt2-cls":  # the random checkpoint's biases are 0: give layer 1 a query bias
+        with torch.no_grad():
+            model.blocks[1].attn.b_Q.add_(0.1)
+    with frozen(model):
+        first = run()
+        held = edges_module._FOLDED[model.blocks[1].attn]
+        assert run().equal(first) and edges_module._FOLDED[model.blocks[1].attn] is held
+        assert (held[2] is None) == (kind == "llama-lm")  # zero biases are not added
+        with torch.no_grad():
+            model.blocks[1].attn.W_Q.mul_(1.5)  # in place: the fold must be redone
+        changed = run()
+        assert edges_module._FOLDED[model.blocks[1].attn] is not held
+        edges_module._FOLDED.clear()
+        torch.testing.assert_close(changed, run(), atol=0, rtol=0)  # = folded afresh
+    assert (changed - first).abs().max() > 1e-4
