@@ -116,9 +116,10 @@ def edge_step(
 ) -> None:
     z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(0))
     mask = EdgeMask(graph, z, hard_concrete=sparse)
-    mask = mask._patched_by_z(model, pairs.corrupted_ids)  # as prune_edges binds it
-    with graph_switches(model), hooked(model, mask.hooks(model)):
-        logits = metric_logits(model, pairs)  # as prune_edges: the answer positions alone
+    with graph_switches(model):  # as prune_edges: the corrupted run inside the switches
+        mask = mask._patched_by_z(model, pairs.corrupted_ids)  # as prune_edges binds it
+        with hooked(model, mask.hooks(model)):
+            logits = metric_logits(model, pairs)  # as prune_edges: the answer positions alone
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
 
 

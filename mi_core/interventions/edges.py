@@ -508,9 +508,14 @@ def _record_senders(
     heads' rows are left unwritten (see :func:`_recorder_hooks`)."""
     graph.check_model(model)
     store: dict[str, Any] = {}
-    # the recording needs no per-head copies of the stream (the same values, faster)
+    # the recording needs no per-head copies of the stream, nor grouped-query heads ungrouped
+    # (the same values, faster: inside an edge-pruning run, whose graph switches ungroup them,
+    # the corrupted run would project and rotate 9 key heads of SmolLM2 where it has 3)
+    flags: dict[str, bool] = {"use_split_qkv_input": False}
+    if getattr(model.cfg, "n_key_value_heads", None) is not None:
+        flags["ungroup_grouped_query_attention"] = False
     with (
-        _config_flags(model, use_split_qkv_input=False),
+        _config_flags(model, **flags),
         torch.no_grad(),
         hooked(model, _recorder_hooks(model, graph, store, head_z)),
     ):
