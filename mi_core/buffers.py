@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
-__all__ = ["Workspace", "reusing_buffers", "scratch"]
+__all__ = ["Workspace", "reusing_buffers", "scratch", "workspace_memo"]
 
 #: Buffers kept per role: two, so a loop that allocates the next step's buffer while the last
 #: step's result is still held (``mask = mask.with_corrupted(node_outputs(...))``) alternates.
@@ -50,6 +52,9 @@ class Workspace:
 
     def __init__(self) -> None:
         self._roles: dict[str, list[torch.Tensor]] = {}
+        #: Values derived from a module that stay valid while it does (the caller checks),
+        #: kept for the span of the workspace and dropped with it (:func:`workspace_memo`).
+        self.memo: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def get(self, like: torch.Tensor) -> torch.Tensor:
         """A buffer with ``like``'s shape, dtype and device (contents undefined)."""
@@ -78,8 +83,9 @@ class Workspace:
         return flat.view(tuple(shape))
 
     def clear(self) -> None:
-        """Let every kept buffer go."""
+        """Let every kept buffer (and memo) go."""
         self._roles.clear()
+        self.memo.clear()
 
 
 _local = threading.local()
@@ -110,3 +116,11 @@ def scratch(role: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor
     if workspace is None:
         return like.new_empty(tuple(shape))
     return workspace.empty(role, shape, like)
+
+
+def workspace_memo() -> weakref.WeakKeyDictionary[Any, Any] | None:
+    """The memo of the enclosing :func:`reusing_buffers` block (keyed weakly by module: what a
+    run derives once from weights it does not change), or None outside one: nothing is kept
+    past the run that made it."""
+    workspace = getattr(_local, "workspace", None)
+    return None if workspace is None else workspace.memo

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -52,7 +51,7 @@ import torch
 from jaxtyping import Bool, Float
 from transformer_lens.components import BertBlock, TransformerBlock
 
-from mi_core.buffers import scratch
+from mi_core.buffers import scratch, workspace_memo
 from mi_core.errors import InterventionError
 from mi_core.interventions.components import Component
 from mi_core.interventions.config import FILLS
@@ -1372,27 +1371,30 @@ def _fold_weights(
     return folded.to(dtype), bias
 
 
-#: Folded weights of frozen layers, per attention module, with what they were folded from.
-_FOLDED: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
-
-
 def _folded_weights(
     attn: Any, ln: Any, normalization: str, dtype: torch.dtype, params: Sequence[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`_fold_weights`, detached, kept across calls while the layer's parameters stay
-    the same tensors at the same version (an edge-pruning run folds each layer once, not at
-    every step: the concatenation, a grouped-query model's repeated key / value weights and the
-    gain's product, about 0.1 s of a 4 s SmolLM2 step on a CPU). The bias is None where it is
-    zero (a model without biases: no addition per step)."""
-    key = (normalization, dtype, tuple((p.data_ptr(), p._version, p.dtype) for p in params))
-    held = _FOLDED.get(attn)
+    """:func:`_fold_weights`, detached. Inside a :func:`~mi_core.buffers.reusing_buffers`
+    block (an edge-pruning run, an attribution) they are kept while the layer's parameters
+    stay the same tensors at the same version, and dropped with the block: a run folds each
+    layer once, not at every step (the concatenation, a grouped-query model's repeated key /
+    value weights and the gain's product, about 0.1 s of a 4 s SmolLM2 step on a CPU). The
+    bias is None where it is zero (a model without biases: no addition per step)."""
+    memo = workspace_memo()
+    key = (
+        normalization,
+        dtype,
+        tuple((id(p), p.data_ptr(), p._version, p.dtype, p.device) for p in params),
+    )
+    held = None if memo is None else memo.get(attn)
     if held is not None and held[0] == key:
         return held[1], held[2]
     with torch.no_grad():
         folded, bias = _fold_weights(attn, ln, normalization, dtype)
-    zero = not bool(bias.any())  # once per fold (a GPU waits for it once)
-    _FOLDED[attn] = (key, folded, None if zero else bias)
-    return folded, None if zero else bias
+    kept = None if not bool(bias.any()) else bias  # once per fold (a GPU waits for it once)
+    if memo is not None:
+        memo[attn] = (key, folded, kept)
+    return folded, kept
 
 
 def _head_projection(

@@ -650,10 +650,12 @@ def test_two_edge_masks_at_once_are_refused_and_a_and_b_removes_both(gpt2):
 @pytest.mark.parametrize("kind", ["gpt2-cls", "llama-lm"])
 def test_folded_head_weights_are_kept_until_a_weight_changes(checkpoints_loaded, kind):
     """A decoder's per-head inputs stack ``W_Q`` / ``W_K`` / ``W_V`` (with ``ln1``'s gain) once
-    per layer while the weights stay the same (edge pruning: once a run, not once a step); a
-    weight changed in place is folded again, and a model without biases adds none."""
+    per layer inside a run (a ``reusing_buffers`` block: edge pruning folds once a run, not
+    once a step); a weight changed in place is folded again, a model without biases adds
+    none, and nothing is kept past the block."""
     import copy
 
+    from mi_core.buffers import reusing_buffers
     from mi_core.models.frozen import frozen
 
     model = copy.deepcopy(checkpoints_loaded[kind])
@@ -662,6 +664,7 @@ def test_folded_head_weights_are_kept_until_a_weight_changes(checkpoints_loaded,
     weights[graph.edge_index("L0.H1->L1.H2.q")] = 0  # layer 1's heads read their own inputs
     mask = EdgeMask(graph, weights, "zero")
     clean = _inputs(kind, 0)
+    attn = model.blocks[1].attn
 
     def run() -> torch.Tensor:
         with torch.no_grad(), graph_switches(model), hooked(model, mask.hooks(model)):
@@ -669,16 +672,17 @@ def test_folded_head_weights_are_kept_until_a_weight_changes(checkpoints_loaded,
 
     if kind == "gpt2-cls":  # the random checkpoint's biases are 0: give layer 1 a query bias
         with torch.no_grad():
-            model.blocks[1].attn.b_Q.add_(0.1)
-    with frozen(model):
+            attn.b_Q.add_(0.1)
+    with frozen(model), reusing_buffers() as workspace:
         first = run()
-        held = edges_module._FOLDED[model.blocks[1].attn]
-        assert run().equal(first) and edges_module._FOLDED[model.blocks[1].attn] is held
+        held = workspace.memo[attn]
+        assert run().equal(first) and workspace.memo[attn] is held
         assert (held[2] is None) == (kind == "llama-lm")  # zero biases are not added
         with torch.no_grad():
-            model.blocks[1].attn.W_Q.mul_(1.5)  # in place: the fold must be redone
+            attn.W_Q.mul_(1.5)  # in place: the fold must be redone
         changed = run()
-        assert edges_module._FOLDED[model.blocks[1].attn] is not held
-        edges_module._FOLDED.clear()
+        assert workspace.memo[attn] is not held
+    assert len(workspace.memo) == 0  # dropped with the block
+    with frozen(model):
         torch.testing.assert_close(changed, run(), atol=0, rtol=0)  # = folded afresh
     assert (changed - first).abs().max() > 1e-4
