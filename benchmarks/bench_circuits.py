@@ -213,7 +213,7 @@ def eap_vs_bare(model, graph, pairs: PromptPairs, repeats: int) -> None:
     the large buffers of one batch serve the next."""
     bare(model, pairs)
     t_bare = t_strict = t_eap = 0.0
-    with reusing_buffers():
+    with reusing_buffers(fixed_weights=True):
         edge_attribution(model, graph, pairs, logit_difference)
         for i in range(repeats):  # alternating which runs first (see _edge_vs_node_at)
             if i % 2:
@@ -252,7 +252,9 @@ def edge_vs_node_step(model, graph, pairs: PromptPairs, repeats: int) -> None:
         "end": end,
     }
     node_step(model, pairs, node_alpha, reference)
-    with reusing_buffers():  # as in prune_edges: one step's large buffers serve the next
+    with reusing_buffers(
+        fixed_weights=True
+    ):  # as in prune_edges: one step's buffers serve the next
         for state, alpha in states.items():
             _edge_vs_node_at(model, graph, pairs, state, alpha, node_alpha, reference, repeats)
 
@@ -294,7 +296,7 @@ def profile(model, graph, pairs: PromptPairs) -> None:
         "EAP": lambda: edge_attribution(model, graph, pairs, logit_difference),
         "bare": lambda: bare(model, pairs, True),
     }
-    with reusing_buffers():
+    with reusing_buffers(fixed_weights=True):
         for name, run in runs.items():
             run()
             _sync()

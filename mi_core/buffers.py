@@ -52,9 +52,10 @@ class Workspace:
 
     def __init__(self) -> None:
         self._roles: dict[str, list[torch.Tensor]] = {}
-        #: Values derived from a module that stay valid while it does (the caller checks),
-        #: kept for the span of the workspace and dropped with it (:func:`workspace_memo`).
+        #: Values derived from a model's weights, kept while a block with ``fixed_weights``
+        #: is open and dropped when the last one closes (:func:`workspace_memo`).
         self.memo: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.fixed_weights = 0  # open blocks that promise the weights do not change
 
     def get(self, like: torch.Tensor) -> torch.Tensor:
         """A buffer with ``like``'s shape, dtype and device (contents undefined)."""
@@ -92,17 +93,26 @@ _local = threading.local()
 
 
 @contextlib.contextmanager
-def reusing_buffers(workspace: Workspace | None = None) -> Iterator[Workspace]:
+def reusing_buffers(
+    workspace: Workspace | None = None, fixed_weights: bool = False
+) -> Iterator[Workspace]:
     """Within the block, :func:`scratch` reuses buffers (``workspace``, else a new one that
-    is let go at the end). Nested blocks share the outermost workspace."""
+    is let go at the end). Nested blocks share the outermost workspace.
+
+    ``fixed_weights``: the caller holds the model's weights fixed for the block (mi_core's run
+    loops freeze them), so values derived from them may be kept (:func:`workspace_memo`) and
+    are dropped when the block closes. An edit through ``.data`` does not bump a tensor's
+    version, so a user's block that edits weights must not pass it."""
     outer = getattr(_local, "workspace", None)
     if outer is not None and workspace is None:
-        yield outer
+        with _fixed(outer, fixed_weights):
+            yield outer
         return
     current = workspace if workspace is not None else Workspace()
     _local.workspace = current
     try:
-        yield current
+        with _fixed(current, fixed_weights):
+            yield current
     finally:
         _local.workspace = outer
         if workspace is None:
@@ -118,9 +128,25 @@ def scratch(role: str, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor
     return workspace.empty(role, shape, like)
 
 
+@contextlib.contextmanager
+def _fixed(workspace: Workspace, fixed_weights: bool) -> Iterator[None]:
+    if not fixed_weights:
+        yield
+        return
+    workspace.fixed_weights += 1
+    try:
+        yield
+    finally:
+        workspace.fixed_weights -= 1
+        if workspace.fixed_weights == 0:
+            workspace.memo.clear()
+
+
 def workspace_memo() -> weakref.WeakKeyDictionary[Any, Any] | None:
-    """The memo of the enclosing :func:`reusing_buffers` block (keyed weakly by module: what a
-    run derives once from weights it does not change), or None outside one: nothing is kept
-    past the run that made it."""
+    """The memo of the enclosing :func:`reusing_buffers` block opened with ``fixed_weights``
+    (keyed weakly by module: what a run derives once from weights it does not change), or None
+    outside one: nothing is kept past the run that made it."""
     workspace = getattr(_local, "workspace", None)
-    return None if workspace is None else workspace.memo
+    if workspace is None or workspace.fixed_weights == 0:
+        return None
+    return workspace.memo

@@ -403,7 +403,7 @@ def edge_attribution(
     graph.check_model(model)
     # no weight gradients: autograd then keeps no activations for them (restored afterwards);
     # the large buffers are reused within the call and across the calls of a reusing block
-    with frozen(model, eval_mode=False), reusing_buffers():
+    with frozen(model, eval_mode=False), reusing_buffers(fixed_weights=True):
         if not graph.post_ln:
             head_z: dict[int, torch.Tensor] | None = None
             if fill == "corrupted":  # the heads' differences come from z's (one product)
@@ -786,7 +786,7 @@ def attribute(
         raise ConfigError(f"unknown attribution method {method!r}; choose {ATTRIBUTION_METHODS}")
     graph = Graph.from_model(model)
     total = torch.zeros(graph.n_edges, dtype=torch.float64)
-    with reusing_buffers():  # one set of large buffers for every batch
+    with reusing_buffers(fixed_weights=True):  # one set of large buffers for every batch
         for batch in tqdm(list(pairs.batches(batch_size)), desc=method, disable=not progress):
             if method == "exact":
                 scores = exact_patching(model, graph, batch, metric, fill=fill, means=means)

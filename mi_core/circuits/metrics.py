@@ -88,10 +88,12 @@ def logit_difference(
     scores = answer_logits(logits, pairs).float()
     rows = torch.arange(scores.shape[0], device=scores.device)
     answer = scores[rows, pairs.answer]
-    # row by row, with no branch on the device's values (a GPU would wait for them)
-    distractor = scores[rows, pairs.distractor.clamp(min=0)]
+    # row by row, with no branch on the device's values (a GPU would wait for them); pairs
+    # may stay on the CPU while the model runs on a GPU
+    given = pairs.distractor.to(scores.device)
+    distractor = scores[rows, given.clamp(min=0)]
     others = (scores.sum(-1) - answer) / (scores.shape[-1] - 1)
-    return answer - torch.where(pairs.distractor >= 0, distractor, others)
+    return answer - torch.where(given >= 0, distractor, others)
 
 
 def kl_divergence(

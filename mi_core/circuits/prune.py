@@ -273,7 +273,7 @@ def prune_edges(
     bar = tqdm(range(start, config.steps), desc="edge pruning", disable=not progress)
     # the weights stay frozen while the gates learn; restored at the end
     # the step's large buffers (corrupted outputs, deltas, their gradients) are reused
-    with graph_switches(model), frozen(model, eval_mode=False), reusing_buffers():
+    with graph_switches(model), frozen(model, eval_mode=False), reusing_buffers(fixed_weights=True):
         for step in bar:
             index = _batch_indices(len(pairs), config.batch_size, config.seed, step)
             batch = pairs.select(index)

@@ -4,6 +4,11 @@ TransformerLens's ``model.hooks(...)`` removes its hooks on leaving by visiting 
 of the model (about 1,570 on SmolLM2, each a module attribute set: 8 ms a block on a CPU, a
 tenth of a no-grad forward at a few tokens, and all of it host time that a GPU waits on).
 :func:`hooked` is the same block that visits only the points it hooked.
+
+One difference: TransformerLens's sweep also removes, as a side effect, hooks that other code
+left at the same context level elsewhere (``run_with_hooks(..., reset_hooks_end=False)``
+leaves its hooks at level 0); mi_core's blocks leave those where they are, as they leave any
+hook they did not add. ``model.reset_hooks()`` removes them.
 """
 
 from __future__ import annotations

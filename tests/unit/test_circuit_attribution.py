@@ -393,6 +393,8 @@ def test_logit_difference_by_hand_row_by_row():
     )
     expected = [4.0 - 2.0, 6.0 - (3.0 + 0.0) / 2, 2.0 - 5.0]
     assert logit_difference(logits, pairs).tolist() == pytest.approx(expected)
+    # pairs left on the CPU while the logits are elsewhere (a GPU; "meta" stands in for it)
+    assert logit_difference(logits.to("meta"), pairs).shape == (3,)
 
 
 @pytest.mark.parametrize("per_product", [1, 2])

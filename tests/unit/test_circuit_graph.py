@@ -650,9 +650,10 @@ def test_two_edge_masks_at_once_are_refused_and_a_and_b_removes_both(gpt2):
 @pytest.mark.parametrize("kind", ["gpt2-cls", "llama-lm"])
 def test_folded_head_weights_are_kept_until_a_weight_changes(checkpoints_loaded, kind):
     """A decoder's per-head inputs stack ``W_Q`` / ``W_K`` / ``W_V`` (with ``ln1``'s gain) once
-    per layer inside a run (a ``reusing_buffers`` block: edge pruning folds once a run, not
-    once a step); a weight changed in place is folded again, a model without biases adds
-    none, and nothing is kept past the block."""
+    per layer inside a run (a ``reusing_buffers(fixed_weights=True)`` block: edge pruning folds
+    once a run, not once a step); a weight changed in place is folded again, a model without
+    biases adds none, nothing is kept past the block, and a user's own block (which may edit
+    weights through ``.data``, unseen by version counters) keeps nothing."""
     import copy
 
     from mi_core.buffers import reusing_buffers
@@ -673,7 +674,14 @@ def test_folded_head_weights_are_kept_until_a_weight_changes(checkpoints_loaded,
     if kind == "gpt2-cls":  # the random checkpoint's biases are 0: give layer 1 a query bias
         with torch.no_grad():
             attn.b_Q.add_(0.1)
-    with frozen(model), reusing_buffers() as workspace:
+    with frozen(model), reusing_buffers() as workspace:  # a user's block: nothing is kept
+        first = run()
+        assert len(workspace.memo) == 0
+        attn.W_Q.data.mul_(2.0)  # an edit no version counter sees
+        edited = run()
+        attn.W_Q.data.div_(2.0)
+    assert (edited - first).abs().max() > 1e-4
+    with frozen(model), reusing_buffers(fixed_weights=True) as workspace:  # a run's block
         first = run()
         held = workspace.memo[attn]
         assert run().equal(first) and workspace.memo[attn] is held
