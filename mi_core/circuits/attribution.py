@@ -45,6 +45,7 @@ from mi_core.interventions.edges import (
     EdgeMask,
     Graph,
     NodeOutputs,
+    _folded_weights,
     _head_results,
     _record_senders,
     _through_layer_norm,
@@ -640,10 +641,10 @@ def _decoder_attribution(
         # folded into the weights, not on the d_model-wide head inputs (a ninth of the work)
         stacked.div_(scales[layer].reshape(1, -1, 1).to(target))
         attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
-        w_t = torch.cat([attn.W_Q, attn.W_K, attn.W_V]).detach().mT.to(target)  # [3h, e, d]
-        gain = getattr(ln, "w", None)
-        if gain is not None:
-            w_t = w_t * gain.detach().to(target)
+        # [3h, e, d]: stacked with the gain folded in, once a run (the weights are frozen)
+        params = [*attn.parameters(), *ln.parameters()]
+        norm = model.cfg.normalization_type or ""
+        w_t = _folded_weights(attn, ln, norm, target.dtype, params)[0].mT
         x_hat = normalised[layer].reshape(-1, w_t.shape[-1]).to(target)  # [batch * pos, d]
         out = target.view(3 * heads, -1, w_t.shape[-1])
         torch.bmm(stacked, w_t, out=out)
