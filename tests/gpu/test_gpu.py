@@ -108,12 +108,17 @@ def test_a_short_separability_run_on_the_gpu_matches_the_cpu():
 @pytest.mark.parametrize("kind", ["llama-lm", "bert-cls"])
 def test_eap_and_an_edge_pruning_step_on_the_gpu_match_the_cpu(tiny_checkpoints, kind):
     """EAP-IG scores (the decoder's by-hand per-head gradients, the encoder's projection
-    gradients) and the gradient of one hard-concrete edge-pruning step equal the CPU's."""
+    gradients) and the gradient of one hard-concrete edge-pruning step as ``prune_edges`` takes
+    it (weights frozen, the corrupted run bound by ``z``: a decoder writes its heads' differences
+    straight into the side-by-side buffer) equal the CPU's; ``logit_difference`` takes pairs
+    left on the CPU with the GPU's logits."""
     from helpers import random_prompt_pairs
 
-    from mi_core.circuits import Graph, edge_attribution
+    from mi_core.circuits import Graph, edge_attribution, logit_difference
     from mi_core.data.circuit_pairs import PromptPairs
     from mi_core.interventions import EdgeMask, graph_switches
+    from mi_core.models.frozen import frozen
+    from mi_core.models.hook_context import hooked
     from mi_core.pruning.hard_concrete import sample_hard_concrete
 
     task = {"task": "mnli"} if kind.endswith("-cls") else {}
@@ -135,10 +140,13 @@ def test_eap_and_an_edge_pruning_step_on_the_gpu_match_the_cpu(tiny_checkpoints,
         log_alpha = torch.full((graph.n_edges,), 3.0, requires_grad=True)
         z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(0))
         mask = EdgeMask(graph, z.to(device), hard_concrete=True)
-        mask = mask.patching(model, **batch.corrupted)
-        with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
-            model(**batch.clean).float().pow(2).mean().backward()
-        results[device] = (scores, log_alpha.grad)
+        with frozen(model, eval_mode=False), graph_switches(model):
+            mask = mask._patched_by_z(model, **batch.corrupted)
+            with hooked(model, mask.hooks(model)):
+                model(**batch.clean).float().pow(2).mean().backward()
+        with torch.no_grad():
+            difference = logit_difference(model(**batch.clean), pairs).cpu()  # CPU pairs
+        results[device] = (scores, log_alpha.grad, difference)
     for cpu, gpu in zip(results["cpu"], results["cuda"], strict=True):
         torch.testing.assert_close(gpu, cpu, rtol=1e-3, atol=1e-5)
 
