@@ -142,8 +142,8 @@ def frequency_spearman(freq_a: Any, freq_b: Any) -> tuple[float, float]:
     heads (flattened). Returns NaNs when either map is constant."""
     from scipy.stats import spearmanr
 
-    a = torch.as_tensor(freq_a, dtype=torch.float64).flatten().numpy()
-    b = torch.as_tensor(freq_b, dtype=torch.float64).flatten().numpy()
+    a = torch.as_tensor(freq_a, dtype=torch.float64).flatten().cpu().numpy()
+    b = torch.as_tensor(freq_b, dtype=torch.float64).flatten().cpu().numpy()
     if a.shape != b.shape:
         raise ConfigError(f"frequency maps differ in size: {a.shape} vs {b.shape}")
     if np.all(a == a[0]) or np.all(b == b[0]):

@@ -966,10 +966,17 @@ class _EdgeRun:
         self.stream: torch.Tensor | None = None  # decoders: the layer's shared input
         self.group: _LayerGroup | None = None  # decoders, with gradients: see _grouped
         self.product: torch.Tensor | None = None  # the group's product, while in the group
+        # ``removed`` as the receiver points read it, made once a forward: on the stream's
+        # device and dtype (a mask's weights live on the CPU; 61 copies of SmolLM2's 1 MB
+        # matrix a forward otherwise), and on the host for the groups' choices (one wait for
+        # the device a forward instead of one a group)
+        self.removed_here: torch.Tensor | None = None
+        self.removed_host: torch.Tensor | None = None
 
     def _reset(self, x: torch.Tensor) -> None:
         self.deltas, self.n, self.pending, self.heads = [], 0, None, None
         self.group, self.product = None, None
+        self.removed_here = self.removed_host = None
         differentiable = self.removed.requires_grad or x.requires_grad
         self.side = None
         if torch.is_grad_enabled() and differentiable:
@@ -1017,7 +1024,9 @@ class _EdgeRun:
         """``[n_receivers, batch, pos, d_model]`` to subtract at ``receivers`` (None: no edge
         into them is removed)."""
         ref = self.deltas[0] if self.buffer is None else self.buffer
-        removed = self.removed.to(device=ref.device, dtype=ref.dtype)
+        removed = self.removed_here
+        if removed is None or removed.device != ref.device or removed.dtype != ref.dtype:
+            removed = self.removed_here = self.removed.to(device=ref.device, dtype=ref.dtype)
         if self.side is not None:
             grouped = self._grouped(receivers, removed)
             if grouped is not None:
@@ -1083,7 +1092,9 @@ class _EdgeRun:
             layers = _layers_per_group(per_layer)
             end = min((first // per_layer + layers) * per_layer, removed.shape[1])
             group = self.group = _LayerGroup(first, end, self.n, len(self.deltas))
-            if self.sparse and not self._group_pays(first, end, removed.detach().cpu()):
+            if self.removed_host is None:
+                self.removed_host = removed.detach().cpu()
+            if self.sparse and not self._group_pays(first, end, self.removed_host):
                 return None  # few senders to read: point by point
             columns = removed[: self.n, first:end]
             self.product = _GroupProduct.apply(columns, group, self.side, *self.deltas)

@@ -125,11 +125,13 @@ class NeuronStats:
         self.sum_sqrt[layer] += sum_sqrt_b
 
     def merge(self, other: NeuronStats) -> NeuronStats:
-        """Statistics of the union of two disjoint token streams (Chan et al.'s parallel merge)."""
+        """Statistics of the union of two disjoint token streams (Chan et al.'s parallel merge),
+        on this one's device (statistics collected on a GPU merge with ones read from a file)."""
         if other.shape != self.shape:
             raise ConfigError(
                 f"cannot merge statistics of shape {tuple(other.shape)} into {tuple(self.shape)}"
             )
+        other = other.to(self.count.device)
         n_a, n_b = self._per_neuron(self.count), self._per_neuron(other.count)
         n = n_a + n_b
         safe_n = n.clamp(min=1)

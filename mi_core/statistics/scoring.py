@@ -82,7 +82,9 @@ def neuron_scores(
         name = by_site[site]
         statistic = statistic_for(name)
         assert statistic in STATISTICS
-        f_stat, c_stat = f.statistic(statistic), c.statistic(statistic)
+        # on the focus statistics' device (one set may be read from a file, the other from a GPU)
+        f_stat = f.statistic(statistic)
+        c_stat = c.statistic(statistic).to(f_stat.device)
         if name in DIFFERENCE_SCORINGS:
             out[site] = (c_stat - f_stat).abs()
         else:

@@ -28,10 +28,11 @@ def test_classifier_logits_equal_hugging_face_on_the_gpu(tiny_checkpoints, kind)
     batch = model.tokenizer(PREMISES, HYPOTHESES, padding=True, return_tensors="pt").to("cuda")
     with torch.no_grad():
         ours = model(**batch)
+        from_cpu = model(**{k: v.cpu() for k, v in batch.items()})  # a batch left on the CPU
         if kind != "bert-cls":
             del batch["token_type_ids"]
         theirs = hf(**batch).logits
-    assert ours.device.type == "cuda"
+    assert ours.device.type == "cuda" and torch.equal(from_cpu, ours)
     assert (ours - theirs).abs().max().item() < 1e-4
 
 

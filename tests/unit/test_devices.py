@@ -312,3 +312,38 @@ def test_a_checkpoint_resumes_with_this_devices_adamw_implementation(tmp_path):
     moments = optimizer.state[fresh_gates.log_alpha]["exp_avg"]
     torch.testing.assert_close(moments, gpu_like.state[gates.log_alpha]["exp_avg"])
     assert torch.equal(fresh_gates.log_alpha, gates.log_alpha)
+
+
+@pytest.mark.parametrize("kind", ["bert-cls", "roberta-cls"])
+def test_a_cpu_batch_runs_on_a_classifier_on_another_device(tiny_checkpoints, kind):
+    """A notebook's batch left on the CPU goes to the model's device, as TransformerLens's own
+    forward moves its tokens ("meta" stands in for a GPU: an encoder's padding mask had met the
+    GPU's stream in ``masked_fill`` and raised). A decoder classifier reads its padding with
+    ``.item()``, which "meta" cannot answer; the GPU test covers it."""
+    from mi_core.models import load_model
+
+    model = load_model(tiny_checkpoints[kind], task="mnli")
+    batch = dict(
+        model.tokenizer(["a man is here", "the cat"], ["someone", "a cat sat"],
+                        return_tensors="pt", padding=True)
+    )  # fmt: skip
+    if kind == "roberta-cls":
+        batch.pop("token_type_ids", None)  # RoBERTa has none (a check of them reads a value)
+    model.to("meta")
+    logits = model(**batch)
+    assert logits.device.type == "meta" and logits.shape == (2, 3)
+
+
+def test_statistics_from_two_devices_merge_and_score_on_the_first():
+    """Statistics collected on a GPU ("meta" stands in) merge with, and are scored against,
+    statistics read back from a file on the CPU."""
+    from mi_core.statistics.activations import ActivationStats, NeuronStats
+    from mi_core.statistics.scoring import neuron_scores
+
+    cpu = NeuronStats.zeros(2, (3,))
+    cpu.count += 4
+    cpu.positive += 2
+    elsewhere = NeuronStats.zeros(2, (3,), device="meta")
+    assert elsewhere.merge(cpu).positive.device.type == "meta"
+    focus, cripple = ActivationStats(mlp=elsewhere, attn=None), ActivationStats(mlp=cpu, attn=None)
+    assert neuron_scores(focus, cripple, "freq")["mlp"].device.type == "meta"
