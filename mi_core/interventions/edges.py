@@ -1386,8 +1386,9 @@ def _folded_weights(
     attn: Any, ln: Any, normalization: str, dtype: torch.dtype, params: Sequence[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`_fold_weights`, detached. Inside a :func:`~mi_core.buffers.reusing_buffers`
-    block (an edge-pruning run, an attribution) they are kept while the layer's parameters
-    stay the same tensors at the same version, and dropped with the block: a run folds each
+    block that holds the weights fixed (``fixed_weights=True``: an edge-pruning run, an
+    attribution) they are kept while the layer's parameters stay the same tensors at the same
+    version, and dropped with the block: a run folds each
     layer once, not at every step (the concatenation, a grouped-query model's repeated key /
     value weights and the gain's product, about 0.1 s of a 4 s SmolLM2 step on a CPU). The
     bias is None where it is zero (a model without biases: no addition per step)."""
