@@ -402,12 +402,6 @@ class HookedClassifier:
                     f"{tuple(input_ids.shape)}; they must match"
                 )
         check_context(self, input_ids.shape[1])
-        # on the model's device, as TransformerLens's own forward moves its tokens: a notebook's
-        # batch left on the CPU runs on a GPU model (an encoder's mask met the GPU's stream)
-        device = next(self.parameters()).device
-        input_ids, attention_mask, token_type_ids = (
-            None if v is None else v.to(device) for v in (input_ids, attention_mask, token_type_ids)
-        )
         return input_ids, attention_mask, token_type_ids
 
     def infer_inputs(
@@ -627,7 +621,9 @@ class HookedEncoderClassifier(HookedClassifier, HookedEncoder):
         """Run blocks ``[start:stop]``; padding keys are masked out."""
         additive = None
         if attention_mask is not None:
-            attention_mask = attention_mask.to(resid.device)  # staged callers may pass it as is
+            # the mask may stay on the host (a notebook's batch): ids index the weights from
+            # there, and checks of the mask read it there without waiting for a GPU
+            attention_mask = attention_mask.to(resid.device)
             additive = torch.zeros(attention_mask.shape, dtype=resid.dtype, device=resid.device)
             additive = additive.masked_fill(attention_mask == 0, float("-inf"))[:, None, None, :]
         for block in self.blocks[start:stop]:

@@ -316,10 +316,11 @@ def test_a_checkpoint_resumes_with_this_devices_adamw_implementation(tmp_path):
 
 @pytest.mark.parametrize("kind", ["bert-cls", "roberta-cls"])
 def test_a_cpu_batch_runs_on_a_classifier_on_another_device(tiny_checkpoints, kind):
-    """A notebook's batch left on the CPU goes to the model's device, as TransformerLens's own
-    forward moves its tokens ("meta" stands in for a GPU: an encoder's padding mask had met the
-    GPU's stream in ``masked_fill`` and raised). A decoder classifier reads its padding with
-    ``.item()``, which "meta" cannot answer; the GPU test covers it."""
+    """A notebook's batch left on the CPU runs on a model on another device ("meta" stands in
+    for a GPU: an encoder's padding mask met the GPU's stream in ``masked_fill`` and raised).
+    The ids stay where they are (a device indexes its weights with host ids) and the checks
+    of the mask read them on the host, without waiting for a GPU. A decoder classifier's
+    padding check reads a value, which "meta" cannot answer; the GPU test covers it."""
     from mi_core.models import load_model
 
     model = load_model(tiny_checkpoints[kind], task="mnli")
