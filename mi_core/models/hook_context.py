@@ -68,13 +68,11 @@ def prepended_hooks(
     """Add ``hooks`` to a TransformerLens model *before* the hooks already at their points (and
     ``appended`` after them), at a context level of their own; leaving the block removes
     exactly these hooks."""
+    placed = [(name, hook, True) for name, hook in hooks]
+    placed += [(name, hook, False) for name, hook in appended]
     with _level(model) as (level, touched):
-        for name, hook in hooks:
+        for name, hook, prepend in placed:
             for point in _points(model, name):
                 touched[id(point)] = point
-            model.add_hook(name, hook, level=level, prepend=True)
-        for name, hook in appended:
-            for point in _points(model, name):
-                touched[id(point)] = point
-            model.add_hook(name, hook, level=level)
+            model.add_hook(name, hook, level=level, prepend=prepend)
         yield model
