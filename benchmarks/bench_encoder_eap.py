@@ -13,7 +13,9 @@ both ways, and the largest score difference.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +79,7 @@ def main() -> None:
         _measure(args)
         return
     scores_dir = tempfile.mkdtemp(prefix="bench-encoder-eap-")
+    atexit.register(shutil.rmtree, scores_dir, True)
     base = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch),
             "--tokens", str(args.tokens), "--steps", str(args.steps),
             "--scores-dir", scores_dir]  # fmt: skip

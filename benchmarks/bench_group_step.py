@@ -17,6 +17,8 @@ on the weights' values).
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +42,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     short, long = (int(x) for x in args.steps.split(","))
-    tmp = Path(tempfile.mkdtemp())
+    tmp = Path(tempfile.mkdtemp(prefix="bench-group-step-"))
+    atexit.register(shutil.rmtree, tmp, True)
     name = random_checkpoint(args.random_weights, num_labels=3) if args.random_weights else "minilm"
     model = load_model(name, task="mnli", seed=0, device=args.device)
     train = load_pairs("mnli:train", max_examples=args.train_examples)

@@ -201,6 +201,8 @@ def _sync(device: torch.device) -> None:
 def _random_bert_base() -> str:
     """A BERT-base-sized sequence classifier with random weights and MiniLM's tokenizer, saved
     to a temporary folder (no hub): its path."""
+    import atexit
+    import shutil
     import tempfile
     from pathlib import Path
 
@@ -209,6 +211,7 @@ def _random_bert_base() -> str:
     from mi_core.models.embedded import minilm_path
 
     folder = Path(tempfile.mkdtemp(prefix="bert-base-random-"))
+    atexit.register(shutil.rmtree, folder, True)  # 420 MB of weights: not left behind
     config = transformers.BertConfig(num_labels=3)  # the defaults are BERT-base's sizes
     torch.manual_seed(0)
     transformers.BertForSequenceClassification(config).save_pretrained(folder)

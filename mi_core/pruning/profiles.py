@@ -77,7 +77,9 @@ class PruneConfig(Config):
     max_length: int
     """Token limit per example (batches pad to their longest example, not to this)."""
     eval_every: int
-    """Steps between evaluations in the log."""
+    """Steps between evaluations of the subnetwork as it stands (its gates discretised at the
+    step's target) on the first eval set, logged as ``eval_accuracy`` / ``eval_sparsity``;
+    0 turns them off."""
     checkpoint_every: int
     """Steps between checkpoints."""
     eval_batch_size: int
@@ -143,12 +145,13 @@ class PruneConfig(Config):
             "batch_size",
             "grad_accumulation",
             "max_length",
-            "eval_every",
             "checkpoint_every",
             "eval_batch_size",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval_every must be non-negative (0: off), got {self.eval_every}")
         if not 0 <= self.warmup_steps <= self.steps:
             raise ConfigError(
                 f"warmup_steps must lie in [0, steps={self.steps}], got {self.warmup_steps}"

@@ -6,7 +6,8 @@ seed). A run directory holds::
     config.json               what was asked for (the run's identity; a re-run must match it)
     reference_logits.safetensors   the full model's logits per training example (unless shared)
     checkpoint.safetensors    log_alpha, lambdas, AdamW state; JSON metadata: step, noise seed
-    log.csv                   per step: loss, kl, expected and target sparsity, lambdas
+    log.csv                   per step: loss, kl, expected and target sparsity, lambdas; every
+                              eval_every steps the subnetwork's accuracy on the first eval set
     mask.safetensors, mask.json    the binary subnetwork (mask.json lists removed components)
     subnetwork.safetensors    the mask with its fill and means, ready for ``apply`` /
                               ``load_intervention`` (added to runs finished before it existed)
@@ -100,6 +101,8 @@ LOG_COLUMNS = (
     "lambda_2",
     "lr_factor",
     "grad_norm",
+    "eval_accuracy",
+    "eval_sparsity",
 )
 #: A run "reached" its target when the sparsity it optimised (sampled or expected, averaged over
 #: the last tenth of its steps) lies this close to it.
@@ -738,9 +741,15 @@ def _train_group(
     runs: Sequence[_RunState],
     progress: bool | None,
     max_chunk: int | None = None,
+    probe_set: PairDataset | None = None,
 ) -> None:
     """Train ``runs`` together, each from its own start step to its own last step (see
     :func:`group_pruning_step`); each run's state, log and checkpoints are updated in place.
+
+    Every ``eval_every`` steps each run's subnetwork as it stands (its gates discretised by the
+    run's rule at the step's target) is evaluated on ``probe_set`` without dropout, and its
+    accuracy and sparsity go into that step's log row (``eval_accuracy``, ``eval_sparsity``),
+    as the authors' trainer evaluates its model every 64 steps.
 
     A run whose loss becomes non-finite gets its ``error`` set and leaves the group (its last
     checkpoint stays); the others go on. With dropout on, the dropout noise of a step is drawn
@@ -780,10 +789,12 @@ def _train_group(
             [r.cfg.max_grad_norm if r.cfg.max_grad_norm > 0 else math.inf for r in runs],
         )
     slot = {id(r): k for k, r in enumerate(runs)}
+    probe = None
+    if probe_set is not None and cfg.eval_every > 0:
+        probe = _subnetwork_probe(model, mask, probe_set, weights)
     with (
         frozen(model),
         ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
-        train_dropout(model, cfg.dropout),
         matmul_precision(cfg.precision),  # tf32: the steps' forward and backward passes
     ):
         for step in bar:
@@ -813,7 +824,10 @@ def _train_group(
                 parts = [r.schedule.indices(step * accumulation + micro) for r in active]
                 batches.append(tokenized.collate([i for part in parts for i in part]))
                 sizes.append([len(part) for part in parts])
-            with torch.random.fork_rng(devices=rng_devices, enabled=cfg.dropout):
+            with (
+                torch.random.fork_rng(devices=rng_devices, enabled=cfg.dropout),
+                train_dropout(model, cfg.dropout),  # not around the probe's evaluations
+            ):
                 if cfg.dropout:
                     torch.manual_seed(derive_seed("prune", "dropout", active[0].cfg.seed, step))
                 rows = group_pruning_step(
@@ -824,18 +838,23 @@ def _train_group(
                 # clip every run, then read all the norms at once (one device sync per step)
                 norms = torch.stack([_clip(r) for r in active]).tolist()
                 for r, row, factor, norm in zip(active, rows, factors, norms, strict=True):
-                    _finish_step(r, step, row, factor, norm)
+                    _finish_step(r, step, row, factor, norm, probe=probe)
             else:  # every run's clipping and AdamW step at once; a failed run takes none
                 good = [math.isfinite(row["loss"]) for row in rows]
                 taken = [slot[id(r)] for r, ok in zip(active, good, strict=True) if ok]
                 norms = iter(stacked.step(taken).tolist() if taken else [])
                 for r, row, factor, ok in zip(active, rows, factors, good, strict=True):
                     _finish_step(r, step, row, factor, next(norms) if ok else math.nan,
-                                 export=lambda r=r: stacked.export(slot[id(r)]))  # fmt: skip
+                                 export=lambda r=r: stacked.export(slot[id(r)]),
+                                 probe=probe)  # fmt: skip
             shown = active[0].rows[-1] if active[0].rows else None
             if shown is not None:
                 bar.set_postfix(
-                    kl=f"{shown['kl']:.4f}", sparsity=f"{shown['expected_sparsity']:.3f}"
+                    kl=f"{shown['kl']:.4f}",
+                    sparsity=f"{shown['expected_sparsity']:.3f}",
+                    **(
+                        {"acc": f"{shown['eval_accuracy']:.3f}"} if "eval_accuracy" in shown else {}
+                    ),
                 )
     bar.close()
     if stacked is not None:  # each run's AdamW holds its state, as after a run alone
@@ -858,11 +877,13 @@ def _finish_step(
     factor: float,
     norm: float,
     export: Callable[[], None] | None = None,
+    probe: Callable[[_RunState, float], dict[str, float]] | None = None,
 ) -> None:
     """Check, take the optimizer step, log and checkpoint one run after a step (clipped by
     :func:`_clip`, whose ``norm`` is logged). With ``export``, the step was already taken
     (:class:`GroupAdamW`, for the group); ``export`` gives the run's AdamW its state before its
-    checkpoint is written."""
+    checkpoint is written. ``probe`` evaluates the run's subnetwork every ``eval_every`` steps
+    (see :func:`_subnetwork_probe`)."""
     cfg, scaler = r.cfg, r.scaler
     row.update(lr_factor=factor, grad_norm=norm)
     total = row["loss"]
@@ -883,8 +904,10 @@ def _finish_step(
     elif export is None:  # skipped when the scaled gradients overflowed; the scale then shrinks
         scaler.step(r.optimizer)
         scaler.update()
-    r.rows.append({"step": step, **row})
     done = step + 1
+    if probe is not None and done % cfg.eval_every == 0:
+        row.update(probe(r, row["target_sparsity"]))
+    r.rows.append({"step": step, **row})
     if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
         if export is not None:
             export()
@@ -896,6 +919,35 @@ def _finish_step(
         r.callback(step, r.rows[-1])
 
 
+def _subnetwork_probe(
+    model: Any,
+    mask: ComponentMask,
+    dataset: PairDataset,
+    weights: torch.Tensor | None,
+) -> Callable[[_RunState, float], dict[str, float]]:
+    """``probe(run, target)``: the accuracy on ``dataset`` of ``run``'s gates discretised now
+    (the run's rule at ``target``) and that mask's achieved sparsity, as log columns.
+
+    Meant for inside the training loop's :func:`ablate` block on ``mask``, whose values it
+    replaces with the discrete mask's (each step assigns its own again)."""
+    dims = model_dims(model)
+    device = next(model.parameters()).device
+    host_weights = None if weights is None else weights.cpu()
+
+    def probe(r: _RunState, target: float) -> dict[str, float]:
+        cfg = r.cfg
+        keep, achieved = discretize(
+            r.gates.log_alpha.detach().cpu(), dims.n_layers, dims.n_heads, target,
+            cfg.discretize, host_weights, beta=cfg.beta,
+        )  # fmt: skip
+        heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
+        mask.heads, mask.mlps = heads.to(device), mlps.to(device)
+        result = evaluate(model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length)
+        return {"eval_accuracy": result.accuracy, "eval_sparsity": achieved.by_count}
+
+    return probe
+
+
 def _train(
     model: Any,
     means: ComponentMeans | None,
@@ -905,9 +957,12 @@ def _train(
     run_dir: Path | None,
     progress: bool | None,
     callback: StepCallback | None,
+    evals: Sequence[PairDataset] = (),
 ) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
     state = _start_run(model, tokenized, cfg, run_dir, callback)
-    _train_group(model, means, tokenized, targets, [state], progress)
+    _train_group(
+        model, means, tokenized, targets, [state], progress, probe_set=evals[0] if evals else None
+    )
     if state.error is not None:
         raise state.error
     return (
@@ -1012,7 +1067,7 @@ def prune(
         tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
         targets = _run_targets(model, tokenized, config, run_dir, reference_logits_path, progress)
         log_alpha, log, resumed_from = _train(
-            model, means_obj, tokenized, targets, config, run_dir, progress, callback
+            model, means_obj, tokenized, targets, config, run_dir, progress, callback, evals
         )
         result = _finish(
             model,
@@ -1190,7 +1245,10 @@ def prune_group(
             states = [_start_run(model, tokenized, configs[k], dirs[k], None) for k in pending]
             if max_chunk == "auto":
                 max_chunk = default_chunk(model, configs[0])
-            _train_group(model, means_obj, tokenized, targets, states, progress, max_chunk)
+            _train_group(
+                model, means_obj, tokenized, targets, states, progress, max_chunk,
+                probe_set=evals[0] if evals else None,
+            )  # fmt: skip
             seconds = (time.perf_counter() - started) / len(pending)
             for k, state in zip(pending, states, strict=True):
                 if state.error is not None:
@@ -1253,7 +1311,9 @@ def _prune_in_memory(
         targets = load_reference_logits(Path(reference_logits_path), model, tokenized)
     else:
         targets = compute_reference_logits(model, tokenized, config.eval_batch_size, bool(progress))
-    log_alpha, log, _ = _train(model, means, tokenized, targets, config, None, progress, callback)
+    log_alpha, log, _ = _train(
+        model, means, tokenized, targets, config, None, progress, callback, evals
+    )
     seconds = time.perf_counter() - started
     return _finish(model, means, config, None, log_alpha, log, evals, full_accuracy, seconds)
 

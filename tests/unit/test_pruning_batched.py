@@ -183,16 +183,22 @@ def test_runs_trained_together_equal_the_runs_alone(tiny, train, means, tmp_path
     # the third run has its own, shorter schedule (the paper's grows with the sparsity)
     configs = [recipe(0.3, 1), recipe(0.3, 2),
                recipe(0.6, 1, steps=16, warmup_steps=8, lr_warmup_steps=3)]  # fmt: skip
+    configs = [c.replace(eval_every=5) for c in configs]
+    held = [train.head(16)]  # each run's subnetwork is evaluated on it every 5 steps
     alone = [
-        prune_run(tiny, train, tmp_path / "alone" / str(k), c, means=means)
+        prune_run(tiny, train, tmp_path / "alone" / str(k), c, means=means, eval_sets=held)
         for k, c in enumerate(configs)
     ]
     dirs = [tmp_path / "together" / str(k) for k in range(3)]
-    together = prune_group(tiny, train, means, configs, dirs)
+    together = prune_group(tiny, train, means, configs, dirs, eval_sets=held)
     for a, t in zip(alone, together, strict=True):
         assert (t.log_alpha - a.log_alpha).abs().max() < 1e-4
         assert t.mask == a.mask
         assert t.log.kl.tolist() == pytest.approx(a.log.kl.tolist(), abs=1e-5)
+        probed = t.log.dropna(subset=["eval_accuracy"])
+        assert probed.step.tolist() == [s - 1 for s in range(5, len(t.log) + 1, 5)]
+        assert probed.eval_accuracy.tolist() == a.log.dropna().eval_accuracy.tolist()
+        assert probed.eval_sparsity.tolist() == a.log.dropna().eval_sparsity.tolist()
         assert len(t.log) == t.metrics["steps"]  # each run stopped at its own last step
         assert sorted(p.name for p in t.run_dir.iterdir()) == sorted(
             p.name for p in a.run_dir.iterdir()

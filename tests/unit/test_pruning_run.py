@@ -13,6 +13,7 @@ from mi_core.cli import main
 from mi_core.data import length_grouped_batches, load_pairs, pair_batches
 from mi_core.data.batches import tokenize_pairs
 from mi_core.errors import ConfigError, TrainingError
+from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ablate, compute_means
 from mi_core.io import read_json
 from mi_core.models import load_model
@@ -27,7 +28,7 @@ from mi_core.pruning import (
     unflatten_components,
 )
 from mi_core.pruning import run as run_module
-from mi_core.pruning.discretize import THRESHOLD_GRID
+from mi_core.pruning.discretize import THRESHOLD_GRID, discretize
 from mi_core.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -405,6 +406,60 @@ def test_paper_recipe_run_logs_every_mechanism_and_differs_from_cofi(tiny, train
     no_dropout = _run(tiny, train, means, tmp_path, "nodrop", lr_warmup_steps=4, dropout=False)
     assert (log["kl"] > 0).all()
     assert (no_dropout.log["kl"] < 1e-6).all()  # gates at 1 and no dropout: the full model
+
+
+def test_the_subnetwork_is_evaluated_every_eval_every_steps_without_dropout(
+    tiny, train, means, tmp_path, monkeypatch
+):
+    from mi_core.models.dropout import DropoutRates
+
+    # dropout this strong changes the subnetwork's predictions: a probe inside the training
+    # step's dropout would not match the dropout-free evaluations below
+    monkeypatch.setattr(tiny, "dropout_rates", DropoutRates(attention=0.6, hidden=0.6), False)
+    seen = []  # each discretisation: the probes' (gates after the step, target), then the end's
+
+    def recording(log_alpha, n_layers, n_heads, target, *args, **kwargs):
+        seen.append((log_alpha.detach().clone(), target))
+        return discretize(log_alpha, n_layers, n_heads, target, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "discretize", recording)
+    held = train.head(24)
+    other = load_pairs("mnli:validation_matched", max_examples=8)
+    cfg = make_prune_config(
+        "paper", 0.5, 3, steps=12, warmup_steps=6, batch_size=8, checkpoint_every=4,
+        eval_batch_size=16, eval_every=4, lr_warmup_steps=2, lr_log_alpha=0.3,
+        log_alpha_init=1.0, log_alpha_init_std=0.0, weight_decay=0.0,
+    )  # fmt: skip
+    assert cfg.dropout
+    result = prune_run(
+        tiny, train, tmp_path / "run", cfg, means=means, eval_sets=[held, other], progress=False
+    )
+    log = pd.read_csv(tmp_path / "run" / "log.csv")
+    probed = log.dropna(subset=["eval_accuracy"])
+    assert probed.step.tolist() == [3, 7, 11]  # after steps 4, 8 and 12
+    assert log.eval_sparsity.notna().tolist() == log.eval_accuracy.notna().tolist()
+    assert len(seen) == 4  # three probes (the first eval set only), then the final mask
+    assert [t for _, t in seen[:3]] == probed.target_sparsity.tolist() == [3 / 6 * 0.5, 0.5, 0.5]
+    assert torch.equal(seen[3][0], result.log_alpha)  # the last probe saw the final gates
+    assert torch.equal(seen[2][0], result.log_alpha)
+    assert len({tuple(la.tolist()) for la, _ in seen[:3]}) == 3  # the gates moved in between
+    for (log_alpha, target), (_, row) in zip(seen[:3], probed.iterrows(), strict=True):
+        keep, achieved = discretize(log_alpha, 3, 4, target, "reference", beta=cfg.beta)
+        heads, mlps = unflatten_components(keep.float(), 3, 4)
+        alone = evaluate(tiny, held, mask=ComponentMask(heads, mlps), means=means)
+        assert row.eval_accuracy == alone.accuracy
+        assert row.eval_sparsity == achieved.by_count
+    # the last probe is the run's result on its first eval set
+    assert probed.eval_accuracy.iloc[-1] == result.metrics["accuracy"][held.name]
+    assert probed.eval_sparsity.iloc[-1] == result.metrics["achieved_sparsity"]
+    # and off: no evaluations
+    seen.clear()
+    off = prune_run(tiny, train, tmp_path / "off", cfg.replace(eval_every=0), means=means,
+                    eval_sets=[held], progress=False)  # fmt: skip
+    assert off.log.eval_accuracy.isna().all() and len(seen) == 1
+    assert torch.equal(off.log_alpha, result.log_alpha)  # evaluating changes nothing learnt
+    with pytest.raises(ConfigError, match="eval_every must be non-negative"):
+        cfg.replace(eval_every=-1)
 
 
 #: Gates that start at log_alpha 1, where gradients flow at once, with no decay or dropout noise.
