@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 
 from mi_core.analysis.subnetworks import core_heads, frequency_spearman, head_frequency
@@ -39,7 +38,7 @@ from mi_core.methods.heuristic_core.report import markdown_table
 from mi_core.pruning import make_prune_config, run_sweep
 from mi_core.pruning.profiles import parse_seed_spec
 from mi_core.pruning.sweep import run_dir_for
-from mi_core.viz.figures import write_figure_html
+from mi_core.viz.figures import pruning_dynamics, write_figure_html
 
 #: The schedule fields the CoFi recipe borrows from the recipe it is compared with.
 SCHEDULE_FIELDS = (
@@ -161,26 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(out / "head_frequency.csv", frequency.reset_index(names="head"))
 
     log = pd.concat(logs)
-    fig = go.Figure()
-    for (name, seed), frame in log.groupby(["recipe", "seed"]):
-        for column, dash in (("sampled_sparsity", "solid"), ("expected_sparsity", "dot")):
-            fig.add_trace(
-                go.Scatter(
-                    x=frame["step"],
-                    y=frame[column],
-                    mode="lines",
-                    line={"dash": dash},
-                    name=f"{name} seed {seed}: {column.split('_')[0]}",
-                )
-            )
-    target = log[log.recipe == names[0]].groupby("step")["target_sparsity"].first()
-    fig.add_trace(go.Scatter(x=target.index, y=target, name="target", line={"color": "black"}))
-    fig.update_layout(
+    log["run"] = log["recipe"] + " seed " + log["seed"].astype(str)
+    full_column = f"full_acc_{args.eval[0]}"  # the runs' subnetworks are probed on this set
+    fig = pruning_dynamics(
+        log,
+        full_accuracy=float(results[full_column].iloc[0]) if full_column in results else None,
+        eval_name=args.eval[0],
         title=f"Sparsity over steps: {' vs '.join(names)} (target {args.sparsity:g})",
-        xaxis_title="step",
-        yaxis_title="sparsity",
-        width=1200,
-        height=600,
     )
     write_figure_html(fig, out / "sparsity_over_steps.html")
 

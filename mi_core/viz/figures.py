@@ -10,6 +10,7 @@ embedded by default, so it opens offline).
 :func:`effective_size_over_training`       Figure 6: accuracy and effective size over steps
 :func:`attention_class_chart`              Figure 9: attention-class masses of chosen heads
 :func:`training_dynamics`                  ID vs OOD accuracy over fine-tuning steps
+:func:`pruning_dynamics`                   pruning runs' sparsity and subnetwork accuracy
 =========================================  =================================================
 """
 
@@ -38,6 +39,7 @@ __all__ = [
     "effective_size_over_training",
     "attention_class_chart",
     "training_dynamics",
+    "pruning_dynamics",
     "write_figure_html",
     "add_chance_lines",
     "with_n",
@@ -471,6 +473,77 @@ def training_dynamics(
         yaxis_title=value_col,
         yaxis_range=_accuracy_range(values, [0.0]),
         showlegend=True,
+    )
+    return fig
+
+
+def pruning_dynamics(
+    logs: pd.DataFrame,
+    *,
+    full_accuracy: float | None = None,
+    eval_name: str | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Pruning runs over their steps (``logs``: the runs' ``log.csv`` rows with a ``run``
+    column). Top: each run's sampled (solid) and expected (dotted) sparsity and its target
+    (grey); where the two part, the run met its target with half-open gates. Bottom, when the
+    logs have ``eval_accuracy``: each run's subnetwork as it stood every ``eval_every`` steps,
+    with the full model's accuracy (``full_accuracy``, dashed) on the set ``eval_name``."""
+    _need(logs, ["run", "step", "sampled_sparsity", "expected_sparsity", "target_sparsity"],
+          "pruning_dynamics")  # fmt: skip
+    probed = "eval_accuracy" in logs.columns and logs["eval_accuracy"].notna().any()
+    rows = 2 if probed else 1
+    where = f" on {eval_name}" if eval_name else ""
+    fig = make_subplots(
+        rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+        subplot_titles=("Sparsity", f"Subnetwork accuracy{where}")[:rows],
+    )  # fmt: skip
+    palette = px.colors.qualitative.Plotly
+    for k, (run, group) in enumerate(logs.groupby("run", sort=False)):
+        group = group.sort_values("step")
+        color = palette[k % len(palette)]
+        for column, dash in (("sampled_sparsity", "solid"), ("expected_sparsity", "dot")):
+            fig.add_trace(
+                go.Scatter(
+                    x=group["step"], y=group[column], mode="lines", line={"dash": dash},
+                    line_color=color, legendgroup=str(run),
+                    name=f"{run}: {column.split('_')[0]}",
+                ),
+                row=1, col=1,
+            )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=group["step"], y=group["target_sparsity"], mode="lines",
+                line={"color": "grey", "width": 1}, legendgroup="target", name="target",
+                showlegend=k == 0,
+            ),
+            row=1, col=1,
+        )  # fmt: skip
+        if probed:
+            points = group.dropna(subset=["eval_accuracy"])
+            fig.add_trace(
+                go.Scatter(
+                    x=points["step"], y=points["eval_accuracy"], mode="lines+markers",
+                    line_color=color, legendgroup=str(run), name=f"{run}: accuracy",
+                ),
+                row=2, col=1,
+            )  # fmt: skip
+    fig.update_yaxes(title_text="sparsity", range=[0, 1], row=1, col=1)
+    if probed:
+        values = logs["eval_accuracy"].dropna().to_numpy()
+        if full_accuracy is not None:
+            fig.add_hline(
+                y=full_accuracy, line_dash="dash", line_color="black", row=2, col=1,
+                annotation_text=f"full model {full_accuracy:.3f}",
+                annotation_position="bottom right",
+            )  # fmt: skip
+            values = np.append(values, full_accuracy)
+        fig.update_yaxes(title_text="accuracy", range=_accuracy_range(values), row=2, col=1)
+    fig.update_xaxes(tickformat="d")
+    fig.update_xaxes(title_text="pruning step", row=rows, col=1)
+    fig.update_layout(
+        title=title or "Pruning runs: sparsity and subnetwork accuracy over steps",
+        height=420 + 300 * (rows - 1),
     )
     return fig
 

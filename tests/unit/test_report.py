@@ -17,7 +17,7 @@ from scipy.stats import spearmanr
 from mi_core.data import load_pairs
 from mi_core.errors import ConfigError
 from mi_core.interventions import Component, ComponentMask
-from mi_core.io import write_json
+from mi_core.io import read_json, write_json
 from mi_core.methods.heuristic_core.ablation import (
     resolve_joint_sets,
     run_core_ablation,
@@ -35,6 +35,7 @@ from mi_core.methods.heuristic_core.report import (
     build_report,
     display_name,
     markdown_table,
+    render_report,
     write_report,
 )
 from mi_core.methods.heuristic_core.results import ExperimentTables
@@ -339,3 +340,51 @@ def test_the_effective_size_caption_names_the_method_that_made_the_table():
     assert "then the mean over seeds" in _effective_size_rule(authors)
     assert "paper's text" in _effective_size_rule(paper)
     assert "mean accuracy over seeds" in _effective_size_rule(paper)
+
+
+def test_the_report_says_whether_each_pruning_run_met_its_target(sweep):
+    from mi_core.viz.figures import pruning_dynamics
+
+    root = sweep.parent
+    results = load_sweep(sweep)
+    write_comparison(results, compare_subnetworks(results), root / "analysis")
+    # two runs' logs: 0.30 / seed 1 settled (sampled = expected), 0.60 / seed 1 did not
+    ends = {(0.3, 1): (0.30, 0.29, True), (0.6, 1): (0.58, 0.31, True)}
+    for (sparsity, seed), (sampled, expected, reached) in ends.items():
+        run = sweep / f"s{sparsity:.2f}" / f"seed{seed}"
+        steps = range(10)
+        pd.DataFrame(
+            {
+                "step": steps,
+                "kl": 0.1,
+                "target_sparsity": [min(sparsity, sparsity * s / 5) for s in steps],
+                "sampled_sparsity": [sampled * s / 9 for s in steps],
+                "expected_sparsity": [expected * s / 9 for s in steps],
+                "eval_accuracy": [0.7 if s % 5 == 4 else None for s in steps],
+            }
+        ).to_csv(run / "log.csv", index=False)
+        metrics = read_json(run / "metrics.json")
+        metrics.update(
+            steps=10, reached_target=reached, final_sampled_sparsity=sampled,
+            final_expected_sparsity=expected, final_kl=0.1,
+        )  # fmt: skip
+        write_json(run / "metrics.json", metrics)
+    tables = ExperimentTables.load(root)
+    assert sorted(tables.pruning_logs["run"].unique()) == ["s=0.3 seed=1", "s=0.6 seed=1"]
+    summary = tables.pruning_summary.set_index("subnetwork")
+    assert summary.loc["s=0.6 seed=1", "final_expected_sparsity"] == 0.31
+    assert summary.loc["s=0.3 seed=2", "reached_target"] is None  # written before the field
+    _, markdown = render_report(tables)
+    assert "## Pruning runs: did the gates settle?" in markdown
+    assert "**2 of 6 runs met their target**" in markdown
+    assert "by 0.01 to 0.27" in markdown  # the sampled minus the expected sparsity at the end
+    fig = pruning_dynamics(tables.pruning_logs, full_accuracy=0.8)
+    names = [trace.name for trace in fig.data]
+    assert names.count("target") == 2 and names.count("s=0.6 seed=1: accuracy") == 1
+    accuracy = next(t for t in fig.data if t.name == "s=0.6 seed=1: accuracy")
+    assert list(accuracy.x) == [4, 9] and list(accuracy.y) == [0.7, 0.7]  # probed steps only
+    assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].y0 == 0.8  # the full model
+    # logs without evaluations: one panel
+    alone = pruning_dynamics(tables.pruning_logs.drop(columns="eval_accuracy"))
+    assert not any(t.name.endswith("accuracy") for t in alone.data)
+    assert "yaxis2" not in alone.layout.to_plotly_json()

@@ -479,6 +479,50 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
     return sections
 
 
+def _span(values: pd.Series) -> str:
+    """``a to b`` over the finite values (one number when they agree to 2 decimals)."""
+    low, high = _format(float(values.min()), 2), _format(float(values.max()), 2)
+    return low if low == high else f"{low} to {high}"
+
+
+def _pruning_section(tables: ExperimentTables) -> ReportSection | None:
+    """How the sweep's runs trained: sparsity against target, and the subnetwork's accuracy as
+    it stood every ``eval_every`` steps."""
+    from mi_core.viz.figures import pruning_dynamics
+
+    logs, summary = tables.pruning_logs, tables.pruning_summary
+    if logs is None or logs.empty:
+        return None
+    section = ReportSection("Pruning runs: did the gates settle?")
+    if summary is not None and not summary.empty:
+        met = summary["reached_target"].fillna(False).astype(bool)
+        gap = summary["final_sampled_sparsity"] - summary["final_expected_sparsity"]
+        section.text(
+            f"**{int(met.sum())} of {len(summary)} runs met their target** (the sparsity each "
+            "optimised, averaged over its last tenth of steps, within 0.05). At the end the "
+            "sampled sparsity exceeded the expected one (the probability that a gate is exactly "
+            f"0) by {_span(gap)}: a large "
+            "gap means the run met its target with half-open gates, so its discrete subnetwork "
+            "is a model the run never trained (see experiments/README.md on the `quick` profile)."
+        )
+        section.table(summary, "One row per run, from its metrics.json.")
+    runs = tables.runs
+    names = _eval_names(runs) if runs is not None and not runs.empty else []
+    first = names[0] if names else None
+    full = None
+    if first is not None and f"full_acc_{first}" in runs:
+        full = float(runs[f"full_acc_{first}"].iloc[0])
+    section.figure(
+        pruning_dynamics(
+            logs, full_accuracy=full, eval_name=display_name(first) if first else None
+        ),
+        "Top: each run's sampled (solid) and expected (dotted) sparsity against its target "
+        "(grey). Bottom (when the runs evaluated as they trained): the subnetwork as it stood "
+        "every `eval_every` steps, on the first evaluation set; dashed: the full model.",
+    )
+    return section
+
+
 def _attention_section(tables: ExperimentTables) -> ReportSection | None:
     import torch
 
@@ -737,6 +781,7 @@ def build_report(
         _findings_section(findings),
         _finetune_section(tables),
         *_subnetwork_sections(tables),
+        _pruning_section(tables),
         _attention_section(tables),
         _ablation_section(tables),
         _effective_size_section(tables),

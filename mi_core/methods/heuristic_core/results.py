@@ -45,6 +45,38 @@ def _run_metrics(runs: pd.DataFrame | None) -> dict[str, Any]:
     return {}
 
 
+def _pruning_runs(runs: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The sweep's pruning logs (``log.csv`` rows with a ``run`` column: the subnetwork's
+    name) and one row per run from its ``metrics.json``: did its sparsity meet the target, and
+    where its sampled and expected sparsity ended. (None, None) without run folders."""
+    if runs is None or "run_dir" not in runs:
+        return None, None
+    logs, rows = [], []
+    for _, run in runs.iterrows():
+        folder = Path(str(run["run_dir"]))
+        name = str(run.get("subnetwork", folder.name))
+        log = _table(folder / "log.csv")
+        if log is not None and not log.empty:
+            logs.append(log.assign(run=name))
+        metrics = _json(folder / "metrics.json")
+        if metrics is not None:
+            rows.append(
+                {
+                    "subnetwork": name,
+                    "steps": metrics.get("steps"),
+                    "target_sparsity": metrics.get("target_sparsity"),
+                    "reached_target": metrics.get("reached_target"),
+                    "final_sampled_sparsity": metrics.get("final_sampled_sparsity"),
+                    "final_expected_sparsity": metrics.get("final_expected_sparsity"),
+                    "final_kl": metrics.get("final_kl"),
+                }
+            )
+    return (
+        pd.concat(logs, ignore_index=True) if logs else None,
+        pd.DataFrame(rows) if rows else None,
+    )
+
+
 @dataclass
 class ExperimentTables:
     """The stages' results under one report directory (None: the stage has not run)."""
@@ -61,6 +93,11 @@ class ExperimentTables:
     ``full_acc_<set>``, run folder."""
     comparison: SubnetworkComparison | None = None
     """Frequencies, cores, chance levels and Spearman of the sweep's subnetworks."""
+    pruning_logs: pd.DataFrame | None = None
+    """The sweep's runs' ``log.csv`` rows, with ``run`` naming each run's subnetwork."""
+    pruning_summary: pd.DataFrame | None = None
+    """One row per sweep run: steps, target, whether its sparsity met the target, and its
+    final sampled and expected sparsity and KL (from its ``metrics.json``)."""
     grid_runs: pd.DataFrame | None = None
     """The subnetworks of the sparsity x seed grid (Figure 4), as :attr:`runs`."""
     attention_classes: pd.DataFrame | None = None
@@ -103,6 +140,7 @@ class ExperimentTables:
         stages = [read_json(p) for p in sorted(layout.stages.glob("*.json"))]
         runs = _table(layout.analysis / COMPARISON_FILES["subnetworks"])
         meta = _run_metrics(runs)
+        pruning_logs, pruning_summary = _pruning_runs(runs)
         return cls(
             root=layout.root,
             config=_json(layout.config),
@@ -110,6 +148,8 @@ class ExperimentTables:
             finetune_metrics=_table(layout.finetune_metrics),
             runs=runs,
             comparison=comparison,
+            pruning_logs=pruning_logs,
+            pruning_summary=pruning_summary,
             grid_runs=_table(layout.grid / COMPARISON_FILES["subnetworks"]),
             attention_classes=_table(layout.attention_classes),
             ablation=_table(layout.ablation_file("table"), names=True),
