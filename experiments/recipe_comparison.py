@@ -161,11 +161,13 @@ def main(argv: list[str] | None = None) -> int:
 
     log = pd.concat(logs)
     log["run"] = log["recipe"] + " seed " + log["seed"].astype(str)
-    full_column = f"full_acc_{args.eval[0]}"  # the runs' subnetworks are probed on this set
+    # the runs probe their subnetworks on the first eval set, whose column comes first (by its
+    # loaded name: hans:so_swap is hans:ln_subject/object_swap)
+    full_column = next(c for c in results.columns if c.startswith("full_acc_"))
     fig = pruning_dynamics(
         log,
-        full_accuracy=float(results[full_column].iloc[0]) if full_column in results else None,
-        eval_name=args.eval[0],
+        full_accuracy=float(results[full_column].iloc[0]),
+        eval_name=full_column[len("full_acc_") :],
         title=f"Sparsity over steps: {' vs '.join(names)} (target {args.sparsity:g})",
     )
     write_figure_html(fig, out / "sparsity_over_steps.html")

@@ -78,8 +78,8 @@ class PruneConfig(Config):
     """Token limit per example (batches pad to their longest example, not to this)."""
     eval_every: int
     """Steps between evaluations of the subnetwork as it stands (its gates discretised at the
-    step's target) on the first eval set, logged as ``eval_accuracy`` / ``eval_sparsity``;
-    0 turns them off."""
+    step's target) on the first 2,000 examples of the first eval set, logged as
+    ``eval_accuracy`` / ``eval_sparsity``; 0 turns them off."""
     checkpoint_every: int
     """Steps between checkpoints."""
     eval_batch_size: int

@@ -40,11 +40,11 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from mi_core.data import PairDataset, load_pairs
+from mi_core.data import PairDataset, load_pairs, pair_batches
 from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
 from mi_core.devices import autocast, grad_scaler, matmul_precision, move, to_device
 from mi_core.errors import ConfigError, DataError, OutputError, TrainingError
-from mi_core.evaluation import evaluate, model_inputs
+from mi_core.evaluation import evaluate, model_inputs, predict_logits
 from mi_core.interventions import ComponentMask, ComponentMeans, Subnetwork, ablate, load_means
 from mi_core.interventions.components import model_dims
 from mi_core.io import (
@@ -747,9 +747,10 @@ def _train_group(
     :func:`group_pruning_step`); each run's state, log and checkpoints are updated in place.
 
     Every ``eval_every`` steps each run's subnetwork as it stands (its gates discretised by the
-    run's rule at the step's target) is evaluated on ``probe_set`` without dropout, and its
-    accuracy and sparsity go into that step's log row (``eval_accuracy``, ``eval_sparsity``),
-    as the authors' trainer evaluates its model every 64 steps.
+    run's rule at the step's target) is evaluated on ``probe_set`` (its first
+    :data:`PROBE_EXAMPLES`) without dropout, and its accuracy and sparsity go into that step's
+    log row (``eval_accuracy``, ``eval_sparsity``), as the authors' trainer evaluates its model
+    every 64 steps. With ``precision="tf32"`` the probe's products are TF32 too.
 
     A run whose loss becomes non-finite gets its ``error`` set and leaves the group (its last
     checkpoint stays); the others go on. With dropout on, the dropout noise of a step is drawn
@@ -791,7 +792,7 @@ def _train_group(
     slot = {id(r): k for k, r in enumerate(runs)}
     probe = None
     if probe_set is not None and cfg.eval_every > 0:
-        probe = _subnetwork_probe(model, mask, probe_set, weights)
+        probe = _subnetwork_probe(model, mask, probe_set, weights, cfg)
     with (
         frozen(model),
         ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
@@ -919,31 +920,48 @@ def _finish_step(
         r.callback(step, r.rows[-1])
 
 
+#: Examples of the first eval set a probe evaluates (the authors' trainer: 2,000 MNLI pairs).
+PROBE_EXAMPLES = 2000
+
+
 def _subnetwork_probe(
     model: Any,
     mask: ComponentMask,
     dataset: PairDataset,
     weights: torch.Tensor | None,
+    cfg: PruneConfig,
 ) -> Callable[[_RunState, float], dict[str, float]]:
-    """``probe(run, target)``: the accuracy on ``dataset`` of ``run``'s gates discretised now
-    (the run's rule at ``target``) and that mask's achieved sparsity, as log columns.
+    """``probe(run, target)``: the accuracy on ``dataset`` (its first :data:`PROBE_EXAMPLES`) of
+    ``run``'s gates discretised now (the run's rule at ``target``) and that mask's achieved
+    sparsity, as log columns. The examples are tokenised once, here.
 
     Meant for inside the training loop's :func:`ablate` block on ``mask``, whose values it
     replaces with the discrete mask's (each step assigns its own again)."""
     dims = model_dims(model)
     device = next(model.parameters()).device
     host_weights = None if weights is None else weights.cpu()
+    subset = dataset.head(PROBE_EXAMPLES)
+    batches = list(
+        pair_batches(
+            subset, model.tokenizer, batch_size=cfg.eval_batch_size, max_length=cfg.max_length,
+            sort_by_length=True,
+        )
+    )  # fmt: skip
 
     def probe(r: _RunState, target: float) -> dict[str, float]:
-        cfg = r.cfg
         keep, achieved = discretize(
             r.gates.log_alpha.detach().cpu(), dims.n_layers, dims.n_heads, target,
-            cfg.discretize, host_weights, beta=cfg.beta,
+            r.cfg.discretize, host_weights, beta=r.cfg.beta,
         )  # fmt: skip
         heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
         mask.heads, mask.mlps = heads.to(device), mlps.to(device)
-        result = evaluate(model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length)
-        return {"eval_accuracy": result.accuracy, "eval_sparsity": achieved.by_count}
+        was_training = model.training
+        model.eval()
+        try:
+            logits = predict_logits(model, batches, len(subset))
+        finally:
+            model.train(was_training)
+        return {"eval_accuracy": subset.score(logits), "eval_sparsity": achieved.by_count}
 
     return probe
 

@@ -477,6 +477,19 @@ def training_dynamics(
     return fig
 
 
+#: The ``log.csv`` columns :func:`pruning_dynamics` needs.
+PRUNING_LOG_COLUMNS = ("run", "step", "sampled_sparsity", "expected_sparsity", "target_sparsity")
+#: Points drawn per run and line at most (long runs are thinned evenly; the last step is kept).
+_MAX_POINTS = 400
+
+
+def _thin(frame: pd.DataFrame, limit: int = _MAX_POINTS) -> pd.DataFrame:
+    if len(frame) <= limit:
+        return frame
+    keep = np.unique(np.linspace(0, len(frame) - 1, limit).round().astype(int))
+    return frame.iloc[keep]
+
+
 def pruning_dynamics(
     logs: pd.DataFrame,
     *,
@@ -488,9 +501,9 @@ def pruning_dynamics(
     column). Top: each run's sampled (solid) and expected (dotted) sparsity and its target
     (grey); where the two part, the run met its target with half-open gates. Bottom, when the
     logs have ``eval_accuracy``: each run's subnetwork as it stood every ``eval_every`` steps,
-    with the full model's accuracy (``full_accuracy``, dashed) on the set ``eval_name``."""
-    _need(logs, ["run", "step", "sampled_sparsity", "expected_sparsity", "target_sparsity"],
-          "pruning_dynamics")  # fmt: skip
+    with the full model's accuracy (``full_accuracy``, dashed) on the set ``eval_name``. Runs
+    longer than 400 steps are drawn from 400 evenly spaced steps; one target line per schedule."""
+    _need(logs, list(PRUNING_LOG_COLUMNS), "pruning_dynamics")
     probed = "eval_accuracy" in logs.columns and logs["eval_accuracy"].notna().any()
     rows = 2 if probed else 1
     where = f" on {eval_name}" if eval_name else ""
@@ -499,28 +512,33 @@ def pruning_dynamics(
         subplot_titles=("Sparsity", f"Subnetwork accuracy{where}")[:rows],
     )  # fmt: skip
     palette = px.colors.qualitative.Plotly
+    schedules = set()
     for k, (run, group) in enumerate(logs.groupby("run", sort=False)):
         group = group.sort_values("step")
+        drawn = _thin(group)
         color = palette[k % len(palette)]
         for column, dash in (("sampled_sparsity", "solid"), ("expected_sparsity", "dot")):
             fig.add_trace(
                 go.Scatter(
-                    x=group["step"], y=group[column], mode="lines", line={"dash": dash},
+                    x=drawn["step"], y=drawn[column], mode="lines", line={"dash": dash},
                     line_color=color, legendgroup=str(run),
                     name=f"{run}: {column.split('_')[0]}",
                 ),
                 row=1, col=1,
             )  # fmt: skip
-        fig.add_trace(
-            go.Scatter(
-                x=group["step"], y=group["target_sparsity"], mode="lines",
-                line={"color": "grey", "width": 1}, legendgroup="target", name="target",
-                showlegend=k == 0,
-            ),
-            row=1, col=1,
-        )  # fmt: skip
+        schedule = tuple(group["target_sparsity"].round(6))
+        if schedule not in schedules:
+            fig.add_trace(
+                go.Scatter(
+                    x=drawn["step"], y=drawn["target_sparsity"], mode="lines",
+                    line={"color": "grey", "width": 1}, legendgroup="target", name="target",
+                    showlegend=not schedules,
+                ),
+                row=1, col=1,
+            )  # fmt: skip
+            schedules.add(schedule)
         if probed:
-            points = group.dropna(subset=["eval_accuracy"])
+            points = _thin(group.dropna(subset=["eval_accuracy"]))
             fig.add_trace(
                 go.Scatter(
                     x=points["step"], y=points["eval_accuracy"], mode="lines+markers",

@@ -4,6 +4,8 @@ executor and the memory-based group size."""
 
 from __future__ import annotations
 
+import inspect
+
 import pandas as pd
 import pytest
 import torch
@@ -15,6 +17,7 @@ from mi_core.interventions import ComponentMask, ablate
 from mi_core.io import read_json
 from mi_core.models import load_model
 from mi_core.pruning import make_prune_config, prune_run, run_dir_for, run_sweep
+from mi_core.pruning.discretize import discretize
 from mi_core.pruning.hard_concrete import HardConcrete
 from mi_core.pruning.lagrangian import LagrangianController
 from mi_core.pruning.run import StepMember, group_pruning_step, length_chunks, prune_group
@@ -179,26 +182,46 @@ def test_each_run_of_a_group_scales_its_own_loss(tiny, train, means):
 
 # -------------------------------------------------------------------------- whole runs
 @pytest.mark.slow
-def test_runs_trained_together_equal_the_runs_alone(tiny, train, means, tmp_path):
+def test_runs_trained_together_equal_the_runs_alone(tiny, train, means, tmp_path, monkeypatch):
+    from mi_core.pruning import run as run_module
+
+    probed_gates = []  # the gates each probe discretised, in order
+
+    def recording(log_alpha, *args, **kwargs):
+        if inspect.stack()[1].function == "probe":
+            probed_gates.append(log_alpha.clone())
+        return discretize(log_alpha, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "discretize", recording)
     # the third run has its own, shorter schedule (the paper's grows with the sparsity)
     configs = [recipe(0.3, 1), recipe(0.3, 2),
                recipe(0.6, 1, steps=16, warmup_steps=8, lr_warmup_steps=3)]  # fmt: skip
-    configs = [c.replace(eval_every=5) for c in configs]
-    held = [train.head(16)]  # each run's subnetwork is evaluated on it every 5 steps
+    configs = [c.replace(eval_every=4) for c in configs]
+    held = [train.head(16)]  # each run's subnetwork is evaluated on it every 4 steps
     alone = [
         prune_run(tiny, train, tmp_path / "alone" / str(k), c, means=means, eval_sets=held)
         for k, c in enumerate(configs)
     ]
+    probed_gates.clear()
     dirs = [tmp_path / "together" / str(k) for k in range(3)]
     together = prune_group(tiny, train, means, configs, dirs, eval_sets=held)
+    # the group's last probes (its shorter run's at step 16 with the others', then the longer
+    # two at step 20) saw each run's final gates: taken after the group's optimizer step
+    assert len(probed_gates) == 3 * 4 + 2 * 1
+    last = probed_gates[-3:]  # run 2 at step 16, then runs 0 and 1 at step 20
+    order = together[2:] + together[:2]
+    assert all(torch.equal(g, t.log_alpha) for g, t in zip(last, order, strict=True))
     for a, t in zip(alone, together, strict=True):
         assert (t.log_alpha - a.log_alpha).abs().max() < 1e-4
         assert t.mask == a.mask
         assert t.log.kl.tolist() == pytest.approx(a.log.kl.tolist(), abs=1e-5)
         probed = t.log.dropna(subset=["eval_accuracy"])
-        assert probed.step.tolist() == [s - 1 for s in range(5, len(t.log) + 1, 5)]
+        assert probed.step.tolist() == [s - 1 for s in range(4, len(t.log) + 1, 4)]
         assert probed.eval_accuracy.tolist() == a.log.dropna().eval_accuracy.tolist()
         assert probed.eval_sparsity.tolist() == a.log.dropna().eval_sparsity.tolist()
+        # the last probe is the run's result: same gates, target and examples
+        assert probed.eval_accuracy.iloc[-1] == t.metrics["accuracy"][held[0].name]
+        assert probed.eval_sparsity.iloc[-1] == t.metrics["achieved_sparsity"]
         assert len(t.log) == t.metrics["steps"]  # each run stopped at its own last step
         assert sorted(p.name for p in t.run_dir.iterdir()) == sorted(
             p.name for p in a.run_dir.iterdir()

@@ -423,6 +423,7 @@ def test_the_subnetwork_is_evaluated_every_eval_every_steps_without_dropout(
         return discretize(log_alpha, n_layers, n_heads, target, *args, **kwargs)
 
     monkeypatch.setattr(run_module, "discretize", recording)
+    monkeypatch.setattr(run_module, "PROBE_EXAMPLES", 20)  # the probe reads the first 20
     held = train.head(24)
     other = load_pairs("mnli:validation_matched", max_examples=8)
     cfg = make_prune_config(
@@ -446,12 +447,14 @@ def test_the_subnetwork_is_evaluated_every_eval_every_steps_without_dropout(
     for (log_alpha, target), (_, row) in zip(seen[:3], probed.iterrows(), strict=True):
         keep, achieved = discretize(log_alpha, 3, 4, target, "reference", beta=cfg.beta)
         heads, mlps = unflatten_components(keep.float(), 3, 4)
-        alone = evaluate(tiny, held, mask=ComponentMask(heads, mlps), means=means)
+        alone = evaluate(tiny, held.head(20), mask=ComponentMask(heads, mlps), means=means)
         assert row.eval_accuracy == alone.accuracy
         assert row.eval_sparsity == achieved.by_count
-    # the last probe is the run's result on its first eval set
-    assert probed.eval_accuracy.iloc[-1] == result.metrics["accuracy"][held.name]
+    # the last probe is the run's result on the first 20 examples of its first eval set
+    final = evaluate(tiny, held.head(20), mask=result.mask, means=means)
+    assert probed.eval_accuracy.iloc[-1] == final.accuracy
     assert probed.eval_sparsity.iloc[-1] == result.metrics["achieved_sparsity"]
+    assert final.accuracy != evaluate(tiny, held, mask=result.mask, means=means).accuracy
     # and off: no evaluations
     seen.clear()
     off = prune_run(tiny, train, tmp_path / "off", cfg.replace(eval_every=0), means=means,

@@ -342,7 +342,7 @@ def test_the_effective_size_caption_names_the_method_that_made_the_table():
     assert "mean accuracy over seeds" in _effective_size_rule(paper)
 
 
-def test_the_report_says_whether_each_pruning_run_met_its_target(sweep):
+def test_the_report_says_whether_each_pruning_run_met_its_target(sweep, tmp_path, tmp_path_factory):
     from mi_core.viz.figures import pruning_dynamics
 
     root = sweep.parent
@@ -376,8 +376,9 @@ def test_the_report_says_whether_each_pruning_run_met_its_target(sweep):
     assert summary.loc["s=0.3 seed=2", "reached_target"] is None  # written before the field
     _, markdown = render_report(tables)
     assert "## Pruning runs: did the gates settle?" in markdown
-    assert "**2 of 6 runs met their target**" in markdown
-    assert "by 0.01 to 0.27" in markdown  # the sampled minus the expected sparsity at the end
+    assert "**2 of 2 runs met their target**" in markdown
+    assert "4 older runs did not record it." in markdown
+    assert "at the end: 0.01 to 0.27." in markdown  # the sampled minus the expected sparsity
     fig = pruning_dynamics(tables.pruning_logs, full_accuracy=0.8)
     names = [trace.name for trace in fig.data]
     assert names.count("target") == 2 and names.count("s=0.6 seed=1: accuracy") == 1
@@ -388,3 +389,28 @@ def test_the_report_says_whether_each_pruning_run_met_its_target(sweep):
     alone = pruning_dynamics(tables.pruning_logs.drop(columns="eval_accuracy"))
     assert not any(t.name.endswith("accuracy") for t in alone.data)
     assert "yaxis2" not in alone.layout.to_plotly_json()
+    # a long run is drawn from 400 steps, its last kept; one target line per schedule
+    long = pd.DataFrame({"run": "a", "step": range(1000), "sampled_sparsity": 0.5,
+                         "expected_sparsity": 0.4, "target_sparsity": 0.5})  # fmt: skip
+    thin = pruning_dynamics(pd.concat([long, long.assign(run="b")]))
+    assert [len(t.x) for t in thin.data] == [400, 400, 400, 400, 400]
+    assert thin.data[0].x[-1] == 999
+
+    # in memory (a notebook's tables, no report directory): the runs' recorded folders
+    in_memory = ExperimentTables(root=tmp_path / "nowhere", runs=tables.runs)
+    assert "**2 of 2 runs met their target**" in render_report(in_memory)[1]
+    # the report directory copied elsewhere reads its own runs (the recorded run_dir is gone)
+    import shutil
+
+    moved = tmp_path_factory.mktemp("moved") / "report"
+    shutil.copytree(root, moved)
+    shutil.rmtree(root)
+    copy = ExperimentTables.load(moved)
+    assert sorted(copy.pruning_logs["run"].unique()) == ["s=0.3 seed=1", "s=0.6 seed=1"]
+    assert "**2 of 2 runs met their target**" in render_report(copy)[1]
+    # logs from before the sampled sparsity was logged: the summary, no figure, no failure
+    for log_path in (moved / "sweep").glob("*/*/log.csv"):
+        pd.read_csv(log_path).drop(columns="sampled_sparsity").to_csv(log_path, index=False)
+    html, markdown = render_report(ExperimentTables.load(moved))
+    assert "**2 of 2 runs met their target**" in markdown
+    assert "Pruning runs: sparsity and subnetwork accuracy" not in html

@@ -488,38 +488,49 @@ def _span(values: pd.Series) -> str:
 def _pruning_section(tables: ExperimentTables) -> ReportSection | None:
     """How the sweep's runs trained: sparsity against target, and the subnetwork's accuracy as
     it stood every ``eval_every`` steps."""
-    from mi_core.viz.figures import pruning_dynamics
+    from mi_core.methods.heuristic_core.results import pruning_runs
+    from mi_core.viz.figures import PRUNING_LOG_COLUMNS, pruning_dynamics
 
     logs, summary = tables.pruning_logs, tables.pruning_summary
-    if logs is None or logs.empty:
+    if logs is None and summary is None:  # tables built in memory: the runs' own folders
+        logs, summary = pruning_runs(tables.runs)
+    if (logs is None or logs.empty) and (summary is None or summary.empty):
         return None
     section = ReportSection("Pruning runs: did the gates settle?")
     if summary is not None and not summary.empty:
-        met = summary["reached_target"].fillna(False).astype(bool)
-        gap = summary["final_sampled_sparsity"] - summary["final_expected_sparsity"]
-        section.text(
-            f"**{int(met.sum())} of {len(summary)} runs met their target** (the sparsity each "
-            "optimised, averaged over its last tenth of steps, within 0.05). At the end the "
-            "sampled sparsity exceeded the expected one (the probability that a gate is exactly "
-            f"0) by {_span(gap)}: a large "
-            "gap means the run met its target with half-open gates, so its discrete subnetwork "
-            "is a model the run never trained (see experiments/README.md on the `quick` profile)."
-        )
+        recorded = summary["reached_target"].dropna()
+        if len(recorded):
+            others = len(summary) - len(recorded)
+            section.text(
+                f"**{int(recorded.astype(bool).sum())} of {len(recorded)} runs met their "
+                "target** (the sparsity each optimised, averaged over its last tenth of steps, "
+                "within 0.05)" + (f"; {others} older runs did not record it." if others else ".")
+            )
+        gap = (summary["final_sampled_sparsity"] - summary["final_expected_sparsity"]).dropna()
+        if len(gap):
+            section.text(
+                "The sampled minus the expected sparsity (the probability that a gate is "
+                f"exactly 0) at the end: {_span(gap)}. A large positive gap means a run met a "
+                "sampled target with half-open gates, so its discrete subnetwork is a model the "
+                "run never trained (see experiments/README.md on the `quick` profile)."
+            )
         section.table(summary, "One row per run, from its metrics.json.")
-    runs = tables.runs
-    names = _eval_names(runs) if runs is not None and not runs.empty else []
-    first = names[0] if names else None
-    full = None
-    if first is not None and f"full_acc_{first}" in runs:
-        full = float(runs[f"full_acc_{first}"].iloc[0])
-    section.figure(
-        pruning_dynamics(
-            logs, full_accuracy=full, eval_name=display_name(first) if first else None
-        ),
-        "Top: each run's sampled (solid) and expected (dotted) sparsity against its target "
-        "(grey). Bottom (when the runs evaluated as they trained): the subnetwork as it stood "
-        "every `eval_every` steps, on the first evaluation set; dashed: the full model.",
-    )
+    if logs is not None and not logs.empty and set(PRUNING_LOG_COLUMNS) <= set(logs.columns):
+        runs = tables.runs
+        names = _eval_names(runs) if runs is not None and not runs.empty else []
+        first = names[0] if names else None
+        full = None
+        if first is not None and f"full_acc_{first}" in runs:
+            full = float(runs[f"full_acc_{first}"].iloc[0])
+        section.figure(
+            pruning_dynamics(
+                logs, full_accuracy=full, eval_name=display_name(first) if first else None
+            ),
+            "Top: each run's sampled (solid) and expected (dotted) sparsity against its target "
+            "(grey). Bottom (when the runs evaluated as they trained): the subnetwork as it "
+            "stood every `eval_every` steps, on the first evaluation set; dashed: the full "
+            "model.",
+        )
     return section
 
 

@@ -21,7 +21,7 @@ from mi_core.io import read_json
 from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES, SubnetworkComparison
 from mi_core.methods.heuristic_core.layout import ExperimentLayout
 
-__all__ = ["ExperimentTables"]
+__all__ = ["ExperimentTables", "pruning_runs"]
 
 
 def _table(path: Path, names: bool = False) -> pd.DataFrame | None:
@@ -35,26 +35,47 @@ def _json(path: Path) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
-def _run_metrics(runs: pd.DataFrame | None) -> dict[str, Any]:
+def _run_folders(runs: pd.DataFrame | None, sweep: Path | None) -> list[tuple[str, Path]]:
+    """Each sweep run's name and folder: under ``sweep`` (the report directory's own copy,
+    wherever it was moved or copied to) when it is there, else the ``run_dir`` the sweep
+    recorded. Runs with neither are left out."""
+    if runs is None or runs.empty:
+        return []
+    from mi_core.pruning.sweep import run_dir_for
+
+    found = []
+    for _, run in runs.iterrows():
+        folder = None
+        if sweep is not None and "sparsity" in runs and "seed" in runs:
+            here = run_dir_for(sweep, float(run["sparsity"]), int(run["seed"]))
+            folder = here if here.is_dir() else None
+        if folder is None and "run_dir" in runs and isinstance(run["run_dir"], str):
+            folder = Path(run["run_dir"])
+        if folder is not None:
+            name = str(run["subnetwork"]) if "subnetwork" in runs else folder.name
+            found.append((name, folder))
+    return found
+
+
+def _run_metrics(runs: pd.DataFrame | None, sweep: Path | None = None) -> dict[str, Any]:
     """The ``metrics.json`` of the first of the sweep's runs that has one (empty without)."""
-    folders = [] if runs is None or "run_dir" not in runs else runs["run_dir"].dropna()
-    for folder in folders:
-        metrics = _json(Path(str(folder)) / "metrics.json")
+    for _, folder in _run_folders(runs, sweep):
+        metrics = _json(folder / "metrics.json")
         if metrics is not None:
             return metrics
     return {}
 
 
-def _pruning_runs(runs: pd.DataFrame | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+def pruning_runs(
+    runs: pd.DataFrame | None, sweep: Path | None = None
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """The sweep's pruning logs (``log.csv`` rows with a ``run`` column: the subnetwork's
     name) and one row per run from its ``metrics.json``: did its sparsity meet the target, and
     where its sampled and expected sparsity ended. (None, None) without run folders."""
-    if runs is None or "run_dir" not in runs:
+    if runs is None or runs.empty:
         return None, None
     logs, rows = [], []
-    for _, run in runs.iterrows():
-        folder = Path(str(run["run_dir"]))
-        name = str(run.get("subnetwork", folder.name))
+    for name, folder in _run_folders(runs, sweep):
         log = _table(folder / "log.csv")
         if log is not None and not log.empty:
             logs.append(log.assign(run=name))
@@ -94,7 +115,8 @@ class ExperimentTables:
     comparison: SubnetworkComparison | None = None
     """Frequencies, cores, chance levels and Spearman of the sweep's subnetworks."""
     pruning_logs: pd.DataFrame | None = None
-    """The sweep's runs' ``log.csv`` rows, with ``run`` naming each run's subnetwork."""
+    """The sweep's runs' ``log.csv`` rows, with ``run`` naming each run's subnetwork (built in
+    memory without it, the report reads them from :attr:`runs`' ``run_dir``)."""
     pruning_summary: pd.DataFrame | None = None
     """One row per sweep run: steps, target, whether its sparsity met the target, and its
     final sampled and expected sparsity and KL (from its ``metrics.json``)."""
@@ -139,8 +161,8 @@ class ExperimentTables:
         note = layout.ablation_file("note")
         stages = [read_json(p) for p in sorted(layout.stages.glob("*.json"))]
         runs = _table(layout.analysis / COMPARISON_FILES["subnetworks"])
-        meta = _run_metrics(runs)
-        pruning_logs, pruning_summary = _pruning_runs(runs)
+        meta = _run_metrics(runs, layout.sweep)
+        pruning_logs, pruning_summary = pruning_runs(runs, layout.sweep)
         return cls(
             root=layout.root,
             config=_json(layout.config),
