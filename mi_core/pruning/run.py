@@ -59,7 +59,7 @@ from mi_core.models.classifier import StagedClassifier
 from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import fingerprint_held, weights_fingerprint
 from mi_core.models.frozen import frozen
-from mi_core.pruning.discretize import discretize, unflatten_components
+from mi_core.pruning.discretize import AchievedSparsity, discretize, unflatten_components
 from mi_core.pruning.group_optimizer import GroupAdamW
 from mi_core.pruning.hard_concrete import (
     HardConcrete,
@@ -924,6 +924,21 @@ def _finish_step(
 PROBE_EXAMPLES = 2000
 
 
+def _discrete_mask(
+    log_alpha: Float[torch.Tensor, " components"],
+    dims: Any,
+    target: float,
+    cfg: PruneConfig,
+    weights: Float[torch.Tensor, " components"] | None,
+) -> tuple[ComponentMask, AchievedSparsity]:
+    """A run's binary subnetwork from its flat gates: ``cfg``'s rule at ``target``."""
+    keep, achieved = discretize(
+        log_alpha, dims.n_layers, dims.n_heads, target, cfg.discretize, weights, beta=cfg.beta
+    )
+    heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
+    return ComponentMask(heads, mlps), achieved
+
+
 def _subnetwork_probe(
     model: Any,
     mask: ComponentMask,
@@ -949,12 +964,9 @@ def _subnetwork_probe(
     )  # fmt: skip
 
     def probe(r: _RunState, target: float) -> dict[str, float]:
-        keep, achieved = discretize(
-            r.gates.log_alpha.detach().cpu(), dims.n_layers, dims.n_heads, target,
-            r.cfg.discretize, host_weights, beta=r.cfg.beta,
-        )  # fmt: skip
-        heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
-        mask.heads, mask.mlps = heads.to(device), mlps.to(device)
+        gates = r.gates.log_alpha.detach().cpu()
+        discrete, achieved = _discrete_mask(gates, dims, target, r.cfg, host_weights)
+        mask.heads, mask.mlps = discrete.heads.to(device), discrete.mlps.to(device)
         was_training = model.training
         model.eval()
         try:
@@ -1347,14 +1359,8 @@ def _finish(
     full_accuracy: Mapping[str, float] | None,
     seconds: float,
 ) -> PruneResult:
-    dims = model_dims(model)
     weights = _sparsity_weights(model, cfg.sparsity_weighting)
-    keep, achieved = discretize(
-        log_alpha, dims.n_layers, dims.n_heads, cfg.target_sparsity, cfg.discretize, weights,
-        beta=cfg.beta,
-    )  # fmt: skip
-    heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
-    mask = ComponentMask(heads, mlps)
+    mask, achieved = _discrete_mask(log_alpha, model_dims(model), cfg.target_sparsity, cfg, weights)
     if run_dir is not None:
         mask.save(run_dir / "mask.safetensors")
         mask.save(run_dir / "mask.json")

@@ -188,7 +188,7 @@ def test_runs_trained_together_equal_the_runs_alone(tiny, train, means, tmp_path
     probed_gates = []  # the gates each probe discretised, in order
 
     def recording(log_alpha, *args, **kwargs):
-        if inspect.stack()[1].function == "probe":
+        if any(frame.function == "probe" for frame in inspect.stack()[1:4]):
             probed_gates.append(log_alpha.clone())
         return discretize(log_alpha, *args, **kwargs)
 
