@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,13 +122,16 @@ def evaluate(
     mask: Any | None = None,
     means: Any | None = None,
     ablation: str = "mean",
+    batches: Sequence[dict[str, torch.Tensor]] | None = None,
 ) -> EvalResult:
     """Accuracy of ``model`` on ``dataset`` (model classes mapped to the data set's labels).
 
     ``tokenizer`` defaults to ``model.tokenizer``. Examples are batched by length, which wastes
     little compute on padding. With ``mask`` (a :class:`~mi_core.interventions.ComponentMask`
     or a :class:`~mi_core.interventions.Subnetwork`) the subnetwork is evaluated: removed
-    components are filled with ``means`` (mean ablation) or zero.
+    components are filled with ``means`` (mean ablation) or zero. ``batches``: the data set's
+    batches already made (``list(pair_batches(dataset, ...))``), for a caller that evaluates the
+    same examples many times.
     """
 
     if mask is not None:
@@ -136,7 +139,9 @@ def evaluate(
 
         subnetwork = mask if isinstance(mask, Subnetwork) else Subnetwork(mask, ablation, means)
         with apply(model, subnetwork):
-            return evaluate(model, dataset, tokenizer, batch_size, max_length, progress)
+            return evaluate(
+                model, dataset, tokenizer, batch_size, max_length, progress, batches=batches
+            )
     if len(dataset) == 0:
         raise DataError(f"{dataset.name} is empty; nothing to evaluate")
     n_labels = getattr(model, "num_labels", None)
@@ -147,13 +152,14 @@ def evaluate(
         )
     was_training = model.training
     model.eval()
-    batches = pair_batches(
-        dataset,
-        tokenizer or model.tokenizer,
-        batch_size=batch_size,
-        max_length=max_length,
-        sort_by_length=True,
-    )
+    if batches is None:
+        batches = pair_batches(
+            dataset,
+            tokenizer or model.tokenizer,
+            batch_size=batch_size,
+            max_length=max_length,
+            sort_by_length=True,
+        )
     try:
         logits = predict_logits(model, batches, len(dataset), dataset.name if progress else None)
     finally:

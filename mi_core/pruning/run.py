@@ -44,7 +44,7 @@ from mi_core.data import PairDataset, load_pairs, pair_batches
 from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
 from mi_core.devices import autocast, grad_scaler, matmul_precision, move, to_device
 from mi_core.errors import ConfigError, DataError, OutputError, TrainingError
-from mi_core.evaluation import evaluate, model_inputs, predict_logits
+from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, Subnetwork, ablate, load_means
 from mi_core.interventions.components import model_dims
 from mi_core.io import (
@@ -967,13 +967,8 @@ def _subnetwork_probe(
         gates = r.gates.log_alpha.detach().cpu()
         discrete, achieved = _discrete_mask(gates, dims, target, r.cfg, host_weights)
         mask.heads, mask.mlps = discrete.heads.to(device), discrete.mlps.to(device)
-        was_training = model.training
-        model.eval()
-        try:
-            logits = predict_logits(model, batches, len(subset))
-        finally:
-            model.train(was_training)
-        return {"eval_accuracy": subset.score(logits), "eval_sparsity": achieved.by_count}
+        accuracy = evaluate(model, subset, batches=batches).accuracy
+        return {"eval_accuracy": accuracy, "eval_sparsity": achieved.by_count}
 
     return probe
 
