@@ -741,13 +741,13 @@ def _train_group(
     runs: Sequence[_RunState],
     progress: bool | None,
     max_chunk: int | None = None,
-    probe_set: PairDataset | None = None,
+    evals: Sequence[PairDataset] = (),
 ) -> None:
     """Train ``runs`` together, each from its own start step to its own last step (see
     :func:`group_pruning_step`); each run's state, log and checkpoints are updated in place.
 
     Every ``eval_every`` steps each run's subnetwork as it stands (its gates discretised by the
-    run's rule at the step's target) is evaluated on ``probe_set`` (its first
+    run's rule at the step's target) is evaluated on the first of ``evals`` (its first
     :data:`PROBE_EXAMPLES`) without dropout, and its accuracy and sparsity go into that step's
     log row (``eval_accuracy``, ``eval_sparsity``), as the authors' trainer evaluates its model
     every 64 steps. With ``precision="tf32"`` the probe's products are TF32 too.
@@ -791,8 +791,8 @@ def _train_group(
         )
     slot = {id(r): k for k, r in enumerate(runs)}
     probe = None
-    if probe_set is not None and cfg.eval_every > 0:
-        probe = _subnetwork_probe(model, mask, probe_set, weights, cfg)
+    if evals and cfg.eval_every > 0:
+        probe = _subnetwork_probe(model, mask, evals[0], weights, cfg)
     with (
         frozen(model),
         ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
@@ -985,9 +985,7 @@ def _train(
     evals: Sequence[PairDataset] = (),
 ) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
     state = _start_run(model, tokenized, cfg, run_dir, callback)
-    _train_group(
-        model, means, tokenized, targets, [state], progress, probe_set=evals[0] if evals else None
-    )
+    _train_group(model, means, tokenized, targets, [state], progress, evals=evals)
     if state.error is not None:
         raise state.error
     return (
@@ -1271,8 +1269,7 @@ def prune_group(
             if max_chunk == "auto":
                 max_chunk = default_chunk(model, configs[0])
             _train_group(
-                model, means_obj, tokenized, targets, states, progress, max_chunk,
-                probe_set=evals[0] if evals else None,
+                model, means_obj, tokenized, targets, states, progress, max_chunk, evals=evals,
             )  # fmt: skip
             seconds = (time.perf_counter() - started) / len(pending)
             for k, state in zip(pending, states, strict=True):
