@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> None:
     from mi_core.methods.heuristic_core.effective_size import run_effective_size_job
 
     config = config_from_args(args)
-    result = run_effective_size_job(config, progress=False if args.no_progress else None)
+    result = run_effective_size_job(config, progress=not args.no_progress)
     table = result.effective_size
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     print(f"effective sizes in {result.out}/effective_size.csv and effective_size.html")

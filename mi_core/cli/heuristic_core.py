@@ -95,8 +95,6 @@ def run(args: argparse.Namespace) -> None:
         }
         print(f"[{position[name]}/{len(STAGES)}] {name}: {words[status]}", file=sys.stderr)
 
-    result = run_experiment(
-        config, args.out, progress=False if args.no_progress else None, on_stage=on_stage
-    )
+    result = run_experiment(config, args.out, progress=not args.no_progress, on_stage=on_stage)
     print(f"report: {result.report_html}")
     print(f"markdown: {result.report_md}")

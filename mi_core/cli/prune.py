@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> None:
     from mi_core.pruning.jobs import run_prune_job
 
     config = config_from_args(args)
-    result = run_prune_job(config, progress=False if args.no_progress else None)
+    result = run_prune_job(config, progress=not args.no_progress)
     if result.already_complete:
         print(f"{config.out} is already complete; its result:")
     m = result.metrics

@@ -34,5 +34,5 @@ def run(args: argparse.Namespace) -> None:
     from mi_core.pruning.jobs import run_sweep_job
 
     config = config_from_args(args)
-    result = run_sweep_job(config, progress=False if args.no_progress else None)
+    result = run_sweep_job(config, progress=not args.no_progress)
     print(f"{len(result.runs)} subnetworks in {config.out}/subnetworks.csv and subnetworks.html")

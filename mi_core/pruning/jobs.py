@@ -143,7 +143,7 @@ class SweepConfig(PruneJobSettings, SweepExecution):
             raise ConfigError("a sweep needs at least one sparsity and one seed")
 
 
-def run_prune_job(config: PruneRunConfig, *, progress: bool | None = None) -> PruneResult:
+def run_prune_job(config: PruneRunConfig, *, progress: bool = True) -> PruneResult:
     """Run (or resume, or report) the pruning run of ``config`` under ``config.out``."""
     from mi_core.pruning.run import prune_run
 
@@ -162,7 +162,7 @@ def run_prune_job(config: PruneRunConfig, *, progress: bool | None = None) -> Pr
     )
 
 
-def run_sweep_job(config: SweepConfig, *, progress: bool | None = None) -> SweepResult:
+def run_sweep_job(config: SweepConfig, *, progress: bool = True) -> SweepResult:
     """Run every missing run of ``config``'s sweep; return its runs (metrics table and masks,
     ``SweepResult.load(config.out)``, as :func:`~mi_core.pruning.sweep.sweep` returns them)."""
     from mi_core.pruning.sweep import SweepResult, run_sweep

@@ -739,7 +739,7 @@ def _train_group(
     tokenized: TokenizedPairs,
     targets: torch.Tensor,
     runs: Sequence[_RunState],
-    progress: bool | None,
+    progress: bool,
     max_chunk: int | None = None,
     evals: Sequence[PairDataset] = (),
 ) -> None:
@@ -777,7 +777,7 @@ def _train_group(
         initial=first,
         total=last,
         desc=desc,
-        disable=None if progress is None else not progress,
+        disable=not progress,
         leave=False,
     )
     mask = ComponentMask.ones(model, device=device)
@@ -980,7 +980,7 @@ def _train(
     targets: torch.Tensor,
     cfg: PruneConfig,
     run_dir: Path | None,
-    progress: bool | None,
+    progress: bool,
     callback: StepCallback | None,
     evals: Sequence[PairDataset] = (),
 ) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
@@ -1038,7 +1038,7 @@ def prune(
     reference_logits_path: str | os.PathLike[str] | None = None,
     reference: torch.Tensor | None = None,
     full_accuracy: Mapping[str, float] | None = None,
-    progress: bool | None = None,
+    progress: bool = True,
     callback: StepCallback | None = None,
     device: str = "auto",
 ) -> PruneResult:
@@ -1182,7 +1182,7 @@ def _run_targets(
     config: PruneConfig,
     run_dir: Path,
     reference_logits_path: str | os.PathLike[str] | None,
-    progress: bool | None,
+    progress: bool,
 ) -> torch.Tensor:
     """The full model's logits on the training set: shared ones, or the run's own (cached)."""
     if reference_logits_path is not None:
@@ -1191,7 +1191,7 @@ def _run_targets(
             raise ConfigError(f"reference logits {ref_path} do not exist")
         return load_reference_logits(ref_path, model, tokenized)
     ref_path = run_dir / "reference_logits.safetensors"
-    return reference_logits(model, tokenized, ref_path, config.eval_batch_size, bool(progress))
+    return reference_logits(model, tokenized, ref_path, config.eval_batch_size, progress)
 
 
 def prune_group(
@@ -1207,7 +1207,7 @@ def prune_group(
     max_eval_examples: int | None = None,
     reference_logits_path: str | os.PathLike[str] | None = None,
     full_accuracy: Mapping[str, float] | None = None,
-    progress: bool | None = None,
+    progress: bool = True,
     max_chunk: int | None | str = "auto",
     device: str = "auto",
 ) -> list[PruneResult]:
@@ -1315,7 +1315,7 @@ def _prune_in_memory(
     train_set: PairDataset,
     evals: Sequence[PairDataset],
     full_accuracy: Mapping[str, float] | None,
-    progress: bool | None,
+    progress: bool,
     callback: StepCallback | None,
     reference_logits_path: str | os.PathLike[str] | None,
     reference: torch.Tensor | None,
@@ -1332,7 +1332,7 @@ def _prune_in_memory(
     elif reference_logits_path is not None:
         targets = load_reference_logits(Path(reference_logits_path), model, tokenized)
     else:
-        targets = compute_reference_logits(model, tokenized, config.eval_batch_size, bool(progress))
+        targets = compute_reference_logits(model, tokenized, config.eval_batch_size, progress)
     log_alpha, log, _ = _train(
         model, means, tokenized, targets, config, None, progress, callback, evals
     )

@@ -269,7 +269,7 @@ def sweep(
     task: str | None = None,
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
-    progress: bool | None = None,
+    progress: bool = True,
 ) -> SweepResult:
     """Prune at every sparsity with every seed; return every subnetwork.
 
@@ -302,7 +302,7 @@ def sweep(
     evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
     cfg = configs[0]
     tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
-    reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, bool(progress))
+    reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, progress)
     full = _full_model_accuracy(model_obj, evals, cfg)
     rows, masks = [], []
     for config in configs:
@@ -549,7 +549,7 @@ def run_sweep(
     ray_address: str | None = None,
     num_cpus_per_run: float = 1.0,
     num_gpus_per_run: float = 0.0,
-    progress: bool | None = None,
+    progress: bool = True,
     device: str = "auto",
 ) -> pd.DataFrame:
     """Prune at every sparsity with every seed under ``out``; return the subnetworks table.
@@ -610,7 +610,7 @@ def run_sweep(
         sweep_dir.mkdir(parents=True, exist_ok=True)
         ref_path = sweep_dir / "reference_logits.safetensors"
         tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
-        reference_logits(model_obj, tokenized, ref_path, cfg.eval_batch_size, bool(progress))
+        reference_logits(model_obj, tokenized, ref_path, cfg.eval_batch_size, progress)
         full = _full_model_accuracy(model_obj, evals, cfg, sweep_dir / "full_model.json")
 
         pending = [r for r in runs if not is_complete(r.run_dir)]

@@ -507,3 +507,20 @@ def test_in_memory_run_equals_the_run_with_files_and_writes_nothing(
     assert torch.equal(in_memory.log_alpha, on_disk.log_alpha)
     pd.testing.assert_frame_equal(in_memory.log, on_disk.log)
     assert in_memory.metrics["n_removed"] == on_disk.metrics["n_removed"]
+
+
+def test_a_run_shows_its_progress_where_stderr_is_no_terminal(tiny, train, means, capsys):
+    """A notebook's stderr is no TTY either: with tqdm's automatic mode (the old default) the
+    longest stage of a notebook's experiment, the pruning, showed no bar there. The bar shows
+    unless ``progress=False``, wherever stderr goes."""
+    import sys
+
+    from mi_core.pruning import prune
+
+    assert not sys.stderr.isatty()  # pytest's capture, as in a notebook or a redirected job
+    capsys.readouterr()
+    cfg = quick(0.5, seed=3, steps=2)
+    prune(tiny, train, means, cfg)
+    assert "prune s=0.5 seed=3" in capsys.readouterr().err
+    prune(tiny, train, means, cfg, progress=False)
+    assert "prune s=" not in capsys.readouterr().err

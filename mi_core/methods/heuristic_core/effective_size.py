@@ -150,7 +150,7 @@ def run_effective_size(
     num_cpus_per_run: float = 1.0,
     num_gpus_per_run: float = 0.0,
     device: str = "auto",
-    progress: bool | None = None,
+    progress: bool = True,
     groups: Mapping[str, Sequence[str]] | None = None,
 ) -> EffectiveSizeResult:
     """Prune every checkpoint at every sparsity and seed; write and return the effective sizes.
@@ -302,7 +302,7 @@ def summarize_effective_size(
 
 
 def run_effective_size_job(
-    config: EffectiveSizeConfig, *, progress: bool | None = None
+    config: EffectiveSizeConfig, *, progress: bool = True
 ) -> EffectiveSizeResult:
     """Run (or finish) the effective-size job of ``config``; write and return the tables."""
     return run_effective_size(

@@ -96,7 +96,7 @@ class HeuristicCoreExperiment:
         config: ExperimentConfig,
         out: str | os.PathLike[str],
         *,
-        progress: bool | None = None,
+        progress: bool = True,
         on_stage: Callable[[str, str], None] | None = None,
     ) -> None:
         self.config = config
@@ -258,7 +258,7 @@ class HeuristicCoreExperiment:
                 max_eval_examples=ft.max_eval_examples or c.data.max_eval_examples,
                 max_train_examples=ft.max_train_examples or c.data.max_train_examples,
             ),
-            progress=self.progress is not False,
+            progress=self.progress,
         )
 
     def _run_means(self) -> None:
@@ -275,9 +275,7 @@ class HeuristicCoreExperiment:
         batches = pair_batches(
             dataset, self.model.tokenizer, batch_size=m.batch_size, max_length=m.max_length
         )
-        means = compute_means(
-            self.model, batches, dataset=dataset.name, progress=self.progress is not False
-        )
+        means = compute_means(self.model, batches, dataset=dataset.name, progress=self.progress)
         self._check_means_unchanged(means)
         means.save(self.means_path)
         self._means = None
@@ -427,7 +425,7 @@ class HeuristicCoreExperiment:
             batch_size=b.batch_size,
             out=self.layout.ablation,
             heads_chosen_as=reason,
-            progress=self.progress is not False,
+            progress=self.progress,
         )
 
     def _run_effective_size(self) -> None:
@@ -601,7 +599,7 @@ def run_experiment(
     config: ExperimentConfig | str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    progress: bool | None = None,
+    progress: bool = True,
     on_stage: Callable[[str, str], None] | None = None,
 ) -> ExperimentResult:
     """Run (or finish) the heuristic-core experiment of ``config`` (an :class:`ExperimentConfig`,
@@ -661,7 +659,7 @@ def run_heuristic_core(
     config: ExperimentConfig | str | os.PathLike[str],
     checkpoint_dir: str | os.PathLike[str] | None = None,
     *,
-    progress: bool | None = None,
+    progress: bool = True,
     on_stage: Callable[[str, str], None] | None = None,
 ) -> HeuristicCoreResult:
     """Run the heuristic-core experiment of ``config``; return its results in memory.
