@@ -118,6 +118,38 @@ def smollm2():
     return load_model("smollm2")
 
 
+def pytest_configure(config):
+    """Deterministic kernels for the whole session: an operation that has none fails loudly
+    rather than making a comparison flaky (tests/README.md says which comparisons are exact)."""
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The machine's numerics after the results (shown under ``-q`` too), so that a failing log
+    names the CPU it ran on."""
+    terminalreporter.write_line(_numerics())
+
+
+def _numerics() -> str:
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            cpu = next(line.split(":", 1)[1].strip() for line in handle if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    blas = "mkl" if torch.backends.mkl.is_available() else "other"
+    return (
+        f"numerics: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"BLAS {blas}, ATen {torch.backends.cpu.get_cpu_capability()}"
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run only where torch sees a CUDA GPU; elsewhere they are skipped
     with the reason (they still run on a GPU machine: ``pytest -m gpu``)."""

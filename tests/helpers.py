@@ -16,6 +16,31 @@ REPO = Path(__file__).resolve().parents[1]
 #: The real data sets (``MI_CORE_DATA_DIR``, else ``../shared/data`` beside the checkout).
 REAL_DATA_DIR = Path(os.environ.get("MI_CORE_DATA_DIR") or REPO.parent / "shared" / "data")
 
+#: Tolerances for two float64 computations of the same algebra (a fused kernel against the
+#: reference, groups against one at a time): float64 rounds them apart by ~1e-15 on these
+#: tiny models, a wrong term by many orders more. How the suite treats float rounding:
+#: tests/README.md.
+SAME_ALGEBRA_FLOAT64 = {"rtol": 1e-10, "atol": 1e-12}
+#: float32's machine epsilon, 2**-23: the relative rounding of one operation.
+FLOAT32_EPS = torch.finfo(torch.float32).eps
+
+
+def assert_float32_close(actual: torch.Tensor, expected: torch.Tensor, *, terms: int = 64) -> None:
+    """Assert that two float32 computations of the same algebra (another blocking, summation
+    order or kernel) agree to float32 rounding, whatever the CPU's BLAS does.
+
+    Summing ``n`` terms in another order moves the result by at most about
+    ``n * eps * sum(|terms|)`` (Higham, *Accuracy and Stability of Numerical Algorithms*,
+    section 4.2). The tolerance takes the tensor's largest magnitude as the scale of its terms
+    and ``terms`` as the length of the longest chain of roundings behind one element (the
+    tiny models reduce over at most 64 at a time: ``d_model`` 32, ``d_mlp`` 48, a few
+    positions): ``terms * eps`` relative plus ``terms * eps * max|expected|`` absolute. An
+    element wrong by one part in 1e5 of the scale still fails."""
+    assert actual.dtype == expected.dtype == torch.float32, (actual.dtype, expected.dtype)
+    scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
+    bound = terms * FLOAT32_EPS
+    torch.testing.assert_close(actual, expected, rtol=bound, atol=bound * max(scale, 1e-30))
+
 
 def tiny_model(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> HookedTransformer:
     """A 2-layer random model: ``"gpt2"`` (LayerNorm, GELU, learnt positions, biases) or

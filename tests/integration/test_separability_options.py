@@ -265,9 +265,12 @@ def test_shipped_smollm2_config_is_valid():
     assert config_from_args(args).steps == 3
 
 
-def test_statistics_on_correctly_predicted_tokens_only(llama):
+def test_statistics_on_correctly_predicted_tokens_only():
+    """In float64, so that the streaming mean equals the mean taken by hand to 1e-8 on any CPU
+    (tests/README.md)."""
     from mi_core.statistics.activations import correct_positions
 
+    llama = tiny_model("llama").double()
     tokens = random_tokens(3, 10, seed=12)
     with torch.no_grad():
         logits = llama(tokens)
@@ -290,7 +293,8 @@ def test_statistics_on_correctly_predicted_tokens_only(llama):
         fwd_hooks=[("blocks.1.mlp.hook_post", lambda x, hook: post.append(x.detach()))],
     )
     picked = post[0][chosen]
-    torch.testing.assert_close(only.mlp.mean[1], picked.double().mean(0), rtol=1e-6, atol=1e-8)
+    assert picked.dtype == torch.float64
+    torch.testing.assert_close(only.mlp.mean[1], picked.mean(0), rtol=1e-6, atol=1e-8)
     every = collect_activation_stats(llama, tokens, sites=("mlp",))
     assert every.mlp.count[0] == tokens.numel()
     assert SeparabilityConfig(stats_correct_top_k=10).stats_correct_top_k == 10

@@ -9,6 +9,7 @@ import inspect
 import pandas as pd
 import pytest
 import torch
+from helpers import FLOAT32_EPS, assert_float32_close
 
 from mi_core.data import pair_batches
 from mi_core.data.batches import tokenize_pairs
@@ -124,11 +125,13 @@ def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(
             tiny, mask, together, batches, [[5, 7], [3, 4]], reference, weights, max_chunk
         )
     for (m, row), t, row_t in zip(alone, together, rows, strict=True):
+        # one batch of both runs' rows against each run's own: float32 rounding apart
         for key in ("loss", "kl", "penalty", "sampled_sparsity", "expected_sparsity"):
-            assert row_t[key] == pytest.approx(row[key], abs=1e-6), key
-        assert torch.allclose(t.gates.log_alpha.grad, m.gates.log_alpha.grad, atol=1e-6)
-        assert torch.allclose(t.controller.lambda_1.grad, m.controller.lambda_1.grad, atol=1e-6)
-        assert torch.allclose(t.controller.lambda_2.grad, m.controller.lambda_2.grad, atol=1e-6)
+            bound = 64 * FLOAT32_EPS * max(1.0, abs(row[key]))
+            assert row_t[key] == pytest.approx(row[key], abs=bound), key
+        assert_float32_close(t.gates.log_alpha.grad, m.gates.log_alpha.grad)
+        assert_float32_close(t.controller.lambda_1.grad, m.controller.lambda_1.grad)
+        assert_float32_close(t.controller.lambda_2.grad, m.controller.lambda_2.grad)
     assert not torch.allclose(rows[0]["kl"] * torch.ones(1), rows[1]["kl"] * torch.ones(1))
 
 
