@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -88,37 +89,58 @@ def check_replaceable(folder: str | os.PathLike[str], names: Iterable[str]) -> N
             raise OutputError(f"cannot write results to {target}: {reason}")
 
 
+def _lock_folder() -> Path:
+    """This user's own folder for output locks, ``<tmp>/mi_core-locks-<uid>``, mode 0700.
+
+    A folder shared by every user (as ``/tmp`` is) would let another local user plant a link
+    where a lock is opened, and so make a run write into any file its user can write. A folder
+    there that is not a real directory of this user's is refused, not used."""
+    folder = Path(tempfile.gettempdir()) / f"mi_core-locks-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise OutputError(
+            f"the lock folder {folder} is not a folder of this user's (a link, a file or another "
+            "user's folder is there): remove it, or set TMPDIR to a folder of your own"
+        )
+    if info.st_mode & 0o077:
+        folder.chmod(0o700)
+    return folder
+
+
 @contextlib.contextmanager
 def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the one lock on an output folder for a ``with`` block: a second run writing to the
     same folder at once gets :class:`~mi_core.errors.OutputError` instead of corrupting it.
 
-    The lock lives in the temporary directory (named by a hash of the folder's absolute path),
-    so nothing is created in the user's folders before the work starts; it covers the runs of
-    one machine.
-    """
+    The lock is a file in this user's private lock folder (:func:`_lock_folder`), named by a
+    hash of the output's absolute path, so nothing is created in the user's folders before the
+    work starts; it covers this user's runs on one machine. It is opened without following a
+    link and only ever written through its own descriptor."""
     import fcntl
     import hashlib
 
     target = Path(path).expanduser().resolve()
-    folder = Path(tempfile.gettempdir()) / "mi_core-locks"
-    if not folder.is_dir():
-        folder.mkdir(exist_ok=True)
-        with contextlib.suppress(OSError):  # shared by every user of the machine, like /tmp
-            folder.chmod(0o1777)
     name = hashlib.sha256(str(target).encode()).hexdigest()[:24]
-    with open(folder / f"{name}.lock", "a+", encoding="utf-8") as handle:
+    lock = _lock_folder() / f"{name}.lock"
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(lock, flags, 0o600)
+    except OSError as exc:  # ELOOP: a link where the lock should be
+        raise OutputError(f"cannot open the output lock {lock}: {exc.strerror}") from None
+    with os.fdopen(fd, "r+", encoding="utf-8") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutputError(f"the output lock {lock} is not a regular file; remove it")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            owner = handle.read().strip() or "?"
+            owner = handle.read(64).strip() or "?"
             raise OutputError(
                 f"another mi-core run ({owner}) is writing to {target}; wait for it to finish "
                 "or use another --out"
             ) from None
-        handle.seek(0)
-        handle.truncate()
+        handle.truncate(0)
         handle.write(f"pid {os.getpid()}")
         handle.flush()
         try:

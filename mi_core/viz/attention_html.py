@@ -79,12 +79,13 @@ def attention_view_fragment(
         mask_upper_tri=is_causal(attn, model) if causal is None else causal,
     )
     src = rendered.local_src
-    # The props (tokens) are JSON inside a <script>: a token containing "</script>" would end
-    # it early. Escape "</" as "<\/" (the same string in JavaScript) after the bundled code.
+    # The props (tokens, head names) are JSON inside a <script>: a token containing
+    # "</script>" would end it early. Write every "<" of the render call as "\u003c", the
+    # same string in JavaScript (as plotly writes its figures' JSON).
     cut = src.rfind(_RENDER_CALL)
     end = src.rfind("</script>")
     if 0 <= cut < end:
-        src = src[:cut] + src[cut:end].replace("</", "<\\/") + src[end:]
+        src = src[:cut] + src[cut:end].replace("<", "\\u003c") + src[end:]
     return src
 
 

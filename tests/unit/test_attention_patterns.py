@@ -323,7 +323,7 @@ def test_attention_html_is_offline_and_has_tokens(tmp_path):
     assert not re.search(r"<script[^>]+src=[\"']?https?://", page, re.I)
     assert not re.search(r"from\s+[\"']https?://", page)
     # A "</script>" token cannot end the script early (it is escaped in the JSON props).
-    assert page.count("</script>") == 1 and '"<\\/script>"' in page
+    assert page.count("</script>") == 1 and '"\\u003c/script>"' in page
     path = write_attention_html(tmp_path / "attn.html", tokens, pattern, ["a", "b"])
     assert '"president"' in path.read_text()
     with pytest.raises(Exception, match="6"):

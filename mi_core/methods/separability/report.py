@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def figures_html(result: SeparabilityResult, include_plotlyjs: bool | str = True
         fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs if i == 0 else False)
         for i, fig in enumerate(figures)
     ]
-    title = f"Separability: {result.cripple_name} vs {result.focus_name}"
+    title = html.escape(f"Separability: {result.cripple_name} vs {result.focus_name}")
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
         f"<body><h2>{title}</h2>{''.join(parts)}</body></html>\n"
