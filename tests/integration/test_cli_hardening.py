@@ -104,7 +104,8 @@ def test_every_page_writer_escapes_the_names_it_is_given(tmp_path, llama):
     head = Component.parse("L0.H1")
     table = AblationTable([HOSTILE], {HOSTILE: 0.5}, {head: {HOSTILE: 0.4}}, [head])
     section = ReportSection(HOSTILE)
-    section.blocks += [("text", HOSTILE), ("table", (pd.DataFrame({HOSTILE: [HOSTILE]}), HOSTILE, 2))]
+    frame = pd.DataFrame({HOSTILE: [HOSTILE]})
+    section.blocks += [("text", HOSTILE), ("table", (frame, HOSTILE, 2))]
     graph = Graph.from_model(llama)
     pages = {
         "separability": figures_html(result, include_plotlyjs=False),
