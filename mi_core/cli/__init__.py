@@ -13,8 +13,10 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mi_core.errors import MiCoreError
@@ -107,6 +109,48 @@ def _command(argv: Sequence[str]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
+#: The files of a Hugging Face checkpoint folder (weights, config, tokenizer, GGUF).
+_CHECKPOINT_FILE = re.compile(
+    r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens"
+    r"|trainer_state)\.json|vocab\.(txt|json)|merges\.txt|tokenizer\.model"
+    r"|(model|pytorch_model)([-.][^/]*)?\.(safetensors|bin|json)|[^/]*\.gguf"
+)
+
+
+def _check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
+    """Refuse an output that is one of the command's inputs, before any work: ``eval --out``
+    naming its ``--data`` file replaced the data, and ``means --out`` inside a model folder could
+    replace its ``model.safetensors``. An input is any argument naming an existing file or
+    folder; an output may not be that file, that folder, or a checkpoint's own file (weights,
+    config, tokenizer) inside an input folder."""
+    inputs: set[Path] = set()
+    for key, value in vars(args).items():
+        if key in OUTPUTS or key == "argv":
+            continue
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(item, str) and item and os.path.exists(item):
+                inputs.add(Path(item).resolve())
+    for name in OUTPUTS:
+        value = getattr(args, name, None)
+        if not value:
+            continue
+        out = Path(value).expanduser().resolve()
+        clash = next(
+            (
+                p
+                for p in inputs
+                if out == p or (out.parent == p and _CHECKPOINT_FILE.fullmatch(out.name))
+            ),
+            None,
+        )
+        if clash is not None:
+            what = "is" if out == clash else f"is {out.name} inside"
+            raise MiCoreError(
+                f"--{name} {value} {what} the input {clash}; writing there would replace what "
+                "the command reads: give another output path"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mi-core``: run one subcommand, report bad input as one line."""
     resumes = False
@@ -129,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in OUTPUTS:  # an unset $OUT wrote results into the current folder
             if getattr(args, name, None) == "":
                 raise MiCoreError(f"--{name} is empty; name the output")
+        _check_outputs_are_not_inputs(args)
         for name in OUTPUTS:  # before any work: nothing computed is lost to a bad path
             if getattr(args, name, None):
                 # a command writing one file says so (``out_kind``); --predictions is a file

@@ -51,5 +51,10 @@ class EvalConfig(DeviceOption):
             raise ConfigError(f"--batch-size must be at least 1, not {self.batch_size}")
         if self.mask and self.ablate:
             raise ConfigError("give either --mask or --ablate, not both")
+        if self.ablate is not None and not self.ablate.strip(" ,"):
+            raise ConfigError(
+                "--ablate is empty: name the components to remove (e.g. L2.H5,L4.MLP), or leave "
+                "it out to evaluate the full model"
+            )
         if self.predictions and Path(self.predictions).resolve() == Path(self.out).resolve():
             raise ConfigError("--predictions and --out name the same file; give two paths")

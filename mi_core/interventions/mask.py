@@ -44,6 +44,9 @@ from mi_core.io import read_json, read_safetensors, write_json, write_safetensor
 
 MASK_KIND = "mi_core.ComponentMask"
 _FORMAT_VERSION = "1"
+#: The most layers or heads a mask file may declare: far above any model's, far below a size
+#: whose allocation would exhaust memory.
+MAX_MASK_SIDE = 4096
 
 
 @dataclass(eq=False)
@@ -277,6 +280,7 @@ class ComponentMask:
         self._single("saving")
         out: dict[str, Any] = {
             "kind": MASK_KIND,
+            "format_version": _FORMAT_VERSION,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "n_removed": len(self.removed()),
@@ -290,21 +294,42 @@ class ComponentMask:
 
     @classmethod
     def from_json(cls, data: Any) -> ComponentMask:
-        """Inverse of :meth:`to_json`."""
-        try:
-            n_layers, n_heads = int(data["n_layers"]), int(data["n_heads"])
-            removed = list(data.get("removed", []))
-            partial = dict(data.get("partial", {}))
-        except (KeyError, TypeError, ValueError) as exc:
+        """Inverse of :meth:`to_json`; anything else (another kind or format version, a shape
+        that is not two whole numbers up to :data:`MAX_MASK_SIDE`, names that are not strings,
+        values that are not numbers in [0, 1]) raises :class:`InterventionError`."""
+        if not isinstance(data, dict):
+            raise InterventionError("not a component mask: expected a JSON object")
+        kind, version = data.get("kind", MASK_KIND), data.get("format_version", _FORMAT_VERSION)
+        if kind != MASK_KIND:
+            raise InterventionError(f"not a component mask: its kind is {kind!r}")
+        if version != _FORMAT_VERSION:
             raise InterventionError(
-                f"not a component mask: expected JSON with n_layers, n_heads and removed ({exc})"
-            ) from exc
-        if n_layers < 1 or n_heads < 1:
-            raise InterventionError(f"mask shape {n_layers} x {n_heads} must be positive")
+                f"mask format {version!r} is not {_FORMAT_VERSION!r} (written by another mi_core "
+                "version); write the mask again"
+            )
+        shape = [data.get("n_layers"), data.get("n_heads")]
+        if not all(type(v) is int and 1 <= v <= MAX_MASK_SIDE for v in shape):
+            raise InterventionError(
+                f"mask n_layers and n_heads must be whole numbers from 1 to {MAX_MASK_SIDE}, "
+                f"not {shape[0]!r} and {shape[1]!r}"
+            )
+        n_layers, n_heads = shape
+        removed, partial = data.get("removed", []), data.get("partial", {})
+        if not isinstance(removed, list) or not all(isinstance(n, str) for n in removed):
+            raise InterventionError(
+                f'mask "removed" must be a list of component names such as ["L0.H1", "L2.MLP"], '
+                f"not {removed!r}"[:200]
+            )
+        if not isinstance(partial, dict) or not all(
+            type(v) in (int, float) for v in partial.values()
+        ):
+            raise InterventionError(
+                f'mask "partial" must map component names to numbers, not {partial!r}'[:200]
+            )
         dims = _Dims(n_layers, n_heads)
-        mask = cls.from_removed(dims, [str(name) for name in removed])
+        mask = cls.from_removed(dims, removed)
         for name, value in partial.items():
-            component = Component.parse(str(name)).check(n_layers, n_heads)
+            component = Component.parse(name).check(n_layers, n_heads)
             if component.is_mlp:
                 mask.mlps[component.layer] = float(value)
             else:
@@ -342,11 +367,20 @@ class ComponentMask:
                 data = read_json(path)
             except (ValueError, UnicodeDecodeError) as exc:
                 raise InterventionError(f"mask file {path} is not valid JSON ({exc})") from exc
-            return cls.from_json(data)
+            try:
+                return cls.from_json(data)
+            except InterventionError as exc:
+                raise InterventionError(f"{path}: {exc}") from None
         try:
             tensors, metadata = read_safetensors(path)
         except (SafetensorError, OSError, ValueError) as exc:
             raise InterventionError(f"mask file {path} is not a safetensors file ({exc})") from exc
+        version = metadata.get("format_version", _FORMAT_VERSION)
+        if version != _FORMAT_VERSION:
+            raise InterventionError(
+                f"{path}: mask format {version!r} is not {_FORMAT_VERSION!r} (written by another "
+                "mi_core version); write the mask again"
+            )
         if metadata.get("kind", MASK_KIND) != MASK_KIND or not {"heads", "mlps"} <= set(tensors):
             raise InterventionError(
                 f"{path} is not a component mask (kind {metadata.get('kind')!r}, "

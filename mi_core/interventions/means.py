@@ -62,6 +62,13 @@ class ComponentMeans:
                 f"{list(self.mlp_out.shape)}; expected [n_layers, n_heads, d_head] and "
                 "[n_layers, d_model]"
             )
+        for name, values in (("z", self.z), ("mlp_out", self.mlp_out)):
+            if not bool(torch.isfinite(values).all()):
+                raise InterventionError(
+                    f"means of {self.model_name or 'a model'} hold NaN or infinite values in "
+                    f"{name}: the model's activations were not finite (check its weights); "
+                    "a mean ablation with them would give NaN logits"
+                )
 
     @property
     def n_layers(self) -> int:
@@ -136,15 +143,30 @@ class ComponentMeans:
     def from_tensors(
         cls, tensors: dict[str, torch.Tensor], metadata: dict[str, str], prefix: str = ""
     ) -> ComponentMeans:
-        """Means from the tensors and metadata of :meth:`save` (keys under ``prefix``)."""
+        """Means from the tensors and metadata of :meth:`save` (keys under ``prefix``); a
+        format or count this version does not know raises :class:`InterventionError`."""
+        version = metadata.get(f"{prefix}format_version", _FORMAT_VERSION)
+        if version != _FORMAT_VERSION:
+            raise InterventionError(
+                f"means format {version!r} is not {_FORMAT_VERSION!r} (written by another "
+                "mi_core version); compute them again with mi-core means"
+            )
+        counts = {}
+        for key in ("n_tokens", "n_examples"):
+            value = metadata.get(f"{prefix}{key}", "0")
+            if not value.isdigit():
+                raise InterventionError(
+                    f"means metadata {key}={value!r} is not a count; the file was edited or "
+                    "damaged: compute the means again with mi-core means"
+                )
+            counts[key] = int(value)
         return cls(
             z=tensors[f"{prefix}z"],
             mlp_out=tensors[f"{prefix}mlp_out"],
             model_name=metadata.get(f"{prefix}model_name", ""),
             fingerprint=metadata.get(f"{prefix}fingerprint", ""),
             dataset=metadata.get(f"{prefix}dataset", ""),
-            n_tokens=int(metadata.get(f"{prefix}n_tokens", 0)),
-            n_examples=int(metadata.get(f"{prefix}n_examples", 0)),
+            **counts,
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -175,7 +197,10 @@ def load_means(path: str | os.PathLike[str], model: Any | None = None) -> Compon
             f"{path} is not a means file (kind {metadata.get('kind')!r}); "
             "make one with mi-core means"
         )
-    means = ComponentMeans.from_tensors(tensors, metadata)
+    try:
+        means = ComponentMeans.from_tensors(tensors, metadata)
+    except InterventionError as exc:
+        raise InterventionError(f"{path}: {exc}") from None
     if model is not None:
         means.check_model(model)
     return means

@@ -107,7 +107,10 @@ class Subnetwork:
             )
         means = None
         if "means.z" in tensors:
-            means = ComponentMeans.from_tensors(tensors, metadata, prefix="means.")
+            try:
+                means = ComponentMeans.from_tensors(tensors, metadata, prefix="means.")
+            except InterventionError as exc:
+                raise InterventionError(f"{path}: {exc}") from None
         return cls(ComponentMask(tensors["heads"], tensors["mlps"]), metadata["ablation"], means)
 
     @property

@@ -54,6 +54,9 @@ BODY_ARCHITECTURES = (
     "GPT2Model",
     "GPT2LMHeadModel",
 )
+#: Parameter names of a sequence classifier's head, which a pretrained body lacks and gets
+#: freshly made (BERT / RoBERTa ``classifier``, GPT-2 ``score``).
+_HEAD_PREFIXES = ("classifier.", "score.")
 CAUSAL_LM_ARCHITECTURES = ("GPT2LMHeadModel", "OPTForCausalLM", "LlamaForCausalLM")
 SUPPORTED_ARCHITECTURES = tuple(
     dict.fromkeys(CLASSIFIER_ARCHITECTURES + BODY_ARCHITECTURES + CAUSAL_LM_ARCHITECTURES)
@@ -171,6 +174,13 @@ def load_tokenizer(source: ModelSource):
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.kwargs())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load the tokenizer of {source.name}: {exc}") from exc
+    if len(tokenizer) <= len(set(tokenizer.all_special_tokens)):
+        raise ModelLoadError(
+            f"{source.name} has no tokenizer files (its tokenizer knows only its "
+            f"{len(tokenizer)} special tokens, so every word would be unknown); copy the "
+            "tokenizer files (tokenizer.json, vocab.txt, ...) of the model it was trained from "
+            "into the checkpoint folder"
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
@@ -251,14 +261,12 @@ def load_hf_classifier(
         names = TASK_LABEL_NAMES[task]
         kwargs["id2label"] = dict(enumerate(names))
         kwargs["label2id"] = {n: i for i, n in enumerate(names)}
-    with torch.random.fork_rng(), _quiet_transformers():
+    heads = () if arch in CLASSIFIER_ARCHITECTURES else _HEAD_PREFIXES  # made from the seed
+    with torch.random.fork_rng():
         torch.manual_seed(seed)
-        try:
-            model = transformers.AutoModelForSequenceClassification.from_pretrained(
-                source.path, **kwargs
-            )
-        except _DAMAGED as exc:
-            raise _hub_error(source, exc) from exc
+        model = _from_pretrained(
+            transformers.AutoModelForSequenceClassification, source, heads, **kwargs
+        )
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if arch in CLASSIFIER_ARCHITECTURES and task in TASK_LABELS:
@@ -342,15 +350,51 @@ def load_hf_causal_lm(name_or_path: str | os.PathLike[str]):
             f"{source.name} ({arch}) is not a causal LM; supported: "
             + ", ".join(CAUSAL_LM_ARCHITECTURES)
         )
-    tokenizer = load_tokenizer(source)
+    configs.decoder_config(config)  # a variant the conversion would change: refused before
+    tokenizer = load_tokenizer(source)  # the weights are read
+    model = _from_pretrained(
+        transformers.AutoModelForCausalLM, source, dtype=torch.float32, **source.kwargs()
+    )
+    return model.eval(), tokenizer
+
+
+def _from_pretrained(
+    auto_class: Any, source: ModelSource, new_heads: tuple[str, ...] = (), **kwargs: Any
+) -> Any:
+    """``auto_class.from_pretrained`` that refuses a checkpoint lacking weights: Hugging Face
+    initialises missing tensors at random and only logs it, so a weight file missing some or
+    all of them loaded as a partly or wholly random model. ``new_heads``: the parameter
+    prefixes that may be missing (a task head made for a pretrained body)."""
     with _quiet_transformers():
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                source.path, dtype=torch.float32, **source.kwargs()
+            model, info = auto_class.from_pretrained(
+                source.path, output_loading_info=True, **kwargs
             )
         except _DAMAGED as exc:
             raise _hub_error(source, exc) from exc
-    return model.eval(), tokenizer
+    missing = sorted(k for k in info.get("missing_keys") or () if not k.startswith(new_heads))
+    if missing:
+        shown = ", ".join(missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
+        raise ModelLoadError(
+            f"the weights of {source.name} lack {len(missing)} of the model's tensors ({shown}), "
+            "which would be random: the weight file is incomplete or of another model; copy or "
+            "save the checkpoint again"
+        )
+    return model
+
+
+def _check_finite(model: torch.nn.Module, name: str) -> None:
+    """Refuse weights holding NaN or infinite values: every logit would be NaN, and an
+    accuracy computed from them meaningless."""
+    bad = [k for k, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ModelLoadError(
+            f"the weights of {name} hold NaN or infinite values ({shown}): a diverged training "
+            "run or a damaged file; use another checkpoint"
+        )
 
 
 def hooked_classifier_from_hf(
@@ -601,6 +645,7 @@ def load_model(
     else:
         model = _load_causal_lm(source, device, dtype, fold_ln, fold_value_biases)
         enable_lm_fast_paths(model)  # no per-call weight copies in the MLPs and unembedding
+    _check_finite(model, source.name)
     if not fast_paths:
         disable_fast_paths(model)
     if source.local and source.name not in embedded.EMBEDDED_MODELS:

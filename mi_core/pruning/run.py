@@ -43,7 +43,14 @@ from tqdm.auto import tqdm
 from mi_core.data import PairDataset, load_pairs, pair_batches
 from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
 from mi_core.devices import autocast, grad_scaler, matmul_precision, move, to_device
-from mi_core.errors import ConfigError, DataError, OutputError, TrainingError
+from mi_core.errors import (
+    ConfigError,
+    DamagedFileError,
+    DataError,
+    MiCoreError,
+    OutputError,
+    TrainingError,
+)
 from mi_core.evaluation import evaluate, model_inputs
 from mi_core.interventions import ComponentMask, ComponentMeans, Subnetwork, ablate, load_means
 from mi_core.interventions.components import model_dims
@@ -152,8 +159,10 @@ def final_sparsity(log: pd.DataFrame, estimate: str) -> float | None:
 
 
 def is_complete(run_dir: str | os.PathLike[str]) -> bool:
-    """True when ``run_dir`` holds a finished run (its ``metrics.json`` exists)."""
-    return (Path(run_dir) / "metrics.json").is_file()
+    """True when ``run_dir`` holds a finished run: its ``metrics.json`` and the ``config.json``
+    that says what was asked for (a folder without it holds nothing a run can be matched to;
+    :func:`prune_run` refuses it)."""
+    return (Path(run_dir) / "metrics.json").is_file() and (Path(run_dir) / "config.json").is_file()
 
 
 # ------------------------------------------------------------------------------------ inputs
@@ -1123,6 +1132,14 @@ def _claim_run_dir(
     """Write ``config.json`` in a new run folder, or check that an existing one is this run
     (and, for a run still to train, that every file it writes can be replaced; a finished run
     is only read, and may be archived read-only)."""
+    config_path = run_dir / "config.json"
+    orphans = [n for n in RUN_FILES if (run_dir / n).is_file()] if not config_path.is_file() else []
+    if orphans:
+        raise ConfigError(
+            f"{run_dir} holds {', '.join(orphans)} without the config.json that says which run "
+            "wrote them (the folder was deleted or emptied while a run wrote to it, or copied "
+            "in part): they cannot be matched to these settings; delete them or use another --out"
+        )
     if not is_complete(run_dir):
         check_replaceable(run_dir, RUN_FILES)
     identity = {  # what a run folder must match to be resumed
@@ -1140,7 +1157,6 @@ def _claim_run_dir(
         "max_eval_examples": max_eval_examples,
         "reference_logits": None if reference_logits_path is None else str(reference_logits_path),
     }
-    config_path = run_dir / "config.json"
     if config_path.is_file():
         on_disk = read_json(config_path)
         old = dict(on_disk)
@@ -1412,15 +1428,50 @@ def _save_subnetwork(
     Subnetwork(mask, cfg.ablation, means).save(run_dir / "subnetwork.safetensors")
 
 
-def add_missing_subnetwork(run_dir: Path, means: ComponentMeans | None, cfg: PruneConfig) -> None:
-    """Give a run finished before ``subnetwork.safetensors`` existed its file; best effort (a
-    finished run kept read-only on purpose is left as it is, with a warning)."""
-    if (run_dir / "subnetwork.safetensors").is_file():
-        return
+def finished_mask(
+    run_dir: Path, metrics: Mapping[str, Any], means: ComponentMeans | None, cfg: PruneConfig
+) -> ComponentMask:
+    """A finished run's mask, its files checked as ``metrics.json`` is: ``mask.safetensors``
+    and ``mask.json`` must read back and remove the components ``metrics.json`` lists, and
+    ``subnetwork.safetensors`` must hold that mask. A file missing, cut short or disagreeing
+    is written again from one that agrees (with a warning); when neither mask file does, the
+    run cannot be trusted and :class:`DamagedFileError` says so."""
+    removed = metrics.get("removed")
+    good: ComponentMask | None = None
+    redo: list[str] = []
+    for name in ("mask.safetensors", "mask.json"):
+        try:
+            mask = ComponentMask.load(run_dir / name)
+        except MiCoreError:
+            redo.append(name)
+            continue
+        if [str(c) for c in mask.removed()] != removed:
+            redo.append(name)
+        elif good is None:
+            good = mask
+    if good is None:
+        raise DamagedFileError(
+            f"{run_dir} is a finished run whose mask.safetensors and mask.json are missing, "
+            "damaged or disagree with its metrics.json; delete the folder and run it again"
+        )
     try:
-        _save_subnetwork(run_dir, ComponentMask.load(run_dir / "mask.safetensors"), means, cfg)
-    except OutputError as exc:
-        logger.warning("%s; apply its mask as Subnetwork(mask, ablation, means)", exc)
+        kept = Subnetwork.load(run_dir / "subnetwork.safetensors").mask
+        if not torch.equal(kept.heads, good.heads) or not torch.equal(kept.mlps, good.mlps):
+            redo.append("subnetwork.safetensors")
+    except MiCoreError:
+        redo.append("subnetwork.safetensors")
+    try:
+        for name in redo:
+            logger.warning(
+                "%s: %s is missing or damaged; written again from its mask", run_dir, name
+            )
+            if name == "subnetwork.safetensors":
+                _save_subnetwork(run_dir, good, means, cfg)
+            else:
+                good.save(run_dir / name)
+    except OutputError as exc:  # a finished run kept read-only on purpose: report, do not fail
+        logger.warning("%s; the run's result is read from its other files", exc)
+    return good
 
 
 def refresh_run_metrics(
@@ -1473,9 +1524,8 @@ def _report_complete(
     evals: Sequence[PairDataset],
     full_accuracy: Mapping[str, float] | None,
 ) -> PruneResult:
+    mask = finished_mask(run_dir, read_json(run_dir / "metrics.json"), means, cfg)
     metrics = refresh_run_metrics(model, means, cfg, run_dir, evals, full_accuracy)
-    mask = ComponentMask.load(run_dir / "mask.safetensors")
-    add_missing_subnetwork(run_dir, means, cfg)
     checkpoint = run_dir / "checkpoint.safetensors"
     log_alpha = read_safetensors(checkpoint)[0]["log_alpha"] if checkpoint.is_file() else None
     log_path = run_dir / "log.csv"

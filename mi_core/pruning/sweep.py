@@ -52,7 +52,7 @@ from mi_core.pruning.run import (
     _load_inputs,
     _load_means,
     _load_model,
-    add_missing_subnetwork,
+    finished_mask,
     is_complete,
     prune,
     prune_group,
@@ -666,8 +666,8 @@ def run_sweep(
 
         for r in runs:  # finished before: their eval sets as asked for now (sizes included)
             if is_complete(r.run_dir):
+                finished_mask(r.run_dir, read_json(r.run_dir / "metrics.json"), means_obj, r.config)
                 refresh_run_metrics(model_obj, means_obj, r.config, r.run_dir, evals, full)
-                add_missing_subnetwork(r.run_dir, means_obj, r.config)
         table = collect_subnetworks(runs, eval_names)
         write_csv(sweep_dir / "subnetworks.csv", table)
         from mi_core.viz.figures import subnetworks_figure, write_figure_html

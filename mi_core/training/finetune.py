@@ -33,6 +33,7 @@ from mi_core.evaluation import evaluate, model_inputs
 from mi_core.io import check_replaceable, read_json, write_csv, write_json
 from mi_core.models import load_hf_classifier
 from mi_core.seeding import derive_seed
+from mi_core.tasks import TASK_LABELS
 from mi_core.training.checkpoints import (
     list_checkpoints,
     load_training_state,
@@ -106,6 +107,14 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
         raise DataError(f"{cfg.train} is {train.task} data but --task is {cfg.task}")
     if len(train) == 0:
         raise DataError(f"{cfg.train} is empty")
+    if train.num_labels != train.model_num_labels:
+        # a 2-way (HANS-style) file: its label 1 (non-entailment) is the model's class 1
+        # (neutral); training on it would teach the wrong class
+        raise DataError(
+            f"{cfg.train} has {train.num_labels} labels ({', '.join(train.label_names)}) but a "
+            f"{cfg.task} model has {train.model_num_labels} classes; training needs labels in "
+            f"the model's classes ({', '.join(TASK_LABELS[cfg.task])})"
+        )
     evals = [load_pairs(spec, max_examples=cfg.max_eval_examples) for spec in cfg.eval]
     for ds in evals:
         if ds.task != cfg.task:

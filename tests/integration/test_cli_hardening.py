@@ -123,3 +123,229 @@ def test_every_page_writer_escapes_the_names_it_is_given(tmp_path, llama):
     for name, page in pages.items():
         assert HOSTILE not in page and "<svg onload" not in page, name
         assert "&lt;svg onload=alert(9)&gt;" in page or "\\u003csvg" in page, name
+
+
+def _copy(checkpoint, to):
+    import shutil
+
+    return shutil.copytree(checkpoint, to)
+
+
+def _eval(model, tmp_path, *extra) -> list[str]:
+    return ["eval", "--model", str(model), "--data", "hans:so_swap", "--max-examples", "4",
+            "--out", str(tmp_path / "r.csv"), *extra]  # fmt: skip
+
+
+def test_a_checkpoint_without_its_tokenizer_files_is_refused(tmp_path, capsys, tiny_checkpoints):
+    """It loaded a tokenizer of its 5 special tokens alone (every word [UNK]) and reported an
+    accuracy."""
+    for kind in ("bert-cls", "gpt2-lm"):
+        folder = _copy(tiny_checkpoints[kind], tmp_path / kind)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / name).unlink()
+        argv = _eval(folder, tmp_path, "--task", "mnli")
+        assert main(argv) == 2
+        assert "has no tokenizer files" in _one_error(capsys)
+        assert not (tmp_path / "r.csv").exists()
+
+
+def test_weights_missing_some_or_all_tensors_are_refused_naming_them(
+    tmp_path, capsys, tiny_checkpoints
+):
+    """transformers initialised them at random and mi_core's quiet logging hid its report."""
+    from safetensors.torch import load_file, save_file
+
+    from mi_core.errors import ModelLoadError
+    from mi_core.models import load_model
+
+    for kind, drop in (("bert-cls", "bert.encoder.layer.0.attention.self.query.weight"),
+                       ("llama-lm", "model.layers.1.mlp.up_proj.weight")):  # fmt: skip
+        folder = _copy(tiny_checkpoints[kind], tmp_path / kind)
+        weights = load_file(folder / "model.safetensors")
+        del weights[drop]
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(ModelLoadError, match=f"lack 1 of the model's tensors \\({drop}\\)"):
+            load_model(folder)
+    folder = tmp_path / "bert-cls"
+    save_file({"unrelated": load_file(folder / "model.safetensors")["classifier.bias"]},
+              folder / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
+    assert main(_eval(folder, tmp_path)) == 2
+    assert "lack 57 of the model's tensors" in _one_error(capsys)
+    assert not (tmp_path / "r.csv").exists()
+    # a pretrained body given a task: the head it lacks is made from the seed, as before
+    body = load_model(tiny_checkpoints["gpt2-lm"], task="mnli")
+    assert not body.head_from_checkpoint
+
+
+def test_non_finite_weights_or_means_are_refused(tmp_path, capsys, tiny_checkpoints):
+    """All-NaN weights, or a means file with a NaN, gave NaN logits and reported an accuracy
+    (and NaN in the predictions)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from mi_core.errors import InterventionError
+    from mi_core.interventions import ComponentMeans, load_means
+
+    folder = _copy(tiny_checkpoints["bert-cls"], tmp_path / "nan")
+    weights = load_file(folder / "model.safetensors")
+    weights["bert.encoder.layer.1.output.dense.weight"][0, 0] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    assert main(_eval(folder, tmp_path)) == 2
+    assert "hold NaN or infinite values (blocks.1.mlp.W_out)" in _one_error(capsys)
+    assert not (tmp_path / "r.csv").exists()
+
+    means = ComponentMeans(torch.zeros(2, 4, 8), torch.zeros(2, 32), "m", "f")
+    path = means.save(tmp_path / "means.safetensors")
+    tensors = load_file(path)
+    tensors["mlp_out"][1, 3] = float("inf")
+    save_file(tensors, path, metadata=means.metadata())
+    with pytest.raises(InterventionError, match="NaN or infinite values in mlp_out"):
+        load_means(path)
+    argv = _eval(tiny_checkpoints["bert-cls"], tmp_path, "--ablate", "L0.H1", "--means", str(path))
+    assert main(argv) == 2
+    assert "NaN or infinite values in mlp_out" in _one_error(capsys)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ({"format_version": "99"}, "means format '99' is not '1'"),
+        ({"n_tokens": "lots"}, "n_tokens='lots' is not a count"),
+    ],  # fmt: skip
+)
+def test_a_means_file_of_another_version_or_with_bad_counts_is_one_line(tmp_path, metadata, says):
+    import torch
+    from safetensors.torch import save_file
+
+    from mi_core.errors import InterventionError
+    from mi_core.interventions import ComponentMeans, load_means
+
+    means = ComponentMeans(torch.zeros(2, 4, 8), torch.zeros(2, 32), "m", "f")
+    path = tmp_path / "means.safetensors"
+    save_file({"z": means.z, "mlp_out": means.mlp_out}, path, {**means.metadata(), **metadata})
+    with pytest.raises(InterventionError, match=says):
+        load_means(path)
+
+
+def test_an_empty_ablate_is_refused(tmp_path, capsys, tiny_checkpoints):
+    """``--ablate ''`` evaluated the full model as if it were ablated."""
+    assert main(_eval(tiny_checkpoints["bert-cls"], tmp_path, "--ablate", " ")) == 2
+    assert "--ablate is empty" in _one_error(capsys)
+
+
+def test_two_way_labels_are_refused_as_three_way_training_data(tmp_path, capsys, tiny_checkpoints):
+    """A HANS-style file's label 1 (non-entailment) trained MNLI's class 1 (neutral)."""
+    data = tmp_path / "two_way.jsonl"
+    rows = [{"premise": f"A {i} sat .", "hypothesis": "It sat .",
+             "label": ["entailment", "non-entailment"][i % 2]} for i in range(8)]  # fmt: skip
+    data.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    argv = ["finetune", "--model", str(tiny_checkpoints["bert-cls"]), "--task", "mnli",
+            "--train", str(data), "--steps", "1", "--out", str(tmp_path / "ft")]  # fmt: skip
+    assert main(argv) == 2
+    assert "has 2 labels (entailment, non-entailment) but a mnli model has 3" in _one_error(capsys)
+    assert not (tmp_path / "ft").exists()
+
+
+def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys, tiny_checkpoints):
+    """``eval --out`` equal to its ``--data`` replaced the data; ``means --out`` inside the model
+    folder could replace ``model.safetensors``."""
+    data = tmp_path / "pairs.csv"
+    data.write_text("premise,hypothesis,label\nA b .,A .,0\n")
+    argv = ["eval", "--model", str(tiny_checkpoints["bert-cls"]), "--data", str(data),
+            "--out", str(data)]  # fmt: skip
+    assert main(argv) == 2
+    assert "is the input" in _one_error(capsys)
+    assert data.read_text() == "premise,hypothesis,label\nA b .,A .,0\n"
+    model = _copy(tiny_checkpoints["bert-cls"], tmp_path / "model")
+    weights = (model / "model.safetensors").read_bytes()
+    argv = ["means", "--model", str(model), "--data", "mnli:train", "--max-examples", "2",
+            "--out", str(model / "model.safetensors")]  # fmt: skip
+    assert main(argv) == 2
+    assert "is model.safetensors inside the input" in _one_error(capsys)
+    assert (model / "model.safetensors").read_bytes() == weights
+    argv[-1] = str(model / "means.safetensors")  # beside the checkpoint's own files: fine
+    assert main(argv) == 0
+
+
+def _prune(model, out, sparsity="0.5") -> list[str]:
+    return ["prune", "--model", str(model), "--train", "mnli:train", "--max-train-examples", "8",
+            "--sparsity", sparsity, "--profile", "cofi", "--steps", "2", "--batch-size", "4",
+            "--ablation", "zero", "--eval", "hans:so_swap", "--max-eval-examples", "4",
+            "--no-progress", "--out", str(out)]  # fmt: skip
+
+
+def test_a_run_folder_without_its_config_is_not_a_finished_run(tmp_path, capsys, tiny_checkpoints):
+    """A run whose folder was deleted mid-run recreated it without config.json; a re-run with
+    another sparsity was then taken as finished (and wrote its config beside the old mask).
+    A folder holding a stray metrics.json was taken for a finished run too."""
+    import shutil
+
+    out = tmp_path / "run"
+    assert main(_prune(tiny_checkpoints["bert-cls"], out)) == 0
+    (out / "config.json").unlink()  # as a run writing into a deleted folder leaves it
+    mask = (out / "mask.json").read_text()
+    assert main(_prune(tiny_checkpoints["bert-cls"], out, "0.3")) == 2
+    assert "without the config.json that says which run wrote them" in _one_error(capsys)
+    assert not (out / "config.json").exists() and (out / "mask.json").read_text() == mask
+    shutil.rmtree(out)
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    assert main(_prune(tiny_checkpoints["bert-cls"], out)) == 2
+    assert "metrics.json without the config.json" in _one_error(capsys)
+
+
+@pytest.mark.parametrize("damage", ["mask.json", "subnetwork.safetensors", "both masks"])
+def test_a_finished_run_checks_its_mask_files(damage, tmp_path, capsys, caplog, tiny_checkpoints):
+    """A finished run whose mask.json or subnetwork.safetensors was cut short reported "mask
+    and metrics in ..." and left the damage: now a file cut short is written again from the
+    one that agrees with metrics.json, and a run with neither mask file whole is refused."""
+    from mi_core.interventions import ComponentMask, load_intervention
+
+    out = tmp_path / "run"
+    assert main(_prune(tiny_checkpoints["bert-cls"], out)) == 0
+    capsys.readouterr()
+    kept = load_intervention(out / "subnetwork.safetensors")
+    whole = {"mask.json": (out / "mask.json").read_text(), "subnetwork.safetensors": kept}
+    names = ["mask.json", "mask.safetensors"] if damage == "both masks" else [damage]
+    for name in names:
+        (out / name).write_bytes((out / name).read_bytes()[:40])
+    code = main(_prune(tiny_checkpoints["bert-cls"], out))
+    if damage == "both masks":
+        assert code == 2
+        assert "mask.safetensors and mask.json are missing, damaged" in _one_error(capsys)
+        return
+    assert code == 0 and f"{damage} is missing or damaged; written again" in caplog.text
+    mask = ComponentMask.load(out / "mask.safetensors")
+    subnetwork = load_intervention(out / "subnetwork.safetensors")
+    assert (out / "mask.json").read_text() == whole["mask.json"]
+    assert subnetwork.mask.removed() == mask.removed() and mask.removed()
+    assert subnetwork.same_fill(whole["subnetwork.safetensors"])
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"removed": "L0.H1"}, 'mask "removed" must be a list of component names'),
+        ({"removed": ["L0.H1", None]}, 'mask "removed" must be a list'),
+        ({"n_layers": 1e9}, "n_layers and n_heads must be whole numbers from 1 to 4096"),
+        ({"n_layers": 6.7}, "must be whole numbers"),
+        ({"kind": "mi_core.ComponentMeans"}, "its kind is 'mi_core.ComponentMeans'"),
+        ({"format_version": "99"}, "mask format '99' is not '1'"),
+    ],  # fmt: skip
+)
+def test_a_bad_mask_json_is_one_line(edit, says, tmp_path, capsys, tiny_checkpoints):
+    """A string or null entry, a huge or fractional shape, another kind or version: each
+    raised another exception type, tried to allocate 4e18 bytes, or was read silently."""
+    import json
+
+    from mi_core.errors import InterventionError
+    from mi_core.interventions import ComponentMask
+    from mi_core.interventions.mask import _Dims
+
+    path = tmp_path / "mask.json"
+    good = ComponentMask.from_removed(_Dims(2, 4), ["L0.H1"]).to_json()
+    path.write_text(json.dumps({**good, **edit}))
+    with pytest.raises(InterventionError, match=says):
+        ComponentMask.load(path)
+    assert main(_eval(tiny_checkpoints["bert-cls"], tmp_path, "--mask", str(path))) == 2
+    assert says.split("'")[0] in _one_error(capsys)
