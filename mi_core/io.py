@@ -32,11 +32,19 @@ def _file_target(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     ask here."""
     target = Path(path)
     if target.is_symlink():
-        target = target.resolve()
+        try:
+            target = target.resolve()
+        except RuntimeError:  # Python's word for a link that leads back to itself
+            return target, "it is a symbolic link that leads back to itself (a loop)"
     if target.exists() and not target.is_file() and not target.is_dir():
         return target, "it is not a regular file (a device or a FIFO is never replaced)"
     if target.is_file() and not target.stat().st_mode & 0o222:
         return target, "the file is read-only (make it writable to replace it)"
+    if target.is_file():  # the mode bits do not tell an immutable file (chattr +i): ask it
+        try:
+            os.close(os.open(target, os.O_WRONLY | os.O_APPEND))
+        except OSError as exc:
+            return target, f"the file cannot be written ({exc.strerror}; immutable?)"
     return target, None
 
 
@@ -52,6 +60,9 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
 
     def refuse(reason: str) -> OutputError:
         return OutputError(f"cannot write results to {target}: {reason}")
+
+    if reason is not None and target.is_symlink():  # a loop: neither a file nor a folder
+        raise refuse(reason)
 
     if target.exists():
         if is_file and target.is_dir():

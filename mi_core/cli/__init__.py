@@ -134,7 +134,10 @@ def _check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if not value:
             continue
-        out = Path(value).expanduser().resolve()
+        try:
+            out = Path(value).expanduser().resolve()
+        except (OSError, RuntimeError):  # a link loop: the output check names it
+            continue
         clash = next(
             (
                 p

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,23 +131,42 @@ def _weights_error(source: ModelSource, exc: Exception) -> ModelLoadError:
                 f"cannot read the weights of {source.path}: {', '.join(blocked)} is not readable "
                 "(Permission denied)"
             )
+    if "mismatched_sizes" in detail or "size mismatch" in detail:
+        return ModelLoadError(
+            f"the weights of {source.path} do not have the shapes its config.json gives (e.g. a "
+            "head of another label count, or the config of another model): fix config.json or "
+            "the weights"
+        )
+    if isinstance(exc, pickle.UnpicklingError):
+        return ModelLoadError(
+            f"the weights of {source.path} are a pickle holding more than tensors, which mi_core "
+            "never loads (it could run code); use a model.safetensors checkpoint"
+        )
     return ModelLoadError(
         f"cannot read the weights of {source.path} ({type(exc).__name__}: {detail}); the "
         "weight file is truncated or damaged: copy or save the checkpoint again"
     )
 
 
-#: What reading a damaged weight file raises (safetensors, torch, transformers).
-_DAMAGED = (OSError, ValueError, RuntimeError, SafetensorError)
+#: What reading a damaged weight file raises (safetensors, torch, transformers; a pickled
+#: ``.bin`` holding more than tensors is refused by ``weights_only`` as an unpickling error).
+_DAMAGED = (OSError, ValueError, RuntimeError, SafetensorError, pickle.UnpicklingError)
 
 
 def load_hf_config(source: ModelSource) -> transformers.PretrainedConfig:
     """The checkpoint's Hugging Face config, with a clear error for unsupported architectures."""
     try:
         config = transformers.AutoConfig.from_pretrained(source.path, **source.kwargs())
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # transformers raises its own types for a field of the wrong type
+        if "trust_remote_code" in str(exc):
+            raise ModelLoadError(
+                f"{source.name} needs code of its own to load (auto_map in its config.json); "
+                "mi_core never runs code from a checkpoint; supported architectures: "
+                + ", ".join(SUPPORTED_ARCHITECTURES)
+            ) from None
         if source.local:
-            raise ModelLoadError(f"cannot read the config of {source.path}: {exc}") from exc
+            detail = " ".join(str(exc).split())[:300]
+            raise ModelLoadError(f"cannot read the config of {source.path}: {detail}") from None
         raise _hub_error(source, exc) from exc
     arch = (config.architectures or [_default_architecture(config)])[0]
     if arch not in SUPPORTED_ARCHITECTURES:

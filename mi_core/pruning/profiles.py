@@ -21,6 +21,7 @@ so each difference between ``paper`` and ``cofi`` can be switched on or off alon
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import re
@@ -296,6 +297,8 @@ def make_prune_config(
     return PruneConfig(profile=profile, target_sparsity=target_sparsity, seed=seed, **values)
 
 
+#: The most seeds, or sparsities, one sweep takes: every pair of them is a pruning run.
+MAX_LIST = 10_000
 _INT = re.compile(r"^\d+$")
 _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
 
@@ -315,16 +318,29 @@ def _seed_list(spec: str) -> list[int]:
             start, stop = int(match.group(1)), int(match.group(2))
             if start > stop:
                 raise ConfigError(f"seed range {item!r} runs backwards; write {stop}-{start}")
+            if stop - start >= MAX_LIST:
+                raise ConfigError(
+                    f"seed range {item!r} holds {stop - start + 1} seeds; a sweep takes at most "
+                    f"{MAX_LIST} (each seed is a run at every sparsity)"
+                )
             seeds.extend(range(start, stop + 1))
         else:
             raise ConfigError(
                 f"bad seed entry {item!r} in {spec!r}; use non-negative integers and inclusive "
                 "ranges, e.g. '42-53', '1,2,5' or '42-45,50'"
             )
-    duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
-    if duplicates:
-        raise ConfigError(f"seed list {spec!r} repeats seed(s) {duplicates}")
+    _check_list(seeds, spec, "seed list", "seed(s)")
     return seeds
+
+
+def _check_list(values: list, spec: str, what: str, items: str) -> None:
+    """At most :data:`MAX_LIST` values, none twice (counted in one pass: a list of 200,000 took
+    minutes to check pair by pair)."""
+    if len(values) > MAX_LIST:
+        raise ConfigError(f"{what} {spec!r} holds {len(values)} values; at most {MAX_LIST}")
+    duplicates = sorted(v for v, n in collections.Counter(values).items() if n > 1)
+    if duplicates:
+        raise ConfigError(f"{what} {spec!r} repeats {items} {duplicates[:10]}")
 
 
 def _parse_fraction(text: str, spec: str) -> float:
@@ -362,6 +378,11 @@ def parse_sparsities(spec: str) -> list[float]:
             if start > stop:
                 raise ConfigError(f"sparsity range {item!r} runs backwards (start > stop)")
             count = math.floor((stop - start) / step + 1e-9) + 1
+            if count > MAX_LIST:
+                raise ConfigError(
+                    f"sparsity range {item!r} holds {count} values; a sweep takes at most "
+                    f"{MAX_LIST}"
+                )
             values.extend(round(start + i * step, 10) for i in range(count))
         else:
             raise ConfigError(
@@ -371,9 +392,7 @@ def parse_sparsities(spec: str) -> list[float]:
     outside = [v for v in values if not 0.0 < v < 1.0]
     if outside:
         raise ConfigError(f"sparsities must lie strictly between 0 and 1, got {outside}")
-    duplicates = sorted({v for v in values if values.count(v) > 1})
-    if duplicates:
-        raise ConfigError(f"sparsity list {spec!r} repeats {duplicates}")
+    _check_list(values, spec, "sparsity list", "value(s)")
     return values
 
 

@@ -171,7 +171,14 @@ def _load_model(model: Any, task: str | None, device: str = "auto") -> tuple[Any
     if isinstance(model, (str, os.PathLike)):
         from mi_core.devices import resolve_device
         from mi_core.models import load_model
+        from mi_core.models.loading import loads_as_classifier
 
+        if not loads_as_classifier(model, task):
+            raise ConfigError(
+                f"{os.fspath(model)} is a causal language model: node pruning runs on "
+                "sentence-pair classifiers (name a --task to give a GPT-2 body a classifier "
+                "head); for a language model's circuits use mi-core circuit"
+            )
         return load_model(model, task=task, device=str(resolve_device(device))), os.fspath(model)
     if not isinstance(model, StagedClassifier) or getattr(model, "tokenizer", None) is None:
         raise ConfigError("model must be a hooked classifier or a checkpoint path / model name")

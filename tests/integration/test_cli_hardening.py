@@ -349,3 +349,108 @@ def test_a_bad_mask_json_is_one_line(edit, says, tmp_path, capsys, tiny_checkpoi
         ComponentMask.load(path)
     assert main(_eval(tiny_checkpoints["bert-cls"], tmp_path, "--mask", str(path))) == 2
     assert says.split("'")[0] in _one_error(capsys)
+
+
+def _edited_config(checkpoint, to, **changes):
+    import json
+
+    folder = _copy(checkpoint, to)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+def test_broken_checkpoints_are_one_line_saying_what_is_wrong(tmp_path, capsys, tiny_checkpoints):
+    """A config field of the wrong type and a malicious pickle ended in tracebacks; a head of
+    another shape was called a truncated file; a config asking for remote code told the user to
+    pass an option mi_core does not have."""
+    import os
+    import pickle
+
+    from mi_core.errors import ModelLoadError
+    from mi_core.models import load_model
+
+    bert = tiny_checkpoints["bert-cls"]
+    wrong_type = _edited_config(bert, tmp_path / "six", num_hidden_layers="six")
+    assert main(_eval(wrong_type, tmp_path)) == 2
+    assert "cannot read the config of" in _one_error(capsys)
+
+    evil = _copy(bert, tmp_path / "evil")
+    (evil / "model.safetensors").unlink()
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    (evil / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
+    assert main(_eval(evil, tmp_path)) == 2
+    assert "a pickle holding more than tensors, which mi_core never loads" in _one_error(capsys)
+    assert not (tmp_path / "pwned").exists()
+
+    two = _edited_config(bert, tmp_path / "two", id2label={"0": "a", "1": "b"},
+                         label2id={"a": 0, "b": 1})  # fmt: skip
+    with pytest.raises(ModelLoadError, match="do not have the shapes its config.json gives"):
+        load_model(two)
+
+    remote = _edited_config(bert, tmp_path / "remote", model_type="my-own",
+                            auto_map={"AutoConfig": "modeling.MyConfig"})  # fmt: skip
+    assert main(_eval(remote, tmp_path)) == 2
+    err = _one_error(capsys)
+    assert "mi_core never runs code from a checkpoint" in err and "trust_remote_code" not in err
+    assert not (tmp_path / "r.csv").exists()
+
+
+def test_file_faults_in_arguments_are_one_line(tmp_path, capsys, tiny_checkpoints):
+    """A Latin-1 --config and a symbolic-link loop as --out ended in tracebacks; prune on a
+    causal LM said mean ablation needs --means."""
+    config = tmp_path / "c.json"
+    config.write_bytes('{"model": "caf\xe9"}'.encode("latin-1"))
+    assert main(["heuristic-core", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert "is not UTF-8 text" in _one_error(capsys)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert main(_eval(tiny_checkpoints["bert-cls"], tmp_path)[:-1] + [str(loop)]) == 2
+    assert "a symbolic link that leads back to itself" in _one_error(capsys)
+    assert main(_prune(tiny_checkpoints["llama-lm"], tmp_path / "run")) == 2
+    assert "is a causal language model: node pruning runs on sentence-pair" in _one_error(capsys)
+
+
+def test_huge_seed_or_sparsity_lists_are_refused_at_once(tmp_path, capsys):
+    """``--seeds 0-200000`` and ``--sparsities 0.000001:0.999:0.000005`` hung for minutes (a
+    pairwise duplicate check); now they are refused in one line, and long lists are checked in
+    one pass."""
+    import time
+
+    from mi_core.pruning.profiles import MAX_LIST, parse_seed_spec, parse_sparsities
+
+    for flag, value in (("--seeds", "0-200000"), ("--sparsities", "0.000001:0.999:0.000005")):
+        argv = [*SWEEP, "--out", str(tmp_path / "sw")]
+        argv[argv.index(flag) + 1] = value
+        started = time.perf_counter()
+        assert main(argv) == 2
+        assert f"at most {MAX_LIST}" in _one_error(capsys)
+        assert time.perf_counter() - started < 5
+    started = time.perf_counter()
+    assert len(parse_seed_spec(f"0-{MAX_LIST - 1}")) == MAX_LIST
+    with pytest.raises(Exception, match=r"repeats seed\(s\) \[5\]"):
+        parse_seed_spec(f"0-{MAX_LIST - 2},5")
+    with pytest.raises(Exception, match=r"repeats value\(s\) \[0.5\]"):
+        parse_sparsities("0.5,0.1:0.9:0.1")
+    assert time.perf_counter() - started < 1
+
+
+def test_an_immutable_output_is_refused_before_the_work(tmp_path, capsys):
+    """The check read the mode bits, so a file marked immutable passed it and the job failed
+    after all its work."""
+    import subprocess
+
+    kept = tmp_path / "results.csv"
+    kept.write_text("dataset,n,accuracy\n")
+    if subprocess.run(["chattr", "+i", str(kept)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i needs CAP_LINUX_IMMUTABLE")
+    try:
+        argv = ["eval", "--model", "no-such-model", "--data", "hans:so_swap", "--out", str(kept)]
+        assert main(argv) == 2
+        assert "results.csv: the file cannot be written" in _one_error(capsys)
+    finally:
+        subprocess.run(["chattr", "-i", str(kept)], check=True)
