@@ -5,8 +5,7 @@ The pieces a training loop composes (one gate per attention head and per MLP lay
 gates' noise seeded per step, gradient clipping and checkpoints)::
 
     cfg = make_prune_config("paper", target_sparsity=0.5, seed=1)
-    gates = HardConcrete(n_layers * n_heads + n_layers,     # flat: heads, then MLPs
-                         init_mean=cfg.log_alpha_init, init_std=cfg.log_alpha_init_std)
+    gates = make_gates(cfg, n_layers, n_heads)               # flat: heads, then MLPs
     controller = LagrangianController()
     optimizer = pruning_optimizer(gates.parameters(), controller, cfg.lr_log_alpha,
                                   cfg.lr_lambda, cfg.weight_decay, cfg.lambda_weight_decay)
@@ -22,6 +21,7 @@ gates' noise seeded per step, gradient clipping and checkpoints)::
         optimizer.zero_grad(); loss.backward(); optimizer.step()
     keep, achieved = discretize(gates.log_alpha, n_layers, n_heads, cfg.target_sparsity,
                                 cfg.discretize)              # the authors' rule: "reference"
+    gates.eval(); gates()                                    # the same subnetwork, as 0 / 1
 
 The ``cofi`` profile swaps in :func:`expected_sparsity`, no weight decay, a constant rate and
 :func:`binary_mask_from_log_alpha` (``discretize="exact"``).
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         binary_mask_from_log_alpha,
         discretize,
         flatten_components,
+        make_gates,
         mask_sparsity,
         reference_binary_mask,
         unflatten_components,
@@ -110,6 +111,7 @@ _NAMES = {
     "discretize": "mi_core.pruning.discretize",
     "reference_binary_mask": "mi_core.pruning.discretize",
     "flatten_components": "mi_core.pruning.discretize",
+    "make_gates": "mi_core.pruning.discretize",
     "mask_sparsity": "mi_core.pruning.discretize",
     "unflatten_components": "mi_core.pruning.discretize",
     "BETA": "mi_core.pruning.hard_concrete",
@@ -189,6 +191,7 @@ __all__ = [
     "hard_concrete_prob_nonzero",
     "initial_log_alpha",
     "make_prune_config",
+    "make_gates",
     "mask_sparsity",
     "paper_schedule",
     "parse_seed_spec",

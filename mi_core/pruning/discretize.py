@@ -22,14 +22,20 @@ Two rules (:data:`DISCRETIZE_RULES`):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool, Float
 
 from mi_core.errors import ConfigError, InterventionError, TrainingError
 from mi_core.pruning.constants import DISCRETIZE_RULES
-from mi_core.pruning.hard_concrete import BETA, hard_concrete_prob_nonzero
+from mi_core.pruning.hard_concrete import BETA, EPS, HardConcrete, hard_concrete_prob_nonzero
+from mi_core.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from mi_core.pruning.profiles import PruneConfig
 
 #: The authors' soft value is ``sigmoid(log_alpha / beta * 0.8)`` (``FACTOR`` in their l0.py).
 REFERENCE_FACTOR = 0.8
@@ -129,8 +135,11 @@ def reference_soft_mask(
     """The authors' deterministic gates, flat: per module, the expected zeros set to 0.
 
     Each module (the ``n_heads`` heads of a layer; the MLP of a layer) gets
-    ``k = round(sum(P(z = 0)))`` zeros, on its ``k`` entries with the smallest soft value
-    ``sigmoid(0.8 * log_alpha / beta)``; the other entries keep their soft value in (0, 1).
+    ``k = round(sum(P(z = 0)))`` zeros (each ``P(z = 0)`` clamped to ``[EPS, 1 - EPS]``), on its
+    ``k`` entries with the smallest soft value ``sigmoid(0.8 * log_alpha / beta)`` as
+    ``torch.topk(largest=False)`` picks them (among tied values, topk's choice, as in the
+    authors' ``deterministic_z_from_log_alpha``, not the lowest indices); the other entries keep
+    their soft value in (0, 1).
     ``beta``: the run's temperature (the authors' one ``TEMPERATURE`` for sampling and this).
     """
     flat = log_alpha.detach().reshape(-1).double().cpu()
@@ -142,10 +151,12 @@ def reference_soft_mask(
         mlps[l : l + 1] for l in range(n_layers)
     ]
     for index in groups:
-        expected_zeros = float((1.0 - hard_concrete_prob_nonzero(flat[index], beta)).sum())
-        k = int(torch.round(torch.tensor(expected_zeros)).item())
-        if k > 0:
-            order = torch.sort(soft[index], stable=True).indices[:k]
+        # P(z = 0) clamped to [EPS, 1 - EPS] before the sum, as the authors' cdf is: a layer of
+        # open gates adds EPS each, which decides a sum within ~1e-5 of k + 0.5
+        p_zero = (1.0 - hard_concrete_prob_nonzero(flat[index], beta)).clamp(EPS, 1.0 - EPS)
+        k = int(torch.round(p_zero.sum()).item())
+        if k > 0:  # torch.topk as theirs: among tied soft values, its choice of which go
+            order = torch.topk(soft[index], k, largest=False).indices
             soft[index[order]] = 0.0
     return soft.to(log_alpha.dtype)
 
@@ -202,3 +213,44 @@ def discretize(
     if rule == "exact":
         return binary_mask_from_log_alpha(log_alpha, target_sparsity, weights)
     raise ConfigError(f"unknown discretisation {rule!r}; choose one of {DISCRETIZE_RULES}")
+
+
+def make_gates(
+    cfg: PruneConfig, n_layers: int, n_heads: int, generator: torch.Generator | None = None
+) -> HardConcrete:
+    """The gates a pruning run of ``cfg`` learns, one per head and MLP (flat: heads, then MLPs),
+    initialised as :func:`~mi_core.pruning.prune` initialises them (``generator``: by default
+    the run's seeded one). In eval mode they give the run's own subnetwork (``cfg.discretize``
+    at ``cfg.target_sparsity``, as 0 / 1 gates): the model the run probes and reports. Louizos'
+    deterministic gate, a plain :class:`HardConcrete`'s eval value, lies up to 0.44 from the
+    ``paper`` profile's gates."""
+    if generator is None:
+        generator = torch.Generator().manual_seed(derive_seed("prune", "init", cfg.seed, 0))
+    return HardConcrete(
+        n_layers * n_heads + n_layers,
+        cfg.beta,
+        init_mean=cfg.log_alpha_init,
+        init_std=cfg.log_alpha_init_std,
+        generator=generator,
+        eval_gate=functools.partial(
+            _subnetwork_gates,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            target=cfg.target_sparsity,
+            rule=cfg.discretize,
+            beta=cfg.beta,
+        ),
+    )
+
+
+def _subnetwork_gates(
+    log_alpha: Float[torch.Tensor, " components"],
+    *,
+    n_layers: int,
+    n_heads: int,
+    target: float,
+    rule: str,
+    beta: float,
+) -> Float[torch.Tensor, " components"]:
+    keep, _ = discretize(log_alpha, n_layers, n_heads, target, rule, beta=beta)
+    return keep.to(log_alpha.dtype)

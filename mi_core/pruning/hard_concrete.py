@@ -23,6 +23,7 @@ the fractional samples.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from jaxtyping import Float
@@ -93,7 +94,9 @@ class HardConcrete(nn.Module):
     ``droprate_init``) plus Gaussian noise of std ``init_std`` drawn from ``generator`` (the
     authors draw N(10, 0.01): :data:`PAPER_INIT_MEAN`, :data:`PAPER_INIT_STD`).
     ``forward()`` samples in training mode and returns the deterministic eval value otherwise,
-    so ``module.train()`` / ``module.eval()`` switch the behaviour like dropout.
+    so ``module.train()`` / ``module.eval()`` switch the behaviour like dropout. The eval value
+    is Louizos' deterministic gate unless ``eval_gate`` maps ``log_alpha`` to another (the gates
+    of a pruning run, :func:`~mi_core.pruning.discretize.make_gates`, give its subnetwork).
     """
 
     def __init__(
@@ -105,8 +108,10 @@ class HardConcrete(nn.Module):
         init_mean: float | None = None,
         init_std: float = 0.0,
         generator: torch.Generator | None = None,
+        eval_gate: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
+        self.eval_gate = eval_gate
         if beta <= 0:
             raise ConfigError(f"hard-concrete beta (temperature) must be positive, got {beta}")
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -139,7 +144,10 @@ class HardConcrete(nn.Module):
         return sample_hard_concrete(self.log_alpha, self.beta, generator)
 
     def deterministic(self) -> Float[torch.Tensor, "*shape"]:
-        """The eval-time value of every gate."""
+        """The eval-time value of every gate: ``eval_gate(log_alpha)`` where one was given,
+        else Louizos' deterministic gate."""
+        if self.eval_gate is not None:
+            return self.eval_gate(self.log_alpha)
         return deterministic_hard_concrete(self.log_alpha)
 
     def prob_nonzero(self) -> Float[torch.Tensor, "*shape"]:

@@ -66,7 +66,12 @@ from mi_core.models.classifier import StagedClassifier
 from mi_core.models.dropout import train_dropout
 from mi_core.models.fingerprint import fingerprint_held, weights_fingerprint
 from mi_core.models.frozen import frozen
-from mi_core.pruning.discretize import AchievedSparsity, discretize, unflatten_components
+from mi_core.pruning.discretize import (
+    AchievedSparsity,
+    discretize,
+    make_gates,
+    unflatten_components,
+)
 from mi_core.pruning.group_optimizer import GroupAdamW
 from mi_core.pruning.hard_concrete import (
     HardConcrete,
@@ -668,13 +673,7 @@ def _start_run(
     """A run's fresh state, or its state at its last checkpoint in ``run_dir``."""
     dims = model_dims(model)
     device = next(model.parameters()).device
-    gates = HardConcrete(
-        dims.n_layers * dims.n_heads + dims.n_layers,
-        cfg.beta,
-        init_mean=cfg.log_alpha_init,
-        init_std=cfg.log_alpha_init_std,
-        generator=torch.Generator().manual_seed(derive_seed("prune", "init", cfg.seed, 0)),
-    ).to(device)
+    gates = make_gates(cfg, dims.n_layers, dims.n_heads).to(device)
     controller = LagrangianController().to(device)
     optimizer = pruning_optimizer(
         gates.parameters(),

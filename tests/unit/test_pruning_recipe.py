@@ -27,7 +27,7 @@ from mi_core.pruning.discretize import (
     reference_binary_mask,
     reference_soft_mask,
 )
-from mi_core.pruning.hard_concrete import BETA, hard_concrete_prob_nonzero
+from mi_core.pruning.hard_concrete import BETA, LIMIT_LEFT, LIMIT_RIGHT, hard_concrete_prob_nonzero
 from mi_core.pruning.lagrangian import expected_sparsity, sampled_sparsity
 from mi_core.pruning.profiles import COFI_MECHANICS, PAPER_MECHANICS
 from mi_core.pruning.schedule import lr_factor
@@ -272,3 +272,55 @@ def test_the_reference_discretisation_reads_the_run_s_temperature():
     log_alpha = torch.cat([torch.full((12,), -0.5), torch.full((1,), 3.0)])
     assert int((reference_soft_mask(log_alpha, 1, 12) == 0).sum()) == 3
     assert int((reference_soft_mask(log_alpha, 1, 12, beta=0.5) == 0).sum()) == 4
+
+
+def test_the_reference_discretisation_breaks_ties_as_the_authors_topk_does():
+    """12 heads tied at log_alpha -1 expect 4.3 zeros: the authors' ``torch.topk(largest=False)``
+    picks which 4 go, not the 4 lowest indices (a stable sort's pick, mi_core's before)."""
+    from mi_core.pruning.discretize import reference_soft_mask
+
+    log_alpha = torch.cat([torch.full((12,), -1.0), torch.full((1,), 3.0)])
+    soft = torch.sigmoid(log_alpha[:12].double() / BETA * 0.8)
+    authors = sorted(torch.topk(soft, 4, largest=False).indices.tolist())
+    assert authors != [0, 1, 2, 3]  # the tie is one where the two picks differ
+    zeros = (reference_soft_mask(log_alpha, 1, 12)[:12] == 0).nonzero().flatten().tolist()
+    assert zeros == authors
+
+
+def test_the_reference_expected_zeros_are_clamped_as_the_authors():
+    """The authors clamp each P(z = 0) to [1e-6, 1 - 1e-6] before a layer's sum: 11 open heads
+    (P ~ 4e-10 each) add 1.1e-5, which rounds a layer whose last head has P(z = 0) = 0.499995
+    to one zero (0.500006) where the unclamped sum (0.499995) rounds to none."""
+    from mi_core.pruning.discretize import reference_soft_mask
+
+    shift = BETA * math.log(-LIMIT_LEFT / LIMIT_RIGHT)  # P(z = 0) = sigmoid(shift - log_alpha)
+    last = shift - math.log(0.499995 / (1 - 0.499995))
+    log_alpha = torch.tensor([20.0] * 11 + [last, 20.0], dtype=torch.float64)
+    p_zero = 1 - hard_concrete_prob_nonzero(log_alpha[:12])
+    assert float(p_zero.sum()) < 0.5 < float(p_zero.clamp(1e-6, 1 - 1e-6).sum())
+    zeros = (reference_soft_mask(log_alpha, 1, 12)[:12] == 0).nonzero().flatten().tolist()
+    assert zeros == [11]
+
+
+@pytest.mark.parametrize("profile", ["paper", "cofi"])
+def test_a_run_s_gates_in_eval_mode_give_its_subnetwork(profile):
+    """Louizos' deterministic gate (a plain HardConcrete's eval value) lies up to 0.44 from the
+    paper profile's gates; a run's gates (make_gates) in eval mode give the subnetwork the run
+    discretises, probes and reports, by its profile's rule."""
+    from mi_core.pruning import make_gates
+    from mi_core.pruning.hard_concrete import deterministic_hard_concrete
+
+    cfg = make_prune_config(profile, 0.5, seed=3)
+    gates = make_gates(cfg, 2, 4)
+    with torch.no_grad():
+        gates.log_alpha.copy_(torch.tensor([3.0, -2, 0.4, 1, -0.3, 2, 0.1, -1, 0.8, -0.2]))
+    keep, _ = discretize(gates.log_alpha, 2, 4, 0.5, cfg.discretize, beta=cfg.beta)
+    gates.eval()
+    assert torch.equal(gates(), keep.float())
+    louizos = deterministic_hard_concrete(gates.log_alpha)
+    assert (louizos - keep.float()).abs().max() > 0.3  # what .eval() gave before
+    assert torch.equal(
+        HardConcrete(10).eval()(), deterministic_hard_concrete(torch.full((10,), math.log(99.0)))
+    )
+    gates.train()
+    assert not torch.equal(gates(torch.Generator().manual_seed(0)), keep.float())
