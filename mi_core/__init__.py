@@ -53,6 +53,7 @@ _NAMES: dict[str, str] = {
     # circuits
     "Graph": "mi_core.interventions",
     "EdgeMask": "mi_core.interventions",
+    "PromptPairs": "mi_core.data.circuit_pairs",
     "ioi_pairs": "mi_core.data.circuit_pairs",
     "hans_pairs": "mi_core.data.circuit_pairs",
     "make_tiny_checkpoint": "mi_core.testing",

@@ -25,6 +25,7 @@ removed, one at a time.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,8 @@ __all__ = [
     "select_circuit",
 ]
 
+
+logger = logging.getLogger(__name__)
 
 #: The ``kind`` in the metadata of a file :meth:`EdgeScores.save` writes.
 SCORES_KIND = "mi_core.EdgeScores"
@@ -152,6 +155,17 @@ def select_circuit(
             best, count = candidate, int(candidate.sum())
         else:
             taken[edge] = False
+    if count == 0 and k > 0:
+        low, high = k + 1, graph.n_edges  # the shortest prefix with a connected part
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if bool(part(middle).any()) else (middle + 1, high)
+        logger.warning(
+            "no connected circuit of at most %d edges exists in this order: the smallest holds "
+            "%d edges (a path from the input to the output); the circuit is empty. Ask for more "
+            "edges, or connected=False for the top %d wherever they lie",
+            k, int(part(low).sum()), k,
+        )  # fmt: skip
     return EdgeMask.from_order(graph, best.nonzero().flatten(), **kwargs)
 
 

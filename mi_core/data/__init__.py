@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         pair_batches,
         tokenize_pairs,
     )
+    from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
     from mi_core.data.pairs import (
         HANS_HEURISTICS,
         HANS_LABELS,
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
 _NAMES = {
     "DATA_DIR_ENV": "mi_core.data._sources",
     "resolve_data_dir": "mi_core.data._sources",
+    "PromptPairs": "mi_core.data.circuit_pairs",
+    "hans_pairs": "mi_core.data.circuit_pairs",
+    "ioi_pairs": "mi_core.data.circuit_pairs",
     "GROUP_BATCHES": "mi_core.data.batches",
     "PairBatches": "mi_core.data.batches",
     "TokenizedPairs": "mi_core.data.batches",
@@ -90,8 +94,11 @@ __all__ = [
     "TEXT_SPECS",
     "PairBatches",
     "PairDataset",
+    "PromptPairs",
     "TokenizedPairs",
     "available_specs",
+    "hans_pairs",
+    "ioi_pairs",
     "load_pairs",
     "load_text",
     "model_num_labels",

@@ -23,7 +23,7 @@ entailment.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -181,6 +181,73 @@ class PromptPairs:
         """The pairs on ``device``."""
         return self._map(lambda t: t.to(device))
 
+    @classmethod
+    def from_strings(
+        cls,
+        tokenizer: Any,
+        prompts: Sequence[str],
+        answers: Sequence[str],
+        corrupted: Sequence[str],
+        distractors: Sequence[str] | None = None,
+        *,
+        prepend_bos: bool = True,
+    ) -> PromptPairs:
+        """Language-model pairs from text: each clean prompt, the token that should follow it
+        (``answers``, one token each, e.g. ``" Mary"``), its corrupted prompt (the same number
+        of tokens) and optionally a distractor token (without one, the metric compares the
+        answer with the mean of the other logits). ``prepend_bos``: a BOS token first, as
+        TransformerLens's ``to_tokens`` puts one. Raises :class:`DataError` naming the first
+        example whose lengths or answer do not fit."""
+        n = len(prompts)
+        distractors = list(distractors) if distractors is not None else None
+        for name, values in (
+            ("answers", answers),
+            ("corrupted", corrupted),
+            ("distractors", distractors),
+        ):
+            if values is not None and len(values) != n:
+                raise DataError(f"{n} prompts but {len(values)} {name}; give one per prompt")
+        if n == 0:
+            raise DataError("no prompts given")
+        bos = tokenizer.bos_token_id if prepend_bos else None
+        clean_ids = _encode(tokenizer, list(prompts), bos)
+        corrupted_ids = _encode(tokenizer, list(corrupted), bos)
+        for i, (a, b) in enumerate(zip(clean_ids, corrupted_ids, strict=True)):
+            if len(a) != len(b):
+                raise DataError(
+                    f"prompt {i}: the corrupted prompt has {len(b)} tokens, the clean {len(a)}; "
+                    f"a corrupted prompt must align token by token ({prompts[i]!r})"
+                )
+
+        def single(text: str, i: int, role: str) -> int:
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            if len(ids) != 1:
+                raise DataError(
+                    f"prompt {i}: the {role} {text!r} is {len(ids)} tokens; the metric reads one "
+                    "(a leading space is often part of the token: ' Mary')"
+                )
+            return ids[0]
+
+        width = max(len(ids) for ids in clean_ids)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+        def padded(rows: list[list[int]]) -> torch.Tensor:
+            return torch.tensor([row + [pad] * (width - len(row)) for row in rows])
+
+        lengths = torch.tensor([len(ids) for ids in clean_ids])
+        return cls(
+            clean_ids=padded(clean_ids),
+            corrupted_ids=padded(corrupted_ids),
+            attention_mask=(torch.arange(width)[None, :] < lengths[:, None]).long(),
+            answer=torch.tensor([single(a, i, "answer") for i, a in enumerate(answers)]),
+            distractor=torch.tensor(
+                [single(d, i, "distractor") for i, d in enumerate(distractors)]
+                if distractors is not None
+                else [-1] * n
+            ),
+            position=lengths - 1,
+        )
+
 
 def _encode(tokenizer: Any, texts: list[str], bos: int | None) -> list[list[int]]:
     encoded = tokenizer(texts, add_special_tokens=False).input_ids
@@ -190,32 +257,13 @@ def _encode(tokenizer: Any, texts: list[str], bos: int | None) -> list[list[int]
 def ioi_pairs(tokenizer: Any, n: int = 64, seed: int = 0, prepend_bos: bool = True) -> PromptPairs:
     """``n`` tokenised IOI prompts and their corruptions (see the module docstring)."""
     prompts = ioi_prompts(n, seed, tokenizer)
-    bos = tokenizer.bos_token_id if prepend_bos else None
-    clean = _encode(tokenizer, [p.clean for p in prompts], bos)
-    corrupted = _encode(tokenizer, [p.corrupted for p in prompts], bos)
-    for i, (a, b) in enumerate(zip(clean, corrupted, strict=True)):
-        if len(a) != len(b):
-            raise DataError(
-                f"IOI prompt {i}: the corrupted prompt has {len(b)} tokens, the clean {len(a)}"
-            )
-
-    def single(text: str) -> int:
-        return tokenizer(text, add_special_tokens=False).input_ids[0]
-
-    width = max(len(ids) for ids in clean)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-    def padded(rows: list[list[int]]) -> torch.Tensor:
-        return torch.tensor([row + [pad] * (width - len(row)) for row in rows])
-
-    lengths = torch.tensor([len(ids) for ids in clean])
-    return PromptPairs(
-        clean_ids=padded(clean),
-        corrupted_ids=padded(corrupted),
-        attention_mask=(torch.arange(width)[None, :] < lengths[:, None]).long(),
-        answer=torch.tensor([single(p.answer) for p in prompts]),
-        distractor=torch.tensor([single(p.distractor) for p in prompts]),
-        position=lengths - 1,
+    return PromptPairs.from_strings(
+        tokenizer,
+        [p.clean for p in prompts],
+        [p.answer for p in prompts],
+        [p.corrupted for p in prompts],
+        [p.distractor for p in prompts],
+        prepend_bos=prepend_bos,
     )
 
 

@@ -259,11 +259,15 @@ def head_set_name(head_set: Iterable[Component]) -> str:
     return "+".join(str(c) for c in head_set)
 
 
-def parse_head_set(text: str, cfg_or_model: Any) -> HeadSet:
-    """Parse ``L2.H5+L3.H7+L4.H0`` into a joint set of heads of the model."""
-    heads = tuple(parse_components(text.replace("+", ","), cfg_or_model))
+def parse_head_set(
+    spec: str | Sequence[Component | str | tuple[int, int]], cfg_or_model: Any
+) -> HeadSet:
+    """A joint set of heads of the model from ``"L2.H5+L3.H7+L4.H0"`` or a sequence of heads
+    (components, names such as ``"L2.H5"`` or ``(layer, head)`` tuples)."""
+    text = spec.replace("+", ",") if isinstance(spec, str) else list(spec)
+    heads = tuple(parse_components(text, cfg_or_model))
     if len(heads) < 2:
-        raise InterventionError(f"joint set {text!r} needs at least two heads, e.g. L2.H5+L3.H7")
+        raise InterventionError(f"joint set {spec!r} needs at least two heads, e.g. L2.H5+L3.H7")
     _check_heads(cfg_or_model, heads)
     return heads
 
@@ -410,7 +414,7 @@ def ablation_table(
     model: Any,
     datasets: Sequence[Any],
     heads: str | Sequence[Component | str | tuple[int, int]] | None = None,
-    joints: Sequence[HeadSet | str] = (),
+    joints: Sequence[str | Sequence[Component | str | tuple[int, int]]] = (),
     means: ComponentMeans | None = None,
     ablation: str | Ablation = Ablation.MEAN,
     *,
@@ -422,7 +426,8 @@ def ablation_table(
     """Build the table for ``datasets`` (:class:`~mi_core.data.PairDataset`).
 
     ``heads`` are the listed rows (None: every head), as components, names (``"L2.H5,L4.H0"``)
-    or ``(layer, head)`` tuples; ``joints`` are head sets (``"L2.H5+L3.H7"`` or components).
+    or ``(layer, head)`` tuples; ``joints`` are head sets, each ``"L2.H5+L3.H7"`` or a
+    sequence of heads in any of those forms (``["L2.H5", "L4.H0"]``).
     With ``others``, every other head is ablated too, one at a time, for the
     ``Avg. (others)`` row (one pass per head: only when asked); without it there is no such
     row (a joint set's heads are ablated singly for its superadditivity, but a few of them
@@ -430,7 +435,7 @@ def ablation_table(
     """
     if heads is not None:
         heads = parse_components(heads, model)
-    joints = [parse_head_set(j, model) if isinstance(j, str) else j for j in joints]
+    joints = [parse_head_set(j, model) for j in joints]
     from mi_core.data import pair_batches
 
     every = all_heads(model)

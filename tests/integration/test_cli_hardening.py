@@ -454,3 +454,71 @@ def test_an_immutable_output_is_refused_before_the_work(tmp_path, capsys):
         assert "results.csv: the file cannot be written" in _one_error(capsys)
     finally:
         subprocess.run(["chattr", "-i", str(kept)], check=True)
+
+
+def test_a_circuit_too_small_to_connect_says_how_small_one_can_be(caplog, monkeypatch):
+    """``scores.circuit(k=50)`` on an 8-prompt IOI EAP came back with 0 edges, silently (on
+    SmolLM2 the edges that would connect lie past the fill's tries; here it tries one)."""
+    import torch
+    from helpers import tiny_model
+
+    import mi_core.circuits.attribution as attribution
+    from mi_core.circuits.attribution import select_circuit
+    from mi_core.interventions.edges import Graph
+
+    monkeypatch.setattr(attribution, "FILL_TRIES", 1)
+    graph = Graph.from_model(tiny_model("llama"))
+    scores = torch.linspace(0.01, 0.5, graph.n_edges)
+    scores[graph.edge_index("input->output")] = 0.0
+    scores[graph.edge_index("L1.MLP->output")] = 10.0  # ranked first, yet no path alone
+    scores[graph.edge_index("L0.MLP->L1.MLP")] = 9.0
+    scores[graph.edge_index("input->L0.MLP")] = 8.0  # the third edge completes the path
+    with caplog.at_level("WARNING", logger="mi_core.circuits.attribution"):
+        assert select_circuit(graph, scores, 2).n_kept == 0
+    assert "no connected circuit of at most 2 edges" in caplog.text
+    assert "the smallest holds 3 edges" in caplog.text
+    caplog.clear()
+    assert select_circuit(graph, scores, 3).n_kept == 3 and not caplog.text
+
+
+def test_prompt_pairs_from_strings_tokenise_and_check(tiny_checkpoints):
+    """PromptPairs had no public constructor from text; IOI pairs are built by it."""
+    from mi_core import PromptPairs, load_model
+    from mi_core.data import ioi_pairs
+    from mi_core.errors import DataError
+
+    model = load_model(tiny_checkpoints["gpt2-lm"])
+    tok = model.tokenizer
+    prompts, corrupted = ["the cat sat on the", "a dog ran"], ["the dog sat on the", "a cat ran"]
+    pairs = PromptPairs.from_strings(tok, prompts, [" mat", " far"], corrupted, [" hat", " hat"])
+    bos = [] if tok.bos_token_id is None else [tok.bos_token_id]
+    first = [*bos, *tok("the cat sat on the", add_special_tokens=False).input_ids]
+    assert pairs.clean_ids[0, : len(first)].tolist() == first
+    assert pairs.position.tolist() == [len(first) - 1, pairs.attention_mask[1].sum().item() - 1]
+    assert pairs.answer[0].item() == tok(" mat", add_special_tokens=False).input_ids[0]
+    assert pairs.distractor.tolist() == [tok(" hat", add_special_tokens=False).input_ids[0]] * 2
+    alone = PromptPairs.from_strings(tok, ["a dog ran"], [" far"], ["a cat ran"])
+    assert alone.distractor.tolist() == [-1]  # the metric takes the mean of the others
+    with pytest.raises(DataError, match="prompt 0: the corrupted prompt has"):
+        PromptPairs.from_strings(tok, ["a dog ran"], [" far"], ["a big cat ran"])
+    with pytest.raises(DataError, match="prompt 0: the answer ' far away' is 2 tokens"):
+        PromptPairs.from_strings(tok, ["a dog ran"], [" far away"], ["a cat ran"])
+    with pytest.raises(DataError, match="2 prompts but 1 answers"):
+        PromptPairs.from_strings(tok, ["a", "b"], [" c"], ["d", "e"])
+    assert len(ioi_pairs(tok, n=4)) == 4
+
+
+def test_ablation_table_takes_joint_sets_as_lists_of_names(tiny, train):
+    """``ablation_table(joints=[["L0.H1", "L1.H0"]])`` was a TypeError comparing str and
+    Component; every form of a joint set gives the same table."""
+    from mi_core.interventions import ablation_table
+    from mi_core.naming import Component
+
+    data = [train.subset(list(range(8)))]
+    kwargs = dict(heads="L0.H1", ablation="zero", batch_size=8)
+    as_text = ablation_table(tiny, data, joints=["L0.H1+L1.H0"], **kwargs)
+    for joint in (["L0.H1", "L1.H0"], [(0, 1), (1, 0)], [Component(0, 1), Component(1, 0)]):
+        table = ablation_table(tiny, data, joints=[joint], **kwargs)
+        assert table.joints == as_text.joints and list(table.joints) == [
+            (Component(0, 1), Component(1, 0))
+        ]
