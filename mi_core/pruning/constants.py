@@ -22,6 +22,9 @@ __all__ = [
 
 #: The hard-concrete temperature (Louizos et al. 2018; CoFi and the authors use 2/3).
 BETA = 2.0 / 3.0
+#: The interval ``[l, r]`` a hard-concrete sample is stretched to before the clamp to [0, 1].
+LIMIT_LEFT = -0.1
+LIMIT_RIGHT = 1.1
 #: CoFi's initial drop rate: every gate starts at log(0.99 / 0.01) (:func:`initial_log_alpha`).
 DROPRATE_INIT = 0.01
 #: The authors' initialisation (princeton-nlp/Heuristic-Core): log_alpha ~ N(10, 0.01) per gate.

@@ -34,13 +34,13 @@ from mi_core.errors import ConfigError
 from mi_core.pruning.constants import (  # noqa: F401 (re-exported)
     BETA,
     DROPRATE_INIT,
+    LIMIT_LEFT,
+    LIMIT_RIGHT,
     PAPER_INIT_MEAN,
     PAPER_INIT_STD,
     initial_log_alpha,
 )
 
-LIMIT_LEFT = -0.1
-LIMIT_RIGHT = 1.1
 EPS = 1e-6
 
 

@@ -35,12 +35,14 @@ from mi_core.pruning.constants import (
     BETA,
     DISCRETIZE_RULES,
     DROPRATE_INIT,
+    LIMIT_LEFT,
+    LIMIT_RIGHT,
     PAPER_INIT_MEAN,
     PAPER_INIT_STD,
     SPARSITY_ESTIMATES,
     initial_log_alpha,
 )
-from mi_core.pruning.schedule import LR_SCHEDULES, paper_schedule
+from mi_core.pruning.schedule import LR_SCHEDULES, lr_factor, paper_schedule
 
 PROFILES = ("paper", "quick", "cofi")
 SPARSITY_WEIGHTINGS = ("components", "params")
@@ -295,6 +297,51 @@ def make_prune_config(
         overrides = {**overrides, **scaled}
     values.update(overrides)
     return PruneConfig(profile=profile, target_sparsity=target_sparsity, seed=seed, **values)
+
+
+def gate_travel(cfg: PruneConfig, steps: int | None = None) -> float:
+    """How far a gate's ``log_alpha`` can move over the run (or over ``steps`` steps of the same
+    schedule, its warm-up scaled as :func:`make_prune_config` scales it): Adam moves a
+    parameter by about its learning rate a step at most, so ``lr_log_alpha`` times the sum of
+    the schedule's factors."""
+    n = cfg.steps if steps is None else steps
+    warmup = round(n * cfg.lr_warmup_steps / cfg.steps)
+    factors = (lr_factor(t, warmup, n, cfg.lr_schedule) for t in range(n))
+    return cfg.lr_log_alpha * math.fsum(factors)
+
+
+def unreachable_target(cfg: PruneConfig) -> str | None:
+    """Why the run's gates cannot reach their target in its steps (None when they can): a gate
+    starting at ``log_alpha_init`` must get down to ``beta * log(-l / r)``, where it is zero
+    half the time, for any component to be removed with confidence; a run whose gates can move
+    less than that removes few or none (``quick`` with 20 steps removed 0 of 78)."""
+    half = cfg.beta * math.log(-LIMIT_LEFT / LIMIT_RIGHT)
+    needed = cfg.log_alpha_init - half
+    travel = gate_travel(cfg)
+    if travel >= needed:
+        return None
+    if cfg.lr_log_alpha > 0:  # the fewest steps of this schedule that would do
+        low, high = cfg.steps, cfg.steps
+        while gate_travel(cfg, high) < needed and high < 10**7:
+            low, high = high, high * 2
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (middle + 1, high) if gate_travel(cfg, middle) < needed else (low, middle)
+        more = f"give about {high} steps"
+    else:
+        more = "give a positive lr_log_alpha"
+    return (
+        f"the {cfg.profile} profile cannot reach its target in {cfg.steps} steps: a gate moves "
+        f"at most {travel:.2f} in log_alpha (about lr_log_alpha {cfg.lr_log_alpha:g} a step), "
+        f"from {cfg.log_alpha_init:.2f} to {cfg.log_alpha_init - travel:.2f}, short of "
+        f"{half:.2f}, where it is zero half the time; "
+        + (
+            "the exact rule will remove the target's count ranked by gates that barely moved"
+            if cfg.discretize == "exact"
+            else "few or no components will be removed"
+        )
+        + f": {more}, or a higher lr_log_alpha"
+    )
 
 
 #: The most seeds, or sparsities, one sweep takes: every pair of them is a pruning run.

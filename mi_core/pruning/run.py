@@ -88,7 +88,7 @@ from mi_core.pruning.lagrangian import (
     sampled_sparsity,
 )
 from mi_core.pruning.objective import kl_per_example, pruning_loss
-from mi_core.pruning.profiles import PruneConfig
+from mi_core.pruning.profiles import PruneConfig, unreachable_target
 from mi_core.pruning.reference_logits import (
     compute_reference_logits,
     load_reference_logits,
@@ -708,6 +708,10 @@ def _start_run(
             state.rows = log[log["step"] < state.start].to_dict("records")
         state.last_good = state.start
         logger.info("resuming %s from step %d", run_dir, state.start)
+    else:
+        short = unreachable_target(cfg)
+        if short is not None:
+            logger.warning("%s: %s", run_dir or "pruning run", short)
     return state
 
 
@@ -865,9 +869,11 @@ def _train_group(
                                  probe=probe)  # fmt: skip
             shown = active[0].rows[-1] if active[0].rows else None
             if shown is not None:
-                bar.set_postfix(
+                bar.set_postfix(  # both sparsity estimates, named as in log.csv and warnings
                     kl=f"{shown['kl']:.4f}",
-                    sparsity=f"{shown['expected_sparsity']:.3f}",
+                    target=f"{shown['target_sparsity']:.3f}",
+                    expected_sparsity=f"{shown['expected_sparsity']:.3f}",
+                    sampled_sparsity=f"{shown['sampled_sparsity']:.3f}",
                     **(
                         {"acc": f"{shown['eval_accuracy']:.3f}"} if "eval_accuracy" in shown else {}
                     ),

@@ -324,3 +324,31 @@ def test_a_run_s_gates_in_eval_mode_give_its_subnetwork(profile):
     )
     gates.train()
     assert not torch.equal(gates(torch.Generator().manual_seed(0)), keep.float())
+
+
+def test_a_schedule_too_short_to_move_the_gates_is_named_before_the_run(tiny, train, caplog):
+    """``quick`` with 20 steps removed 0 of 78 components, after the run and with a warning
+    about another quantity. A gate moves at most about lr_log_alpha a step (Adam): 20 steps of
+    the quick schedule move it 1.05, from 3 to 1.95, short of -1.6 where it is zero half the
+    time; the run says so before its first step, and a schedule long enough says nothing."""
+    from mi_core.pruning import prune
+    from mi_core.pruning.profiles import gate_travel, unreachable_target
+
+    short = make_prune_config("quick", 0.5, seed=1, steps=20)
+    assert gate_travel(short) == pytest.approx(
+        0.1 * sum(lr_factor(t, 0, 20, "linear") for t in range(20))
+    )
+    assert "cannot reach its target in 20 steps" in unreachable_target(short)
+    assert "give about 91 steps" in unreachable_target(short)  # 0.1 x (91 + 1) / 2 = 4.6
+    assert unreachable_target(make_prune_config("quick", 0.5, seed=1)) is None
+    assert unreachable_target(make_prune_config("quick", 0.5, seed=1, steps=100)) is None
+    assert "ranked by gates that barely moved" in unreachable_target(
+        make_prune_config("cofi", 0.5, seed=1, steps=20)
+    )
+    steps = []
+    with caplog.at_level("WARNING", logger="mi_core.pruning.run"):
+        prune(tiny, train.subset(list(range(8))), None,
+              make_prune_config("quick", 0.5, seed=1, steps=2, batch_size=4, ablation="zero"),
+              progress=False, callback=lambda state, row: steps.append(row["step"]))  # fmt: skip
+    warned = [r for r in caplog.records if "cannot reach its target" in r.getMessage()]
+    assert len(warned) == 1 and steps  # one warning, then the steps
