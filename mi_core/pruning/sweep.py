@@ -217,9 +217,11 @@ def _run_row(
         "achieved_sparsity": metrics.get("achieved_sparsity", mask.sparsity()),
         "n_removed": metrics.get("n_removed", len(mask.removed())),
         "mlps_removed": int((mask.mlps.detach() < 0.5).sum()),
+        "final_expected_sparsity": metrics.get("final_expected_sparsity"),
         "run_dir": None if run_dir is None else str(run_dir),
     }
     row.update({f"acc_{k}": v for k, v in metrics.get("accuracy", {}).items()})
+    row.update({f"n_{k}": v for k, v in metrics.get("eval_examples", {}).items()})
     return row
 
 
@@ -231,10 +233,13 @@ def _result(
     full: dict[str, float],
 ) -> SweepResult:
     columns = ["sparsity", "seed", "subnetwork", "achieved_sparsity", "n_removed", "mlps_removed"]
-    columns += ["run_dir"] + [f"acc_{n}" for n in eval_names]
-    runs = pd.DataFrame(rows).reindex(columns=columns)
+    columns += ["final_expected_sparsity", "run_dir"] + [f"acc_{n}" for n in eval_names]
+    frame = pd.DataFrame(rows)
+    runs = frame.reindex(columns=columns)
     for name in eval_names:
         runs[f"full_acc_{name}"] = full.get(name, float("nan"))
+    for name in eval_names:  # the examples each accuracy was measured on
+        runs[f"n_{name}"] = frame.get(f"n_{name}")
     full = {n: full[n] for n in eval_names if n in full}
     return SweepResult(root, runs, masks, eval_names, full)
 
@@ -506,8 +511,10 @@ def _full_model_accuracy(
 
 
 def collect_subnetworks(runs: Sequence[SweepRun], eval_names: Sequence[str]) -> pd.DataFrame:
-    """One row per complete run: sparsity, seed, achieved sparsity, accuracy per eval set
-    (``acc_<name>``) and the full model's (``full_acc_<name>``)."""
+    """One row per complete run: sparsity, seed, achieved sparsity, components removed, the
+    expected sparsity its gates ended at (whether they converged), accuracy per eval set
+    (``acc_<name>``), the full model's (``full_acc_<name>``) and the examples they were
+    measured on (``n_<name>``)."""
     rows = []
     for r in runs:
         if not is_complete(r.run_dir):
@@ -518,15 +525,20 @@ def collect_subnetworks(runs: Sequence[SweepRun], eval_names: Sequence[str]) -> 
             "seed": r.seed,
             "achieved_sparsity": metrics["achieved_sparsity"],
             "n_removed": metrics["n_removed"],
+            "final_expected_sparsity": metrics["final_expected_sparsity"],
             "run_dir": str(r.run_dir),
         }
         for name in eval_names:
             row[f"acc_{name}"] = metrics["accuracy"].get(name)
         for name in eval_names:
             row[f"full_acc_{name}"] = metrics["full_accuracy"].get(name)
+        for name in eval_names:
+            row[f"n_{name}"] = metrics["eval_examples"].get(name)
         rows.append(row)
-    columns = ["sparsity", "seed", "achieved_sparsity", "n_removed", "run_dir"]
+    columns = ["sparsity", "seed", "achieved_sparsity", "n_removed", "final_expected_sparsity"]
+    columns += ["run_dir"]
     columns += [f"acc_{n}" for n in eval_names] + [f"full_acc_{n}" for n in eval_names]
+    columns += [f"n_{n}" for n in eval_names]
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -281,7 +281,9 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
     findings = pd.read_csv(out / "findings.csv")
     assert len(findings) >= 8 and set(findings["verdict"]) <= {
         "reproduced",
+        "reproduced, weaker",
         "not reproduced",
+        "inconclusive",
         "not measurable here",
     }
 
@@ -293,6 +295,7 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
             "achieved_sparsity",
             "n_removed",
             "mlps_removed",
+            "final_expected_sparsity",
             "run_dir",
             "acc_mnli:validation_matched",
             "acc_hans:ln_subject/object_swap",
@@ -300,6 +303,9 @@ def test_heuristic_core_end_to_end_then_resumes(tiny_checkpoints, data_dir, tmp_
             "full_acc_mnli:validation_matched",
             "full_acc_hans:ln_subject/object_swap",
             "full_acc_hans:cn_embedded_under_if",
+            "n_mnli:validation_matched",
+            "n_hans:ln_subject/object_swap",
+            "n_hans:cn_embedded_under_if",
         ],
         "analysis/head_frequency.csv": [
             "layer",

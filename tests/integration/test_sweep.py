@@ -66,8 +66,9 @@ def test_sweep_runs_every_pair_then_only_what_is_missing(
     table = pd.read_csv(out / "subnetworks.csv")
     evals = ["mnli:validation_matched", "hans:ln_preposition"]
     assert list(table.columns) == [
-        "sparsity", "seed", "achieved_sparsity", "n_removed", "run_dir",
-        *[f"acc_{n}" for n in evals], *[f"full_acc_{n}" for n in evals],
+        "sparsity", "seed", "achieved_sparsity", "n_removed", "final_expected_sparsity",
+        "run_dir", *[f"acc_{n}" for n in evals], *[f"full_acc_{n}" for n in evals],
+        *[f"n_{n}" for n in evals],
     ]  # fmt: skip
     assert sorted(zip(table.sparsity, table.seed, strict=True)) == [
         (0.3, 1), (0.3, 2), (0.5, 1), (0.5, 2),

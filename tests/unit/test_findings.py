@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
 from mi_core.methods.heuristic_core.findings import (
+    INCONCLUSIVE,
     NOT_MEASURABLE,
     NOT_REPRODUCED,
     REPRODUCED,
+    WEAKER,
     heuristic_core_findings,
 )
 
 
-def _write(root, full_hans=0.6, hans=(0.1, 0.5, 0.3), n_core=2, rho=0.6, p=0.01, expected_all=0.01):
+def _write(
+    root, full_hans=0.6, hans=(0.1, 0.5, 0.3), n_core=2, rho=0.6, p=0.01, expected_all=0.01,
+    n=10_000,
+):  # fmt: skip
     (root / "analysis").mkdir(parents=True)
     (root / "attention").mkdir()
     (root / "ablation").mkdir()
@@ -25,8 +32,13 @@ def _write(root, full_hans=0.6, hans=(0.1, 0.5, 0.3), n_core=2, rho=0.6, p=0.01,
             "acc_hans": [*hans, 0.0, 0.0, 0.0],
             "full_acc_mnli": 0.82,
             "full_acc_hans": full_hans,
+            "n_removed": 70,
+            "final_expected_sparsity": [0.5] * 3 + [0.7] * 3,  # every run converged
+            "n_mnli": n,
+            "n_hans": n,
         }
     ).to_csv(root / "analysis" / "subnetworks.csv", index=False)
+    (root / "ablation" / "examples.json").write_text(json.dumps({"mnli": n, "hans": n}))
     pd.DataFrame(
         {
             "group": ["0.5", "0.7", "all"],
@@ -263,15 +275,17 @@ def test_a_full_model_at_chance_has_nothing_to_agree_on(tmp_path):
     data = {"train": "t", "eval": ["mnli", "hans"]}
     (root / "experiment.json").write_text(json.dumps({"task": "mnli", "data": data}))
     verdicts, table = _verdicts(root)
-    assert verdicts["Subnetworks agree in-domain"] == NOT_MEASURABLE
-    assert verdicts["Subnetworks spread out-of-domain"] == NOT_MEASURABLE
+    assert verdicts["Subnetworks agree in-domain"] == INCONCLUSIVE
+    assert verdicts["Subnetworks spread out-of-domain"] == INCONCLUSIVE
     assert (
         "chance 33.3 %" in table.set_index("finding").loc["Subnetworks agree in-domain", "this run"]
     )
-    # nor can an ablation hurt what the model does not do
+    # nor can an ablation hurt what the model does not do, nor its heads be a core of anything
     hurt = "Ablating a core head hurts out-of-domain more than in-domain"
-    assert verdicts[hurt] == NOT_MEASURABLE
-    assert verdicts["Joint ablation of core heads is superadditive"] == NOT_MEASURABLE
+    assert verdicts[hurt] == INCONCLUSIVE
+    assert verdicts["Joint ablation of core heads is superadditive"] == INCONCLUSIVE
+    assert verdicts["A core of heads kept by every subnetwork, far above chance"] == INCONCLUSIVE
+    assert verdicts["Core heads compute shallow features"] == INCONCLUSIVE
 
 
 def test_the_spread_is_measured_among_subnetworks_that_agree_in_domain(tmp_path):
@@ -287,7 +301,7 @@ def test_the_spread_is_measured_among_subnetworks_that_agree_in_domain(tmp_path)
     )
     runs.loc[2, "acc_mnli"] = 0.70
     runs.to_csv(root / "analysis" / "subnetworks.csv", index=False)
-    assert _verdicts(root)[0]["Subnetworks spread out-of-domain"] == NOT_MEASURABLE  # only 1
+    assert _verdicts(root)[0]["Subnetworks spread out-of-domain"] == INCONCLUSIVE  # only 1
 
 
 def test_effective_size_reads_the_experiments_in_domain_sets(tmp_path):
@@ -356,9 +370,9 @@ def test_subnetworks_that_removed_nothing_do_not_count_as_agreeing(tmp_path):
     runs.to_csv(root / "analysis" / "subnetworks.csv", index=False)
     verdicts, table = _verdicts(root)
     row = table.set_index("finding").loc["Subnetworks agree in-domain", "this run"]
-    assert verdicts["Subnetworks agree in-domain"] == NOT_MEASURABLE
-    assert "3 of 3 runs at 50% removed nothing" in row and "need 2 pruned" in row
-    assert verdicts["Subnetworks spread out-of-domain"] == NOT_MEASURABLE
+    assert verdicts["Subnetworks agree in-domain"] == INCONCLUSIVE
+    assert "3 of 3 runs at 50% removed nothing" in row and "need 2 converged" in row
+    assert verdicts["Subnetworks spread out-of-domain"] == INCONCLUSIVE
     runs["n_removed"] = [0, 4, 4, 5, 5, 5]  # one left out, two judged
     runs["acc_mnli"] = [0.82, 0.81, 0.70, 0.6, 0.6, 0.6]
     runs.to_csv(root / "analysis" / "subnetworks.csv", index=False)
@@ -366,3 +380,98 @@ def test_subnetworks_that_removed_nothing_do_not_count_as_agreeing(tmp_path):
     row = table.set_index("finding").loc["Subnetworks agree in-domain", "this run"]
     assert verdicts["Subnetworks agree in-domain"] == NOT_REPRODUCED  # 1 of the 2 pruned
     assert row.startswith("1 of 2 subnetworks at 50%") and "1 of 3 runs" in row
+
+
+def _edit(root, name, **columns):
+    path = root / name
+    table = pd.read_csv(path)
+    for column, value in columns.items():
+        table[column] = value
+    table.to_csv(path, index=False)
+
+
+CORE = "A core of heads kept by every subnetwork, far above chance"
+FREQ = "Head frequencies agree between sparsities"
+HURT = "Ablating a core head hurts out-of-domain more than in-domain"
+
+
+def test_a_run_that_did_not_converge_leaves_the_claims_on_all_subnetworks_inconclusive(tmp_path):
+    """Converged: the expected sparsity ended within 0.05 of the target. The core, frequency,
+    attention and ablation claims read every subnetwork; the agreement claim reads the
+    converged runs of the lowest sparsity."""
+    root = _write(tmp_path / "run")
+    _edit(
+        root, "analysis/subnetworks.csv", final_expected_sparsity=[0.45, 0.5, 0.5, 0.7, 0.7, 0.75]
+    )
+    verdicts = _verdicts(root)[0]  # exactly at the tolerance: converged
+    assert verdicts[CORE] == verdicts[FREQ] == verdicts[HURT] == REPRODUCED
+    _edit(root, "analysis/subnetworks.csv", final_expected_sparsity=[0.44, 0.5, 0.5, 0.7, 0.7, 0.7])
+    verdicts, table = _verdicts(root)
+    for claim in (CORE, FREQ, "Core heads compute shallow features", HURT,
+                  "Joint ablation of core heads is superadditive"):  # fmt: skip
+        assert verdicts[claim] == INCONCLUSIVE, claim
+        assert "1 of 6 runs did not converge" in table.set_index("finding").loc[claim, "this run"]
+    agree = table.set_index("finding").loc["Subnetworks agree in-domain"]
+    assert agree["verdict"] == REPRODUCED and agree["this run"].startswith("2 of 2 subnetworks")
+    _edit(root, "analysis/subnetworks.csv", final_expected_sparsity=float("nan"))
+    assert "does not say whether the runs converged" in _verdicts(root)[1].set_index(
+        "finding").loc[CORE, "this run"]  # fmt: skip
+
+
+def test_agreement_needs_examples_enough_to_tell_three_points(tmp_path):
+    """Full 82 %, subnetworks 80 % on average: a gap's standard error sqrt((0.82 x 0.18 +
+    0.80 x 0.20) / n) is 1.5 points (the most a 3-point margin allows) at n = 1,367.1."""
+    root = _write(tmp_path / "run")
+    name = "Subnetworks agree in-domain"
+    _edit(root, "analysis/subnetworks.csv", n_mnli=1368)
+    assert _verdicts(root)[0][name] == REPRODUCED
+    _edit(root, "analysis/subnetworks.csv", n_mnli=1367)
+    verdicts, table = _verdicts(root)
+    assert verdicts[name] == INCONCLUSIVE
+    row = table.set_index("finding").loc[name, "this run"]
+    assert "n = 1367, a gap's standard error 1.5 points" in row and "too few examples" in row
+    _edit(root, "analysis/subnetworks.csv", n_mnli=float("nan"))
+    assert "n unknown" in _verdicts(root)[1].set_index("finding").loc[name, "this run"]
+
+
+def test_an_effect_within_two_standard_errors_is_inconclusive(tmp_path):
+    """The spread (HANS 50 % vs 10 % among agreeing subnetworks): 2 x sqrt((0.25 + 0.09) / n)
+    <= 0.40 from n = 8.5; the single-head excess (HANS -20, MNLI -1 points, full 60 / 82 %):
+    2 x sqrt((0.24 + 0.24) / n_hans + (0.1476 + 0.1539) / 10,000) <= 0.19 from n_hans = 53.4."""
+    root = _write(tmp_path / "run")
+    spread = "Subnetworks spread out-of-domain"
+    cases = [(9, REPRODUCED, INCONCLUSIVE), (8, INCONCLUSIVE, INCONCLUSIVE),
+             (54, REPRODUCED, REPRODUCED), (53, REPRODUCED, INCONCLUSIVE)]  # fmt: skip
+    for n, want_spread, want_hurt in cases:
+        _edit(root, "analysis/subnetworks.csv", n_hans=n)
+        (root / "ablation" / "examples.json").write_text(json.dumps({"mnli": 10_000, "hans": n}))
+        verdicts, table = _verdicts(root)
+        assert (verdicts[spread], verdicts[HURT]) == (want_spread, want_hurt), n
+    assert "excess 19.0, standard error" in table.set_index("finding").loc[HURT, "this run"]
+    (root / "ablation" / "examples.json").unlink()
+    assert _verdicts(root)[0][HURT] == INCONCLUSIVE  # the ablation's n unknown
+
+
+def test_a_claim_much_weaker_than_the_paper_s_says_so(tmp_path):
+    """Half the paper's effect is the line: rho 0.41 of 0.82, an overlap share of 2 / 9."""
+    root = _write(tmp_path / "run", rho=0.42)
+    assert _verdicts(root)[0][FREQ] == REPRODUCED
+    _edit(root, "analysis/spearman.csv", spearman_rho=0.40)
+    assert _verdicts(root)[0][FREQ] == WEAKER
+    classes = ["overlap", "prev", "prev", "prev", "prev"]  # 1 of 5 = 0.20 < 0.222
+    pd.DataFrame({"label": [f"L0.H{h}" for h in range(5)], "chosen_as": "core",
+                  "pattern_class": classes}).to_csv(root / "attention" / "attention_classes.csv",
+                                                    index=False)  # fmt: skip
+    assert _verdicts(root)[0]["Core heads compute shallow features"] == WEAKER
+
+
+def test_a_core_needs_three_subnetworks_and_frequencies_two_per_sparsity(tmp_path):
+    root = _write(tmp_path / "run")
+    _edit(root, "analysis/core_summary.csv", n_subnetworks=[3, 3, 2])
+    verdicts, table = _verdicts(root)
+    assert verdicts[CORE] == INCONCLUSIVE
+    assert "a core needs 3 subnetworks" in table.set_index("finding").loc[CORE, "this run"]
+    _edit(root, "analysis/core_summary.csv", n_subnetworks=[3, 1, 4])
+    verdicts, table = _verdicts(root)
+    assert verdicts[CORE] == REPRODUCED and verdicts[FREQ] == INCONCLUSIVE
+    assert "one subnetwork at 0.7" in table.set_index("finding").loc[FREQ, "this run"]

@@ -19,7 +19,7 @@ from mi_core.data import PairDataset
 from mi_core.errors import ConfigError
 from mi_core.interventions import Component
 from mi_core.interventions.ablation_table import AblationTable, ablation_table, head_set_name
-from mi_core.io import write_csv, write_text
+from mi_core.io import write_csv, write_json, write_text
 from mi_core.methods.heuristic_core.layout import ABLATION_FILES
 
 __all__ = ["resolve_joint_sets", "run_core_ablation", "top_heads_by_drop"]
@@ -114,6 +114,7 @@ def run_core_ablation(
         write_csv(out / ABLATION_FILES["table"], table.frame())
         write_csv(out / ABLATION_FILES["display"], table.display_frame())
         write_text(out / ABLATION_FILES["markdown"], table.markdown())
+        write_json(out / ABLATION_FILES["examples"], table.n_examples)
         joints = "; ".join(head_set_name(s) for s in table.joints) or "none"
         write_text(
             out / ABLATION_FILES["note"],

@@ -23,6 +23,7 @@ ABLATION_FILES = {
     "display": "ablation_display.csv",
     "markdown": "ablation_table.md",
     "note": "note.md",
+    "examples": "examples.json",
 }
 #: The effective-size stage's files (``run_effective_size``).
 EFFECTIVE_SIZE_FILES = {
@@ -95,7 +96,7 @@ class ExperimentLayout:
         return self.root / "ablation"
 
     def ablation_file(self, role: str) -> Path:
-        """``table``, ``display``, ``markdown`` or ``note``."""
+        """``table``, ``display``, ``markdown``, ``note`` or ``examples`` (n per data set)."""
         return self.ablation / ABLATION_FILES[role]
 
     @property

@@ -128,6 +128,8 @@ class ExperimentTables:
     """The core's ablation table in numbers (``kind``, ``ablated``, ``<set>``, changes)."""
     ablation_display: pd.DataFrame | None = None
     """The same table as the report shows it (percent, changes in points)."""
+    ablation_examples: dict[str, int] = field(default_factory=dict)
+    """Examples per data set the ablation table was measured on."""
     ablation_note: str | None = None
     """What the ablation stage said about its table (e.g. no core to ablate)."""
     effective_size: pd.DataFrame | None = None
@@ -177,6 +179,7 @@ class ExperimentTables:
             ablation=_table(layout.ablation_file("table"), names=True),
             ablation_display=_table(layout.ablation_file("display"), names=True),
             ablation_note=note.read_text(encoding="utf-8") if note.is_file() else None,
+            ablation_examples=_json(layout.ablation_file("examples")) or {},
             effective_size=_table(layout.effective_size_file("effective_size")),
             full_accuracy=_table(layout.effective_size_file("full_accuracy")),
             core_before=_json(layout.core_before_summary),
