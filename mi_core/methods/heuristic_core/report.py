@@ -272,6 +272,20 @@ def _eval_meta(
     return n, chance
 
 
+#: What each pruning profile is, and when its subnetworks can be trusted: a report's first line.
+RECIPE_NOTES = {
+    "paper": "the authors' recipe (princeton-nlp/Heuristic-Core's code), on their schedule.",
+    "quick": "the authors' recipe on a 600-step schedule for a CPU. On 2 CPU cores it gave a "
+    "subnetwork within 3 points of the full model for at most one seed in four "
+    "(experiments/README.md): its subnetworks are not faithful; `cofi` is the CPU recipe that is.",
+    "cofi": "CoFi's mechanics (the expected-L0 Lagrangian, exact discretisation), the recipe "
+    "whose subnetworks are faithful on a CPU budget; the authors' recipe on a short schedule "
+    "gave a faithful subnetwork for at most one seed in four (experiments/README.md) and needs "
+    "their batch of 128 on a GPU: `--set pruning.profile=paper` (and `benchmarks/gpu_session.sh "
+    "run recipe-full` when a GPU is there).",
+}
+
+
 def _overview(tables: ExperimentTables) -> ReportSection:
     section = ReportSection("Overview")
     config = tables.config
@@ -285,8 +299,10 @@ def _overview(tables: ExperimentTables) -> ReportSection:
             f"- pruning: sparsities {pruning.get('sparsities')}, seeds {pruning.get('seeds')}, "
             f"profile `{pruning.get('profile')}`, overrides {pruning.get('overrides') or {}}",
         ]
+        profile = pruning.get("profile")
+        lines.insert(0, f"**Pruning recipe: `{profile}`**: {RECIPE_NOTES.get(profile, '')}")
         if config.get("description"):
-            lines.insert(0, config["description"])
+            lines.insert(1, config["description"])
         section.text("\n".join(lines))
     stages = [
         {
