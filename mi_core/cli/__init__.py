@@ -52,6 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "find edge-level circuits (EAP, EAP-IG, exact patching, edge pruning)",
     ),
     "data": ("data", "fetch the data sets into the layout MI_CORE_DATA_DIR expects"),
+    "cache": ("cache", "list or clear the processed weights kept of causal LMs"),
 }
 #: The subcommand modules, in order.
 SUBCOMMANDS: tuple[str, ...] = tuple(module for module, _ in COMMANDS.values())

@@ -113,6 +113,9 @@ HANS_PAPER_SUBCASES: dict[str, str] = {
     "Embed-Verb": "cn_embedded_under_verb",
 }
 
+#: A HANS subcase's canonical name -> the paper's short name.
+_PAPER_NAMES = {f"hans:{long}": short for short, long in HANS_PAPER_SUBCASES.items()}
+
 _warned_paws: set[str] = set()
 
 _GLUE_SPLITS: dict[str, tuple[str, ...]] = TASK_SPLITS
@@ -651,6 +654,40 @@ def _unknown_spec(spec: str) -> DataError:
         f"unknown data spec {spec!r}; valid specs: {', '.join(available_specs('pairs'))}, "
         f"or a path to a .jsonl/.json/.csv/.tsv file"
     )
+
+
+def display_name(name: str) -> str:
+    """A data set's one name in reports and figures, as the paper writes it, however it was
+    spelt: ``hans:ln_subject/object_swap`` and ``hans:so_swap`` -> ``SO-Swap``."""
+    canonical = canonical_spec(name)
+    return _PAPER_NAMES.get(canonical, canonical)
+
+
+def canonical_spec(spec: str) -> str:
+    """A registry spec in its one spelling (``hans:so_swap`` and ``HANS:SO-Swap`` ->
+    ``hans:ln_subject/object_swap``, the name its data set carries); anything else unchanged."""
+    try:
+        family, sel = _canonical(spec)
+    except KeyError:
+        return spec
+    return family if sel is None else f"{family}:{sel}"
+
+
+def check_pair_spec(spec: str | os.PathLike[str]) -> None:
+    """Refuse a spec that names no sentence-pair data set, before anything loads (a typo had
+    failed only after the model had loaded): a registry name (its file is looked for when it
+    loads), or a local file that exists. Raises :class:`DataError` as :func:`load_pairs` does."""
+    text = os.fspath(spec) if isinstance(spec, os.PathLike) else spec
+    if not isinstance(text, str) or not text.strip():
+        raise _unknown_spec(str(spec))
+    try:
+        _canonical(text)
+    except KeyError:
+        path = Path(text).expanduser()
+        if path.suffix.lower() in _FILE_SUFFIXES and not path.exists():
+            raise DataError(f"data file {path} not found") from None
+        if not path.exists():
+            raise _unknown_spec(text) from None
 
 
 def _check_max(max_examples: int | None) -> None:

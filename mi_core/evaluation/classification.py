@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -189,11 +190,18 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
 
     from mi_core.data import load_pairs
     from mi_core.interventions import ComponentMask, ablate, load_means
+    from mi_core.interventions.components import parse_components
     from mi_core.io import atomic_path, write_csv
     from mi_core.models import load_model
     from mi_core.models.loading import warn_if_random_head
 
     datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
+    # the files and names the intervention reads, before the model loads
+    mask = ComponentMask.load(config.mask) if config.mask else None
+    if config.ablate:
+        parse_components(config.ablate)
+    if config.means and not Path(config.means).is_file():
+        raise ConfigError(f"means file {config.means} does not exist; make one with mi-core means")
     model = load_model(
         config.model, task=config.task or datasets[0].task, device=str(config.torch_device())
     )
@@ -201,10 +209,7 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")
     warn_if_random_head(model, config.model)
-    mask = None
-    if config.mask:
-        mask = ComponentMask.load(config.mask)
-    elif config.ablate:
+    if config.ablate:
         mask = ComponentMask.from_removed(model, config.ablate)
     means = load_means(config.means, model) if config.means else None
     if mask is not None and config.ablation == "mean" and means is None:

@@ -264,8 +264,11 @@ def compute_means(
 def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
     """Load the model and data of ``config``, compute the means, write them to ``config.out``."""
     from mi_core.data import load_pairs, pair_batches
+    from mi_core.data.pairs import check_pair_spec
     from mi_core.models import load_model
 
+    if config.data:  # a typo'd spec is found before the model loads
+        check_pair_spec(config.data)
     model = load_model(config.model, task=config.task, device=str(config.torch_device()))
     task = getattr(model, "task", None)
     if not config.data and not task:

@@ -8,7 +8,6 @@ usual processing (folded norms, centred writing weights and unembedding).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -26,9 +25,10 @@ from transformer_lens import HookedTransformer
 import mi_core.models.configs as configs
 import mi_core.models.convert as convert
 import mi_core.models.embedded as embedded
+import mi_core.models.weight_cache as weight_cache
 from mi_core.devices import resolve_device
 from mi_core.errors import ConfigError, ModelLoadError, OutputError
-from mi_core.io import read_safetensors, write_safetensors
+from mi_core.io import read_safetensors, write_safetensors, write_text
 from mi_core.models.classifier import (
     HookedClassifier,
     HookedDecoderClassifier,
@@ -36,6 +36,7 @@ from mi_core.models.classifier import (
 )
 from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import disable_fast_paths, enable_lm_fast_paths
+from mi_core.models.weight_cache import CACHED_WEIGHTS
 from mi_core.tasks import TASK_LABELS, TASK_NUM_LABELS
 
 log = logging.getLogger(__name__)
@@ -507,26 +508,6 @@ def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
     model.cfg.tokenizer_name = getattr(tokenizer, "name_or_path", None)
 
 
-def _cache_dir(source: ModelSource, fold: tuple[bool, bool], dtype: torch.dtype) -> Path | None:
-    """Where processed TL weights of a local causal LM are cached (None: not cacheable)."""
-    if not source.local:
-        return None
-    root = Path(os.environ.get("MI_CORE_CACHE_DIR", Path.home() / ".cache" / "mi_core"))
-    folder = Path(source.path)
-    files = [folder / source.gguf_file] if source.gguf_file else sorted(folder.iterdir())
-    digest = hashlib.blake2b(digest_size=8)
-    for f in files:
-        if f.is_file():
-            stat = f.stat()
-            digest.update(f"{f.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    digest.update(f"{fold[0]}:{fold[1]}:{dtype}:{_CACHE_VERSION}".encode())
-    return root / "tl_weights" / f"{folder.name}-{digest.hexdigest()}"
-
-
-_CACHE_VERSION = 2  # 2: the value biases' folding is part of the key and the metadata
-_CACHED_WEIGHTS = "tl_weights.safetensors"
-
-
 def _load_cached(
     cache: Path, source: ModelSource, device: str, dtype: torch.dtype, fold_ln: bool
 ) -> HookedTransformer:
@@ -534,9 +515,9 @@ def _load_cached(
     hf_config = load_hf_config(cached)
     cfg = configs.decoder_config(hf_config, device=device, dtype=dtype, fold_ln=fold_ln)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
-    weights, metadata = read_safetensors(cache / _CACHED_WEIGHTS)
+    weights, metadata = read_safetensors(cache / CACHED_WEIGHTS)
     if "value_biases_folded" not in metadata:
-        raise ModelLoadError(f"{cache / _CACHED_WEIGHTS} does not say how its biases were folded")
+        raise ModelLoadError(f"{cache / CACHED_WEIGHTS} does not say how its biases were folded")
     model.load_state_dict(weights, strict=False)
     model.value_biases_folded = metadata["value_biases_folded"] == "true"
     attach_tokenizer(model, load_tokenizer(cached))
@@ -550,16 +531,20 @@ def _load_causal_lm(
     fold_ln: bool,
     fold_value_biases: bool | None = None,
 ) -> HookedTransformer:
-    """A hooked causal LM; processed weights of local checkpoints are cached on first load.
-
-    TL's weight processing (and de-quantising GGUF files) takes tens of seconds for a 135M model;
-    the cache holds the processed weights, the config and the tokenizer as a plain folder.
-    """
+    """A hooked causal LM; processed weights of local checkpoints are cached on first load
+    (:mod:`mi_core.models.weight_cache`: one folder per model and processing option)."""
     fold_v = fold_ln if fold_value_biases is None else fold_value_biases
-    cache = _cache_dir(source, (fold_ln, fold_v), dtype)
-    if cache is not None and (cache / _CACHED_WEIGHTS).is_file():
+    cache = digest = None
+    if source.local:  # one folder per model and options (mi_core.models.weight_cache)
+        folder = Path(source.path)
+        cache = weight_cache.cache_dir(folder, source.gguf_file, (fold_ln, fold_v), dtype)
+        digest = weight_cache.source_digest(folder, source.gguf_file)
+    weights = None if cache is None else cache / CACHED_WEIGHTS
+    if weights is not None and weights.is_file():
         try:
-            return _load_cached(cache, source, device, dtype, fold_ln)
+            if read_safetensors(weights)[1].get("source") == digest:
+                return _load_cached(cache, source, device, dtype, fold_ln)
+            log.info("%s changed on disk: its processed-weight cache is rebuilt", source.name)
         except (*_DAMAGED, ModelLoadError) as exc:
             log.warning(
                 "the processed-weight cache %s is damaged (%s); rebuilding it from %s",
@@ -569,15 +554,22 @@ def _load_causal_lm(
             )
     hf_model, tokenizer = load_hf_causal_lm(source.name)
     model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln, fold_v)
-    if cache is not None:
+    if cache is not None and weights is not None:
         try:
             cache.mkdir(parents=True, exist_ok=True)
             hf_model.config.save_pretrained(cache)
             tokenizer.save_pretrained(cache)
-            folded = "true" if model.value_biases_folded else "false"
-            write_safetensors(
-                cache / _CACHED_WEIGHTS, model.state_dict(), {"value_biases_folded": folded}
+            write_text(
+                cache / "source.txt", f"{Path(source.path).resolve()} {source.gguf_file or ''}\n"
             )
+            folded = "true" if model.value_biases_folded else "false"
+            write_safetensors(  # the weights last: their digest marks the folder complete
+                weights, model.state_dict(), {"value_biases_folded": folded, "source": digest}
+            )
+            log.info(
+                "cached %s's processed weights in %s (%s; mi-core cache clear removes them)",
+                source.name, cache, weight_cache.human_size(weights.stat().st_size),
+            )  # fmt: skip
         except (OSError, OutputError) as exc:  # a read-only home or a full disk must not stop it
             log.warning("could not cache processed weights in %s: %s", cache, exc)
     return model

@@ -42,11 +42,13 @@ from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, load_pairs, pair_batches
 from mi_core.data.batches import PairBatches, TokenizedPairs, tokenize_pairs
+from mi_core.data.pairs import check_pair_spec
 from mi_core.devices import autocast, grad_scaler, matmul_precision, move, to_device
 from mi_core.errors import (
     ConfigError,
     DamagedFileError,
     DataError,
+    InterventionError,
     MiCoreError,
     OutputError,
     TrainingError,
@@ -171,6 +173,16 @@ def is_complete(run_dir: str | os.PathLike[str]) -> bool:
 
 
 # ------------------------------------------------------------------------------------ inputs
+def check_named_inputs(train: Any, eval_sets: Sequence[Any], means: Any) -> None:
+    """The data specs and means file a job names exist, checked before the model loads (a
+    typo'd spec had failed after it)."""
+    for spec in (train, *eval_sets):
+        if isinstance(spec, (str, os.PathLike)):
+            check_pair_spec(spec)
+    if isinstance(means, (str, os.PathLike)) and not Path(means).is_file():
+        raise InterventionError(f"means file {means} does not exist; make one with mi-core means")
+
+
 def _load_model(model: Any, task: str | None, device: str = "auto") -> tuple[Any, str]:
     """A loaded model as given, or the model at a path / spec loaded on ``device``."""
     if isinstance(model, (str, os.PathLike)):
@@ -1080,6 +1092,7 @@ def prune(
     as a path is loaded (``auto``: CUDA when present); a loaded model stays where it is.
     """
     run_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+    check_named_inputs(train, eval_sets, means)
     model, model_spec = _load_model(model, task, device)
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
         task, means_obj, train_set, evals, names = _load_inputs(
@@ -1261,6 +1274,7 @@ def prune_group(
     dirs = [Path(d) for d in run_dirs]
     if len(set(dirs)) != len(dirs):
         raise ConfigError("the runs of a group need distinct folders")
+    check_named_inputs(train, eval_sets, means)
     model, model_spec = _load_model(model, task, device)
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
         task, means_obj, train_set, evals, names = _load_inputs(

@@ -52,6 +52,7 @@ from mi_core.pruning.run import (
     _load_inputs,
     _load_means,
     _load_model,
+    check_named_inputs,
     finished_mask,
     is_complete,
     prune,
@@ -597,6 +598,7 @@ def run_sweep(
                 "the ray executor needs the model, data and means as paths or specs, not objects"
             )
 
+    check_named_inputs(train, eval_sets, means)
     model_obj, model_spec = _load_model(model, task, device)
     with fingerprint_held(model_obj):  # the weights stay fixed: one fingerprint for every check
         task, means_obj, train_set, evals, eval_names = _load_inputs(

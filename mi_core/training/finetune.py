@@ -45,6 +45,8 @@ from mi_core.training.config import FinetuneConfig, FinetuneSettings  # noqa: F4
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.csv"
+#: Its columns: each eval set's accuracy at a step, and the examples it was measured on.
+METRIC_COLUMNS = ("step", "dataset", "accuracy", "n")
 TRAIN_LOSS = "train_loss.csv"  # step, loss, lr: every optimisation step
 CONFIG = "finetune_config.json"
 
@@ -160,7 +162,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
     optimizer, scheduler = _optimizer(model, cfg)
     scaler = grad_scaler(device, cfg.precision)
     start = 0
-    metrics = pd.DataFrame(columns=["step", "dataset", "accuracy"])
+    metrics = pd.DataFrame(columns=list(METRIC_COLUMNS))
     losses: list[dict[str, float]] = []
     if checkpoints:
         start, model, optimizer, scheduler = _resume(
@@ -173,7 +175,7 @@ def finetune(cfg: FinetuneConfig, progress: bool = True) -> pd.DataFrame:
             except (ValueError, KeyError, pd.errors.ParserError) as exc:  # EmptyDataError too
                 log.warning("%s is unreadable (%s); its rows before step %d are lost",
                             out / METRICS, exc, start)  # fmt: skip
-                metrics = pd.DataFrame(columns=["step", "dataset", "accuracy"])
+                metrics = pd.DataFrame(columns=list(METRIC_COLUMNS))
         losses = _read_losses(out, start)
         log.info("resuming %s from step %d", out, start)
     elif evals:
@@ -312,19 +314,29 @@ def _optimizer(model, cfg: FinetuneConfig):
     return optimizer, get_linear_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.steps)
 
 
-def _evaluate_all(model, tokenizer, evals, cfg: FinetuneConfig) -> dict[str, float]:
+def _evaluate_all(model, tokenizer, evals, cfg: FinetuneConfig) -> dict[str, tuple[float, int]]:
+    """Accuracy and examples per eval set."""
     model.eval()
     return {
-        ds.name: evaluate(
-            model, ds, tokenizer, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
-        ).accuracy
+        ds.name: (
+            evaluate(
+                model, ds, tokenizer, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
+            ).accuracy,
+            len(ds),
+        )
         for ds in evals
     }
 
 
-def _record(metrics: pd.DataFrame, step: int, accuracies: dict[str, float]) -> pd.DataFrame:
+def _record(
+    metrics: pd.DataFrame, step: int, accuracies: dict[str, tuple[float, int]]
+) -> pd.DataFrame:
     rows = pd.DataFrame(
-        [{"step": step, "dataset": name, "accuracy": acc} for name, acc in accuracies.items()]
+        [
+            {"step": step, "dataset": name, "accuracy": acc, "n": n}
+            for name, (acc, n) in accuracies.items()
+        ],  # fmt: skip
+        columns=list(METRIC_COLUMNS),
     )
     return rows if metrics.empty else pd.concat([metrics, rows], ignore_index=True)
 

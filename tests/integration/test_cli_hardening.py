@@ -522,3 +522,95 @@ def test_ablation_table_takes_joint_sets_as_lists_of_names(tiny, train):
         assert table.joints == as_text.joints and list(table.joints) == [
             (Component(0, 1), Component(1, 0))
         ]
+
+
+def test_the_weight_cache_keeps_one_copy_per_model_and_option_and_can_be_cleared(
+    tmp_path, capsys, caplog, monkeypatch, tiny_checkpoints
+):
+    """Two 683 MB SmolLM2 copies were left after one notebook and one CLI run: a checkpoint
+    that changed on disk added a folder beside the stale one. Now a change replaces it, each
+    folding option has its one folder, and ``mi-core cache`` lists sizes and clears them."""
+    import os
+
+    import torch
+
+    from mi_core.models import load_model
+    from mi_core.models.weight_cache import list_cache
+
+    monkeypatch.setenv("MI_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    model = _copy(tiny_checkpoints["llama-lm"], tmp_path / "llama")
+    ids = torch.tensor([[3, 5, 7, 9]])
+    first = load_model(model)(ids)
+    load_model(model)
+    assert len(list_cache()) == 1
+    load_model(model, fold_value_biases=False)  # another folding option: its own folder
+    assert len(list_cache()) == 2
+    weights = model / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    with caplog.at_level("INFO", logger="mi_core.models.loading"):
+        again = load_model(model)(ids)  # the checkpoint changed: rebuilt in place
+    assert "changed on disk" in caplog.text and torch.equal(first, again)
+    cached = list_cache()
+    assert len(cached) == 2 and all(c.bytes > 10_000 for c in cached)
+    assert {c.source.split()[0] for c in cached} == {str(model.resolve())}
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "2 cached model(s)" in out and str(model.resolve()) in out and " MB" in out
+    assert main(["cache", "clear"]) == 0
+    assert "removed" in capsys.readouterr().out and list_cache() == []
+    assert main(["cache"]) == 2
+    assert "choose what to do" in _one_error(capsys)
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (["prune", "--train", "mnli:trian", "--sparsity", "0.5"], "unknown data spec 'mnli:trian'"),
+        (
+            [
+                "sweep",
+                "--train",
+                "mnli:train",
+                "--eval",
+                "hans:so_swp",
+                "--sparsities",
+                "0.5",
+                "--seeds",
+                "1-1",
+            ],
+            "unknown data spec 'hans:so_swp'",
+        ),  # fmt: skip
+        (
+            [
+                "prune",
+                "--train",
+                "mnli:train",
+                "--sparsity",
+                "0.5",
+                "--means",
+                "nowhere.safetensors",
+            ],
+            "means file nowhere.safetensors does not exist",
+        ),  # fmt: skip
+        (["means", "--data", "mnli:trian"], "unknown data spec 'mnli:trian'"),
+        (["eval", "--data", "hans:so_swap", "--mask", "missing.json"], "does not exist"),
+        (["eval", "--data", "hans:so_swap", "--ablate", "L0.Q1"], "cannot parse component"),
+    ],
+)
+def test_data_specs_and_files_are_checked_before_the_model_loads(
+    command, says, tmp_path, capsys, monkeypatch, tiny_checkpoints
+):
+    """A typo'd spec failed after the model had loaded (~9 s for the real ones)."""
+    import mi_core.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model loaded before the inputs were checked")
+
+    monkeypatch.setattr(mi_core.models, "load_model", never)
+    monkeypatch.chdir(tmp_path)
+    argv = [command[0], "--model", str(tiny_checkpoints["bert-cls"]), *command[1:]]
+    argv += ["--out", str(tmp_path / ("r.csv" if command[0] == "eval" else "o"))]
+    if command[0] == "means":
+        argv[-1] = str(tmp_path / "m.safetensors")
+    assert main(argv) == 2
+    assert says in _one_error(capsys)

@@ -66,7 +66,7 @@ def test_finetune_writes_hf_checkpoints_metrics_and_figure(finetuned):
         for name in ("model.safetensors", "config.json"):
             assert (ckpt / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
     metrics = pd.read_csv(finetuned / "metrics.csv")
-    assert list(metrics.columns) == ["step", "dataset", "accuracy"]
+    assert list(metrics.columns) == ["step", "dataset", "accuracy", "n"]
     assert sorted(metrics["step"].unique()) == [0, 2, 4]
     assert set(metrics["dataset"]) == {"mnli:validation_matched", "hans:ln_subject/object_swap"}
     assert metrics["accuracy"].between(0, 1).all()

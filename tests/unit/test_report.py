@@ -414,3 +414,24 @@ def test_the_report_says_whether_each_pruning_run_met_its_target(sweep, tmp_path
     html, markdown = render_report(ExperimentTables.load(moved))
     assert "**2 of 2 runs met their target**" in markdown
     assert "Pruning runs: sparsity and subnetwork accuracy" not in html
+
+
+def test_one_data_set_has_one_name_and_each_figure_its_own_n(tmp_path):
+    """``hans:so_swap`` was also ``hans:ln_subject/object_swap`` and ``SO-Swap`` in one report;
+    the fine-tuning figure's legend said n=300 (the sweep's) where fine-tuning evaluated 200."""
+    from mi_core.data.pairs import display_name
+    from mi_core.methods.heuristic_core.report import _finetune_section
+
+    assert display_name("hans:so_swap") == display_name("hans:ln_subject/object_swap") == "SO-Swap"
+    assert display_name("HANS:SO-Swap") == "SO-Swap"
+    assert display_name("mnli:validation_matched") == "mnli:validation_matched"
+    assert display_name("mine.jsonl") == "mine.jsonl"
+    sets = ["mnli:validation_matched", "hans:ln_subject/object_swap"]
+    metrics = pd.DataFrame(
+        {"step": [0, 0, 100, 100], "n": 200, "dataset": sets * 2, "accuracy": [0.3, 0, 0.6, 0.1]}
+    )
+    tables = ExperimentTables(root=tmp_path, finetune_metrics=metrics,
+                              eval_examples={"hans:ln_subject/object_swap": 300})  # fmt: skip
+    (figure, _caption) = next(p for kind, p in _finetune_section(tables).blocks if kind == "figure")
+    names = {trace.name for trace in figure.data if trace.name}
+    assert "SO-Swap (n=200) (OOD)" in names and not any("n=300" in name for name in names)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from mi_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from mi_core.data.pairs import display_name
     from mi_core.methods.heuristic_core.ablation import run_core_ablation
     from mi_core.methods.heuristic_core.attention import (
         attention_classes,
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     )
     from mi_core.methods.heuristic_core.report import (
         build_report,
-        display_name,
         render_report,
         write_report,
     )
@@ -79,7 +79,7 @@ _NAMES = {
     "run_experiment": "mi_core.methods.heuristic_core.pipeline",
     "run_heuristic_core": "mi_core.methods.heuristic_core.pipeline",
     "build_report": "mi_core.methods.heuristic_core.report",
-    "display_name": "mi_core.methods.heuristic_core.report",
+    "display_name": "mi_core.data.pairs",
     "render_report": "mi_core.methods.heuristic_core.report",
     "write_report": "mi_core.methods.heuristic_core.report",
     "ExperimentTables": "mi_core.methods.heuristic_core.results",

@@ -68,6 +68,7 @@ from typing import Any
 
 import pandas as pd
 
+from mi_core.data.pairs import display_name
 from mi_core.errors import MiCoreError
 from mi_core.methods.heuristic_core.comparison import SubnetworkComparison
 from mi_core.methods.heuristic_core.effective_size import dataset_name
@@ -252,8 +253,9 @@ def _subnetwork_findings(runs: pd.DataFrame, ev: _Evidence) -> list[dict[str, st
     high, low = float(agreeing[f"acc_{widest}"].max()), float(agreeing[f"acc_{widest}"].min())
     se = standard_error((high, ev.n[widest]), (low, ev.n[widest]))
     text = (
-        f"{widest}: range {100 * ranges[widest]:.1f} points across the {len(agreeing)} "
-        f"subnetworks at {sparsity:.0%} within 3 points in-domain; their in-domain range "
+        f"{display_name(widest)}: range {100 * ranges[widest]:.1f} points across the "
+        f"{len(agreeing)} subnetworks at {sparsity:.0%} within 3 points in-domain; their "
+        "in-domain range "
         f"{100 * id_range:.1f} points (n = {ev.n[widest]:.0f}, the range's standard error "
         f"{100 * se:.1f} points)"
     )
@@ -379,7 +381,7 @@ def _ablation_findings(
     full_row = table[table["kind"] == "full"].iloc[0]
     singles = table[table["kind"] == "single"]
     rows = []
-    n_text = ", ".join(f"{d} n = {n_of[d]:.0f}" for d in [*ids, *ood_cols])
+    n_text = ", ".join(f"{display_name(d)} n = {n_of[d]:.0f}" for d in [*ids, *ood_cols])
     if len(singles):
         id_drop = -sum(singles[f"{n} change"].astype(float) for n in ids) / len(ids)
         ood_drop = -sum(singles[f"{n} change"].astype(float) for n in ood_cols) / len(ood_cols)
@@ -444,7 +446,7 @@ def _ablation_findings(
             else math.nan
         )
         text = (
-            f"{name} on {data}: superadditivity {value:+.1f} points (standard error "
+            f"{name} on {display_name(data)}: superadditivity {value:+.1f} points (standard error "
             f"{100 * se:.1f}, n = {n:.0f}), joint change {-drop:+.1f} points"
             + ("" if drop > 0 else " (the joint ablation does not hurt)")
             + f"; mean superadditivity over the {len(ood_cols)} out-of-domain sets {mean_sup:+.1f}"

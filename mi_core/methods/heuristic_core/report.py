@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from mi_core.data import HANS_PAPER_SUBCASES
+from mi_core.data.pairs import display_name
 from mi_core.io import write_csv, write_text
 from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES
 from mi_core.methods.heuristic_core.layout import ExperimentLayout
@@ -32,7 +32,6 @@ from mi_core.methods.heuristic_core.stages import STAGES
 
 __all__ = ["ReportSection", "build_report", "display_name", "markdown_table", "write_report"]
 
-_HANS_SHORT = {f"hans:{long}": short for short, long in HANS_PAPER_SUBCASES.items()}
 _FIGURE_HEIGHT = "460px"
 _CSS = """
 body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Helvetica, Arial, sans-serif;
@@ -48,11 +47,6 @@ table.data td.text, table.data th.text { text-align: left; }
 .view { border: 1px solid #eee; padding: .5em; margin: 1em 0; }
 code { background: #f4f4f4; padding: 0 3px; }
 """
-
-
-def display_name(name: str) -> str:
-    """A data set's name as the paper writes it: ``hans:ln_subject/object_swap`` -> ``SO-Swap``."""
-    return _HANS_SHORT.get(name, name)
 
 
 # ------------------------------------------------------------------------------- tables
@@ -295,7 +289,7 @@ def _overview(tables: ExperimentTables) -> ReportSection:
             f"- model: `{config.get('checkpoint') or config.get('model')}` "
             f"(task {config.get('task')})",
             f"- training data: `{data.get('train')}`; evaluation sets (in-domain first): "
-            + ", ".join(f"`{d}`" for d in data.get("eval", [])),
+            + ", ".join(f"{display_name(d)} (`{d}`)" for d in data.get("eval", [])),
             f"- pruning: sparsities {pruning.get('sparsities')}, seeds {pruning.get('seeds')}, "
             f"profile `{pruning.get('profile')}`, overrides {pruning.get('overrides') or {}}",
         ]
@@ -343,7 +337,9 @@ def _finetune_section(tables: ExperimentTables) -> ReportSection | None:
     in_domain = [display_name(d) for d in _in_domain_names(tables.config, names) or names[:1]]
     pretty = metrics.assign(dataset=metrics["dataset"].map(display_name))
     section = ReportSection("Fine-tuning")
-    n, chance = _eval_meta(tables, pretty=True)
+    _, chance = _eval_meta(tables, pretty=True)
+    # the examples fine-tuning evaluated on (its own cap, not the sweep's)
+    n = dict(zip(pretty["dataset"], pretty["n"], strict=True)) if "n" in pretty else {}
     section.figure(
         training_dynamics(pretty, id_datasets=in_domain, n=n, chance=chance),
         "In-domain and out-of-domain accuracy of the full model during fine-tuning "
@@ -767,7 +763,11 @@ def _findings_section(findings: pd.DataFrame) -> ReportSection | None:
     section = ReportSection("Findings: what this run reproduces")
     section.text(
         "Each claim of the paper against this run, judged by a fixed rule (see "
-        "`mi_core/methods/heuristic_core/findings.py`); a claim the run cannot test says why."
+        "`mi_core/methods/heuristic_core/findings.py`). A verdict needs evidence: a full model "
+        "above chance, converged runs, an effect of two standard errors computed from n, enough "
+        "subnetworks; without it the claim is **inconclusive**, with the reason. A claim with "
+        "under half the paper's effect is **reproduced, weaker**; one the run cannot test says "
+        "why."
     )
     section.table(findings, "The paper's numbers are BERT-base on MNLI unless stated.")
     return section

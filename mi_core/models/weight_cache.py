@@ -1,0 +1,100 @@
+"""The processed-weight cache: a causal LM's TransformerLens weights, processed once.
+
+TransformerLens's weight processing (and de-quantising a GGUF file) takes tens of seconds for a
+135M model, so :func:`~mi_core.models.load_model` keeps the processed weights of a local
+checkpoint, with its config and tokenizer, as a plain folder under
+``$MI_CORE_CACHE_DIR/tl_weights`` (default ``~/.cache/mi_core``). There is one folder per model
+and processing option (norm folding, value-bias folding, dtype); a checkpoint that changes on
+disk (size or modification time of a file) replaces its folder's contents instead of adding a
+second copy. ``mi-core cache list`` shows what is kept and how large it is; ``mi-core cache
+clear`` removes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+#: Bumped when what a cache folder holds changes meaning; an older folder is rebuilt.
+CACHE_VERSION = "3"
+#: The processed weights' file in a cache folder.
+CACHED_WEIGHTS = "tl_weights.safetensors"
+
+
+def cache_root() -> Path:
+    """Where the cache lives: ``$MI_CORE_CACHE_DIR/tl_weights`` (default ``~/.cache/mi_core``)."""
+    root = os.environ.get("MI_CORE_CACHE_DIR") or Path.home() / ".cache" / "mi_core"
+    return Path(root) / "tl_weights"
+
+
+def cache_dir(
+    folder: Path, gguf_file: str | None, fold: tuple[bool, bool], dtype: torch.dtype
+) -> Path:
+    """The one cache folder of a local checkpoint ``folder`` (its GGUF file, if any) processed
+    with ``fold`` (norms, value biases) in ``dtype``."""
+    key = f"{folder.resolve()}:{gguf_file}:{fold[0]}:{fold[1]}:{dtype}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+    return cache_root() / f"{folder.name}-{digest}"
+
+
+def source_digest(folder: Path, gguf_file: str | None) -> str:
+    """A digest of the checkpoint's files as they are now (names, sizes, modification times)
+    and of :data:`CACHE_VERSION`: a cache folder whose digest differs is out of date."""
+    files = [folder / gguf_file] if gguf_file else sorted(folder.iterdir())
+    digest = hashlib.blake2b(digest_size=8)
+    for f in files:
+        if f.is_file():
+            stat = f.stat()
+            digest.update(f"{f.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    digest.update(CACHE_VERSION.encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    """One cache folder: the checkpoint it was made from, and its size on disk."""
+
+    folder: Path
+    source: str
+    bytes: int
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def list_cache() -> list[CachedModel]:
+    """Every cache folder, with the checkpoint it holds and its size."""
+    root = cache_root()
+    if not root.is_dir():
+        return []
+    out = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        source = folder / "source.txt"
+        name = source.read_text(encoding="utf-8").strip() if source.is_file() else "?"
+        out.append(CachedModel(folder, name, _size(folder)))
+    return out
+
+
+def clear_cache() -> int:
+    """Remove every cache folder; the bytes freed."""
+    freed = sum(c.bytes for c in list_cache())
+    root = cache_root()
+    if root.is_dir():
+        shutil.rmtree(root)
+    return freed
+
+
+def human_size(n: int) -> str:
+    """A size in bytes as ``683.2 MB``."""
+    size, unit = float(n), "B"
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            break
+        size /= 1000
+    return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
