@@ -183,6 +183,32 @@ def _weaker(verdict: str, share: float) -> str:
     return WEAKER if verdict == REPRODUCED and share < WEAKER_SHARE else verdict
 
 
+def _effect_verdict(
+    text: str,
+    *,
+    shown: bool,
+    effect: float,
+    se: float,
+    share: float | None = None,
+    not_measurable: str | None = None,
+    blocked: str | None = None,
+) -> tuple[str, str]:
+    """``(verdict, text)`` of a claim about an effect, by the evidence rules of the module
+    docstring: ``shown`` whether the claim's own rule holds; ``effect`` and its standard
+    error ``se`` (NaN: an n unknown); ``share`` of the paper's effect, for "weaker"."""
+    if not_measurable:
+        return NOT_MEASURABLE, f"{text}; {not_measurable}"
+    if blocked:
+        return INCONCLUSIVE, f"{text}; {blocked}"
+    if not shown:
+        return NOT_REPRODUCED, text
+    if math.isnan(se):
+        return INCONCLUSIVE, f"{text}; n unknown"
+    if effect < MIN_STANDARD_ERRORS * se:
+        return INCONCLUSIVE, f"{text}; within two standard errors"
+    return (REPRODUCED if share is None else _weaker(REPRODUCED, share)), text
+
+
 def _subnetwork_findings(runs: pd.DataFrame, ev: _Evidence) -> list[dict[str, str]]:
     ids, ood, full = ev.in_domain, ev.ood, ev.full
     full_id = sum(full[n] for n in ids) / len(ids)
@@ -259,12 +285,13 @@ def _subnetwork_findings(runs: pd.DataFrame, ev: _Evidence) -> list[dict[str, st
         f"{100 * id_range:.1f} points (n = {ev.n[widest]:.0f}, the range's standard error "
         f"{100 * se:.1f} points)"
     )
-    if ranges[widest] - id_range < 0.10:
-        verdict = NOT_REPRODUCED
-    elif not ranges[widest] >= MIN_STANDARD_ERRORS * se:
-        verdict, text = INCONCLUSIVE, f"{text}; within two standard errors"
-    else:
-        verdict = _weaker(REPRODUCED, (ranges[widest] - id_range) / PAPER_SPREAD)
+    verdict, text = _effect_verdict(
+        text,
+        shown=ranges[widest] - id_range >= 0.10,
+        effect=ranges[widest],
+        se=se,
+        share=(ranges[widest] - id_range) / PAPER_SPREAD,
+    )
     rows.append(_row(spread, paper, text, verdict))
     return rows
 
@@ -402,19 +429,23 @@ def _ablation_findings(
             f"{-id_drop[best]:+.1f} points (excess {float(excess[best]):.1f}, standard error "
             f"{100 * se:.1f}; {n_text})"
         )
-        hurt = "Ablating a core head hurts out-of-domain more than in-domain"
-        paper = "L4.H0: SO-Swap -41.3, Prep -31.7 points; MNLI -0.4"
-        if regime:
-            rows.append(_row(hurt, paper, f"{text}; {why}", NOT_MEASURABLE))
-        elif ev.blocked():
-            rows.append(_row(hurt, paper, f"{text}; {ev.blocked()}", INCONCLUSIVE))
-        elif float(excess[best]) < 100 * MARGIN:
-            rows.append(_row(hurt, paper, text, NOT_REPRODUCED))
-        elif not float(excess[best]) >= 100 * MIN_STANDARD_ERRORS * se:
-            rows.append(_row(hurt, paper, f"{text}; within two standard errors", INCONCLUSIVE))
-        else:
-            share = float(excess[best]) / 100 / PAPER_EXCESS
-            rows.append(_row(hurt, paper, text, _weaker(REPRODUCED, share)))
+        verdict, text = _effect_verdict(
+            text,
+            shown=float(excess[best]) >= 100 * MARGIN,
+            effect=float(excess[best]) / 100,
+            se=se,
+            share=float(excess[best]) / 100 / PAPER_EXCESS,
+            not_measurable=why if regime else None,
+            blocked=ev.blocked(),
+        )
+        rows.append(
+            _row(
+                "Ablating a core head hurts out-of-domain more than in-domain",
+                "L4.H0: SO-Swap -41.3, Prep -31.7 points; MNLI -0.4",
+                text,
+                verdict,
+            )
+        )
     sup = table[table["kind"] == "superadditivity"]
     if len(sup):
         joints = table[table["kind"] == "joint"].set_index("ablated")
@@ -433,17 +464,14 @@ def _ablation_findings(
         value, drop, name, data = best
         harms = value >= 100 * MARGIN and drop > 0
         mean_sup = sum(c[0] for c in candidates if c[2] == name) / len(ood_cols)
+        # superadditivity = singles' sum - joint - (k - 1) full: the full model's variance
+        # counts (k - 1)^2 times, as one term on n / (k - 1)^2 examples
         heads = name.split("+")
         n = n_of[data]
-        terms = [(float(joints[data].get(name, math.nan)) / 100, n)] if len(joints) else []
-        terms += [(float(single_acc[data].get(h, math.nan)) / 100, n) for h in heads]
-        full_p = float(full_row[data]) / 100
-        se = (
-            math.sqrt(
-                standard_error(*terms) ** 2 + (len(heads) - 1) ** 2 * full_p * (1 - full_p) / n
-            )
-            if terms and n > 0
-            else math.nan
+        se = standard_error(
+            (float(joints[data].get(name, math.nan)) / 100 if len(joints) else math.nan, n),
+            *[(float(single_acc[data].get(h, math.nan)) / 100, n) for h in heads],
+            *[(float(full_row[data]) / 100, n / (len(heads) - 1) ** 2)] * (len(heads) > 1),
         )
         text = (
             f"{name} on {display_name(data)}: superadditivity {value:+.1f} points (standard error "
@@ -451,18 +479,22 @@ def _ablation_findings(
             + ("" if drop > 0 else " (the joint ablation does not hurt)")
             + f"; mean superadditivity over the {len(ood_cols)} out-of-domain sets {mean_sup:+.1f}"
         )
-        claim = "Joint ablation of core heads is superadditive"
-        paper = "L2.H5+L3.H7+L4.H0 together: SO-Swap 3.6 % (from 86.7 %), far below the singles"
-        if regime:
-            rows.append(_row(claim, paper, f"{text}; {why}", NOT_MEASURABLE))
-        elif ev.blocked():
-            rows.append(_row(claim, paper, f"{text}; {ev.blocked()}", INCONCLUSIVE))
-        elif not harms:
-            rows.append(_row(claim, paper, text, NOT_REPRODUCED))
-        elif not value >= 100 * MIN_STANDARD_ERRORS * se:
-            rows.append(_row(claim, paper, f"{text}; within two standard errors", INCONCLUSIVE))
-        else:
-            rows.append(_row(claim, paper, text, REPRODUCED))
+        verdict, text = _effect_verdict(
+            text,
+            shown=harms,
+            effect=value / 100,
+            se=se,
+            not_measurable=why if regime else None,
+            blocked=ev.blocked(),
+        )
+        rows.append(
+            _row(
+                "Joint ablation of core heads is superadditive",
+                "L2.H5+L3.H7+L4.H0 together: SO-Swap 3.6 % (from 86.7 %), far below the singles",
+                text,
+                verdict,
+            )
+        )
     return rows
 
 
