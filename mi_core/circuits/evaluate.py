@@ -67,6 +67,9 @@ class CircuitScore:
     kl: float
     gap_se: float = float("nan")
     """The standard error of ``full - empty`` over the examples (per-example differences)."""
+    faithfulness_se: float = float("nan")
+    """The standard error of ``faithfulness`` over the examples: the circuit's per-example
+    metric's standard error over ``|full - empty|`` (the baselines taken as known)."""
     n_connected: int | None = None
     """How many of the ``n_edges`` lie on a path of kept edges from the input to the output
     (:meth:`Graph.connected`): an edge-pruning circuit may keep edges off every such path,
@@ -163,6 +166,7 @@ def evaluate_circuit(
     values, kl = _masked_metric(model, mask, pairs, metric, batch_size)
     value = float(values.mean())
     span = full - empty
+    spread = float(values.std() / math.sqrt(len(values))) if len(values) > 1 else math.nan
     return CircuitScore(
         n_edges=mask.n_kept,
         fraction=mask.n_kept / mask.graph.n_edges,
@@ -172,6 +176,7 @@ def evaluate_circuit(
         faithfulness=(value - empty) / span if span != 0 else float("nan"),
         kl=kl,
         gap_se=gap_se,
+        faithfulness_se=spread / abs(span) if span != 0 else float("nan"),
         n_connected=int(mask.graph.connected(mask.weights > 0.5).sum()),
     )
 

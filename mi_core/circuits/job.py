@@ -35,6 +35,7 @@ from mi_core.circuits.config import (  # noqa: F401 (re-exported)
     _edge_prune_settings,
 )
 from mi_core.circuits.evaluate import (
+    CircuitScore,
     curve_area,
     curve_difference,
     evaluate_circuit,
@@ -163,8 +164,19 @@ def _start_writing(out: Path) -> None:
     (out / "summary.json").unlink(missing_ok=True)
 
 
+def short_model_name(spec: str) -> str:
+    """A model as a figure's title names it: a hub name or an embedded name as given, a local
+    folder by its last part (and its parent's, for a ``checkpoint-N`` folder), never an
+    absolute path."""
+    path = Path(spec)
+    if not (path.is_absolute() or len(path.parts) > 2 or path.exists()):
+        return spec
+    parts = path.parts[-2:] if path.name.startswith("checkpoint-") else path.parts[-1:]
+    return "/".join(parts)
+
+
 def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dict[str, Any],
-                  title: str) -> None:  # fmt: skip
+                  title: str, curve: list[CircuitScore] | None = None) -> None:  # fmt: skip
     """Scores (attribution scores, or an edge-pruning run's log_alpha with method
     ``edge-pruning``), edge names, the circuit, MIB JSON, the summary and the graph page
     (after :func:`_start_writing`)."""
@@ -178,7 +190,7 @@ def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dic
     gates = scores.method == "edge-pruning"  # log_alpha: kept or not, no direction
     write_text(out / "circuit.html",
                circuit_graph_html(graph, scores.scores, circuit, title=title,
-                                  gates=gates))  # fmt: skip
+                                  gates=gates, curve=curve))  # fmt: skip
 
 
 def _finished_attribution(out: Path, config: AttributeConfig) -> dict[str, Any] | None:
@@ -232,8 +244,8 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     }
     _start_writing(out)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
-    title = f"{config.method} circuit of {config.model} on {config.data}"
-    _write_common(out, scores, circuit, summary, title)
+    title = f"{config.method} circuit of {short_model_name(config.model)} on {config.data}"
+    _write_common(out, scores, circuit, summary, title, curve=rows)
     return summary
 
 
@@ -364,7 +376,7 @@ def _prune_one(
     if result.nodes is not None:  # node masks: the nodes the circuit may use
         summary["nodes"] = result.nodes
     write_csv(out / "history.csv", pd.DataFrame(result.history))
-    title = f"edge-pruning circuit of {config.model} on {config.data}"
+    title = f"edge-pruning circuit of {short_model_name(config.model)} on {config.data}"
     gates = EdgeScores(result.circuit.graph, result.log_alpha.detach().float().cpu(),
                        "edge-pruning", len(find))  # fmt: skip
     _write_common(out, gates, result.circuit, summary, title)

@@ -147,7 +147,7 @@ def circuit_graph_figure(
             "tickvals": [-1, *[2 * l for l in range(graph.n_layers)], 2 * graph.n_layers],
             "ticktext": ["input", *[f"L{l}" for l in range(graph.n_layers)], "output"],
         },
-        height=max(500, 45 * graph.n_layers + 200),
+        height=max(650, 80 * graph.n_layers + 250),  # a layer's heads, MLP and edges legible
         width=1100,
         plot_bgcolor="white",
     )
@@ -161,11 +161,18 @@ def circuit_graph_html(
     title: str = "circuit",
     max_edges: int = 400,
     gates: bool = False,
+    curve: Sequence[Any] | None = None,
 ) -> str:
     """A standalone offline HTML page (plotly.js inlined) with the circuit graph and a key
-    (``gates``: ``scores`` are edge-pruning log_alpha; see :func:`circuit_graph_figure`)."""
+    (``gates``: ``scores`` are edge-pruning log_alpha; see :func:`circuit_graph_figure`), and
+    below it the faithfulness ``curve`` (:class:`~mi_core.circuits.CircuitScore` rows) with
+    its error bars, when given."""
     fig = circuit_graph_figure(graph, scores, circuit, max_edges, title=title, gates=gates)
     body = fig.to_html(include_plotlyjs=True, full_html=False)
+    if curve:
+        body += faithfulness_figure({"top-k circuits": curve}).to_html(
+            include_plotlyjs=False, full_html=False
+        )
     meaning = (
         "Edges kept by edge pruning (a gate says kept or not, not a direction)"
         if gates
@@ -186,17 +193,23 @@ def faithfulness_figure(
     curves: Mapping[str, Sequence[Any]], title: str = "Faithfulness against circuit size"
 ) -> go.Figure:
     """One line per method: faithfulness of its top-k circuits against the fraction of edges
-    kept (log axis), with the full model (1) and the empty circuit (0) marked."""
+    kept (log axis), with error bars of one standard error (``faithfulness_se``, from the
+    held-out examples), and the full model (1) and the empty circuit (0) marked."""
     fig = go.Figure()
     for name, rows in curves.items():
-        rows = sorted(rows, key=lambda r: r.fraction)
+        rows = sorted((r for r in rows if r.fraction > 0), key=lambda r: r.fraction)
+        errors = [getattr(r, "faithfulness_se", float("nan")) for r in rows]
         fig.add_trace(
             go.Scatter(
-                x=[r.fraction for r in rows if r.fraction > 0],
-                y=[r.faithfulness for r in rows if r.fraction > 0],
+                x=[r.fraction for r in rows],
+                y=[r.faithfulness for r in rows],
+                error_y={"type": "data", "array": errors, "visible": True},
                 mode="lines+markers",
                 name=name,
-                hovertext=[f"{r.n_edges} edges, KL {r.kl:.3g}" for r in rows if r.fraction > 0],
+                hovertext=[
+                    f"{r.n_edges} edges, KL {r.kl:.3g}, standard error {e:.3g}"
+                    for r, e in zip(rows, errors, strict=True)
+                ],
             )
         )
     for level, label in ((1.0, "full model"), (0.0, "empty circuit")):

@@ -314,6 +314,9 @@ def test_faithfulness_records_the_standard_error_of_the_gap(tiny_checkpoints):
     expected = float((full - empty).std() / 12**0.5)
     assert score.gap_se == pytest.approx(expected, rel=1e-4)
     assert score.faithfulness == pytest.approx(1.0, abs=1e-4)
+    # the full circuit's metric is the full model's: its standard error over the gap
+    spread = float(full.std() / 12**0.5) / abs(float(full.mean() - empty.mean()))
+    assert score.faithfulness_se == pytest.approx(spread, rel=1e-4)
 
 
 def test_the_mean_fill_can_average_over_training_pairs(tmp_path, capsys, tiny_checkpoints,

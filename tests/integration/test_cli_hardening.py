@@ -614,3 +614,31 @@ def test_data_specs_and_files_are_checked_before_the_model_loads(
         argv[-1] = str(tmp_path / "m.safetensors")
     assert main(argv) == 2
     assert says in _one_error(capsys)
+
+
+def test_a_circuit_page_is_legible_names_its_model_briefly_and_shows_its_error_bars(tmp_path):
+    """A classifier's 6 layers were drawn in ~250 px under an absolute path, and the
+    faithfulness curve's standard error was computed but not drawn."""
+    import torch
+    from helpers import tiny_model
+
+    from mi_core.circuits import CircuitScore
+    from mi_core.circuits.job import short_model_name
+    from mi_core.interventions.edges import Graph
+    from mi_core.viz.circuits import circuit_graph_figure, circuit_graph_html, faithfulness_figure
+
+    assert short_model_name("minilm") == "minilm"
+    assert short_model_name("EleutherAI/pythia-70m") == "EleutherAI/pythia-70m"
+    assert (
+        short_model_name(str(tmp_path / "runs" / "ft" / "checkpoint-3000")) == "ft/checkpoint-3000"
+    )
+    assert short_model_name(str(tmp_path / "my-model")) == "my-model"
+    graph = Graph.from_model(tiny_model("llama"))
+    assert circuit_graph_figure(graph, torch.ones(graph.n_edges)).layout.height >= 650
+    rows = [CircuitScore(n_edges=k, fraction=k / 110, metric=0.0, full=1.0, empty=0.0,
+                         faithfulness=k / 110, kl=0.0, faithfulness_se=0.01 * k)
+            for k in (11, 55, 110)]  # fmt: skip
+    (trace,) = faithfulness_figure({"eap": rows}).data
+    assert list(trace.error_y.array) == [0.11, 0.55, 1.1]
+    page = circuit_graph_html(graph, torch.ones(graph.n_edges), curve=rows)
+    assert page.count("plotly-graph-div") == 2 and "Faithfulness against circuit size" in page
