@@ -31,7 +31,11 @@ def trajectory_figure(
     ``trajectory`` has ``method`` and ``step`` columns and ``focus_*``/``cripple_*`` metric
     columns (a separability run's ``trajectory``). The x axis is the specific task for
     ``mode`` (cripple data set in ``"cripple"`` mode, focus in ``"focus"``); the dashed
-    diagonal is no separation. Legends give each method's area.
+    diagonal is no separation. Relative: a metric over the unpruned model's (a loss as
+    ``exp(loss_0 - loss)``, a perplexity ratio), so 1 is the unpruned model; the subtitle
+    says so. One colour per metric and one line style per method, so each legend entry (a
+    method's area on a metric) names one line; the legs that close the area to (1, 1) and
+    (0, 0) are dotted, with their own legend entry.
     """
     x_name, y_name = (cripple_name, focus_name) if mode == "cripple" else (focus_name, cripple_name)
     columns = min(len(metrics), PANELS_PER_ROW)
@@ -43,8 +47,15 @@ def trajectory_figure(
         horizontal_spacing=0.06,
         vertical_spacing=0.16,
     )
-    colours = ["#1f77b4", "#7f7f7f", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#7f7f7f"]
+    styles = ["solid", "dash", "longdash", "dashdot"]
+    fig.add_trace(  # the legend's key to the dotted legs, drawn once
+        go.Scatter(x=[None], y=[None], mode="lines", name="closing legs of the area (dotted)",
+                   line=dict(color="grey", dash="dot", width=1)),
+        row=1, col=1,
+    )  # fmt: skip
     for index, metric in enumerate(metrics):
+        colour = colours[index % len(colours)]
         row, col = divmod(index, columns)
         row, col = row + 1, col + 1
         fig.add_trace(
@@ -74,7 +85,7 @@ def trajectory_figure(
                     name=f"{method}: {metric} area {area:.2f}",
                     legendgroup=str(method),
                     legendgrouptitle_text=str(method),
-                    line=dict(color=colours[i % len(colours)]),
+                    line=dict(color=colour, dash=styles[i % len(styles)]),
                     text=[f"step {s}" for s in steps],
                     hovertemplate="%{text}: (%{x:.3f}, %{y:.3f})",
                 ),
@@ -89,7 +100,7 @@ def trajectory_figure(
                         x=[1.0, xs[0], None, xs[-1], 0.0],
                         y=[1.0, ys[0], None, ys[-1], 0.0],
                         mode="lines",
-                        line=dict(color=colours[i % len(colours)], dash="dot", width=1),
+                        line=dict(color=colour, dash="dot", width=1),
                         showlegend=False,
                         legendgroup=str(method),
                         hoverinfo="skip",
@@ -111,7 +122,9 @@ def trajectory_figure(
             col=col,
         )
     fig.update_layout(
-        title=f"Pruning trajectories ({mode} mode: {cripple_name} cripple, {focus_name} focus)",
+        title=f"Pruning trajectories ({mode} mode: {cripple_name} cripple, {focus_name} focus)"
+        "<br><sup>relative: each metric over the unpruned model's (a loss as exp(loss_0 - loss),"
+        " a perplexity ratio); 1 = unpruned</sup>",
         height=360 * rows + 80,
         width=FIGURE_WIDTH,
     )

@@ -211,7 +211,8 @@ def test_outputs_and_figures(llama, tmp_path):
     html = paths["figures"].read_text()
     assert html.count("plotly-graph-div") >= 3
     fig = trajectory_figure(result.trajectory, metrics=("top10", "loss"))
-    assert len(fig.data) == 2 * 5  # diagonal + two methods and their closing legs per panel
+    # per panel the diagonal and two methods with their closing legs; once, the legs' legend key
+    assert len(fig.data) == 2 * 5 + 1
     heat = score_distribution_figure(result.first_scores["mlp"])
     assert heat.data[0].z.shape[0] == llama.cfg.n_layers
     assert abs(heat.data[0].z.sum(axis=1) - 1).max() < 1e-9

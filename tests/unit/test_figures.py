@@ -44,13 +44,21 @@ def test_the_separability_figure_fits_1400_pixels_and_names_each_areas_metric():
             rows.append(row)
     fig = trajectory_figure(pd.DataFrame(rows))
     assert fig.layout.width <= 1400
-    names = {t.name for t in fig.data if t.showlegend is not False and t.name != "no separation"}
+    keys = ("no separation", "closing legs of the area (dotted)")
+    names = {t.name for t in fig.data if t.showlegend is not False and t.name not in keys}
     expected = {f"{m}: {metric} area " for m in ("freq", "random") for metric in
                 ("top1", "top10", "skip50_top1", "skip50_top10", "loss")}  # fmt: skip
     assert {name.rsplit("area ", 1)[0] + "area " for name in names} == expected
     # the legs the area closes with, (1, 1) to the first point and the last to (0, 0), drawn
     legs = [t for t in fig.data if str(t.name).endswith("closing legs of the area")]
     assert len(legs) == 2 * 5 and list(legs[0].x)[-1] == 0.0 and list(legs[0].x)[0] == 1.0
+    # one colour per metric, one line style per method; "relative" is defined on the figure
+    lines = {t.name: t.line for t in fig.data if " area " in str(t.name)}
+    assert len({lines[f"freq: {m} area 1.00"].color for m in ("top1", "loss")}) == 2
+    assert lines["freq: top1 area 1.00"].color == lines["random: top1 area 1.00"].color
+    assert lines["freq: top1 area 1.00"].dash != lines["random: top1 area 1.00"].dash
+    assert any(t.name == "closing legs of the area (dotted)" for t in fig.data)
+    assert "relative: each metric over the unpruned model's" in fig.layout.title.text
     assert not any("no trajectory" in a.text for a in fig.layout.annotations)
     # an unpruned model that scores 0 on a metric has no relative trajectory: said, not blank
     zero = pd.DataFrame(rows).assign(focus_top1=0.0, cripple_top1=0.0)
