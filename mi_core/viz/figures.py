@@ -490,6 +490,84 @@ def _thin(frame: pd.DataFrame, limit: int = _MAX_POINTS) -> pd.DataFrame:
     return frame.iloc[keep]
 
 
+#: From this many runs on, :func:`pruning_dynamics` draws one set of panels per run.
+SMALL_MULTIPLES_FROM = 5
+#: Runs per row of those panels.
+DYNAMICS_PER_ROW = 4
+
+
+def _dynamics_grid(
+    logs: pd.DataFrame,
+    probed: bool,
+    full_accuracy: float | None,
+    eval_name: str | None,
+    title: str | None,
+) -> go.Figure:
+    """:func:`pruning_dynamics` as small multiples: per run, its sparsity panel (sampled
+    solid, expected dotted, target grey) and below it, when probed, its accuracy panel."""
+    runs = list(logs.groupby("run", sort=False))
+    per_run = 2 if probed else 1
+    cols = min(DYNAMICS_PER_ROW, len(runs))
+    grid = -(-len(runs) // cols)
+    titles = []
+    for row in range(grid):
+        names = [str(r) for r, _ in runs[row * cols : (row + 1) * cols]]
+        titles += names + [""] * (cols - len(names))
+        if probed:
+            titles += [""] * cols
+    fig = make_subplots(
+        rows=grid * per_run, cols=cols, shared_xaxes=True, subplot_titles=titles,
+        vertical_spacing=0.25 / (grid * per_run), horizontal_spacing=0.05,
+    )  # fmt: skip
+    kinds = (("sampled_sparsity", "solid", "#1f77b4"), ("expected_sparsity", "dot", "#1f77b4"),
+             ("target_sparsity", "solid", "grey"))  # fmt: skip
+    where = f" on {eval_name}" if eval_name else ""
+    values = logs["eval_accuracy"].dropna().to_numpy() if probed else np.array([])
+    if probed and full_accuracy is not None:
+        values = np.append(values, full_accuracy)
+    for k, (_, group) in enumerate(runs):
+        row, col = (k // cols) * per_run + 1, k % cols + 1
+        drawn = _thin(group.sort_values("step"))
+        for column, dash, color in kinds:
+            fig.add_trace(
+                go.Scatter(
+                    x=drawn["step"], y=drawn[column], mode="lines",
+                    line={"dash": dash, "color": color, "width": 1 if color == "grey" else 2},
+                    name=column.replace("_", " "), legendgroup=column, showlegend=k == 0,
+                ),
+                row=row, col=col,
+            )  # fmt: skip
+        fig.update_yaxes(
+            range=[0, 1], row=row, col=col, title_text="sparsity" if col == 1 else None
+        )
+        if probed:
+            points = _thin(group.dropna(subset=["eval_accuracy"]).sort_values("step"))
+            fig.add_trace(
+                go.Scatter(
+                    x=points["step"], y=points["eval_accuracy"], mode="lines+markers",
+                    line={"color": "#d62728"}, marker={"size": 4},
+                    name=f"subnetwork accuracy{where}", legendgroup="accuracy",
+                    showlegend=k == 0,
+                ),
+                row=row + 1, col=col,
+            )  # fmt: skip
+            if full_accuracy is not None:
+                fig.add_hline(y=full_accuracy, line_dash="dash", line_color="black",
+                              row=row + 1, col=col)  # fmt: skip
+            fig.update_yaxes(range=_accuracy_range(values), row=row + 1, col=col,
+                             title_text="accuracy" if col == 1 else None)  # fmt: skip
+    fig.update_xaxes(tickformat="d")
+    full = (
+        f"; full model {full_accuracy:.3f} (dashed)" if probed and full_accuracy is not None else ""
+    )
+    fig.update_layout(
+        title=(title or "Pruning runs: sparsity and subnetwork accuracy over steps")
+        + f"<br><sup>{len(runs)} runs, one per panel{full}</sup>",
+        height=140 + 230 * grid * per_run,
+    )
+    return fig
+
+
 def pruning_dynamics(
     logs: pd.DataFrame,
     *,
@@ -502,9 +580,13 @@ def pruning_dynamics(
     (grey); where the two part, the run met its target with half-open gates. Bottom, when the
     logs have ``eval_accuracy``: each run's subnetwork as it stood every ``eval_every`` steps,
     with the full model's accuracy (``full_accuracy``, dashed) on the set ``eval_name``. Runs
-    longer than 400 steps are drawn from 400 evenly spaced steps; one target line per schedule."""
+    longer than 400 steps are drawn from 400 evenly spaced steps; one target line per schedule.
+    From :data:`SMALL_MULTIPLES_FROM` runs on, each run gets its own panels (small multiples,
+    :data:`DYNAMICS_PER_ROW` to a row), where a dozen overlaid runs could not be told apart."""
     _need(logs, list(PRUNING_LOG_COLUMNS), "pruning_dynamics")
     probed = "eval_accuracy" in logs.columns and logs["eval_accuracy"].notna().any()
+    if logs["run"].nunique() >= SMALL_MULTIPLES_FROM:
+        return _dynamics_grid(logs, probed, full_accuracy, eval_name, title)
     rows = 2 if probed else 1
     where = f" on {eval_name}" if eval_name else ""
     fig = make_subplots(

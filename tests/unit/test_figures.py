@@ -230,3 +230,23 @@ def test_a_figure_of_missing_values_says_so():
         pd.DataFrame({"sparsity": [0.5], "dataset": ["mnli"], "accuracy": [0.8]})
     )
     assert not any("missing" in str(a.text) for a in fine.layout.annotations)
+
+
+def test_pruning_dynamics_of_many_runs_are_small_multiples():
+    """Twelve runs overlaid in one panel could not be told apart: from five runs on, each run
+    has its own sparsity panel and, when probed, its own accuracy panel below it."""
+    from mi_core.viz.figures import PRUNING_LOG_COLUMNS, pruning_dynamics
+
+    rows = []
+    for k in range(12):
+        for step in range(0, 100, 10):
+            row = dict.fromkeys(PRUNING_LOG_COLUMNS, 0.0) | {"run": f"run {k}", "step": step}
+            row["eval_accuracy"] = 0.5 + 0.01 * k if step % 50 == 0 else float("nan")
+            rows.append(row)
+    fig = pruning_dynamics(pd.DataFrame(rows), full_accuracy=0.6)
+    axes = {(t.xaxis, t.yaxis) for t in fig.data}
+    assert len(axes) == 24  # a sparsity and an accuracy panel per run
+    assert [a.text for a in fig.layout.annotations][:4] == ["run 0", "run 1", "run 2", "run 3"]
+    assert sum(bool(t.showlegend) for t in fig.data) == 4  # one key per kind of line
+    few = pruning_dynamics(pd.DataFrame([r for r in rows if r["run"] in ("run 0", "run 1")]))
+    assert len({(t.xaxis, t.yaxis) for t in few.data}) == 2  # overlaid: sparsity, accuracy
