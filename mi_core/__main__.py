@@ -1,5 +1,3 @@
-import sys
+from mi_core.cli import entry
 
-from mi_core.cli import main
-
-sys.exit(main())
+entry()

@@ -205,5 +205,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The ``mi-core`` program: :func:`main`, then exit with its code. Once the command is
+    done, Ctrl-C is ignored: pressed while the interpreter shuts down (torch's exit handlers
+    take a moment), it printed a traceback after a finished run."""
+    import signal
+
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -642,3 +642,25 @@ def test_a_circuit_page_is_legible_names_its_model_briefly_and_shows_its_error_b
     assert list(trace.error_y.array) == [0.11, 0.55, 1.1]
     page = circuit_graph_html(graph, torch.ones(graph.n_edges), curve=rows)
     assert page.count("plotly-graph-div") == 2 and "Faithfulness against circuit size" in page
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_ctrl_c_while_the_interpreter_exits_prints_no_traceback(fixed, tmp_path):
+    """A Ctrl-C pressed as a finished command's interpreter shut down (torch's exit handlers
+    take a moment) printed a traceback; the program ignores it once its work is done. The
+    exit handler here presses it; without the program's entry point, the traceback shows."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, os, signal, sys, time\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)))\n"
+        "from mi_core.cli import entry, main\n"
+        f"entry() if {fixed} else sys.exit(main())\n"
+    )
+    env = {**os.environ, "MI_CORE_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script, "cache", "list"], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "cached model(s)" in done.stdout
+    assert ("KeyboardInterrupt" in done.stderr) is not fixed, done.stderr
+    assert done.returncode == 0 or not fixed
