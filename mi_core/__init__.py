@@ -27,6 +27,7 @@ _NAMES: dict[str, str] = {
     "evaluate": "mi_core.evaluation",
     "FinetuneConfig": "mi_core.training",
     "finetune": "mi_core.training",
+    "walkthrough_classifier": "mi_core.training",
     # interventions
     "ComponentMask": "mi_core.interventions",
     "Subnetwork": "mi_core.interventions",

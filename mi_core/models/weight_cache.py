@@ -26,10 +26,14 @@ CACHE_VERSION = "3"
 CACHED_WEIGHTS = "tl_weights.safetensors"
 
 
+def cache_home() -> Path:
+    """mi_core's cache folder: ``$MI_CORE_CACHE_DIR``, default ``~/.cache/mi_core``."""
+    return Path(os.environ.get("MI_CORE_CACHE_DIR") or Path.home() / ".cache" / "mi_core")
+
+
 def cache_root() -> Path:
-    """Where the cache lives: ``$MI_CORE_CACHE_DIR/tl_weights`` (default ``~/.cache/mi_core``)."""
-    root = os.environ.get("MI_CORE_CACHE_DIR") or Path.home() / ".cache" / "mi_core"
-    return Path(root) / "tl_weights"
+    """Where the processed weights live: ``tl_weights`` in :func:`cache_home`."""
+    return cache_home() / "tl_weights"
 
 
 def cache_dir(

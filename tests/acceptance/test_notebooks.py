@@ -35,3 +35,14 @@ def test_notebook_runs(path, data_dir, tmp_path):
         if output.get("output_type") == "error"
     ]
     assert not errors
+    text = "".join(
+        str(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+    )
+    # tqdm's notebook bars need ipywidgets (a dev dependency): without it, a warning
+    assert "IProgress not found" not in text
+    if "walkthrough_classifier()" in path.read_text(encoding="utf-8"):
+        # a trained model's numbers, and the notebook says which model they come from
+        assert "MiniLM fine-tuned on mnli" in text or "the demo's fine-tuned MiniLM" in text

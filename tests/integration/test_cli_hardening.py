@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -664,3 +665,38 @@ def test_ctrl_c_while_the_interpreter_exits_prints_no_traceback(fixed, tmp_path)
     assert "cached model(s)" in done.stdout
     assert ("KeyboardInterrupt" in done.stderr) is not fixed, done.stderr
     assert done.returncode == 0 or not fixed
+
+
+def test_walkthroughs_use_a_fine_tuned_model_made_once_or_the_demo_s(tmp_path, monkeypatch, capsys):
+    """Notebooks showed a random head's chance-level numbers. They load walkthrough_classifier:
+    ``make demo``'s last checkpoint when it has run, else a short fine-tune made once, kept in
+    the cache folder and reused, saying which."""
+    import importlib
+
+    from mi_core.training.walkthrough import walkthrough_classifier
+
+    finetune_module = importlib.import_module("mi_core.training.finetune")  # the module
+    monkeypatch.setenv("MI_CORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    calls = []
+
+    def fake_finetune(config, progress=True):  # writes what a finished fine-tune leaves
+        calls.append(config)
+        (Path(config.out) / f"checkpoint-{config.steps}").mkdir(parents=True)
+        (Path(config.out) / f"checkpoint-{config.steps}" / "trainer_state.json").write_text("{}")
+
+    monkeypatch.setattr(finetune_module, "finetune", fake_finetune)
+    first = walkthrough_classifier("mnli", steps=7)
+    assert first == tmp_path / "cache" / "walkthrough" / "minilm-mnli-7" / "checkpoint-7"
+    assert "fine-tuning MiniLM on mnli for 7 steps" in capsys.readouterr().out
+    assert (calls[0].lr, calls[0].batch_size, calls[0].train) == (1e-4, 16, "mnli:train")
+    assert walkthrough_classifier("mnli", steps=7) == first and len(calls) == 1  # reused
+    demo = tmp_path / "demo-output" / "report" / "finetune"
+    for step in (400, 1200):
+        (demo / f"checkpoint-{step}").mkdir(parents=True)
+        (demo / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")  # a notebook's folder, beside the demo's output
+    assert walkthrough_classifier("mnli") == demo / "checkpoint-1200"
+    assert "the demo's fine-tuned MiniLM" in capsys.readouterr().out
+    assert walkthrough_classifier("qqp", steps=7).parent.name == "minilm-qqp-7"  # not MNLI's
