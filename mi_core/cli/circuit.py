@@ -87,9 +87,10 @@ def _report(summary: dict, out: str) -> None:
     if circuit.get("small_gap"):
         _warn_small_gap(circuit)
     if "curve_area" in summary:
-        print(f"area under the faithfulness curve: {summary['curve_area']:.3f}")
+        print(f"area under the faithfulness curve (curve_area, MIB's CPR, higher is better): "
+              f"{summary['curve_area']:.3f}")  # fmt: skip
     if "curve_difference" in summary:
-        print(f"area under |1 - faithfulness| (MIB's CMD, lower is better): "
+        print(f"area under |1 - faithfulness| (curve_difference, MIB's CMD, lower is better): "
               f"{summary['curve_difference']:.3f}")  # fmt: skip
 
 
