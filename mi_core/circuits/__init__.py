@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         exact_patching,
         select_circuit,
     )
+    from mi_core.circuits.dla import DirectLogitAttribution, direct_logit_attribution
     from mi_core.circuits.evaluate import (
         CURVE_FRACTIONS,
         CircuitScore,
@@ -67,6 +68,8 @@ _NAMES = {
     "select_circuit": "mi_core.circuits.attribution",
     "CURVE_FRACTIONS": "mi_core.circuits.config",
     "CircuitScore": "mi_core.circuits.evaluate",
+    "DirectLogitAttribution": "mi_core.circuits.dla",
+    "direct_logit_attribution": "mi_core.circuits.dla",
     "circuit_baselines": "mi_core.circuits.evaluate",
     "curve_area": "mi_core.circuits.evaluate",
     "curve_difference": "mi_core.circuits.evaluate",
@@ -98,6 +101,8 @@ __all__ = [
     "ATTRIBUTION_METHODS",
     "CURVE_FRACTIONS",
     "CircuitScore",
+    "DirectLogitAttribution",
+    "direct_logit_attribution",
     "circuit_baselines",
     "circuit_overlap",
     "edges_touching",

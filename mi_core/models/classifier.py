@@ -487,8 +487,10 @@ _POST_LN = (
     "the residual stream of a post-LayerNorm encoder (BERT, RoBERTa, MiniLM) is not a sum of "
     "component outputs: LayerNorm rescales it after every attention and MLP sublayer, so "
     "{name} would attribute to components what the LayerNorms did. Read hook_resid_pre / "
-    "hook_resid_mid / hook_resid_post directly, or use mi_core.circuits.Graph, which carries "
-    "each component's output through the LayerNorms with their scales frozen (exact for the run)"
+    "hook_resid_mid / hook_resid_post directly; for direct logit attribution use "
+    "mi_core.circuits.direct_logit_attribution, which carries each component's output through "
+    "the LayerNorms with their scales frozen (as mi_core.circuits.Graph does) and says how far "
+    "the approximation is off"
 )
 
 

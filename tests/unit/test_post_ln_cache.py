@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_tokens
+from helpers import FLOAT32_EPS, random_tokens
 
 from mi_core.errors import ConfigError
 from mi_core.models.classifier import PostLNActivationCache
@@ -68,3 +68,48 @@ def test_accumulated_resid_stacks_the_streams_the_model_reads(tiny):
     torch.testing.assert_close(last[1], cache["blocks.0.ln1.hook_normalized"][:, -1])
     with pytest.raises(ConfigError, match="post-LayerNorm encoder"):
         cache.accumulated_resid(None, False, True)
+
+
+def test_the_refusal_points_to_direct_logit_attribution(tiny):
+    _, cache = tiny.run_with_cache(random_tokens(2, 5, low=1000, high=2000))
+    with pytest.raises(ConfigError, match="mi_core.circuits.direct_logit_attribution"):
+        cache.logit_attrs(torch.zeros(1))
+
+
+def test_direct_logit_attribution_of_a_post_ln_classifier(tiny):
+    """Frozen LayerNorm scales make the stream the head reads a sum of sender terms; a sender's
+    direct effect is the logit minus the logit without its term. With a linear head the effects
+    add up exactly to the whole direct path's effect (total), computed in one separate pass; the
+    real dense-tanh head makes them miss, and ``error`` says by how much."""
+    from mi_core.circuits import direct_logit_attribution
+    from mi_core.models.heads import PooledClassificationHead
+
+    inputs = tiny.to_tokens(["The doctor saw the lawyer .", "A man sleeps ."],
+                            ["The lawyer saw the doctor .", "Someone sleeps ."])  # fmt: skip
+    result = direct_logit_attribution(tiny, inputs)
+    n_senders = 1 + tiny.cfg.n_layers * (tiny.cfg.n_heads + 1)
+    assert result.effects.shape == (n_senders, 2) and result.senders[0] == "input"
+    assert result.error > 1e-3  # tanh: the effects do not add up
+    table = result.frame()
+    assert list(table.columns) == ["sender", "effect", "std"]
+    assert table["effect"].abs().is_monotonic_decreasing
+
+    class LinearHead(PooledClassificationHead):
+        def forward(self, x):
+            return self.out(self.dense(x))
+
+    tiny.head.__class__ = LinearHead
+    try:
+        linear = direct_logit_attribution(tiny, inputs, labels=torch.tensor([0, 2]))
+    finally:
+        tiny.head.__class__ = PooledClassificationHead
+    # exact but for float32 rounding of a sum of the effects (tests/README.md)
+    assert linear.error < 64 * FLOAT32_EPS * float(linear.effects.abs().sum(0).max())
+    assert linear.total.abs().min() > 1e-3
+
+
+def test_direct_logit_attribution_refers_pre_ln_models_to_transformer_lens(llama):
+    from mi_core.circuits import direct_logit_attribution
+
+    with pytest.raises(ConfigError, match="cache.logit_attrs"):
+        direct_logit_attribution(llama, {"input": random_tokens(1, 4)})
