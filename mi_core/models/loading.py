@@ -534,15 +534,16 @@ def _load_causal_lm(
     """A hooked causal LM; processed weights of local checkpoints are cached on first load
     (:mod:`mi_core.models.weight_cache`: one folder per model and processing option)."""
     fold_v = fold_ln if fold_value_biases is None else fold_value_biases
-    cache = digest = None
-    if source.local:  # one folder per model and options (mi_core.models.weight_cache)
-        folder = Path(source.path)
-        cache = weight_cache.cache_dir(folder, source.gguf_file, (fold_ln, fold_v), dtype)
-        digest = weight_cache.source_digest(folder, source.gguf_file)
-    weights = None if cache is None else cache / CACHED_WEIGHTS
-    if weights is not None and weights.is_file():
-        try:
-            if read_safetensors(weights)[1].get("source") == digest:
+    if not source.local:  # a hub model: nothing to key a cache folder by
+        hf_model, tokenizer = load_hf_causal_lm(source.name)
+        return hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln, fold_v)
+    folder = Path(source.path)  # one cache folder per model and options (weight_cache)
+    cache = weight_cache.cache_dir(folder, source.gguf_file, (fold_ln, fold_v), dtype)
+    digest = weight_cache.source_digest(folder, source.gguf_file)
+    weights = cache / CACHED_WEIGHTS
+    if weights.is_file():
+        try:  # the header alone says whether the folder is of the checkpoint as it is now
+            if weight_cache.cached_source(weights) == digest:
                 return _load_cached(cache, source, device, dtype, fold_ln)
             log.info("%s changed on disk: its processed-weight cache is rebuilt", source.name)
         except (*_DAMAGED, ModelLoadError) as exc:
@@ -554,24 +555,21 @@ def _load_causal_lm(
             )
     hf_model, tokenizer = load_hf_causal_lm(source.name)
     model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln, fold_v)
-    if cache is not None and weights is not None:
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            hf_model.config.save_pretrained(cache)
-            tokenizer.save_pretrained(cache)
-            write_text(
-                cache / "source.txt", f"{Path(source.path).resolve()} {source.gguf_file or ''}\n"
-            )
-            folded = "true" if model.value_biases_folded else "false"
-            write_safetensors(  # the weights last: their digest marks the folder complete
-                weights, model.state_dict(), {"value_biases_folded": folded, "source": digest}
-            )
-            log.info(
-                "cached %s's processed weights in %s (%s; mi-core cache clear removes them)",
-                source.name, cache, weight_cache.human_size(weights.stat().st_size),
-            )  # fmt: skip
-        except (OSError, OutputError) as exc:  # a read-only home or a full disk must not stop it
-            log.warning("could not cache processed weights in %s: %s", cache, exc)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        hf_model.config.save_pretrained(cache)
+        tokenizer.save_pretrained(cache)
+        write_text(cache / "source.txt", f"{folder.resolve()} {source.gguf_file or ''}\n")
+        folded = "true" if model.value_biases_folded else "false"
+        write_safetensors(  # the weights last: their digest marks the folder complete
+            weights, model.state_dict(), {"value_biases_folded": folded, "source": digest}
+        )
+        log.info(
+            "cached %s's processed weights in %s (%s; mi-core cache clear removes them)",
+            source.name, cache, weight_cache.human_size(weights.stat().st_size),
+        )  # fmt: skip
+    except (OSError, OutputError) as exc:  # a read-only home or a full disk must not stop it
+        log.warning("could not cache processed weights in %s: %s", cache, exc)
     return model
 
 

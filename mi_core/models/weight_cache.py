@@ -59,6 +59,15 @@ def source_digest(folder: Path, gguf_file: str | None) -> str:
     return digest.hexdigest()
 
 
+def cached_source(weights: Path) -> str | None:
+    """The :func:`source_digest` a cache folder's weights were made from, read from their
+    file's header alone (the weights of a 135M model are 683 MB)."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as handle:
+        return (handle.metadata() or {}).get("source")
+
+
 @dataclass(frozen=True)
 class CachedModel:
     """One cache folder: the checkpoint it was made from, and its size on disk."""
