@@ -12,6 +12,9 @@ import os
 from pathlib import Path
 
 from mi_core.models.weight_cache import cache_home
+from mi_core.training.checkpoints import list_checkpoints
+from mi_core.training.config import FinetuneConfig
+from mi_core.training.finetune import finetune
 
 #: Where ``make demo`` writes its fine-tuning checkpoints, under the repository.
 DEMO_FINETUNE = Path("demo-output") / "report" / "finetune"
@@ -23,8 +26,6 @@ WALKTHROUGH_STEPS = 200
 def _demo_checkpoint(task: str) -> Path | None:
     """``make demo``'s last fine-tuning checkpoint, seen from a notebook's folder or the
     repository's (None when the demo has not run, or fine-tuned another task)."""
-    from mi_core.training.checkpoints import list_checkpoints
-
     if task != "mnli":
         return None
     for base in (Path.cwd(), Path.cwd().parent):
@@ -41,10 +42,6 @@ def walkthrough_classifier(
     run, else ``steps`` steps of 16 on the task's training pairs, fine-tuned on first use (about
     two minutes on 2 CPU cores) into ``$MI_CORE_CACHE_DIR/walkthrough`` and reused after. It
     prints which, so a notebook says what model its numbers come from."""
-    from mi_core.training.checkpoints import list_checkpoints
-    from mi_core.training.config import FinetuneConfig
-    from mi_core.training.finetune import finetune
-
     demo = _demo_checkpoint(task)
     if demo is not None:
         print(f"the demo's fine-tuned MiniLM: {demo}")

@@ -671,11 +671,9 @@ def test_walkthroughs_use_a_fine_tuned_model_made_once_or_the_demo_s(tmp_path, m
     """Notebooks showed a random head's chance-level numbers. They load walkthrough_classifier:
     ``make demo``'s last checkpoint when it has run, else a short fine-tune made once, kept in
     the cache folder and reused, saying which."""
-    import importlib
-
+    import mi_core.training.walkthrough as walkthrough
     from mi_core.training.walkthrough import walkthrough_classifier
 
-    finetune_module = importlib.import_module("mi_core.training.finetune")  # the module
     monkeypatch.setenv("MI_CORE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     calls = []
@@ -685,7 +683,7 @@ def test_walkthroughs_use_a_fine_tuned_model_made_once_or_the_demo_s(tmp_path, m
         (Path(config.out) / f"checkpoint-{config.steps}").mkdir(parents=True)
         (Path(config.out) / f"checkpoint-{config.steps}" / "trainer_state.json").write_text("{}")
 
-    monkeypatch.setattr(finetune_module, "finetune", fake_finetune)
+    monkeypatch.setattr(walkthrough, "finetune", fake_finetune)
     first = walkthrough_classifier("mnli", steps=7)
     assert first == tmp_path / "cache" / "walkthrough" / "minilm-mnli-7" / "checkpoint-7"
     assert "fine-tuning MiniLM on mnli for 7 steps" in capsys.readouterr().out
