@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -138,11 +139,9 @@ def _numerics() -> str:
     import torch
 
     cpu = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError, StopIteration):  # no /proc (macOS): the platform's name
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             cpu = next(line.split(":", 1)[1].strip() for line in handle if "model name" in line)
-    except (OSError, StopIteration):
-        pass
     blas = "mkl" if torch.backends.mkl.is_available() else "other"
     return (
         f"numerics: {cpu}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
