@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
