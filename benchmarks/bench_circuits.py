@@ -45,6 +45,7 @@ from mi_core.buffers import reusing_buffers
 from mi_core.circuits import Graph, edge_attribution, logit_difference, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.interventions import EdgeMask, graph_switches
+from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
 from mi_core.models import load_model
 from mi_core.models.frozen import frozen
 from mi_core.models.hook_context import hooked
@@ -115,10 +116,10 @@ def edge_step(
     model, graph, pairs: PromptPairs, log_alpha: torch.Tensor, reference, sparse: bool = True
 ) -> None:
     z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(0))
-    mask = EdgeMask(graph, z, hard_concrete=sparse)
+    mask = EdgeMask(graph, z)
     with graph_switches(model):  # as prune_edges: the corrupted run inside the switches
-        mask = mask._patched_by_z(model, pairs.corrupted_ids)  # as prune_edges binds it
-        with hooked(model, mask.hooks(model)):
+        run = record_corrupted(model, graph, input=pairs.corrupted_ids)  # as prune_edges
+        with hooked(model, masked_hooks(model, mask, hard_concrete=sparse, corrupted=run)):
             logits = metric_logits(model, pairs)  # as prune_edges: the answer positions alone
     F.kl_div(logits.log_softmax(-1), reference, log_target=True, reduction="batchmean").backward()
 

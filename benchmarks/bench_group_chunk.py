@@ -2,7 +2,7 @@
 
 A batched group (``mi_core.pruning.prune_group``) regroups the concatenated micro-batches of
 its runs by length into forward passes of at most ``max_chunk`` examples
-(:func:`mi_core.pruning.run.length_chunks`); :func:`mi_core.pruning.run.default_chunk` picks
+(:func:`mi_core.pruning.step.length_chunks`); :func:`mi_core.pruning.step.default_chunk` picks
 the runs' micro-batch size on a CPU and one pass on a GPU. This times the same group (MiniLM
 with a seeded MNLI head, the ``quick`` profile sliced to ``--steps`` steps of 16, 2 sparsities
 x 4 seeds, dropout off, no evaluation, the reference logits computed once beforehand) at
@@ -28,7 +28,8 @@ def main() -> None:
     from mi_core.interventions import compute_means
     from mi_core.models import load_model
     from mi_core.pruning.profiles import make_prune_config
-    from mi_core.pruning.run import default_chunk, prune_group
+    from mi_core.pruning.run import prune_group
+    from mi_core.pruning.step import default_chunk
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)

@@ -1,7 +1,7 @@
 """Peak memory of a batched pruning step against ``auto_group_size``'s estimate.
 
 ``--executor batched`` without ``--group-size`` trains as many runs together as half the free
-memory holds, by :func:`mi_core.pruning.sweep.training_bytes_per_example` (a per-example
+memory holds, by :func:`mi_core.pruning.sweeps.training_bytes_per_example` (a per-example
 activation estimate). This measures what one group step really holds: for each group size K, a
 fresh process loads MiniLM (the embedded all-MiniLM-L6-v2, MNLI head), builds K runs of 16
 examples each (the ``quick`` profile's micro-batch), padded to the batch's longest pair, and
@@ -36,8 +36,8 @@ def _measure(k: int, device: str) -> dict[str, float]:
     from mi_core.models import load_model
     from mi_core.pruning.hard_concrete import HardConcrete
     from mi_core.pruning.lagrangian import LagrangianController
-    from mi_core.pruning.run import StepMember, group_pruning_step
-    from mi_core.pruning.sweep import training_bytes_per_example
+    from mi_core.pruning.step import StepMember, group_pruning_step
+    from mi_core.pruning.sweeps import training_bytes_per_example
 
     torch.manual_seed(0)
     model = load_model("minilm", task="mnli", device=device)

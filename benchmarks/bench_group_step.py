@@ -31,7 +31,8 @@ def main() -> None:
     from mi_core.data import load_pairs, pair_batches
     from mi_core.interventions import compute_means
     from mi_core.models import load_model
-    from mi_core.pruning import make_prune_config, prune_group, prune_run
+    from mi_core.pruning import make_prune_config, prune_group
+    from mi_core.pruning.run import prune_run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -2,9 +2,9 @@
 
 Three ways to take the same pruning step on MiniLM with MNLI batches of 32 (same examples):
 
-* **ours** — :func:`mi_core.pruning.pruning_step` on the hooked model: hard-concrete gates on every
-  head and MLP, mean ablation, KL to the *cached* full-model logits, batches drawn as a pruning
-  run draws them (random, grouped by length, padded per batch), weights frozen, gradient to
+* **ours** — :func:`~mi_core.pruning.step.pruning_step` on the hooked model: hard-concrete gates
+  on every head and MLP, mean ablation, KL to the *cached* full-model logits, batches drawn as a
+  pruning run draws them (random, grouped by length, padded per batch), weights frozen, gradient to
   ``log_alpha`` and the lambdas only, then the AdamW step.
 * **plain** — the cheapest plain-PyTorch way on the Hugging Face model, same batches: frozen
   weights, one ``[n_layers, n_heads]`` multiplier applied by a forward pre-hook on each
@@ -49,21 +49,15 @@ def _pad_to(batch: dict[str, torch.Tensor], width: int, pad_id: int) -> dict[str
 
 def main() -> None:
     from mi_core.data import load_pairs
-    from mi_core.data.batches import tokenize_pairs
+    from mi_core.data.batches import length_grouped_batches, tokenize_pairs
     from mi_core.evaluation import model_inputs
     from mi_core.interventions import ComponentMask, ablate, compute_means
     from mi_core.models import load_hf_classifier, load_model
     from mi_core.models.dropout import train_dropout
-    from mi_core.pruning import (
-        HardConcrete,
-        LagrangianController,
-        compute_reference_logits,
-        frozen,
-        kl_to_reference,
-        length_grouped_batches,
-        pruning_optimizer,
-        pruning_step,
-    )
+    from mi_core.pruning import HardConcrete, LagrangianController, pruning_optimizer
+    from mi_core.pruning.objective import kl_to_reference
+    from mi_core.pruning.reference_logits import compute_reference_logits
+    from mi_core.pruning.run import frozen, pruning_step
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=8, help="distinct batches of 32")

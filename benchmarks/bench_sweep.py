@@ -47,8 +47,8 @@ def main() -> None:
     from mi_core.interventions import ComponentMask, compute_means
     from mi_core.io import read_safetensors
     from mi_core.models import load_model
-    from mi_core.pruning import run_dir_for, run_sweep
     from mi_core.pruning.profiles import make_prune_config
+    from mi_core.pruning.sweeps import run_dir_for, run_sweep
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: 600)")

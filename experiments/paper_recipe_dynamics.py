@@ -21,13 +21,12 @@ import torch
 from mi_core.pruning import (
     HardConcrete,
     LagrangianController,
-    paper_schedule,
     pruning_optimizer,
     target_sparsity_at,
 )
 from mi_core.pruning.discretize import reference_binary_mask
 from mi_core.pruning.lagrangian import sampled_sparsity
-from mi_core.pruning.schedule import lr_factor
+from mi_core.pruning.schedule import lr_factor, paper_schedule
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,9 +35,9 @@ from mi_core.analysis.subnetworks import core_heads, frequency_spearman, head_fr
 from mi_core.interventions import ComponentMask
 from mi_core.io import write_csv, write_text
 from mi_core.methods.heuristic_core.report import markdown_table
-from mi_core.pruning import make_prune_config, run_sweep
+from mi_core.pruning import make_prune_config
 from mi_core.pruning.profiles import parse_seed_spec
-from mi_core.pruning.sweep import run_dir_for
+from mi_core.pruning.sweeps import run_dir_for, run_sweep
 from mi_core.viz.figures import pruning_dynamics, write_figure_html
 
 #: The schedule fields the CoFi recipe borrows from the recipe it is compared with.

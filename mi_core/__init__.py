@@ -42,7 +42,7 @@ _NAMES: dict[str, str] = {
     "PruneConfig": "mi_core.pruning",
     "make_prune_config": "mi_core.pruning",
     "prune": "mi_core.pruning",
-    "sweep": "mi_core.pruning.sweep",
+    "sweep": "mi_core.pruning.sweeps",
     "SweepResult": "mi_core.pruning",
     # the methods
     "ExperimentConfig": "mi_core.methods.heuristic_core",

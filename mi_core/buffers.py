@@ -2,9 +2,9 @@
 
 On a CPU, a fresh buffer of tens of megabytes is memory the kernel must map and zero page by
 page the first time it is written (glibc returns every freed block above 32 MiB to the
-system at once), and that costs as much as the arithmetic done on it: an edge-pruning step
-or an EAP pass over SmolLM2 allocates about a gigabyte of such buffers. A :class:`Workspace`
-keeps them between uses.
+system at once), and that costs as much as the arithmetic done on it; an edge-pruning step
+or an EAP pass allocates many such buffers (the figures: benchmarks/README.md, Results, the
+rows on reused buffers). A :class:`Workspace` keeps them between uses.
 
 A buffer is asked for by role (:meth:`Workspace.empty`) and is a kept one that nothing else
 references any more, else a fresh one. A buffer still referenced (a view, a tensor autograd

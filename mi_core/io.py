@@ -87,8 +87,9 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
 def check_replaceable(folder: str | os.PathLike[str], names: Iterable[str]) -> None:
     """Check, before any work starts, that a job may replace each of ``names`` (paths relative
     to ``folder``) that exists: not read-only, not a device, FIFO or folder, in a writable
-    folder. A read-only file among a job's outputs had been found only when the job wrote it,
-    after the work, with some outputs replaced and others not. Raises :class:`OutputError`."""
+    folder. Otherwise a read-only file among a job's outputs is found only when the job writes
+    it, after the work, with some outputs replaced and others not. Raises
+    :class:`OutputError`."""
     for name in names:
         target, reason = _file_target(Path(folder).expanduser() / name)
         if reason is None and target.is_dir():

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -46,6 +46,9 @@ from mi_core.analysis.subnetworks import head_label, parse_head_label
 from mi_core.errors import ConfigError
 from mi_core.models.classifier import StagedClassifier, batch_inputs
 from mi_core.models.hook_context import hooked as hooks_held
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = [
     "PATTERN_CLASSES",
@@ -401,7 +404,7 @@ def classify_heads(
 _FORWARD_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def _find_hooked(model: Any) -> Any:
+def _find_hooked(model: HookedModel) -> Any:
     """The TransformerLens module that owns ``blocks.{l}.attn.hook_pattern``."""
     inner = (getattr(model, name, None) for name in ("model", "encoder", "transformer"))
     for candidate in (model, *inner):
@@ -413,7 +416,7 @@ def _find_hooked(model: Any) -> Any:
     )
 
 
-def _is_causal(model: Any, hooked: Any) -> bool:
+def _is_causal(model: HookedModel, hooked: Any) -> bool:
     """Whether the model's attention is causal: a hooked classifier knows (``is_encoder``);
     any other TransformerLens model says so in its config."""
     for candidate in (model, hooked):
@@ -438,7 +441,7 @@ def _segments(batch: Mapping[str, Any], sep_ids: Collection[int]) -> Tensor:
 
 
 def score_attention_patterns(
-    model: Any,
+    model: HookedModel,
     batches: Iterable[Mapping[str, Any]],
     *,
     sep_ids: Collection[int] | int,

@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -46,19 +46,21 @@ from mi_core.interventions.edges import (
     EdgeMask,
     Graph,
     NodeOutputs,
-    _folded_weights,
-    _head_results,
-    _record_senders,
-    _through_layer_norm,
     graph_switches,
     greedy_order,
+    head_results,
     node_outputs,
     top_k_order,
 )
+from mi_core.interventions.edges._engine import record_corrupted
+from mi_core.interventions.edges._kernels import folded_weights, through_layer_norm
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.frozen import frozen
 from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -228,7 +230,7 @@ class EdgeScores:
 
 
 def _reference(
-    model: Any,
+    model: HookedModel,
     graph: Graph,
     pairs: PromptPairs,
     fill: str,
@@ -253,7 +255,7 @@ class _GradientRun:
 
     def __init__(
         self,
-        model: Any,
+        model: HookedModel,
         graph: Graph,
         reference_input: torch.Tensor,
         alpha: float,
@@ -281,7 +283,7 @@ class _GradientRun:
 
         def heads(layer: int) -> Callable:
             def hook(z: torch.Tensor, hook: Any) -> None:
-                self.outputs.append(_head_results(model, layer, z.detach()).detach())
+                self.outputs.append(head_results(model, layer, z.detach()).detach())
 
             return hook
 
@@ -313,7 +315,7 @@ class _GradientRun:
 
 
 def _receiver_gradients(
-    model: Any, graph: Graph, grads: Sequence[torch.Tensor]
+    model: HookedModel, graph: Graph, grads: Sequence[torch.Tensor]
 ) -> list[torch.Tensor]:
     """Per receiver point, ``[n_receivers, batch, pos, d_model]``: qkv of layer 0, MLP 0, ...,
     output. An encoder MLP's gradient comes back from its pre-activation through ``W_in``.
@@ -335,7 +337,7 @@ def _receiver_gradients(
 
 
 def _sweep_scores(
-    model: Any,
+    model: HookedModel,
     graph: Graph,
     deltas: list[torch.Tensor],
     scales: list[torch.Tensor],
@@ -361,7 +363,7 @@ def _sweep_scores(
         scores[:filled, columns] += block.float()
 
     def through(ln: Any, scale: torch.Tensor) -> None:
-        buffer[:filled] = _through_layer_norm(buffer[:filled], scale, ln.w.detach())
+        buffer[:filled] = through_layer_norm(buffer[:filled], scale, ln.w.detach())
 
     def head_inputs(layer: int, grad: torch.Tensor) -> torch.Tensor:
         if not projected:
@@ -401,7 +403,7 @@ def ig_alphas(steps: int, rule: str = "left") -> list[float]:
 
 
 def edge_attribution(
-    model: Any,
+    model: HookedModel,
     graph: Graph,
     pairs: PromptPairs,
     metric: Metric = logit_difference,
@@ -422,8 +424,8 @@ def edge_attribution(
         if not graph.post_ln:
             head_z: dict[int, torch.Tensor] | None = None
             if fill == "corrupted":  # the heads' differences come from z's (one product)
-                head_z = {}
-                reference = _record_senders(model, graph, (), pairs.corrupted, head_z)
+                run = record_corrupted(model, graph, **pairs.corrupted)
+                reference, head_z = run.outputs, run.head_z
             else:
                 reference = _reference(model, graph, pairs, fill, means)
             return _decoder_attribution(model, graph, pairs, metric, alphas, reference, head_z)
@@ -432,7 +434,7 @@ def edge_attribution(
 
 
 def _sweep_attribution(
-    model: Any,
+    model: HookedModel,
     graph: Graph,
     pairs: PromptPairs,
     metric: Metric,
@@ -484,14 +486,14 @@ def _sweep_attribution(
     return graph.from_dense(scores.cpu()).float().detach()
 
 
-#: Receiver groups whose scores one matrix product forms (decoder EAP): on SmolLM2's shapes
-#: on a 2-core CPU, 4 groups at once cost 21 ms a group against 47 ms alone (the product
-#: reads the senders' differences once), for 3 more groups' gradients held (33 MB each).
+#: Receiver groups whose scores one matrix product forms (decoder EAP): the product reads the
+#: senders' differences once for all of them, which on a CPU (memory-bound) costs much less a
+#: group than a product each, for 3 more groups' gradients held (benchmarks/README.md).
 _GROUPS_PER_PRODUCT = 4
 
 
 def _decoder_attribution(
-    model: Any,
+    model: HookedModel,
     graph: Graph,
     pairs: PromptPairs,
     metric: Metric,
@@ -513,8 +515,8 @@ def _decoder_attribution(
 
     ``head_z`` (the corrupted fill): the fill run's ``hook_z`` per layer, its heads' rows of
     ``reference`` unwritten. A head's difference is then ``(z' - z) W_O``, one product per layer
-    where recording both runs' head outputs and subtracting takes two (about 35 ms of a 2.5 s
-    EAP of SmolLM2 at 8 x 64 tokens on a CPU).
+    where recording both runs' head outputs and subtracting takes two (the gain:
+    benchmarks/README.md).
     """
     deltas = reference.clone() if reference.stride(1) == 0 else reference  # mean: a view
     start_input = reference[0].clone()
@@ -536,9 +538,9 @@ def _decoder_attribution(
                 first = graph.head_sender(layer, 0)
                 rows = deltas[first : first + graph.n_heads]
                 if head_z is None:
-                    _head_results(model, layer, z.detach(), into=rows, subtract=True)
+                    head_results(model, layer, z.detach(), into=rows, subtract=True)
                 else:
-                    _head_results(model, layer, head_z[layer].to(z) - z.detach(), into=rows)
+                    head_results(model, layer, head_z[layer].to(z) - z.detach(), into=rows)
 
             hooks += [
                 (act_name("z", layer), heads),
@@ -658,7 +660,7 @@ def _decoder_attribution(
         # [3h, e, d]: stacked with the gain folded in, once a run (the weights are frozen)
         params = [*attn.parameters(), *ln.parameters()]
         norm = model.cfg.normalization_type or ""
-        w_t = _folded_weights(attn, ln, norm, target.dtype, params)[0].mT
+        w_t = folded_weights(attn, ln, norm, target.dtype, params)[0].mT
         x_hat = normalised[layer].reshape(-1, w_t.shape[-1]).to(target)  # [batch * pos, d]
         out = target.view(3 * heads, -1, w_t.shape[-1])
         torch.bmm(stacked, w_t, out=out)
@@ -743,7 +745,7 @@ def _norm_backward(
         d input = g - x_hat * mean(g * x_hat)                (RMSNorm)
     """
     # every head's per-token dot products as one batched product (no [head, token, d] temporary:
-    # vecdot's elementwise product was one per layer, 32 MB for SmolLM2 at 8 x 64 tokens)
+    # vecdot's elementwise product would be one per layer, 32 MB for SmolLM2 at 8 x 64 tokens)
     dot = torch.einsum("htd,td->ht", grad, normalised).unsqueeze(-1) / grad.shape[-1]
     mean = grad.mean(-1, keepdim=True) if centred else None
     grad.addcmul_(normalised, dot, value=-1.0)
@@ -752,7 +754,7 @@ def _norm_backward(
 
 
 def exact_patching(
-    model: Any,
+    model: HookedModel,
     graph: Graph,
     pairs: PromptPairs,
     metric: Metric = logit_difference,
@@ -783,7 +785,7 @@ def exact_patching(
 
 
 def attribute(
-    model: Any,
+    model: HookedModel,
     pairs: PromptPairs,
     method: str = "eap-ig",
     metric: Metric = logit_difference,

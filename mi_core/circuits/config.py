@@ -255,7 +255,7 @@ class CircuitSweepConfig(EdgePruneSettings, CircuitData, SweepExecution):
 
     def run_config(self, sparsity: float, seed: int) -> CircuitPruneConfig:
         """The config of one run of the sweep."""
-        from mi_core.pruning.sweep import run_dir_for
+        from mi_core.pruning.sweeps import run_dir_for
 
         sweep_only = ("sparsities", "seeds", *EXECUTION_FIELDS)
         values = {k: v for k, v in self.to_dict().items() if k not in sweep_only}

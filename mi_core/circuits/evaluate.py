@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -33,8 +33,12 @@ from mi_core.circuits.metrics import Metric, kl_divergence, logit_difference, me
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, to_mib_name
+from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
 from mi_core.io import write_json
 from mi_core.models.hook_context import hooked
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = [
     "CURVE_FRACTIONS",
@@ -102,24 +106,28 @@ def gap_is_small(full: float, empty: float, gap_se: float = float("nan")) -> boo
 
 
 def _masked_metric(
-    model: Any, mask: EdgeMask, pairs: PromptPairs, metric: Metric, batch_size: int
+    model: HookedModel, mask: EdgeMask, pairs: PromptPairs, metric: Metric, batch_size: int
 ) -> tuple[torch.Tensor, float]:
     """Per-example metric and mean KL to the full model of ``mask`` on ``pairs``."""
     values, total_kl = [], 0.0
     with torch.no_grad():
         for batch in pairs.batches(batch_size):
             reference = metric_logits(model, batch, metric)  # kl_divergence reads answer_logits
-            bound = (
-                mask._patched_by_z(model, **batch.corrupted) if mask.fill == "corrupted" else mask
+            run = (
+                record_corrupted(model, mask.graph, **batch.corrupted)
+                if mask.fill == "corrupted"
+                else None
             )
-            with graph_switches(model), hooked(model, bound.hooks(model)):
+            with graph_switches(model), hooked(model, masked_hooks(model, mask, corrupted=run)):
                 logits = metric_logits(model, batch, metric)
             values.append(metric(logits, batch).detach().double().cpu())
             total_kl += float(kl_divergence(logits, reference, batch).sum())
     return torch.cat(values), total_kl / len(pairs)
 
 
-def _full_metric(model: Any, pairs: PromptPairs, metric: Metric, batch_size: int) -> torch.Tensor:
+def _full_metric(
+    model: HookedModel, pairs: PromptPairs, metric: Metric, batch_size: int
+) -> torch.Tensor:
     """Per-example metric of the full model on ``pairs``."""
     with torch.no_grad():
         return torch.cat(
@@ -131,9 +139,14 @@ def _full_metric(model: Any, pairs: PromptPairs, metric: Metric, batch_size: int
 
 
 def circuit_baselines(
-    model: Any, graph: Graph, fill: str, means: Float[torch.Tensor, "sender d_model"] | None,
-    pairs: PromptPairs, metric: Metric = logit_difference, batch_size: int = 16,
-) -> tuple[float, float, float]:  # fmt: skip
+    model: HookedModel,
+    graph: Graph,
+    fill: str,
+    means: Float[torch.Tensor, "sender d_model"] | None,
+    pairs: PromptPairs,
+    metric: Metric = logit_difference,
+    batch_size: int = 16,
+) -> tuple[float, float, float]:
     """Mean metric of the full model and of the empty circuit (every edge carries ``fill``)
     on ``pairs``, and the standard error of their per-example gap (see
     :func:`gap_is_small`)."""
@@ -146,7 +159,7 @@ def circuit_baselines(
 
 
 def evaluate_circuit(
-    model: Any,
+    model: HookedModel,
     mask: EdgeMask,
     pairs: PromptPairs,
     metric: Metric = logit_difference,
@@ -182,7 +195,7 @@ def evaluate_circuit(
 
 
 def faithfulness_curve(
-    model: Any,
+    model: HookedModel,
     scores: EdgeScores,
     pairs: PromptPairs,
     fractions: Sequence[float] = CURVE_FRACTIONS,

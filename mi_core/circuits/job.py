@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -44,14 +44,17 @@ from mi_core.circuits.evaluate import (
     write_mib,
 )
 from mi_core.circuits.metrics import get_metric
-from mi_core.circuits.prune import _DEFAULTS_SINCE, PROGRESS_FILE, STATE_FILE, prune_edges
+from mi_core.circuits.prune import PROGRESS_FILE, STATE_FILE, prune_edges
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, sender_means
 from mi_core.io import check_replaceable, read_json, write_csv, write_json, write_text
-from mi_core.pruning.sweep import run_ray_tasks
+from mi_core.pruning.sweeps import run_ray_tasks
 from mi_core.viz.circuits import circuit_graph_html
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = [
     "AttributeConfig",
@@ -67,7 +70,7 @@ __all__ = [
 ]
 
 
-def load_circuit_pairs(model: Any, config: CircuitData) -> PromptPairs:
+def load_circuit_pairs(model: HookedModel, config: CircuitData) -> PromptPairs:
     """The pairs of ``config.data`` for ``model``."""
     classifier = getattr(model, "task", None) is not None or getattr(model, "is_encoder", False)
     _check_fits(config, classifier)
@@ -116,7 +119,7 @@ def _prepare(config: CircuitData) -> tuple[Any, PromptPairs, PromptPairs, torch.
 
 
 def pair_sender_means(
-    model: Any, graph: Graph, data: str, n_examples: int, batch_size: int = 32,
+    model: HookedModel, graph: Graph, data: str, n_examples: int, batch_size: int = 32,
     max_length: int = 128,
 ) -> Float[torch.Tensor, "sender d_model"]:  # fmt: skip
     """Each sender's mean output over the first ``n_examples`` pairs of the pair data ``data``
@@ -127,7 +130,7 @@ def pair_sender_means(
 
 
 def pair_forward_batches(
-    model: Any, data: str, n_examples: int, batch_size: int = 32, max_length: int = 128
+    model: HookedModel, data: str, n_examples: int, batch_size: int = 32, max_length: int = 128
 ) -> list[dict[str, torch.Tensor]]:
     """The first ``n_examples`` pairs of ``data`` tokenised for the classifier ``model``, as
     forward keyword arguments on its device (to average over them: :func:`sender_means`)."""
@@ -284,8 +287,6 @@ def run_circuit_sweep_job(config: CircuitSweepConfig, *, progress: bool = True) 
             rows.append({"sparsity": run.sparsity, "seed": run.seed,
                          **read_json(done)["circuit"], "run_dir": run.out})  # fmt: skip
     table = pd.DataFrame(rows)
-    if "n_connected" in table:  # runs from before it existed leave gaps: integers, not floats
-        table["n_connected"] = table["n_connected"].astype("Int64")
     write_csv(Path(config.out) / "circuits.csv", table)
     if len(rows) < len(runs):
         first = failures[0] if failures else "?"
@@ -323,13 +324,15 @@ def _check_out(out: str | os.PathLike[str], method: str, now: dict[str, Any]) ->
     if method != "edge-pruning":  # an attribution with other settings replaces it (the same: a
         # no-op, see _finished_attribution)
         return
-    # a setting added since had its then default (a finished run without clipping is not a
-    # finished run of the clipped recipe)
-    saved = {**_DEFAULTS_SINCE, **summary.get("config", {})}
+    saved = summary["config"]
     now = json.loads(json.dumps(now))  # as summary.json holds it (tuples become lists)
-    differ = sorted(
-        k for k in now if k not in _WHERE_NOT_WHAT and k in saved and saved[k] != now[k]
-    )
+    lacks = sorted(k for k in now if k not in _WHERE_NOT_WHAT and k not in saved)
+    if lacks:
+        raise ConfigError(
+            f"{done} is a finished {method} run of an older mi_core (its config has no "
+            f"{', '.join(lacks)}): delete {folder} and run it again"
+        )
+    differ = sorted(k for k in now if k not in _WHERE_NOT_WHAT and saved[k] != now[k])
     if differ:
         raise ConfigError(
             f"{folder} holds a finished {method} run with other settings "
@@ -351,7 +354,7 @@ def _circuit_prune_task(config: dict[str, Any]) -> str:
 
 def _prune_one(
     config: CircuitPruneConfig,
-    model: Any,
+    model: HookedModel,
     find: PromptPairs,
     judge: PromptPairs,
     means: torch.Tensor | None,

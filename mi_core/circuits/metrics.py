@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,9 @@ from transformer_lens.utilities import apply_softcap
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.models.fast_paths import FastUnembed, fast_unembed
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = [
     "METRICS",
@@ -46,7 +49,9 @@ def reads_answer_logits(metric: Metric) -> Metric:
     return metric
 
 
-def metric_logits(model: Any, pairs: PromptPairs, metric: Metric | None = None) -> torch.Tensor:
+def metric_logits(
+    model: HookedModel, pairs: PromptPairs, metric: Metric | None = None
+) -> torch.Tensor:
     """``model``'s output on ``pairs``' clean inputs, as ``metric`` needs it.
 
     For a language model (``pairs.kind == "lm"``) and a metric marked by

@@ -24,9 +24,10 @@ nodes of highest log_alpha are kept first, then the edges of highest log_alpha a
 leaving a kept node (all of them, if fewer than the edge target leaves). The authors' IOI runs
 keep the node masks but switch their loss off; without ``node_sparsity`` there are none.
 
-With ``checkpoint_dir`` the run saves its state (gates, lambdas, optimizer moments, step)
+With ``out`` the run saves its state (gates, lambdas, optimizer moments, step)
 every ``checkpoint_every`` steps and resumes from there; random draws and the data order are
-functions of (seed, step), so a resumed run takes the same steps as one never stopped.
+functions of (seed, step), so a resumed run takes the same steps as one never stopped. A state
+of an older mi_core (one that records fewer settings or inputs) is refused, not resumed.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -45,9 +46,10 @@ from mi_core.buffers import reusing_buffers
 from mi_core.circuits.config import EdgePruneSettings
 from mi_core.circuits.metrics import answer_logits, kl_divergence, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
-from mi_core.errors import ConfigError, InterventionError, TrainingError
+from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches
-from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
+from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
+from mi_core.io import read_safetensors, write_json, write_safetensors
 from mi_core.models.fingerprint import tensor_fingerprint, weights_fingerprint
 from mi_core.models.frozen import frozen
 from mi_core.models.hook_context import hooked
@@ -55,6 +57,9 @@ from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
 from mi_core.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = ["EdgePruneResult", "EdgePruneSettings", "discretize_circuit", "prune_edges"]
 
@@ -91,10 +96,6 @@ def _batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tenso
     return order[offset * batch_size : (offset + 1) * batch_size]
 
 
-#: What a run folder written before a field existed ran with (their behaviour then).
-_DEFAULTS_SINCE = {"lr_warmup_steps": 0, "node_sparsity": None, "max_grad_norm": 0.0}
-
-
 def discretize_circuit(
     graph: Graph,
     log_alpha: Float[torch.Tensor, " edge"],
@@ -123,7 +124,7 @@ def discretize_circuit(
 
 
 def _inputs_key(
-    model: Any, pairs: PromptPairs, means: torch.Tensor | None
+    model: HookedModel, pairs: PromptPairs, means: torch.Tensor | None
 ) -> dict[str, str | None]:
     """What a run learns from besides its settings: the model's weights, the pairs and the mean
     fill's means."""
@@ -155,43 +156,38 @@ def _save_state(folder: Path, step: int, params, optimizer, history, config, inp
 
 
 def _has_state(folder: Path) -> bool:
-    """Whether ``folder`` holds a state to resume: the one file, or an older state file with
-    its JSON beside it (an older file alone was cut short before its progress was written:
-    the run starts over, as it did then)."""
-    if not (folder / STATE_FILE).exists():
-        return False
-    return (
-        "progress" in read_safetensors(folder / STATE_FILE)[1] or (folder / PROGRESS_FILE).exists()
+    """Whether ``folder`` holds a state to resume."""
+    return (folder / STATE_FILE).exists()
+
+
+def _older_state(folder: Path, lacks: str) -> ConfigError:
+    """The one line refusing a state of an older mi_core, which recorded no ``lacks``."""
+    return ConfigError(
+        f"{folder / STATE_FILE} is an edge-pruning state of an older mi_core (it records no "
+        f"{lacks}): delete {folder} and run the edge pruning again"
     )
 
 
 def _read_progress(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The state's tensors and progress; a state saved before the progress moved into it
-    reads the JSON beside it, whose step must be the tensors' (else a save was cut short)."""
+    """The state's tensors and progress (step, settings, inputs, history, in its metadata)."""
     tensors, metadata = read_safetensors(folder / STATE_FILE)
-    if "progress" in metadata:
-        return tensors, json.loads(metadata["progress"])
-    progress = read_json(folder / PROGRESS_FILE)
-    if str(progress.get("step")) != metadata.get("step"):
-        raise TrainingError(
-            f"{folder}: the saved gates are from step {metadata.get('step')} and the progress "
-            f"from step {progress.get('step')} (a save was cut short); delete the folder to "
-            "start over"
-        )
-    return tensors, progress
+    if "progress" not in metadata:
+        raise _older_state(folder, "progress")
+    return tensors, json.loads(metadata["progress"])
 
 
 def _load_state(folder: Path, params, optimizer, config, inputs) -> tuple[int, list]:
     tensors, progress = _read_progress(folder)
-    saved, now = {**_DEFAULTS_SINCE, **progress.get("config", {})}, config.to_dict()
+    saved, now = progress["config"], config.to_dict()
+    saved_inputs = progress["inputs"]
+    lacks = [k for k in sorted(now) if k not in _NOT_LEARNT and k not in saved]
+    lacks += [f"{k} fingerprint" for k in sorted(inputs) if k not in saved_inputs]
+    if lacks:
+        raise _older_state(folder, ", ".join(lacks))
     differ = sorted(
         k for k in set(saved) | set(now) if k not in _NOT_LEARNT and saved.get(k) != now.get(k)
     )
-    # runs saved before an input was recorded have no entry for it: they resume as before
-    saved_inputs = progress.get("inputs", {})
-    differ += [
-        f"the {k}" for k in sorted(inputs) if k in saved_inputs and saved_inputs[k] != inputs[k]
-    ]
+    differ += [f"the {k}" for k in sorted(inputs) if saved_inputs[k] != inputs[k]]
     if differ:
         raise ConfigError(
             f"{folder} holds an edge-pruning run with other settings ({', '.join(differ)}); "
@@ -216,10 +212,10 @@ def _load_state(folder: Path, params, optimizer, config, inputs) -> tuple[int, l
 
 
 def prune_edges(
-    model: Any,
+    model: HookedModel,
     pairs: PromptPairs,
     config: EdgePruneSettings | None = None,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
+    out: str | os.PathLike[str] | None = None,
     means: torch.Tensor | None = None,
     progress: bool = True,
 ) -> EdgePruneResult:
@@ -259,7 +255,7 @@ def prune_edges(
                    "node_lambda_2": node_controller.lambda_2}  # fmt: skip
     senders = graph.edges[:, 0].to(device)
     base_lrs = [group["lr"] for group in optimizer.param_groups]
-    folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    folder = Path(out) if out is not None else None
     inputs = _inputs_key(model, pairs, means if config.fill == "mean" else None)
     start, history = 0, []
     if folder is not None:
@@ -286,16 +282,12 @@ def prune_edges(
             if node_log_alpha is not None:
                 z_node = sample_hard_concrete(node_log_alpha, generator=step_gen)
                 weights = z * z_node[senders]
-            mask = EdgeMask(
-                graph,
-                weights,
-                config.fill,
-                means if config.fill == "mean" else None,
-                hard_concrete=True,
-            )
+            mask = EdgeMask(graph, weights, config.fill, means if config.fill == "mean" else None)
+            run = None
             if config.fill == "corrupted":
-                mask = mask._patched_by_z(model, **batch.corrupted)
-            with hooked(model, mask.hooks(model)):
+                run = record_corrupted(model, graph, **batch.corrupted)
+            hooks = masked_hooks(model, mask, hard_concrete=True, corrupted=run)
+            with hooked(model, hooks):
                 logits = answer_logits(metric_logits(model, batch), batch)
             kl = kl_divergence(logits, reference[index.to(reference.device)], batch).mean()
             sparsity = sampled_sparsity(z)

@@ -71,7 +71,8 @@ PATHS = ("means", "mask", "checkpoints", "model", "checkpoint", "train")
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, like every other mi-core error, and that
-    takes no abbreviated flags (``sweep --seed 3`` was read as ``--seeds 3``: three seeds)."""
+    takes no abbreviated flags (with them, ``sweep --seed 3`` would be read as ``--seeds 3``:
+    three seeds)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)

@@ -65,8 +65,9 @@ class TokenizedPairs:
             raise IndexError(f"example {bad} of {self.name or 'pairs'}: it has {n} examples")
         rows = lengths[idx]
         width = int(rows.max()) if len(idx) else 0
-        # one gather for the whole batch (a batched group collates 100+ rows a step, and
-        # padding them row by row in Python was a tenth of a GPU step)
+        # one gather for the whole batch: a batched group collates 100+ rows a step, and padding
+        # them row by row in Python is a visible share of a GPU step (benchmarks/README.md, GPU
+        # results, ``bench_sweep.py --device cuda --executors batched --profile``)
         keep = np.arange(width)[None, :] < rows[:, None]
         at = np.where(keep, offsets[idx][:, None] + np.arange(width)[None, :], 0)
         if len(flat_ids):

@@ -674,8 +674,8 @@ def canonical_spec(spec: str) -> str:
 
 
 def check_pair_spec(spec: str | os.PathLike[str]) -> None:
-    """Refuse a spec that names no sentence-pair data set, before anything loads (a typo had
-    failed only after the model had loaded): a registry name (its file is looked for when it
+    """Refuse a spec that names no sentence-pair data set, before anything loads (so that a typo
+    fails before the model has loaded, not after): a registry name (its file is looked for when it
     loads), or a local file that exists. Raises :class:`DataError` as :func:`load_pairs` does."""
     text = os.fspath(spec) if isinstance(spec, os.PathLike) else spec
     if not isinstance(text, str) or not text.strip():
@@ -712,8 +712,8 @@ def load_pairs(
 
     Files are read from ``data_dir`` (else ``$MI_CORE_DATA_DIR``); MNLI, QQP and HANS fall back to
     the hub when online. ``max_examples`` keeps the first rows (after any subcase filter; a
-    HANS set of several subcases takes its rows from every subcase in turn: the first 1,000 of
-    ``hans`` had been one subcase, all non-entailment);
+    HANS set of several subcases takes its rows from every subcase in turn, since HANS's rows
+    come subcase by subcase: its first 1,000 are one subcase, all non-entailment);
     ``task`` forces the model task (needed only for ambiguous local files).
     """
     _check_max(max_examples)

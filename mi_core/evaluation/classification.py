@@ -147,7 +147,7 @@ def evaluate(
         raise DataError(f"{dataset.name} is empty; nothing to evaluate")
     n_labels = getattr(model, "num_labels", None)
     if n_labels is not None and n_labels != len(dataset.prediction_map):
-        raise DataError(  # a 2-class QQP model on MNLI pairs had been scored without a word
+        raise DataError(  # else a 2-class QQP model would score MNLI pairs without a word
             f"{dataset.name} is {dataset.task} data ({len(dataset.prediction_map)} classes) but "
             f"the model has {n_labels} classes"
         )

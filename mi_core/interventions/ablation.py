@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -29,6 +29,9 @@ from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
 from mi_core.models.hook_context import prepended_hooks
 from mi_core.models.hooks import act_name
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 Hook = Callable[..., torch.Tensor]
 
@@ -76,7 +79,7 @@ def interpolate(x: torch.Tensor, keep: torch.Tensor, fill: torch.Tensor | None) 
 
 
 def mask_hooks(
-    model: Any,
+    model: HookedModel,
     mask: ComponentMask,
     means: ComponentMeans | None = None,
     ablation: str | Ablation = Ablation.MEAN,
@@ -148,7 +151,7 @@ def fill_name(ablation: str | Ablation, means: ComponentMeans | None) -> str:
 
 
 @contextlib.contextmanager
-def removal_claims(model: Any, mask: ComponentMask, fill: str) -> Iterator[None]:
+def removal_claims(model: HookedModel, mask: ComponentMask, fill: str) -> Iterator[None]:
     """For a ``with`` block, record that ``fill`` replaces each component ``mask`` removes.
 
     A component that an enclosing intervention already removes with another fill is refused:
@@ -183,7 +186,7 @@ def removal_claims(model: Any, mask: ComponentMask, fill: str) -> Iterator[None]
 
 @contextlib.contextmanager
 def ablate(
-    model: Any,
+    model: HookedModel,
     mask: ComponentMask,
     means: ComponentMeans | None = None,
     ablation: str | Ablation = Ablation.MEAN,

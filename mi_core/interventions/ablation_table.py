@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -44,6 +44,9 @@ from mi_core.interventions.means import ComponentMeans
 from mi_core.models.classifier import StagedClassifier, batch_inputs
 from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 Batch = Mapping[str, torch.Tensor]
 Logits = Float[torch.Tensor, "n label"]
@@ -69,7 +72,7 @@ class AblationLogits:
         return float(torch.stack(diffs).max())
 
 
-def _check_heads(model: Any, components: Iterable[Component]) -> None:
+def _check_heads(model: HookedModel, components: Iterable[Component]) -> None:
     cfg = model_dims(model)
     for c in components:
         c.check(cfg.n_layers, cfg.n_heads)
@@ -162,7 +165,7 @@ def ablation_logits(
 
 
 def _stacked_head_ablations(
-    model: Any,
+    model: HookedModel,
     resid_pre: Float[torch.Tensor, "batch pos d_model"],
     attention_mask: torch.Tensor,
     layer: int,
@@ -206,7 +209,7 @@ def _stacked_head_ablations(
     return model.classify(resid, repeated_mask).unflatten(0, (k, batch))
 
 
-def _readout_hooks(model: Any) -> list[tuple[str, Any]]:
+def _readout_hooks(model: HookedModel) -> list[tuple[str, Any]]:
     """Hooks that make the last block compute only the token the encoder's head reads.
 
     An encoder classifier reads the first token of the last block's output, so in that block
@@ -223,7 +226,7 @@ def _readout_hooks(model: Any) -> list[tuple[str, Any]]:
 
 @torch.inference_mode()
 def naive_ablation_logits(
-    model: Any,
+    model: HookedModel,
     batches: Iterable[Batch],
     heads: Sequence[Component],
     joints: Sequence[HeadSet] = (),
@@ -411,7 +414,7 @@ def _signed(points: float) -> str:
 
 
 def ablation_table(
-    model: Any,
+    model: HookedModel,
     datasets: Sequence[Any],
     heads: str | Sequence[Component | str | tuple[int, int]] | None = None,
     joints: Sequence[str | Sequence[Component | str | tuple[int, int]]] = (),
@@ -430,8 +433,8 @@ def ablation_table(
     sequence of heads in any of those forms (``["L2.H5", "L4.H0"]``).
     With ``others``, every other head is ablated too, one at a time, for the
     ``Avg. (others)`` row (one pass per head: only when asked); without it there is no such
-    row (a joint set's heads are ablated singly for its superadditivity, but a few of them
-    averaged had made an Avg. row look like every other head's).
+    row (a joint set's heads are ablated singly for its superadditivity, but an Avg. row of a
+    few of them would look like an average of every other head).
     """
     if heads is not None:
         heads = parse_components(heads, model)

@@ -25,7 +25,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from safetensors import SafetensorError
 
@@ -36,6 +36,9 @@ from mi_core.interventions.subnetwork import SUBNETWORK_KIND, Subnetwork
 from mi_core.io import read_safetensors
 from mi_core.models.hook_context import prepended_hooks
 
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
+
 __all__ = ["Intervention", "apply", "intervention_hooks", "load_intervention"]
 
 Hook = tuple[str, Callable[..., Any]]
@@ -45,7 +48,7 @@ Hook = tuple[str, Callable[..., Any]]
 class Intervention(Protocol):
     """What every intervention provides."""
 
-    def hooks(self, model: Any) -> list[Hook]:
+    def hooks(self, model: HookedModel) -> list[Hook]:
         """Forward hooks ``(hook name, fn)`` that apply it to ``model`` (checked to fit)."""
         ...
 
@@ -54,13 +57,15 @@ class Intervention(Protocol):
         ...
 
 
-def _prepared(model: Any, intervention: Intervention) -> contextlib.AbstractContextManager[Any]:
+def _prepared(
+    model: HookedModel, intervention: Intervention
+) -> contextlib.AbstractContextManager[Any]:
     """The model switches an intervention needs (its optional ``prepare(model)``), or none."""
     prepare = getattr(intervention, "prepare", None)
     return prepare(model) if prepare is not None else contextlib.nullcontext(model)
 
 
-def intervention_hooks(model: Any, interventions: Sequence[Intervention]) -> list[Hook]:
+def intervention_hooks(model: HookedModel, interventions: Sequence[Intervention]) -> list[Hook]:
     """The hooks of ``interventions`` in the order they act (the first one acts first)."""
     hooks: list[Hook] = []
     for intervention in interventions:
@@ -74,7 +79,7 @@ def intervention_hooks(model: Any, interventions: Sequence[Intervention]) -> lis
 
 
 @contextlib.contextmanager
-def apply(model: Any, *interventions: Intervention) -> Iterator[Any]:
+def apply(model: HookedModel, *interventions: Intervention) -> Iterator[Any]:
     """Context manager: inside it, ``model`` runs with every intervention applied.
 
     An intervention may switch on what it needs for the span of the block (its optional
@@ -116,7 +121,7 @@ def load_intervention(path: str | os.PathLike[str]) -> Intervention:
         raise InterventionError(f"no intervention file at {path}") from None
     except (SafetensorError, OSError, ValueError) as exc:
         raise InterventionError(f"{path} is not a safetensors file ({exc})") from None
-    kind = metadata.get("kind") or metadata.get("format")
+    kind = metadata.get("kind")
     if kind == SUBNETWORK_KIND:
         return Subnetwork.load(path)
     if is_neuron_masks(metadata):

@@ -7,12 +7,15 @@ zero-based, as in TransformerLens (``L2.H5`` is ``blocks.2.attn.hook_z[:, :, 5]`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformer_lens import HookedTransformerConfig
 
 from mi_core.errors import InterventionError
 from mi_core.naming import Component
+
+if TYPE_CHECKING:
+    pass
 
 
 def model_dims(cfg_or_model: Any) -> HookedTransformerConfig:

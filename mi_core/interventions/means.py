@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -33,6 +33,9 @@ from mi_core.models.classifier import StagedClassifier, batch_inputs
 from mi_core.models.fingerprint import weights_fingerprint
 from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 MEANS_KIND = "mi_core.ComponentMeans"
 _FORMAT_VERSION = "1"
@@ -94,7 +97,7 @@ class ComponentMeans:
             self._cast[key] = (self.z.to(device, dtype), self.mlp_out.to(device, dtype))
         return self._cast[key]
 
-    def check_model(self, model: Any, *, fingerprint: bool = True) -> None:
+    def check_model(self, model: HookedModel, *, fingerprint: bool = True) -> None:
         """Raise :class:`InterventionError` unless these means were made for ``model``."""
         cfg = model_dims(model)
         want = (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_model)
@@ -183,7 +186,7 @@ class ComponentMeans:
         )
 
 
-def load_means(path: str | os.PathLike[str], model: Any | None = None) -> ComponentMeans:
+def load_means(path: str | os.PathLike[str], model: HookedModel | None = None) -> ComponentMeans:
     """Read means saved by :meth:`ComponentMeans.save`; with ``model``, check they are its own."""
     path = Path(path)
     if not path.is_file():
@@ -208,7 +211,7 @@ def load_means(path: str | os.PathLike[str], model: Any | None = None) -> Compon
 
 @torch.inference_mode()
 def compute_means(
-    model: Any,
+    model: HookedModel,
     batches: Iterable[Mapping[str, torch.Tensor]],
     *,
     dataset: str = "",
@@ -291,7 +294,7 @@ def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
 
 
 def run_body(
-    model: Any,
+    model: HookedModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,

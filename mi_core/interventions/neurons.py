@@ -42,13 +42,14 @@ from mi_core.models.hooks import act_name
 #: intervention file has.
 NEURON_MASKS_KIND = "mi_core.PruneMasks"
 _FORMAT_VERSION = "1"
-#: The tag files written before the kind / format_version metadata carried (still read).
+#: The tag masks files of an older mi_core carried instead of ``kind`` / ``format_version``:
+#: such a file is refused with one line that says to write it again.
 FORMAT = "mi_core.interventions.neurons/1"
 
 
 def is_neuron_masks(metadata: dict[str, str]) -> bool:
-    """Whether a safetensors file's metadata says it holds :class:`PruneMasks` (this version's
-    ``kind`` or the older ``format`` tag)."""
+    """Whether a safetensors file's metadata says it holds :class:`PruneMasks` (of this
+    mi_core, or of an older one, which :meth:`PruneMasks.load` refuses)."""
     return metadata.get("kind") == NEURON_MASKS_KIND or metadata.get("format") == FORMAT
 
 
@@ -263,7 +264,12 @@ class PruneMasks:
             raise InterventionError(
                 f"{path} is not a separability masks file (kind {NEURON_MASKS_KIND})"
             )
-        if metadata.get("kind") and metadata.get("format_version") != _FORMAT_VERSION:
+        if metadata.get("kind") is None:
+            raise InterventionError(
+                f"{path} is a masks file of an older mi_core (format tag {FORMAT}, no "
+                "format_version): re-run mi-core separability to write it again"
+            )
+        if metadata.get("format_version") != _FORMAT_VERSION:
             raise InterventionError(
                 f"{path}: masks format {metadata.get('format_version')!r} is not "
                 f"{_FORMAT_VERSION!r}; it was written by another mi_core version"

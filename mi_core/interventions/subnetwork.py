@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from mi_core.interventions.ablation import Ablation, fill_name, mask_hooks
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import AVERAGING, ComponentMeans
 from mi_core.io import read_safetensors, write_safetensors
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = ["SUBNETWORK_KIND", "Subnetwork"]
 
@@ -61,7 +64,7 @@ class Subnetwork:
             )
 
     # ------------------------------------------------------------------------ intervention
-    def hooks(self, model: Any) -> list[tuple[str, Any]]:
+    def hooks(self, model: HookedModel) -> list[tuple[str, Any]]:
         """Hooks that replace every removed head's ``hook_z`` and MLP's ``hook_mlp_out``."""
         self.mask.check_model(model)
         if self.means is not None:

@@ -15,7 +15,7 @@ import difflib
 import warnings
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Float, Int
@@ -34,6 +34,9 @@ from mi_core.models.fast_paths import enable_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
 from mi_core.models.hooks import act_name
 from mi_core.models.text import encode_pairs, pad_token_id
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
 
 Ids = Int[torch.Tensor, "batch pos"]
 #: Keys of an mi_core batch that ``forward`` accepts and ignores (``model(**batch)``).
@@ -451,7 +454,7 @@ def _refuse_decoder_keywords(method: str, given: Mapping[str, object], takes: tu
         )
 
 
-def check_context(model: Any, n_tokens: int) -> None:
+def check_context(model: HookedTransformer | HookedEncoderClassifier, n_tokens: int) -> None:
     """Refuse ``n_tokens`` positions beyond ``model``'s context (:class:`ModelInputError`): its
     positional embedding has no row for them."""
     n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
@@ -463,7 +466,9 @@ def check_context(model: Any, n_tokens: int) -> None:
 
 
 def batch_inputs(
-    model: Any, batch: Mapping[str, Any], device: torch.device | str | None = None
+    model: HookedTransformer | HookedEncoderClassifier,
+    batch: Mapping[str, Any],
+    device: torch.device | str | None = None,
 ) -> tuple[Ids, Int[torch.Tensor, "batch pos"], Ids | None]:
     """A batch's ``input_ids``, attention mask and token types on ``device``, with what the
     batch lacks filled in as ``model(input_ids)`` fills it (:meth:`HookedClassifier.infer_inputs`:

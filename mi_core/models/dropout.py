@@ -24,13 +24,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from mi_core.models.hook_context import prepended_hooks
 from mi_core.models.hooks import act_name
+
+if TYPE_CHECKING:
+    from transformer_lens.hook_points import HookedRootModule
 
 Hook = Callable[..., torch.Tensor]
 
@@ -80,7 +83,9 @@ def _dropout(p: float) -> Hook:
     return hook
 
 
-def dropout_hooks(model: Any, rates: DropoutRates | None = None) -> list[tuple[str, Hook]]:
+def dropout_hooks(
+    model: HookedRootModule, rates: DropoutRates | None = None
+) -> list[tuple[str, Hook]]:
     """``(hook name, hook)`` pairs applying ``rates`` (default: the model's ``dropout_rates``)."""
     rates = rates if rates is not None else getattr(model, "dropout_rates", None) or DropoutRates()
     hooks: list[tuple[str, Hook]] = []
@@ -101,7 +106,7 @@ def dropout_hooks(model: Any, rates: DropoutRates | None = None) -> list[tuple[s
 
 @contextlib.contextmanager
 def train_dropout(
-    model: Any, enabled: bool = True, rates: DropoutRates | None = None
+    model: HookedRootModule, enabled: bool = True, rates: DropoutRates | None = None
 ) -> Iterator[Any]:
     """Context manager: inside it, ``model`` runs with its checkpoint's dropout.
 

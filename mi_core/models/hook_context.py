@@ -1,8 +1,9 @@
 """Hooks that hold for the span of a ``with`` block, removed from their own points alone.
 
 TransformerLens's ``model.hooks(...)`` removes its hooks on leaving by visiting every hook point
-of the model (about 1,570 on SmolLM2, each a module attribute set: 8 ms a block on a CPU, a
-tenth of a no-grad forward at a few tokens, and all of it host time that a GPU waits on).
+of the model (about 1,570 on SmolLM2, each a module attribute set: host time that a GPU waits
+on; its cost: benchmarks/README.md, Results, the A / B of mi_core's hook blocks against
+``model.hooks()``).
 :func:`hooked` is the same block that visits only the points it hooked.
 
 One difference: TransformerLens's sweep also removes, as a side effect, hooks that other code
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformer_lens.hook_points import HookedRootModule
 
 HookName = str | Callable[[str], bool]
 
 
-def _points(model: Any, name: HookName) -> list[Any]:
+def _points(model: HookedRootModule, name: HookName) -> list[Any]:
     """The hook points ``name`` names: one name, or a filter on names (as TransformerLens)."""
     if isinstance(name, str):
         return [model.mod_dict[name]]
@@ -28,7 +32,7 @@ def _points(model: Any, name: HookName) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _level(model: Any) -> Iterator[tuple[int, dict[int, Any]]]:
+def _level(model: HookedRootModule) -> Iterator[tuple[int, dict[int, Any]]]:
     """A context level of its own; on leaving, the hooks added at it to the points collected in
     the dict are removed (those points alone), as ``reset_hooks(level=...)`` would."""
     model.context_level += 1
@@ -43,7 +47,9 @@ def _level(model: Any) -> Iterator[tuple[int, dict[int, Any]]]:
 
 
 @contextlib.contextmanager
-def hooked(model: Any, fwd_hooks: Sequence[tuple[HookName, Callable]]) -> Iterator[Any]:
+def hooked(
+    model: HookedRootModule, fwd_hooks: Sequence[tuple[HookName, Callable]]
+) -> Iterator[Any]:
     """``model.hooks(fwd_hooks=...)`` of TransformerLens, leaving in time proportional to the
     hooks added rather than to the model's hook points. The hooks go after any already there.
     An object that only offers ``hooks()`` (no TransformerLens hook dictionary) gets its own."""
@@ -61,7 +67,7 @@ def hooked(model: Any, fwd_hooks: Sequence[tuple[HookName, Callable]]) -> Iterat
 
 @contextlib.contextmanager
 def prepended_hooks(
-    model: Any,
+    model: HookedRootModule,
     hooks: Sequence[tuple[str, Callable]],
     appended: Sequence[tuple[str, Callable]] = (),
 ) -> Iterator[Any]:

@@ -15,7 +15,7 @@ import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
@@ -38,6 +38,9 @@ from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import disable_fast_paths, enable_lm_fast_paths
 from mi_core.models.weight_cache import CACHED_WEIGHTS
 from mi_core.tasks import TASK_LABELS, TASK_NUM_LABELS
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +302,7 @@ def _label_key(name: str) -> str:
     return "_".join(str(name).strip().lower().replace("-", " ").split())
 
 
-def _output_layer(model: Any) -> torch.nn.Linear | None:
+def _output_layer(model: HookedModel) -> torch.nn.Linear | None:
     """The last linear layer of a sequence classifier's head (one row per class)."""
     for path in ("classifier.out_proj", "classifier", "score"):
         layer = model
@@ -323,7 +326,7 @@ def _written_by_finetune(path: Any) -> bool:
     return isinstance(keys, dict) and "step" in keys and "optimizer" in keys
 
 
-def _in_task_order(model: Any, task: str, name: str, finetuned: bool = False) -> None:
+def _in_task_order(model: HookedModel, task: str, name: str, finetuned: bool = False) -> None:
     """A checkpoint whose ``id2label`` names the task's labels in another order (e.g.
     roberta-large-mnli: contradiction, neutral, entailment) gets its head's rows reordered to
     the task's order (:data:`~mi_core.tasks.TASK_LABELS`), with ``id2label`` to match, so its
@@ -667,7 +670,7 @@ def load_model(
     return model
 
 
-def warn_if_random_head(model: Any, source: str, what: str = "these accuracies") -> None:
+def warn_if_random_head(model: HookedModel, source: str, what: str = "these accuracies") -> None:
     """Warn that ``model``'s classifier head was made at random when it loaded (a checkpoint
     with no head of its own, e.g. a language model): ``what`` are then chance numbers."""
     if not getattr(model, "head_from_checkpoint", True):

@@ -50,7 +50,7 @@ def initial_log_alpha(droprate_init: float = DROPRATE_INIT) -> float:
 DISCRETIZE_RULES = ("reference", "exact")
 #: How the Lagrangian term measures the current sparsity ``t``.
 SPARSITY_ESTIMATES = ("sampled", "expected")
-#: Where the runs of a sweep execute (mi_core.pruning.sweep.run_sweep).
+#: Where the runs of a sweep execute (mi_core.pruning.sweeps.run_sweep).
 EXECUTORS = ("local", "batched", "ray")
 
 

@@ -183,8 +183,8 @@ def reference_binary_mask(
     best: tuple[float, float, torch.Tensor] | None = None
     for threshold in grid:
         keep = soft > threshold
-        # in components, in float64: a float32 mean had split exact ties by rounding (77 and
-        # 79 of 156 around 78), so the sparser mask won one of two mirror-image ties
+        # in components, in float64: a float32 mean splits exact ties by rounding (77 and 79
+        # of 156 around 78), and the sparser mask would win one of two mirror-image ties
         gap = abs(int((~keep).sum()) - target_sparsity * n)
         if best is None or gap < best[0] - 1e-9:
             best = (gap, threshold, keep)

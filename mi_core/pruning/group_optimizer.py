@@ -4,13 +4,14 @@ Each run of a group keeps its own AdamW (:func:`~mi_core.pruning.lagrangian.prun
 the gates descending, the lambdas ascending, decoupled weight decay) and its own gradient-norm
 clipping. Stepped one run after another, that is a clipping and an optimizer step per run, each
 a handful of kernels and Python calls: on a GPU, where the shared forward / backward pass is
-cheap, they were much of a group step's host time. :class:`GroupAdamW` holds the runs' moments
-stacked ``[runs, ...]`` and takes every run's clipping and AdamW update as a few kernels for the
-whole group, with each run's own learning rate (its schedule's factor), step count and weight
-decay. It computes what ``torch.nn.utils.clip_grad_norm_`` and ``torch.optim.AdamW`` compute for
-each run alone (tested: equal to float rounding); each run's ``AdamW`` object gets its state back
-(:meth:`GroupAdamW.export`) before its checkpoint is written, so checkpoints and resumption are
-those of a run alone.
+cheap, each is host time the device waits on (what taking them together saves on a CPU:
+benchmarks/README.md, Results, the A / B probe of ``GroupAdamW``). :class:`GroupAdamW` holds
+the runs' moments stacked ``[runs, ...]`` and takes every run's clipping and AdamW update as a
+few kernels for the whole group, with each run's own learning rate (its schedule's factor),
+step count and weight decay. It computes what ``torch.nn.utils.clip_grad_norm_`` and
+``torch.optim.AdamW`` compute for each run alone (tested: equal to float rounding); each run's
+``AdamW`` object gets its state back (:meth:`GroupAdamW.export`) before its checkpoint is
+written, so checkpoints and resumption are those of a run alone.
 """
 
 from __future__ import annotations

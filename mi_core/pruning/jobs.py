@@ -29,8 +29,8 @@ from mi_core.pruning.profiles import (
 from mi_core.tasks import TASKS
 
 if TYPE_CHECKING:  # the jobs import them when they run: the configs stay light
-    from mi_core.pruning.run import PruneResult
-    from mi_core.pruning.sweep import SweepResult
+    from mi_core.pruning.result import PruneResult
+    from mi_core.pruning.sweeps import SweepResult
 
 __all__ = [
     "EXECUTION_FIELDS",
@@ -71,7 +71,7 @@ class SweepExecution(Config):
             raise ConfigError("num_cpus_per_run must be > 0 and num_gpus_per_run >= 0")
 
     def execution(self) -> dict[str, Any]:
-        """These settings as keyword arguments of :func:`~mi_core.pruning.sweep.run_sweep`."""
+        """These settings as keyword arguments of :func:`~mi_core.pruning.sweeps.run_sweep`."""
         return {f: getattr(self, f) for f in EXECUTION_FIELDS}
 
 
@@ -97,7 +97,7 @@ class PruneJobSettings(DeviceOption):
     """Output directory."""
     profile: str = option("paper", choices=PROFILES)
     """paper: the authors' recipe; quick: the same on a short schedule; cofi: CoFi's mechanics
-    (mi_core's earlier default)."""
+    on the paper's schedule."""
     overrides: dict[str, Any] = option(default_factory=dict, cli=False)
     """PruneConfig fields that differ from the profile (the recipe flags set them)."""
     max_train_examples: int | None = None
@@ -164,8 +164,8 @@ def run_prune_job(config: PruneRunConfig, *, progress: bool = True) -> PruneResu
 
 def run_sweep_job(config: SweepConfig, *, progress: bool = True) -> SweepResult:
     """Run every missing run of ``config``'s sweep; return its runs (metrics table and masks,
-    ``SweepResult.load(config.out)``, as :func:`~mi_core.pruning.sweep.sweep` returns them)."""
-    from mi_core.pruning.sweep import SweepResult, run_sweep
+    ``SweepResult.load(config.out)``, as :func:`~mi_core.pruning.sweeps.sweep` returns them)."""
+    from mi_core.pruning.sweeps import SweepResult, run_sweep
 
     run_sweep(
         config.model,

@@ -95,7 +95,8 @@ def component_weights(
     d_head: int | None = None,
     d_mlp: int | None = None,
 ) -> Float[torch.Tensor, " n_components"]:
-    """One weight per component in the flat order of :func:`~mi_core.pruning.flatten_components`.
+    """One weight per component in the flat order of
+    :func:`~mi_core.pruning.discretize.flatten_components`.
 
     ``"components"``: every head and MLP weighs 1. ``"params"``: a head weighs its Q, K, V and O
     matrices (``4 * d_model * d_head``), an MLP its two matrices (``2 * d_model * d_mlp``);

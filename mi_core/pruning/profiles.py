@@ -9,9 +9,10 @@ Three profiles:
   lambdas, the learning rate warmed up over 200 steps then decayed linearly to 0, gradient norm
   clipped at 1; the pruned model with the checkpoint's dropout; the authors' discretisation.
 * ``quick`` -- the ``paper`` recipe on a short schedule for 2 CPU cores (600 steps of 16),
-  started where the paper's weight decay has brought ``log_alpha`` when gradients begin to flow
-  (N(3, 0.01); see :func:`_profile_values` for what it changes and why).
-* ``cofi`` -- mi_core's earlier default, CoFi's mechanics on the paper's schedule: the closed-form
+  with ``log_alpha ~ N(3, 0.01)`` instead of N(10, 0.01) so that the gates move within it: a
+  departure from the recipe (why, and the variants tried: experiments/README.md, "Finding the
+  quick profile").
+* ``cofi`` -- CoFi's mechanics on the paper's schedule: the closed-form
   expected L0 in the Lagrangian, every ``log_alpha`` at ``log 99``, AdamW without weight decay,
   a constant learning rate, no clipping, no dropout, exact top-k discretisation.
 
@@ -192,7 +193,8 @@ PAPER_MECHANICS: dict[str, Any] = dict(
     dropout=True,
     discretize="reference",
 )
-#: CoFi's mechanics: mi_core's behaviour before the authors' recipe became the default.
+#: CoFi's mechanics (the ``cofi`` profile): what it sets where :data:`PAPER_MECHANICS` sets the
+#: authors'.
 COFI_MECHANICS: dict[str, Any] = dict(
     sparsity_estimate="expected",
     log_alpha_init=initial_log_alpha(DROPRATE_INIT),
@@ -207,8 +209,9 @@ COFI_MECHANICS: dict[str, Any] = dict(
 )
 #: Steps of the quick profile (batch 16, no accumulation).
 QUICK_STEPS = 600
-#: Where the quick profile's log_alpha starts: where the paper's decay has brought it when
-#: gradients begin to flow (see :func:`_profile_values`).
+#: Where the quick profile's log_alpha starts (the mean of N(3, 0.01)): a sampled gate is below 1
+#: a fifth of the time there, so the gates get gradients within its short schedule
+#: (experiments/README.md, "Finding the quick profile").
 QUICK_INIT = 3.0
 
 
@@ -234,20 +237,9 @@ def _profile_values(profile: str, target_sparsity: float) -> dict[str, Any]:
     if profile == "cofi":
         return {**_paper_schedule_values(target_sparsity), **COFI_MECHANICS}
     if profile == "quick":
-        # The paper's recipe with its slow start replaced, on a short schedule. From
-        # log_alpha = 10 a sampled gate leaves 1 only rarely (a draw with u < 2.3e-4), but Adam
-        # turns each such gradient into a step of order 1, so over the paper's first steps a
-        # few gates run ahead while weight decay pulls all of them down slowly (a penalty-only
-        # simulation of its schedule: 966 fractional draws in 300 steps, 79 of 156 gates more
-        # than 0.5 below the decay-only path, the lowest at -5.8). From 10, 600 steps of 16
-        # reached a sampled sparsity of 1.7 % against 50 % (measured), so quick starts at
-        # N(3, 0.01), where P(z < 1) = 0.2: a departure, not a fast-forward. The rest is the
-        # paper's: weight decay 0.01 on gates and lambdas, lr 0.1 / 1, warm-up and linear decay,
-        # clipping, dropout, sampled-gate sparsity, the authors' discretisation. The target ramps
-        # over the same 97 % of the run and the lr warm-up keeps its share (200 of 9,300).
-        # Scaling the weight decay up instead (to match the paper's total decay in 300 steps)
-        # pulls every gate to log_alpha ~ 0, where a coin-flip sample already meets a 50 %
-        # target: the constraint is met and nothing is decided (measured, experiments/README).
+        # The paper's recipe scaled to QUICK_STEPS (the target ramp and the lr warm-up keep their
+        # share of the run), log_alpha starting at QUICK_INIT: experiments/README.md, "Finding
+        # the quick profile" says what each value is and why.
         warmup, total = paper_schedule(target_sparsity)
         steps = QUICK_STEPS
         return dict(
@@ -381,8 +373,8 @@ def _seed_list(spec: str) -> list[int]:
 
 
 def _check_list(values: list, spec: str, what: str, items: str) -> None:
-    """At most :data:`MAX_LIST` values, none twice (counted in one pass: a list of 200,000 took
-    minutes to check pair by pair)."""
+    """At most :data:`MAX_LIST` values, none twice (counted in one pass, so a long list costs
+    linear time, not a comparison of every pair)."""
     if len(values) > MAX_LIST:
         raise ConfigError(f"{what} {spec!r} holds {len(values)} values; at most {MAX_LIST}")
     duplicates = sorted(v for v, n in collections.Counter(values).items() if n > 1)

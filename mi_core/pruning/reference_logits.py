@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -26,6 +26,9 @@ from mi_core.errors import ConfigError
 from mi_core.evaluation import predict_logits
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.fingerprint import weights_fingerprint
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 REFERENCE_KIND = "mi_core.ReferenceLogits"
 
@@ -40,7 +43,7 @@ def tokens_digest(tokenized: TokenizedPairs) -> str:
     return digest.hexdigest()[:16]
 
 
-def reference_metadata(model: Any, tokenized: TokenizedPairs) -> dict[str, str]:
+def reference_metadata(model: HookedModel, tokenized: TokenizedPairs) -> dict[str, str]:
     """What a reference-logits file must record to be reused for ``model`` and ``tokenized``."""
     return {
         "kind": REFERENCE_KIND,
@@ -55,7 +58,7 @@ def reference_metadata(model: Any, tokenized: TokenizedPairs) -> dict[str, str]:
 
 @torch.no_grad()
 def compute_reference_logits(
-    model: Any, tokenized: TokenizedPairs, batch_size: int = 128, progress: bool = False
+    model: HookedModel, tokenized: TokenizedPairs, batch_size: int = 128, progress: bool = False
 ) -> Float[torch.Tensor, "n label"]:
     """The unmasked model's class logits for every example of ``tokenized`` (float32, CPU)."""
     if len(tokenized) == 0:
@@ -75,7 +78,9 @@ def compute_reference_logits(
 
 
 def load_reference_logits(
-    path: str | os.PathLike[str], model: Any | None = None, tokenized: TokenizedPairs | None = None
+    path: str | os.PathLike[str],
+    model: HookedModel | None = None,
+    tokenized: TokenizedPairs | None = None,
 ) -> Float[torch.Tensor, "n label"]:
     """Read a reference-logits file; with ``model`` and ``tokenized``, check it fits them."""
     path = Path(path)
@@ -103,7 +108,7 @@ def load_reference_logits(
 
 
 def reference_logits(
-    model: Any,
+    model: HookedModel,
     tokenized: TokenizedPairs,
     path: str | os.PathLike[str],
     batch_size: int = 128,

@@ -100,7 +100,8 @@ class NeuronStats:
         if x.dtype not in (torch.float32, torch.float64):
             x = x.float()
         buf = (workspace or Workspace()).get(x)
-        # Batch moments in the activation dtype (float32: about 4x cheaper than float64 on CPU),
+        # Batch moments in the activation dtype (float32 is cheaper than float64 on a CPU:
+        # benchmarks/README.md, Results, "batch moments"),
         # centred on the batch mean; the centred sum corrects mean and M2 for the rounding of
         # that mean exactly (sum (x-m)^2 = sum (x-mu)^2 + (sum (x-m))^2 / n).
         shift = x.mean(0)

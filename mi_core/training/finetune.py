@@ -6,9 +6,10 @@ Re-running with the same output directory resumes from the last checkpoint; each
 dropout is seeded from (seed, step), so a resumed run equals an uninterrupted one.
 
 With ``group_by_length`` (the default) batches hold examples of similar length, in a shuffled
-order, as Hugging Face's Trainer does with ``group_by_length``: on a CPU this halves the
-padding computed; each epoch draws new batches. The paper configs switch it off (the authors'
-random batches).
+order, as Hugging Face's Trainer does with ``group_by_length``, so that less of each batch is
+padding, which on a CPU costs what real tokens cost (the saving: benchmarks/README.md, Results,
+"length-grouped batches"); each epoch draws new batches. The paper configs switch it off (the
+authors' random batches).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -76,20 +77,25 @@ def _check_resumable(cfg: FinetuneConfig, out: Path, finished: bool) -> None:
         return
     before = read_json(saved)
     allowed = RESUMABLE_CHANGES | (FINISHED_CHANGES if finished else frozenset())
-    defaults = {f.name: f.default for f in fields(cfg) if f.default is not MISSING}
     now = asdict(cfg)
-    changed = [k for k in now if k not in allowed and before.get(k, defaults.get(k)) != now[k]]
+    lacks = [k for k in now if k not in before]
+    if lacks:
+        raise ConfigError(
+            f"{saved} was written by an older mi_core (it has no {', '.join(lacks)}): run the "
+            f"fine-tuning again in a new --out (or delete {out})"
+        )
+    changed = [k for k in now if k not in allowed and before[k] != now[k]]
     if changed:
         raise ConfigError(
             f"{out} holds a run with other settings ({', '.join(changed)}); "
             "use a new --out or the same settings to resume"
         )
-    asked = [k for k in FINISHED_CHANGES if before.get(k, defaults.get(k)) != now[k]]
+    asked = [k for k in FINISHED_CHANGES if before[k] != now[k]]
     if finished and asked:  # accepted, but nothing is evaluated: say so and what to run
         log.warning(
             "%s is finished: its metrics keep the evaluation it trained with (%s); the %s "
             "asked now are not evaluated here (mi-core eval --model %s --data ...)",
-            out, ", ".join(f"{k}={before.get(k, defaults.get(k))}" for k in asked),
+            out, ", ".join(f"{k}={before[k]}" for k in asked),
             ", ".join(asked), out / f"checkpoint-{cfg.steps}",
         )  # fmt: skip
 

@@ -1,7 +1,7 @@
 """A fine-tuned MiniLM for walkthroughs: notebooks show a trained model's numbers, not chance.
 
 A task head made at random scores at chance, so every accuracy, ablation and pruning result a
-notebook showed on it was noise. :func:`walkthrough_classifier` gives the checkpoint of a
+notebook shows on it is noise. :func:`walkthrough_classifier` gives the checkpoint of a
 short, real fine-tune instead: ``make demo``'s own when it has run, else one fine-tuned once
 and kept in the cache folder.
 """
@@ -39,9 +39,10 @@ def walkthrough_classifier(
     task: str = "mnli", steps: int = WALKTHROUGH_STEPS, *, progress: bool = False
 ) -> Path:
     """The checkpoint folder of a MiniLM fine-tuned on ``task``: ``make demo``'s when it has
-    run, else ``steps`` steps of 16 on the task's training pairs, fine-tuned on first use (about
-    two minutes on 2 CPU cores) into ``$MI_CORE_CACHE_DIR/walkthrough`` and reused after. It
-    prints which, so a notebook says what model its numbers come from."""
+    run, else ``steps`` steps of 16 on the task's training pairs, fine-tuned on first use into
+    ``$MI_CORE_CACHE_DIR/walkthrough`` and reused after (how long that takes: benchmarks/README.md,
+    Results, "walkthrough_classifier"). It prints which, so a notebook says what model its
+    numbers come from."""
     demo = _demo_checkpoint(task)
     if demo is not None:
         print(f"the demo's fine-tuned MiniLM: {demo}")

@@ -11,7 +11,7 @@ import html as html_lib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -19,6 +19,9 @@ from torch import Tensor
 
 from mi_core.errors import ConfigError
 from mi_core.io import write_text
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = [
     "attention_view_fragment",
@@ -30,7 +33,7 @@ __all__ = [
 _RENDER_CALL = "CircuitsVis.render("
 
 
-def is_causal(pattern: Float[Tensor, "head q k"], model: Any | None = None) -> bool:
+def is_causal(pattern: Float[Tensor, "head q k"], model: HookedModel | None = None) -> bool:
     """Whether attention is causal: from ``model`` (a decoder, or a config with
     ``attention_dir``) when given, else from the pattern (no mass above the diagonal)."""
     if model is not None:
@@ -49,7 +52,7 @@ def attention_view_fragment(
     head_names: Sequence[str] | None = None,
     *,
     causal: bool | None = None,
-    model: Any | None = None,
+    model: HookedModel | None = None,
 ) -> str:
     """The circuitsvis ``attention_heads`` view of one example as an HTML fragment (a ``div``
     and an inline ``script``), with the JavaScript inlined. ``pattern[h, q, k]`` is head h's
@@ -96,7 +99,7 @@ def attention_view_html(
     *,
     title: str | None = None,
     causal: bool | None = None,
-    model: Any | None = None,
+    model: HookedModel | None = None,
 ) -> str:
     """A complete HTML page with the attention view of one example; works offline (the causal
     mask as in :func:`attention_view_fragment`)."""

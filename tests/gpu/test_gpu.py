@@ -12,7 +12,8 @@ from helpers import tasks, tiny_model
 from mi_core.data import load_pairs, pair_batches
 from mi_core.interventions import compute_means
 from mi_core.models import load_model
-from mi_core.pruning import make_prune_config, prune_group, prune_run
+from mi_core.pruning import make_prune_config, prune_group
+from mi_core.pruning.run import prune_run
 
 pytestmark = pytest.mark.gpu
 
@@ -118,6 +119,7 @@ def test_eap_and_an_edge_pruning_step_on_the_gpu_match_the_cpu(tiny_checkpoints,
     from mi_core.circuits import Graph, edge_attribution, logit_difference
     from mi_core.data.circuit_pairs import PromptPairs
     from mi_core.interventions import EdgeMask, graph_switches
+    from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
     from mi_core.models.frozen import frozen
     from mi_core.models.hook_context import hooked
     from mi_core.pruning.hard_concrete import sample_hard_concrete
@@ -140,10 +142,10 @@ def test_eap_and_an_edge_pruning_step_on_the_gpu_match_the_cpu(tiny_checkpoints,
         # the gates drawn on the CPU (one random stream for both devices), used on ``device``
         log_alpha = torch.full((graph.n_edges,), 3.0, requires_grad=True)
         z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(0))
-        mask = EdgeMask(graph, z.to(device), hard_concrete=True)
+        mask = EdgeMask(graph, z.to(device))
         with frozen(model, eval_mode=False), graph_switches(model):
-            mask = mask._patched_by_z(model, **batch.corrupted)
-            with hooked(model, mask.hooks(model)):
+            run = record_corrupted(model, graph, **batch.corrupted)
+            with hooked(model, masked_hooks(model, mask, hard_concrete=True, corrupted=run)):
                 model(**batch.clean).float().pow(2).mean().backward()
         with torch.no_grad():
             difference = logit_difference(model(**batch.clean), pairs).cpu()  # CPU pairs

@@ -177,14 +177,16 @@ def test_a_circuit_sweep_runs_each_sparsity_and_seed_once(tmp_path, capsys, tiny
         len(err) == 1 and "finished edge-pruning run with other settings (steps differ)" in err[0]
     )
     assert (out / "s0.80" / "seed2" / "summary.json").stat().st_mtime_ns == stamp
-    # a run finished before gradient clipping existed is not a finished run of the clipped
-    # recipe: its summary, without max_grad_norm, is refused under the new default
+    # a summary of an older mi_core (its config without max_grad_norm) is refused in one line
+    # that says to run it again, not read as a run of today's recipe
     path = out / "s0.80" / "seed2" / "summary.json"
     old = json.loads(path.read_text())
     old["config"].pop("max_grad_norm")
     path.write_text(json.dumps(old))
     assert main(argv) == 2
-    assert "max_grad_norm differ" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "older mi_core (its config has no max_grad_norm)" in err[0]
+    assert f"delete {out / 's0.80' / 'seed2'} and run it again" in err[0]
     # each seed draws its own gates: the runs' log_alpha differ
     first, second = (load_file(out / "s0.90" / f"seed{s}" / "scores.safetensors")["scores"]
                      for s in (1, 2))  # fmt: skip

@@ -331,6 +331,13 @@ def test_summary_judges_the_reports_finding():
     assert (
         "after 20 steps the cripple top-1 is at 10 % of its start, the focus top-1 at 80 %" in text
     )
+    # a summary of an older mi_core (no top-1 area, or no mode) is refused in one line
+    older = "separability summary of an older mi_core .*: re-run mi-core separability"
+    unsigned = {**summary(1.70), "areas": {"top1": {"separability_pct": 70.0}}}
+    with pytest.raises(ConfigError, match=older):
+        separability_findings(unsigned)
+    with pytest.raises(ConfigError, match=older):
+        separability_findings({k: v for k, v in summary(1.70).items() if k != "mode"})
 
 
 def test_bad_data_and_unreplaceable_outputs_are_refused_before_the_model_loads(

@@ -164,8 +164,8 @@ def test_resume_after_a_crash_gives_the_same_run(llama, tmp_path):
         run_separability(
             llama, focus, cripple, SeparabilityConfig(steps=2, ff_frac=0.2), state_path=state
         )
-    # a state from before the score was recorded ((c + eps) / (f + eps)) never resumes, even
-    # with its options given again: its steps and the new ones would mix two formulas
+    # a state of an older mi_core (its score, (c + eps) / (f + eps), not recorded) never
+    # resumes, even with its options given again: one line says to re-run elsewhere
     import json
 
     from mi_core.io import read_safetensors, write_safetensors
@@ -174,7 +174,11 @@ def test_resume_after_a_crash_gives_the_same_run(llama, tmp_path):
     identity = json.loads(metadata["identity"])
     identity.pop("score")
     write_safetensors(state, tensors, {**metadata, "identity": json.dumps(identity)})
-    with pytest.raises(ConfigError, match=r"scored by \(cripple \+ eps\)"):
+    older = r"state of an older mi_core \(it records no score formula\) and cannot resume: re-run"
+    with pytest.raises(ConfigError, match=older):
+        run_separability(llama, focus, cripple, config, state_path=state)
+    write_safetensors(state, tensors, {k: v for k, v in metadata.items() if k != "identity"})
+    with pytest.raises(ConfigError, match=older):
         run_separability(llama, focus, cripple, config, state_path=state)
 
 

@@ -15,8 +15,8 @@ from mi_core.errors import ConfigError
 from mi_core.interventions import ComponentMask, compute_means
 from mi_core.io import read_json
 from mi_core.models import load_model
-from mi_core.pruning import sweep as sweep_module
-from mi_core.pruning.sweep import run_dir_for, run_sweep
+from mi_core.pruning import sweeps as sweep_module
+from mi_core.pruning.sweeps import run_dir_for, run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -105,7 +105,7 @@ def test_sweep_runs_every_pair_then_only_what_is_missing(
     # the job function returns the runs in memory: the table and the masks, as sweep() does
     from mi_core.cli import build_parser
     from mi_core.cli.sweep import config_from_args
-    from mi_core.pruning import run_sweep_job
+    from mi_core.pruning.jobs import run_sweep_job
 
     result = run_sweep_job(config_from_args(build_parser().parse_args(args)))
     assert len(result.runs) == 4 and len(result.masks) == 4
@@ -225,9 +225,7 @@ def test_in_memory_sweep_equals_the_sweep_on_disk(model_path, means_file, tmp_pa
         max_train_examples=16, max_eval_examples=16, progress=False,
     )  # fmt: skip
     memory = sweep(model, "mnli:train", str(means_file), [0.3, 0.5], [1, 2], **kwargs)
-    disk = sweep(
-        model, "mnli:train", str(means_file), [0.3, 0.5], [1, 2], checkpoint_dir=tmp_path, **kwargs
-    )
+    disk = sweep(model, "mnli:train", str(means_file), [0.3, 0.5], [1, 2], out=tmp_path, **kwargs)
     assert memory.sweep_dir is None and disk.sweep_dir == tmp_path
     assert memory.masks == disk.masks and len(memory.masks) == 4
     columns = ["sparsity", "seed", "n_removed", "acc_mnli:validation_matched"]
@@ -359,9 +357,9 @@ def test_results_of_before_the_selection_digest_keep_their_first_rows(
 @pytest.mark.slow
 def test_a_ray_task_asking_for_more_than_the_cluster_has_is_refused(local_ray):
     """--num-gpus-per-run 1 on a cluster without a GPU waited forever, silently."""
-    from mi_core.pruning.sweep import run_ray_tasks
+    from mi_core.pruning.sweeps import run_ray_tasks
 
     with pytest.raises(ConfigError, match="asks for 1 GPUs but the cluster has 0"):
-        run_ray_tasks("mi_core.pruning.sweep:_prune_task", [{}], num_gpus_per_task=1.0)
+        run_ray_tasks("mi_core.pruning.sweeps:_prune_task", [{}], num_gpus_per_task=1.0)
     with pytest.raises(ConfigError, match="asks for 3 CPUs but the cluster has 2"):
-        run_ray_tasks("mi_core.pruning.sweep:_prune_task", [{}], num_cpus_per_task=3.0)
+        run_ray_tasks("mi_core.pruning.sweeps:_prune_task", [{}], num_cpus_per_task=3.0)

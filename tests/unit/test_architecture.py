@@ -155,3 +155,49 @@ def test_hook_names_are_built_in_one_place():
             if text is not None and pattern.search(text):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text!r}")
     assert not found, "hook names spelt by hand:\n" + "\n".join(found)
+
+
+#: The largest a module of mi_core may grow (issue #45): past it, split it by concern.
+MAX_MODULE_LINES = 900
+#: Where a package may reach into another's private modules: circuits/ drives the edge
+#: engine's internal API (interventions/edges/_engine.py, _kernels.py).
+PRIVATE_MODULE_CLIENTS = {
+    "mi_core.interventions.edges._engine": "circuits",
+    "mi_core.interventions.edges._kernels": "circuits",
+}
+
+
+def test_no_module_is_over_the_size_limit():
+    sizes = {
+        _module_name(p): len(p.read_text(encoding="utf-8").splitlines()) for p in ROOT.rglob("*.py")
+    }
+    assert {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_no_package_imports_another_package_s_private_names():
+    """A ``_name`` is its package's own; across packages only public names travel, and a
+    private module only to the package named in :data:`PRIVATE_MODULE_CLIENTS`."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        name = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0):
+                continue
+            target = node.module
+            if not target.startswith("mi_core.") or _package(target) == _package(name):
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            if private:
+                found.append((name, target, private))
+            if any(part.startswith("_") for part in target.split(".")[1:]):
+                if PRIVATE_MODULE_CLIENTS.get(target) != _package(name):
+                    found.append((name, target, "private module"))
+    assert found == []
+
+
+def test_the_pruning_package_exports_at_most_twenty_names():
+    import mi_core.pruning as pruning
+
+    assert len(pruning.__all__) <= 20
+    for name in pruning.__all__:  # each resolves to what it names, not to a submodule
+        assert not isinstance(getattr(pruning, name), type(pruning)), name

@@ -14,7 +14,8 @@ from mi_core.circuits import edge_attribution
 from mi_core.circuits.attribution import attribute
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.interventions import EdgeMask, Graph, graph_switches, node_outputs
-from mi_core.interventions.edges import _EdgeRun, _LayerGroup, _SideBySide
+from mi_core.interventions.edges._engine import _EdgeRun, masked_hooks
+from mi_core.interventions.edges._kernels import _LayerGroup, _SideBySide
 from mi_core.models import load_model
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 
@@ -92,9 +93,12 @@ def test_edge_pruning_steps_with_reused_buffers_have_the_gradients_of_fresh_ones
 
     def step(seed: int, hard_concrete: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(seed))
-        mask = EdgeMask(graph, z, hard_concrete=hard_concrete)
+        mask = EdgeMask(graph, z)
         mask = mask.with_corrupted(node_outputs(model, graph, **pairs.corrupted))
-        with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+        with (
+            graph_switches(model),
+            model.hooks(fwd_hooks=masked_hooks(model, mask, hard_concrete=hard_concrete)),
+        ):
             logits = model(pairs.clean_ids)[:, -1]
         (grad,) = torch.autograd.grad(logits.logsumexp(-1).sum(), log_alpha)
         return logits.detach(), grad
@@ -123,9 +127,12 @@ def test_edge_pruning_steps_with_reused_buffers_have_the_gradients_of_fresh_ones
     # two masked forwards before one backward: the first's buffers are still in use
     def forward(seed: int) -> torch.Tensor:
         z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(seed))
-        mask = EdgeMask(graph, z, hard_concrete=True)
+        mask = EdgeMask(graph, z)
         mask = mask.with_corrupted(node_outputs(model, graph, **pairs.corrupted))
-        with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+        with (
+            graph_switches(model),
+            model.hooks(fwd_hooks=masked_hooks(model, mask, hard_concrete=True)),
+        ):
             return model(pairs.clean_ids)[:, -1].logsumexp(-1).sum()
 
     expected = torch.autograd.grad(forward(0) + forward(1), log_alpha)[0]

@@ -18,8 +18,8 @@ from mi_core.interventions import (
     node_outputs,
     sender_means,
 )
-from mi_core.interventions import edges as edges_module
-from mi_core.interventions.edges import _from_mib_name, to_mib_name
+from mi_core.interventions.edges import _kernels, from_mib_name, to_mib_name
+from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
 from mi_core.models import load_model
 from mi_core.models.hook_context import hooked
 
@@ -244,7 +244,7 @@ def test_mib_names_round_trip(gpt2):
     assert to_mib_name("L0.H1->L1.H2.q") == "a0.h1->a1.h2<q>"
     assert to_mib_name("input->L1.MLP") == "input->m1"
     assert to_mib_name("L1.MLP->output") == "m1->logits"
-    assert all(_from_mib_name(to_mib_name(n)) == n for n in graph.edge_names)
+    assert all(from_mib_name(to_mib_name(n)) == n for n in graph.edge_names)
 
 
 def test_greedy_circuits_are_connected_to_the_output_and_top_k_need_not_be(gpt2):
@@ -287,20 +287,23 @@ def test_hard_concrete_masks_skip_exact_gates_with_the_same_values_and_gradients
     assert exact > {"start": 0.9, "middle": 0.6, "end": 0.9}[state]
     clean, corrupted = _inputs(kind, 0), _inputs(kind, 1)
     read = {False: 0, True: 0}  # sender rows the masked forward and backward read
-    gather = edges_module._gather
+    gather = _kernels._gather
 
     def counting(stacked, rows, deltas):
         out = gather(stacked, rows, deltas)
         read[sparse] += out.shape[0]
         return out
 
-    monkeypatch.setattr(edges_module, "_gather", counting)
+    monkeypatch.setattr(_kernels, "_gather", counting)
     results = []
     for sparse in (False, True):
         leaf = log_alpha.clone().requires_grad_(True)
         weights = sample_hard_concrete(leaf, generator=torch.Generator().manual_seed(4))
-        mask = EdgeMask(graph, weights, hard_concrete=sparse).patching(model, **corrupted)
-        with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+        mask = EdgeMask(graph, weights).patching(model, **corrupted)
+        with (
+            graph_switches(model),
+            model.hooks(fwd_hooks=masked_hooks(model, mask, hard_concrete=sparse)),
+        ):
             logits = model(**clean)
         (logits[..., -1] * torch.arange(1, logits.shape[0] + 1)[:, None]).sum().backward()
         results.append((logits.detach(), leaf.grad))
@@ -348,9 +351,10 @@ def test_default_masks_keep_every_gradient_and_hard_concrete_ones_run_unsplit_la
         counting = [(f"blocks.{layer}.hook_q_input", count) for layer in range(graph.n_layers)]
         results = []
         for sparse in (False, True):
-            bound = EdgeMask(graph, values, hard_concrete=sparse).patching(model, **corrupted)
+            bound = EdgeMask(graph, values).patching(model, **corrupted)
             with torch.no_grad(), graph_switches(model):
-                with model.hooks(fwd_hooks=[*counting, *bound.hooks(model)]):
+                hooks = masked_hooks(model, bound, hard_concrete=sparse)
+                with model.hooks(fwd_hooks=[*counting, *hooks]):
                     fired.clear()
                     results.append(model(**clean))
                 assert model.cfg.use_split_qkv_input
@@ -537,7 +541,7 @@ def test_a_corrupted_run_bound_by_z_gives_the_patched_values_and_gradients(
     checkpoints_loaded, kind, sparse, weights
 ):
     """Edge pruning and circuit evaluation bind the corrupted run with its heads kept as
-    ``hook_z`` (``_patched_by_z``: each head's difference is ``(z - z') W_O``): the masked
+    ``hook_z`` (``record_corrupted``: each head's difference is ``(z - z') W_O``): the masked
     logits and the gradients of log_alpha equal those of :meth:`EdgeMask.patching`, with and
     without gradients; a corrupted run of another shape is refused as before. With the weights
     frozen (as ``prune_edges`` runs), a decoder writes each layer's head differences straight
@@ -553,8 +557,8 @@ def test_a_corrupted_run_bound_by_z_gives_the_patched_values_and_gradients(
     clean, corrupted = _inputs(kind, 0), _inputs(kind, 1)
     results = []
     held = frozen(model) if weights == "frozen" else contextlib.nullcontext()
-    into = edges_module._HeadsInto.apply
-    with held, mock.patch.object(edges_module._HeadsInto, "apply", side_effect=into) as calls:
+    into = _kernels._HeadsInto.apply
+    with held, mock.patch.object(_kernels._HeadsInto, "apply", side_effect=into) as calls:
         _bound_by_z_runs(model, graph, log_alpha, clean, corrupted, sparse, results)
     # the direct write is taken exactly where it applies: a decoder's frozen weights
     assert calls.called == (weights == "frozen" and not graph.post_ln)
@@ -567,15 +571,16 @@ def _bound_by_z_runs(model, graph, log_alpha, clean, corrupted, sparse, results)
     for by_z in (False, True):
         leaf = log_alpha.clone().requires_grad_(True)
         weights = sample_hard_concrete(leaf, generator=torch.Generator().manual_seed(6))
-        mask = EdgeMask(graph, weights, hard_concrete=sparse)
-        bound = (
-            mask._patched_by_z(model, **corrupted) if by_z else mask.patching(model, **corrupted)
-        )
-        assert (bound._corrupted_z is not None) == by_z
-        with graph_switches(model), model.hooks(fwd_hooks=bound.hooks(model)):
-            logits = model(**clean)
-            with torch.no_grad():
-                no_grad_logits = model(**clean)
+        mask = EdgeMask(graph, weights)
+        run = record_corrupted(model, graph, **corrupted) if by_z else None
+        if not by_z:
+            mask = mask.patching(model, **corrupted)
+        with graph_switches(model):
+            hooks = masked_hooks(model, mask, hard_concrete=sparse, corrupted=run)
+            with model.hooks(fwd_hooks=hooks):
+                logits = model(**clean)
+                with torch.no_grad():
+                    no_grad_logits = model(**clean)
         (logits[..., -1] * torch.arange(1, logits.shape[0] + 1)[:, None]).sum().backward()
         results.append((logits.detach(), no_grad_logits, leaf.grad))
 
@@ -589,32 +594,31 @@ def _check_bound_by_z(model, graph, clean, corrupted, results):
     torch.testing.assert_close(z_grad, grad, atol=1e-6, rtol=1e-4)
     model.zero_grad(set_to_none=True)
 
-    # replace() with another fill or another corrupted run: the kept z's are not used
+    # a recorded run fills a corrupted-fill mask only; it replaces the mask's own outputs
     from dataclasses import replace
 
-    bound = EdgeMask(graph, torch.rand(graph.n_edges, generator=torch.Generator().manual_seed(7)))
-    by_z = bound._patched_by_z(model, **corrupted)
-    other = {k: v.flip(0) for k, v in corrupted.items()}
-    for swapped, plain in (
-        (replace(by_z, fill="zero"), replace(bound, fill="zero")),
-        (
-            replace(by_z, corrupted=node_outputs(model, graph, **other)),
-            bound.patching(model, **other),
-        ),
+    mask = EdgeMask(graph, torch.rand(graph.n_edges, generator=torch.Generator().manual_seed(7)))
+    run = record_corrupted(model, graph, **corrupted)
+    with (
+        graph_switches(model),
+        pytest.raises(InterventionError, match="fills a corrupted-fill edge mask, not a zero"),
     ):
-        with torch.no_grad(), graph_switches(model):
-            with model.hooks(fwd_hooks=swapped.hooks(model)):
-                got = model(**clean)
-            with model.hooks(fwd_hooks=plain.hooks(model)):
-                expected = model(**clean)
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        masked_hooks(model, replace(mask, fill="zero"), corrupted=run)
+    other = {k: v.flip(0) for k, v in corrupted.items()}
+    with torch.no_grad(), graph_switches(model):
+        stale = mask.patching(model, **other)  # the run given wins over the bound outputs
+        with model.hooks(fwd_hooks=masked_hooks(model, stale, corrupted=run)):
+            got = model(**clean)
+        with model.hooks(fwd_hooks=mask.patching(model, **corrupted).hooks(model)):
+            expected = model(**clean)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
     shorter = {k: v[:, :7] for k, v in corrupted.items()}
-    bound = EdgeMask.full(graph)._patched_by_z(model, **shorter)
+    run = record_corrupted(model, graph, **shorter)
     with (
         pytest.raises(InterventionError, match="3 x 7 .* but the clean run 3 x 9"),
         graph_switches(model),
-        model.hooks(fwd_hooks=bound.hooks(model)),
+        model.hooks(fwd_hooks=masked_hooks(model, EdgeMask.full(graph), corrupted=run)),
         torch.no_grad(),
     ):
         model(**clean)
@@ -694,3 +698,55 @@ def test_folded_head_weights_are_kept_until_a_weight_changes(checkpoints_loaded,
     with frozen(model):
         torch.testing.assert_close(changed, run(), atol=0, rtol=0)  # = folded afresh
     assert (changed - first).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("fill", ["corrupted", "mean"])
+@pytest.mark.parametrize("kind", ["gpt2-cls", "opt-lm", "llama-lm", "bert-cls", "roberta-cls"])
+def test_the_fused_masked_forward_equals_the_reference_on_every_family(
+    checkpoints_loaded, kind, fill
+):
+    """The fused engine (``EdgeMask.hooks``, and edge pruning's hard-concrete path with the
+    corrupted run recorded as ``hook_z``) against the plain statement of the method
+    (``reference_hooks``): the same logits and the same gradients of the edge weights, on a
+    pre-LN decoder of each family and on both post-LN encoders, with weights between 0 and 1,
+    exact 0s and exact 1s."""
+    from mi_core.interventions.edges import reference_hooks
+
+    model = checkpoints_loaded[kind]
+    graph = Graph.from_model(model)
+    clean, corrupted = _inputs(kind, 0), _inputs(kind, 1)
+    values = torch.rand(graph.n_edges, generator=torch.Generator().manual_seed(8))
+    values[values < 0.3] = 0.0
+    values[values > 0.8] = 1.0
+    means = sender_means(model, graph, [corrupted]) if fill == "mean" else None
+    base = EdgeMask(graph, values, fill, means)
+    if fill == "corrupted":
+        base = base.patching(model, **corrupted)
+    probe = None
+    results = {}
+    for path in ("reference", "fused", "pruning"):
+        weights = values.clone().requires_grad_(True)
+        mask = EdgeMask(graph, weights, fill, means, base.corrupted)
+        with graph_switches(model):
+            if path == "reference":
+                hooks = reference_hooks(model, mask)
+            elif path == "fused":
+                hooks = mask.hooks(model)
+            else:
+                run = record_corrupted(model, graph, **corrupted) if fill == "corrupted" else None
+                hooks = masked_hooks(model, mask, hard_concrete=True, corrupted=run)
+            with model.hooks(fwd_hooks=hooks):
+                logits = model(**clean)
+        if probe is None:
+            probe = torch.linspace(-1, 1, logits.shape[-1])
+        (logits * probe).sum().backward()
+        results[path] = (logits.detach(), weights.grad)
+    expected, expected_grad = results["reference"]
+    assert (expected - model(**clean)).abs().max() > 1e-3  # the mask changes the output
+    scale = float(expected_grad.abs().max())
+    assert scale > 0
+    for path in ("fused", "pruning"):
+        got, grad = results[path]
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grad, expected_grad, atol=1e-6 * scale, rtol=1e-4)
+    model.zero_grad(set_to_none=True)

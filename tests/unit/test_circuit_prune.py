@@ -16,8 +16,9 @@ from mi_core.circuits.prune import (
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions import EdgeMask, Graph, graph_switches, node_outputs
-from mi_core.interventions import edges as edges_module
-from mi_core.interventions.edges import _Correction, _EdgeRun, _LayerGroup, _SideBySide, _Tap
+from mi_core.interventions.edges import _kernels
+from mi_core.interventions.edges._engine import _EdgeRun, masked_hooks
+from mi_core.interventions.edges._kernels import _Correction, _LayerGroup, _SideBySide, _Tap
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.seeding import derive_seed
 
@@ -73,13 +74,13 @@ def test_layer_groups_give_the_values_and_gradients_of_points_one_by_one(
     log_alpha = torch.randn(graph.n_edges, generator=torch.Generator().manual_seed(0)) * 0.5
     outputs = node_outputs(model, graph, **pairs.corrupted)
     products = []
-    group_product = edges_module._GroupProduct.apply
+    group_product = _kernels._GroupProduct.apply
 
     def counted(*args):
         products.append(args[0].shape)
         return group_product(*args)
 
-    monkeypatch.setattr(edges_module._GroupProduct, "apply", counted)
+    monkeypatch.setattr(_kernels._GroupProduct, "apply", counted)
     point_by_point = _EdgeRun._grouped
     results = {}
     for layers in (None, 1, 2):
@@ -88,12 +89,15 @@ def test_layer_groups_give_the_values_and_gradients_of_points_one_by_one(
         else:
             monkeypatch.setattr(_EdgeRun, "_grouped", point_by_point)
             per_layer = 3 * graph.n_heads + 1  # receivers a layer
-            monkeypatch.setattr(edges_module, "_RECEIVERS_PER_PRODUCT", layers * per_layer)
+            monkeypatch.setattr(_kernels, "_RECEIVERS_PER_PRODUCT", layers * per_layer)
         products.clear()
         leaf = log_alpha.clone().requires_grad_(True)
         weights = sample_hard_concrete(leaf, generator=torch.Generator().manual_seed(1))
-        mask = EdgeMask(graph, weights, hard_concrete=hard_concrete).with_corrupted(outputs)
-        with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+        mask = EdgeMask(graph, weights).with_corrupted(outputs)
+        with (
+            graph_switches(model),
+            model.hooks(fwd_hooks=masked_hooks(model, mask, hard_concrete=hard_concrete)),
+        ):
             logits = model(pairs.clean_ids)[:, -1]
         (grad,) = torch.autograd.grad(logits.logsumexp(-1).sum(), leaf)
         results[layers] = (logits.detach(), grad, len(products))
@@ -109,7 +113,7 @@ def test_layer_groups_give_the_values_and_gradients_of_points_one_by_one(
 def test_layer_groups_hold_about_112_receivers_and_at_least_one_layer():
     """SmolLM2 (9 heads: 28 receivers a layer) groups 4 layers, GPT-2 small (12 heads) 3, a
     model with 32 heads a layer (97 receivers) one."""
-    assert [edges_module._layers_per_group(3 * h + 1) for h in (9, 12, 32, 64)] == [4, 3, 1, 1]
+    assert [_kernels._layers_per_group(3 * h + 1) for h in (9, 12, 32, 64)] == [4, 3, 1, 1]
 
 
 def test_a_layer_group_zeroes_the_gradients_of_receivers_none_came_to():
@@ -258,7 +262,6 @@ def test_an_edge_pruning_state_is_one_atomic_file(tmp_path):
     import json
 
     from mi_core.circuits.prune import _read_progress
-    from mi_core.errors import TrainingError
     from mi_core.io import read_safetensors, write_safetensors
 
     model = tiny_model("gpt2")
@@ -273,14 +276,48 @@ def test_an_edge_pruning_state_is_one_atomic_file(tmp_path):
     # the JSON beside it is for reading: a stale one does not change what resumes
     (tmp_path / "a" / "edge_prune_state.json").write_text(json.dumps({**progress, "step": 2}))
     assert _read_progress(tmp_path / "a")[1]["step"] == 4
-    # a state written before the progress moved into it: the two steps must agree
+    # a state of an older mi_core, its progress in the JSON beside it: refused in one line,
+    # with or without that JSON, never read
     write_safetensors(state, tensors, {"step": "4"})
-    with pytest.raises(TrainingError, match="from step 4 and the progress from step 2"):
+    older = r"an edge-pruning state of an older mi_core \(it records no progress\): delete"
+    with pytest.raises(ConfigError, match=older):
         prune_edges(model, pairs, config, tmp_path / "a", progress=False)
-    # an older state file alone (killed before its JSON was written): the run starts over
     (tmp_path / "a" / "edge_prune_state.json").unlink()
+    with pytest.raises(ConfigError, match=older):
+        prune_edges(model, pairs, config, tmp_path / "a", progress=False)
+    # deleted as the line says, the run starts over
+    state.unlink()
     again = prune_edges(model, pairs, config, tmp_path / "a", progress=False)
     assert len(again.history) == 4
+
+
+def test_an_edge_pruning_state_of_an_older_mi_core_is_refused(tmp_path):
+    """States saved before a setting (max_grad_norm, node_sparsity, lr_warmup_steps) or an input
+    (the model's weights) was recorded resumed as if they had recorded today's values."""
+    import json
+
+    from mi_core.io import read_safetensors, write_safetensors
+
+    model = tiny_model("gpt2")
+    config = EdgePruneSettings(sparsity=0.7, steps=4, sparsity_warmup_steps=2, batch_size=8,
+                               checkpoint_every=2)  # fmt: skip
+    pairs = _pairs()
+    first = prune_edges(model, pairs, config, tmp_path, progress=False)
+    state = tmp_path / "edge_prune_state.safetensors"
+    tensors, metadata = read_safetensors(state)
+    progress = json.loads(metadata["progress"])
+    # the current state is read back: the finished run takes no step
+    again = prune_edges(model, pairs, config, tmp_path, progress=False)
+    assert torch.equal(again.log_alpha, first.log_alpha) and len(again.history) == 4
+    older = dict(progress, config={k: v for k, v in progress["config"].items()
+                                   if k != "max_grad_norm"})  # fmt: skip
+    write_safetensors(state, tensors, {**metadata, "progress": json.dumps(older)})
+    with pytest.raises(ConfigError, match=r"older mi_core \(it records no max_grad_norm\)"):
+        prune_edges(model, pairs, config, tmp_path, progress=False)
+    older = dict(progress, inputs={k: v for k, v in progress["inputs"].items() if k != "model"})
+    write_safetensors(state, tensors, {**metadata, "progress": json.dumps(older)})
+    with pytest.raises(ConfigError, match=r"older mi_core \(it records no model fingerprint\)"):
+        prune_edges(model, pairs, config, tmp_path, progress=False)
 
 
 def test_an_edge_pruning_run_refuses_to_resume_with_other_means(tmp_path):

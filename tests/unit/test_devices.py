@@ -10,7 +10,8 @@ import torch
 from mi_core.cli import main
 from mi_core.devices import DeviceOption, autocast, grad_scaler, matmul_precision, resolve_device
 from mi_core.errors import ConfigError
-from mi_core.pruning import make_prune_config, prune_run
+from mi_core.pruning import make_prune_config
+from mi_core.pruning.run import prune_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -54,18 +55,20 @@ def test_a_device_the_machine_lacks_is_one_line_before_any_work(tmp_path, capsys
 
 
 def test_ray_tasks_asked_for_cuda_need_a_gpu_each(tmp_path):
-    from mi_core.pruning import run_sweep
+    from mi_core.pruning.sweeps import run_sweep
 
     with pytest.raises(ConfigError, match="needs --num-gpus-per-run > 0"):
         run_sweep("m", "mnli:train", tmp_path, [0.5], [1], executor="ray", device="cuda")
 
 
-def test_an_fp32_fine_tuning_key_is_what_it_was_before_precision_existed():
+def test_a_fine_tuning_key_hashes_every_setting_precision_included():
+    """fp32 had been left out of the key, so that experiments of an older mi_core (before the
+    field) stayed finished; the key now hashes the settings as they are."""
     from mi_core.methods.heuristic_core.config import load_config
     from mi_core.methods.heuristic_core.stages import _finetune
 
     config = load_config("minilm-mnli-quick")
-    assert "precision" not in _finetune(config)[-1]
+    assert _finetune(config)[-1]["precision"] == "fp32"
     bf16 = config.replace(finetune=config.finetune.replace(precision="bf16"))
     assert _finetune(bf16)[-1]["precision"] == "bf16"
 
@@ -183,9 +186,9 @@ def test_the_fp16_loss_scale_is_checkpointed_and_resumed(tiny, train, means, tmp
     import json
 
     from mi_core.io import read_safetensors
+    from mi_core.pruning.checkpoint import load_checkpoint
     from mi_core.pruning.hard_concrete import HardConcrete
     from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer
-    from mi_core.pruning.run import load_checkpoint
 
     config = make_prune_config(
         "paper", 0.5, 1, steps=4, batch_size=8, grad_accumulation=1, checkpoint_every=2,
@@ -218,6 +221,25 @@ def test_an_old_run_without_a_precision_field_still_resumes(tiny, train, means, 
     assert again.already_complete and again.mask == first.mask
     with pytest.raises(ConfigError, match="other settings"):
         prune_run(tiny, train, tmp_path, cfg.replace(precision="bf16"), means=means)
+
+
+def test_a_fine_tuning_folder_of_an_older_mi_core_is_refused(tmp_path):
+    """A finetune_config.json without a field (precision, written before it existed) had been
+    read with today's default for it, and the run resumed as if it had recorded that value."""
+    from dataclasses import asdict
+
+    from mi_core.io import write_json
+    from mi_core.training import FinetuneConfig
+    from mi_core.training.finetune import CONFIG, _check_resumable
+
+    cfg = FinetuneConfig(model="m", task="mnli", train="mnli:train", steps=4, out=str(tmp_path))
+    write_json(tmp_path / CONFIG, asdict(cfg))
+    _check_resumable(cfg, tmp_path, finished=False)  # the current record: resumes
+    with pytest.raises(ConfigError, match="other settings"):
+        _check_resumable(cfg.replace(lr=cfg.lr * 2), tmp_path, finished=False)
+    write_json(tmp_path / CONFIG, {k: v for k, v in asdict(cfg).items() if k != "precision"})
+    with pytest.raises(ConfigError, match=r"older mi_core \(it has no precision\): run the"):
+        _check_resumable(cfg, tmp_path, finished=False)
 
 
 def test_finetuning_in_bf16_keeps_the_weights_in_fp32(tiny_checkpoints, tmp_path, data_dir):
@@ -289,9 +311,9 @@ def test_fine_tuning_resumes_its_fp16_loss_scale(tiny_checkpoints, tmp_path, dat
 def test_a_checkpoint_resumes_with_this_devices_adamw_implementation(tmp_path):
     """A run checkpointed on a GPU (fused AdamW) resumes on a CPU with the CPU's optimizer
     flags and the same moments; the file's flags do not carry over."""
+    from mi_core.pruning.checkpoint import load_checkpoint, save_checkpoint
     from mi_core.pruning.hard_concrete import HardConcrete
     from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer
-    from mi_core.pruning.run import load_checkpoint, save_checkpoint
 
     gates, controller = HardConcrete(6, init_mean=1.0), LagrangianController()
     gpu_like = torch.optim.AdamW(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
 
+from mi_core.errors import ConfigError
 from mi_core.methods.heuristic_core.findings import (
     INCONCLUSIVE,
     NOT_MEASURABLE,
@@ -188,6 +190,34 @@ def test_core_before_finding(tmp_path):
     verdicts, table = _verdicts(root)
     assert verdicts[name] == NOT_MEASURABLE
     assert "never generalises" in table.set_index("finding").loc[name, "this run"]
+    # a summary of an older mi_core (the rise measured from step 0's ood_start): refused in
+    # one line naming the stage to re-run, not read as a floor
+    older = {k: v for k, v in info.items() if k != "ood_floor"}
+    path.write_text(json.dumps({**older, "ood_start": 0.01}))
+    stage = re.escape(str(root / "stages" / "core_before.json"))
+    with pytest.raises(
+        ConfigError, match=rf"older mi_core \(it has no ood_floor\): re-run the core_before "
+        rf"stage \(delete {stage} and run mi-core heuristic-core again\)"
+    ):  # fmt: skip
+        _verdicts(root)
+
+
+def test_core_edges_of_an_older_mi_core_are_refused(tmp_path):
+    """The core_edges summary records the fill its edges were scored with; one without it (an
+    older mi_core's, which scored with the corrupted fill) had been read as corrupted."""
+    from mi_core.methods.heuristic_core.results import ExperimentTables
+
+    root = _write(tmp_path / "run")
+    (root / "core_edges").mkdir()
+    summary = pd.DataFrame({"subnetwork": ["s=0.5 seed=1"], "group": ["best"],
+                            "ood_accuracy": [0.5], "direction": ["into"], "abs_score": [1.0],
+                            "fill": ["mean"]})  # fmt: skip
+    summary.to_csv(root / "core_edges" / "summary.csv", index=False)
+    assert ExperimentTables.load(root).core_edges["fill"].tolist() == ["mean"]
+    summary.drop(columns="fill").to_csv(root / "core_edges" / "summary.csv", index=False)
+    with pytest.raises(ConfigError, match=r"older mi_core \(it has no fill\): re-run the "
+                                          r"core_edges stage"):  # fmt: skip
+        ExperimentTables.load(root)
 
 
 def test_in_domain_accuracy_is_the_mean_of_the_in_domain_sets(tmp_path):

@@ -17,12 +17,18 @@ from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions import ComponentMask, ablate
 from mi_core.io import read_json
 from mi_core.models import load_model
-from mi_core.pruning import make_prune_config, prune_run, run_dir_for, run_sweep
+from mi_core.pruning import make_prune_config
 from mi_core.pruning.discretize import discretize
 from mi_core.pruning.hard_concrete import HardConcrete
 from mi_core.pruning.lagrangian import LagrangianController
-from mi_core.pruning.run import StepMember, group_pruning_step, length_chunks, prune_group
-from mi_core.pruning.sweep import auto_group_size, training_bytes_per_example
+from mi_core.pruning.run import prune_group, prune_run
+from mi_core.pruning.step import StepMember, group_pruning_step, length_chunks
+from mi_core.pruning.sweeps import (
+    auto_group_size,
+    run_dir_for,
+    run_sweep,
+    training_bytes_per_example,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -186,7 +192,7 @@ def test_each_run_of_a_group_scales_its_own_loss(tiny, train, means):
 # -------------------------------------------------------------------------- whole runs
 @pytest.mark.slow
 def test_runs_trained_together_equal_the_runs_alone(tiny, train, means, tmp_path, monkeypatch):
-    from mi_core.pruning import run as run_module
+    from mi_core.pruning import loop as run_module
 
     probed_gates = []  # the gates each probe discretised, in order
 
@@ -263,7 +269,7 @@ def test_a_group_resumes_each_run_from_its_own_checkpoint(tiny, train, means, tm
 def _group_steps_until(monkeypatch, n: int, change=None):
     """Make the group's step function raise KeyboardInterrupt at its ``n``-th call (a kill), or
     hand its rows to ``change(call, rows)``."""
-    import mi_core.pruning.run as run_module
+    import mi_core.pruning.loop as run_module
 
     step, calls = run_module.group_pruning_step, {"n": 0}
 
@@ -317,7 +323,7 @@ def test_a_run_that_fails_in_a_group_takes_no_step_and_the_others_go_on(
     tiny, train, means, tmp_path, monkeypatch
 ):
     from mi_core.errors import TrainingError
-    from mi_core.pruning.run import is_complete
+    from mi_core.pruning.run_folder import is_complete
 
     configs = [recipe(0.4, 1), recipe(0.5, 2), recipe(0.6, 3)]
     dirs = [tmp_path / f"g{k}" for k in range(3)]
@@ -402,7 +408,7 @@ def test_the_batched_executor_writes_the_local_executors_sweep(
 
 
 def test_group_size_is_chosen_from_memory(tiny, monkeypatch):
-    from mi_core.pruning import sweep as sweep_module
+    from mi_core.pruning import sweeps as sweep_module
 
     cfg = recipe()
     per_run = training_bytes_per_example(tiny, cfg.max_length) * cfg.batch_size

@@ -10,27 +10,26 @@ import torch
 
 from mi_core.errors import ConfigError, InterventionError, TrainingError
 from mi_core.pruning import (
-    BETA,
     HardConcrete,
     LagrangianController,
     PruneConfig,
-    binary_mask_from_log_alpha,
-    component_weights,
-    deterministic_hard_concrete,
     expected_sparsity,
-    flatten_components,
-    hard_concrete_prob_nonzero,
-    initial_log_alpha,
     make_prune_config,
-    mask_sparsity,
-    paper_schedule,
-    parse_seed_spec,
-    parse_sparsities,
     pruning_optimizer,
-    sample_hard_concrete,
     target_sparsity_at,
     unflatten_components,
 )
+from mi_core.pruning.discretize import binary_mask_from_log_alpha, flatten_components, mask_sparsity
+from mi_core.pruning.hard_concrete import (
+    BETA,
+    deterministic_hard_concrete,
+    hard_concrete_prob_nonzero,
+    initial_log_alpha,
+    sample_hard_concrete,
+)
+from mi_core.pruning.lagrangian import component_weights
+from mi_core.pruning.profiles import parse_seed_spec, parse_sparsities
+from mi_core.pruning.schedule import paper_schedule
 
 # --- hard concrete -------------------------------------------------------------------------------
 

@@ -15,20 +15,15 @@ from mi_core.data.batches import tokenize_pairs
 from mi_core.errors import ConfigError, TrainingError
 from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ablate, compute_means
-from mi_core.io import read_json
+from mi_core.io import read_json, read_safetensors
 from mi_core.models import load_model
-from mi_core.pruning import (
-    binary_mask_from_log_alpha,
-    compute_reference_logits,
-    kl_to_reference,
-    load_reference_logits,
-    make_prune_config,
-    prune_run,
-    reference_logits,
-    unflatten_components,
-)
-from mi_core.pruning import run as run_module
-from mi_core.pruning.discretize import THRESHOLD_GRID, discretize
+from mi_core.pruning import loop as loop_module
+from mi_core.pruning import make_prune_config, reference_logits, unflatten_components
+from mi_core.pruning import step as step_module
+from mi_core.pruning.discretize import THRESHOLD_GRID, binary_mask_from_log_alpha, discretize
+from mi_core.pruning.objective import kl_to_reference
+from mi_core.pruning.reference_logits import compute_reference_logits, load_reference_logits
+from mi_core.pruning.run import prune_run
 from mi_core.testing import make_tiny_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -200,7 +195,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
     tiny, train, means, tmp_path, monkeypatch
 ):
     calls = {"n": 0}
-    real = run_module.pruning_loss
+    real = step_module.pruning_loss
 
     def turns_nan(*args):
         calls["n"] += 1
@@ -209,10 +204,10 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
             return type(loss)(loss.total * math.nan, loss.kl, loss.penalty)
         return loss
 
-    monkeypatch.setattr(run_module, "pruning_loss", turns_nan)
+    monkeypatch.setattr(step_module, "pruning_loss", turns_nan)
     with pytest.raises(TrainingError, match=r"step 6.*last good checkpoint \(step 4\)"):
         prune_run(tiny, train, tmp_path / "nan", quick(), means=means, progress=False)
-    tensors = run_module.read_safetensors(tmp_path / "nan" / "checkpoint.safetensors")[0]
+    tensors = read_safetensors(tmp_path / "nan" / "checkpoint.safetensors")[0]
     assert torch.isfinite(tensors["log_alpha"]).all()
     assert len(pd.read_csv(tmp_path / "nan" / "log.csv")) == 4
 
@@ -373,13 +368,13 @@ def test_cli_prune_bad_input_is_one_line(
         capsys, [*base, "--sparsity", "0.5", "--out", str(tmp_path / "e")], "needs --means"
     )
 
-    real = run_module.pruning_loss
+    real = step_module.pruning_loss
 
     def nan_loss(*args):
         loss = real(*args)
         return type(loss)(loss.total * math.nan, loss.kl, loss.penalty)
 
-    monkeypatch.setattr(run_module, "pruning_loss", nan_loss)
+    monkeypatch.setattr(step_module, "pruning_loss", nan_loss)
     _one_line_error(capsys, [*ok, "--out", str(tmp_path / "f")], "NaN")
 
 
@@ -422,8 +417,8 @@ def test_the_subnetwork_is_evaluated_every_eval_every_steps_without_dropout(
         seen.append((log_alpha.detach().clone(), target))
         return discretize(log_alpha, n_layers, n_heads, target, *args, **kwargs)
 
-    monkeypatch.setattr(run_module, "discretize", recording)
-    monkeypatch.setattr(run_module, "PROBE_EXAMPLES", 20)  # the probe reads the first 20
+    monkeypatch.setattr(loop_module, "discretize", recording)
+    monkeypatch.setattr(loop_module, "PROBE_EXAMPLES", 20)  # the probe reads the first 20
     held = train.head(24)
     other = load_pairs("mnli:validation_matched", max_examples=8)
     cfg = make_prune_config(

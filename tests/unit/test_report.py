@@ -39,7 +39,7 @@ from mi_core.methods.heuristic_core.report import (
     write_report,
 )
 from mi_core.methods.heuristic_core.results import ExperimentTables
-from mi_core.pruning.sweep import load_sweep
+from mi_core.pruning.sweeps import load_sweep
 from mi_core.viz.attention_html import attention_view_fragment
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,7 +68,7 @@ def _accuracy(sparsity: float, seed: int) -> dict[str, float]:
 
 
 def make_fake_sweep(root) -> None:
-    """A finished sweep in the layout of mi_core.pruning.run_sweep (plus one unfinished run)."""
+    """A finished sweep in the layout of mi_core.pruning.sweeps.run_sweep (and one unfinished)."""
     for sparsity, seeds in KEPT.items():
         for seed, kept in seeds.items():
             run = root / f"s{sparsity:.2f}" / f"seed{seed}"
@@ -88,6 +88,7 @@ def make_fake_sweep(root) -> None:
                     "full_accuracy": FULL,
                     "eval_examples": {name: 300 for name in EVAL},
                     "chance_accuracy": {EVAL[0]: 1 / 3, EVAL[1]: 0.5, EVAL[2]: 0.5},
+                    "reached_target": False,
                 },
             )
     (root / "s0.60" / "seed4").mkdir(parents=True)  # unfinished: no metrics.json
@@ -373,11 +374,10 @@ def test_the_report_says_whether_each_pruning_run_met_its_target(sweep, tmp_path
     assert sorted(tables.pruning_logs["run"].unique()) == ["s=0.3 seed=1", "s=0.6 seed=1"]
     summary = tables.pruning_summary.set_index("subnetwork")
     assert summary.loc["s=0.6 seed=1", "final_expected_sparsity"] == 0.31
-    assert summary.loc["s=0.3 seed=2", "reached_target"] is None  # written before the field
+    assert not summary.loc["s=0.3 seed=2", "reached_target"]
     _, markdown = render_report(tables)
     assert "## Pruning runs: did the gates settle?" in markdown
-    assert "**2 of 2 runs met their target**" in markdown
-    assert "4 older runs did not record it." in markdown
+    assert "**2 of 6 runs met their target**" in markdown
     assert "at the end: 0.01 to 0.27." in markdown  # the sampled minus the expected sparsity
     fig = pruning_dynamics(tables.pruning_logs, full_accuracy=0.8)
     names = [trace.name for trace in fig.data]
@@ -398,7 +398,7 @@ def test_the_report_says_whether_each_pruning_run_met_its_target(sweep, tmp_path
 
     # in memory (a notebook's tables, no report directory): the runs' recorded folders
     in_memory = ExperimentTables(root=tmp_path / "nowhere", runs=tables.runs)
-    assert "**2 of 2 runs met their target**" in render_report(in_memory)[1]
+    assert "**2 of 6 runs met their target**" in render_report(in_memory)[1]
     # the report directory copied elsewhere reads its own runs (the recorded run_dir is gone)
     import shutil
 
@@ -407,13 +407,19 @@ def test_the_report_says_whether_each_pruning_run_met_its_target(sweep, tmp_path
     shutil.rmtree(root)
     copy = ExperimentTables.load(moved)
     assert sorted(copy.pruning_logs["run"].unique()) == ["s=0.3 seed=1", "s=0.6 seed=1"]
-    assert "**2 of 2 runs met their target**" in render_report(copy)[1]
-    # logs from before the sampled sparsity was logged: the summary, no figure, no failure
+    assert "**2 of 6 runs met their target**" in render_report(copy)[1]
+    # a run of an older mi_core (metrics without reached_target, a log without the sampled
+    # sparsity) is refused in one line that says to run it again, not drawn around
+    run = moved / "sweep" / "s0.30" / "seed2"
+    metrics = read_json(run / "metrics.json")
+    write_json(run / "metrics.json", {k: v for k, v in metrics.items() if k != "reached_target"})
+    with pytest.raises(ConfigError, match=r"older mi_core \(it has no reached_target\): delete"):
+        ExperimentTables.load(moved)
+    write_json(run / "metrics.json", metrics)
     for log_path in (moved / "sweep").glob("*/*/log.csv"):
         pd.read_csv(log_path).drop(columns="sampled_sparsity").to_csv(log_path, index=False)
-    html, markdown = render_report(ExperimentTables.load(moved))
-    assert "**2 of 2 runs met their target**" in markdown
-    assert "Pruning runs: sparsity and subnetwork accuracy" not in html
+    with pytest.raises(ConfigError, match=r"older mi_core \(it has no sampled_sparsity\)"):
+        ExperimentTables.load(moved)
 
 
 def test_one_data_set_has_one_name_and_each_figure_its_own_n(tmp_path):

@@ -188,7 +188,7 @@ def test_whole_heads_are_counted(decoder):
     assert masks.listing()["heads_fully_pruned"] == [[1, 2]]
 
 
-def test_masks_files_carry_kind_and_version_and_old_files_still_load(decoder, tmp_path):
+def test_masks_files_carry_kind_and_version_and_old_files_are_refused(decoder, tmp_path):
     from mi_core.interventions import load_intervention
     from mi_core.io import read_safetensors, write_safetensors
 
@@ -197,13 +197,19 @@ def test_masks_files_carry_kind_and_version_and_old_files_still_load(decoder, tm
     _, metadata = read_safetensors(path)
     assert metadata["kind"] == "mi_core.PruneMasks" and metadata["format_version"] == "1"
     assert "format" not in metadata
-    # a file written before kind / format_version: the old "format" tag
+    assert PruneMasks.load(path) == masks and load_intervention(path) == masks
+    # a file of an older mi_core, its "format" tag in place of kind / format_version: one line
+    # that says what to re-run, through PruneMasks.load and load_intervention alike
     old = write_safetensors(
         tmp_path / "old.safetensors",
         masks.tensors(),
         metadata={"format": "mi_core.interventions.neurons/1"},
     )
-    assert PruneMasks.load(old) == masks and load_intervention(old) == masks
+    older = r"a masks file of an older mi_core .*: re-run mi-core separability to write it again"
+    with pytest.raises(InterventionError, match=older):
+        PruneMasks.load(old)
+    with pytest.raises(InterventionError, match=older):
+        load_intervention(old)
     newer = write_safetensors(
         tmp_path / "new.safetensors",
         masks.tensors(),

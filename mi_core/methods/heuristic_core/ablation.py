@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mi_core.data import PairDataset
 from mi_core.errors import ConfigError
@@ -21,6 +21,9 @@ from mi_core.interventions import Component
 from mi_core.interventions.ablation_table import AblationTable, ablation_table, head_set_name
 from mi_core.io import write_csv, write_json, write_text
 from mi_core.methods.heuristic_core.layout import ABLATION_FILES
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = ["resolve_joint_sets", "run_core_ablation", "top_heads_by_drop"]
 
@@ -64,7 +67,7 @@ def _components(labels: Sequence[str]) -> tuple[Component, ...]:
 
 
 def run_core_ablation(
-    model: Any,
+    model: HookedModel,
     datasets: Sequence[PairDataset],
     heads: Sequence[str],
     joint_sets: Sequence[Any] = ("core", "top3"),

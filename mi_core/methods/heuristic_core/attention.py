@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -27,6 +27,9 @@ from mi_core.methods.heuristic_core.layout import ATTENTION_VIEWS
 from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
 from mi_core.viz.attention_html import write_attention_html
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = [
     "attention_classes",
@@ -66,7 +69,7 @@ def separator_ids(tokenizer: Any) -> list[int]:
 
 
 def attention_classes(
-    model: Any,
+    model: HookedModel,
     dataset: PairDataset,
     heads: Sequence[str],
     *,
@@ -97,7 +100,7 @@ def _grab(store: dict[int, torch.Tensor], layer: int):
 
 @torch.no_grad()
 def attention_views(
-    model: Any,
+    model: HookedModel,
     dataset: PairDataset,
     heads: Sequence[str],
     n_views: int = 2,

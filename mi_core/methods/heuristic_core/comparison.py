@@ -1,6 +1,6 @@
 """Read a finished pruning sweep from disk and compare its subnetworks (paper section 4).
 
-A sweep directory (``mi-core sweep``, :func:`mi_core.pruning.run_sweep`) holds one run per
+A sweep directory (``mi-core sweep``, :func:`mi_core.pruning.sweeps.run_sweep`) holds one run per
 (sparsity, seed) in ``SWEEP/s{sparsity}/seed{seed}/`` with ``mask.safetensors`` (or
 ``mask.json``) and ``metrics.json``. :func:`load_sweep` gathers every finished run;
 :func:`compare_subnetworks` computes, with :mod:`mi_core.analysis.subnetworks`, the per-sparsity
@@ -32,7 +32,7 @@ from mi_core.analysis.subnetworks import (
 )
 from mi_core.errors import ConfigError
 from mi_core.io import write_csv
-from mi_core.pruning.sweep import SweepResult, group_name
+from mi_core.pruning.sweeps import SweepResult, group_name
 
 __all__ = ["COMPARISON_FILES", "SubnetworkComparison", "compare_subnetworks", "write_comparison"]
 

@@ -1,7 +1,7 @@
 """Effective size over training (paper Figure 6): prune every fine-tuning checkpoint.
 
 For each ``DIR/checkpoint-{step}``: mean activations on the training set (unless given), a
-pruning sweep at every sparsity and seed (:func:`mi_core.pruning.run_sweep`, so finished runs
+pruning sweep at every sparsity and seed (:func:`mi_core.pruning.sweeps.run_sweep`, so finished runs
 are skipped and the runs can go to Ray), then :func:`mi_core.analysis.effective_size` on the
 accuracies: the largest sparsity that stays within ``margin`` of that checkpoint's full model on
 the in-domain set, the out-of-domain sets and their mix (``method`` ``authors``, the default:
@@ -25,7 +25,7 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -41,6 +41,9 @@ from mi_core.methods.heuristic_core.config import (  # noqa: F401 (re-exported)
 )
 from mi_core.methods.heuristic_core.layout import EFFECTIVE_SIZE_FILES
 from mi_core.training.checkpoints import list_checkpoints
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +116,9 @@ def _means_for(template: str | None, step: int, n_checkpoints: int) -> str | Non
     return template
 
 
-def compute_checkpoint_means(model: Any, train: str, path: Path, max_examples: int | None) -> Path:
+def compute_checkpoint_means(
+    model: HookedModel, train: str, path: Path, max_examples: int | None
+) -> Path:
     """Mean activations of ``model`` on ``train`` (at most ``max_examples`` pairs), saved."""
     from mi_core.data import load_pairs, pair_batches
     from mi_core.interventions import compute_means
@@ -169,7 +174,7 @@ def run_effective_size(
     """
     from mi_core.devices import resolve_device
     from mi_core.models import load_model
-    from mi_core.pruning.sweep import run_sweep
+    from mi_core.pruning.sweeps import run_sweep
 
     eval_sets = list(eval_sets)
     if len(eval_sets) < 2:
@@ -198,7 +203,7 @@ def run_effective_size(
     for number, (step, checkpoint) in enumerate(chosen, 1):
         logger.info("effective size: checkpoint %d/%d (step %d)", number, len(chosen), step)
         step_dir = out / f"checkpoint-{step}"
-        model: Any = None
+        model: HookedModel = None
         if executor != "ray":
             model = load_model(checkpoint, task=task, device=device)
         means_path = _means_for(means, step, len(chosen))

@@ -73,7 +73,7 @@ from mi_core.errors import MiCoreError
 from mi_core.methods.heuristic_core.comparison import SubnetworkComparison
 from mi_core.methods.heuristic_core.effective_size import dataset_name
 from mi_core.methods.heuristic_core.results import ExperimentTables
-from mi_core.pruning.run import TARGET_TOLERANCE
+from mi_core.pruning.result import TARGET_TOLERANCE
 from mi_core.tasks import TASK_NUM_LABELS
 
 #: Verdicts a finding can get.
@@ -545,7 +545,7 @@ def _core_before_finding(info: dict[str, Any] | None) -> dict[str, str]:
             name,
             paper,
             f"out-of-domain accuracy never rises (from its floor "
-            f"{_pct(info.get('ood_floor', info.get('ood_start')))}): the model "
+            f"{_pct(info['ood_floor'])}): the model "
             "never generalises",
             NOT_MEASURABLE,
         )

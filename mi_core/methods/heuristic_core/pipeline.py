@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -35,7 +35,10 @@ from mi_core.methods.heuristic_core.config import ExperimentConfig
 from mi_core.methods.heuristic_core.layout import ExperimentLayout
 from mi_core.methods.heuristic_core.results import ExperimentTables
 from mi_core.methods.heuristic_core.stages import STAGE_BY_NAME, STAGE_SPECS, STAGES
-from mi_core.pruning.sweep import SweepResult, load_sweep
+from mi_core.pruning.sweeps import SweepResult, load_sweep
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 logger = logging.getLogger(__name__)
 
@@ -315,12 +318,12 @@ class HeuristicCoreExperiment:
         out: Path,
         sparsities: list[float],
         seeds: list[int],
-        model: Any = None,
+        model: HookedModel = None,
         means: Path | None = None,
     ) -> None:
         """Prune at every sparsity x seed with the config's pruning: the fine-tuned model and
         its means, or ``model`` (a loaded model, or a checkpoint path for Ray) and ``means``."""
-        from mi_core.pruning.sweep import run_sweep
+        from mi_core.pruning.sweeps import run_sweep
 
         p, ray = self.config.pruning, self.config.pruning.executor == "ray"
         if model is None:
@@ -657,20 +660,20 @@ class HeuristicCoreResult:
 
 def run_heuristic_core(
     config: ExperimentConfig | str | os.PathLike[str],
-    checkpoint_dir: str | os.PathLike[str] | None = None,
+    out: str | os.PathLike[str] | None = None,
     *,
     progress: bool = True,
     on_stage: Callable[[str, str], None] | None = None,
 ) -> HeuristicCoreResult:
     """Run the heuristic-core experiment of ``config``; return its results in memory.
 
-    With ``checkpoint_dir`` the stages keep their files there (the report directory of
+    With ``out`` the stages keep their files there (the report directory of
     ``mi-core heuristic-core``) and a re-run skips finished stages; without it nothing is left
     on disk (the stages exchange their files in a temporary folder that is removed).
     """
-    if checkpoint_dir is not None:
-        outcome = run_experiment(config, checkpoint_dir, progress=progress, on_stage=on_stage)
-        result = HeuristicCoreResult.load(checkpoint_dir)
+    if out is not None:
+        outcome = run_experiment(config, out, progress=progress, on_stage=on_stage)
+        result = HeuristicCoreResult.load(out)
         result.stages = outcome.stages
         return result
     with tempfile.TemporaryDirectory(prefix="mi_core-heuristic-core-") as folder:

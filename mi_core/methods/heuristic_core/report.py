@@ -257,8 +257,7 @@ def _eval_meta(
     tables: ExperimentTables, pretty: bool = False
 ) -> tuple[dict[str, int], dict[str, float]]:
     """Examples and chance accuracy per eval set, as a pruning run of the sweep recorded them;
-    keyed by display name when ``pretty``. Empty when no run says (e.g. runs written before
-    the fields existed)."""
+    keyed by display name when ``pretty``. Empty without a finished run."""
     n, chance = dict(tables.eval_examples), dict(tables.chance_accuracy)
     if pretty:
         n = {display_name(k): v for k, v in n.items()}
@@ -501,7 +500,7 @@ def _pruning_section(tables: ExperimentTables) -> ReportSection | None:
     """How the sweep's runs trained: sparsity against target, and the subnetwork's accuracy as
     it stood every ``eval_every`` steps."""
     from mi_core.methods.heuristic_core.results import pruning_runs
-    from mi_core.viz.figures import PRUNING_LOG_COLUMNS, pruning_dynamics
+    from mi_core.viz.figures import pruning_dynamics
 
     logs, summary = tables.pruning_logs, tables.pruning_summary
     if logs is None and summary is None:  # tables built in memory: the runs' own folders
@@ -510,14 +509,11 @@ def _pruning_section(tables: ExperimentTables) -> ReportSection | None:
         return None
     section = ReportSection("Pruning runs: did the gates settle?")
     if summary is not None and not summary.empty:
-        recorded = summary["reached_target"].dropna()
-        if len(recorded):
-            others = len(summary) - len(recorded)
-            section.text(
-                f"**{int(recorded.astype(bool).sum())} of {len(recorded)} runs met their "
-                "target** (the sparsity each optimised, averaged over its last tenth of steps, "
-                "within 0.05)" + (f"; {others} older runs did not record it." if others else ".")
-            )
+        met = summary["reached_target"].astype(bool)
+        section.text(
+            f"**{int(met.sum())} of {len(met)} runs met their target** (the sparsity each "
+            "optimised, averaged over its last tenth of steps, within 0.05)."
+        )
         gap = (summary["final_sampled_sparsity"] - summary["final_expected_sparsity"]).dropna()
         if len(gap):
             section.text(
@@ -527,7 +523,7 @@ def _pruning_section(tables: ExperimentTables) -> ReportSection | None:
                 "run never trained (see experiments/README.md on the `quick` profile)."
             )
         section.table(summary, "One row per run, from its metrics.json.")
-    if logs is not None and not logs.empty and set(PRUNING_LOG_COLUMNS) <= set(logs.columns):
+    if logs is not None and not logs.empty:
         runs = tables.runs
         names = _eval_names(runs) if runs is not None and not runs.empty else []
         first = names[0] if names else None
@@ -664,12 +660,6 @@ def _effective_size_rule(sizes: pd.DataFrame) -> str:
     )
 
 
-def _ood_floor(info: dict[str, Any]) -> Any:
-    """The value the rise was measured from (``ood_start`` in summaries written before the
-    step-0 evaluation was left out)."""
-    return info.get("ood_floor", info.get("ood_start"))
-
-
 def _left_out(info: dict[str, Any]) -> str:
     n = int(info.get("n_left_out") or 0)
     return f" ({n} that removed nothing left out)" if n else ""
@@ -680,17 +670,12 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
     if info is None:
         return None
     section = ReportSection("The core before generalisation (section 4)")
-    # summaries written before 2026-11-26 measured the rise from the first evaluation (step 0)
-    floor = (
-        "its floor (its lowest value after step 0"
-        if "ood_floor" in info
-        else "its first evaluation (step 0, an older summary: re-run the core_before stage"
-    )
+    floor = f"its floor (its lowest value after step 0: {_format(info['ood_floor'], 3)}"
     if info.get("rise_step") is None:
         section.text(
             f"The full model's out-of-domain accuracy never rose more than the margin above "
-            f"{floor}: {_format(_ood_floor(info), 3)}): it never left the heuristic regime, so "
-            "there is no checkpoint before generalisation to prune."
+            f"{floor}): it never left the heuristic regime, so there is no checkpoint before "
+            "generalisation to prune."
         )
     elif info.get("checkpoint_step") is None:
         section.text(
@@ -701,8 +686,7 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
         present = info.get("final_core_present", [])
         section.text(
             f"Out-of-domain accuracy starts to rise at step {info['rise_step']} "
-            f"from {floor}: {_format(_ood_floor(info), 3)} -> "
-            f"{_format(info['ood_at_rise'], 3)}); checkpoint "
+            f"from {floor} -> {_format(info['ood_at_rise'], 3)}); checkpoint "
             f"{info['checkpoint_step']} is the last before it. Its {info['n_subnetworks']} "
             f"subnetworks share {len(info['core'])} heads: {' '.join(info['core']) or 'none'}"
             f"{_left_out(info)}. "
@@ -718,7 +702,7 @@ def _core_edges_section(tables: ExperimentTables) -> ReportSection | None:
     if summary is None or summary.empty:
         return None
     section = ReportSection("Edges around the core (circuits)")
-    fill = str(summary["fill"].iloc[0]) if "fill" in summary else "corrupted"
+    fill = str(summary["fill"].iloc[0])
     carries = {
         "mean": "its sender's mean output over training pairs (mean ablation)",
         "corrupted": "the counterpart pair's activation",

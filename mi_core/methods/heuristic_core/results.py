@@ -35,13 +35,27 @@ def _json(path: Path) -> dict[str, Any] | None:
     return read_json(path) if path.is_file() else None
 
 
+def _older(path: Path, lacks: str, rerun: str) -> ConfigError:
+    """The one line refusing a file of an older mi_core (it has no ``lacks``)."""
+    return ConfigError(f"{path} was written by an older mi_core (it has no {lacks}): {rerun}")
+
+
+def _refuse_older(layout: ExperimentLayout, stage: str, path: Path, found: Any, needs: str) -> None:
+    """Refuse ``found``, what ``stage`` wrote at ``path`` (None: the stage has not run), when it
+    has no ``needs``: an older mi_core wrote it; the line names the stage to re-run."""
+    if found is not None and needs not in found:
+        marker = layout.stage_marker(stage)
+        rerun = f"re-run the {stage} stage (delete {marker} and run mi-core heuristic-core again)"
+        raise _older(path, needs, rerun)
+
+
 def _run_folders(runs: pd.DataFrame | None, sweep: Path | None) -> list[tuple[str, Path]]:
     """Each sweep run's name and folder: under ``sweep`` (the report directory's own copy,
     wherever it was moved or copied to) when it is there, else the ``run_dir`` the sweep
     recorded. Runs with neither are left out."""
     if runs is None or runs.empty:
         return []
-    from mi_core.pruning.sweep import run_dir_for
+    from mi_core.pruning.sweeps import run_dir_for
 
     found = []
     for _, run in runs.iterrows():
@@ -71,16 +85,26 @@ def pruning_runs(
 ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     """The sweep's pruning logs (``log.csv`` rows with a ``run`` column: the subnetwork's
     name) and one row per run from its ``metrics.json``: did its sparsity meet the target, and
-    where its sampled and expected sparsity ended. (None, None) without run folders."""
+    where its sampled and expected sparsity ended. (None, None) without run folders. A run of
+    an older mi_core (a log without the sampled sparsity, metrics without ``reached_target``)
+    is refused."""
     if runs is None or runs.empty:
         return None, None
     logs, rows = [], []
     for name, folder in _run_folders(runs, sweep):
+        rerun = f"delete {folder} and run the sweep again"
         log = _table(folder / "log.csv")
         if log is not None and not log.empty:
+            from mi_core.viz.figures import PRUNING_LOG_COLUMNS  # what the report draws
+
+            lacks = [c for c in PRUNING_LOG_COLUMNS if c != "run" and c not in log]
+            if lacks:
+                raise _older(folder / "log.csv", ", ".join(lacks), rerun)
             logs.append(log.assign(run=name))
         metrics = _json(folder / "metrics.json")
         if metrics is not None:
+            if "reached_target" not in metrics:
+                raise _older(folder / "metrics.json", "reached_target", rerun)
             rows.append(
                 {
                     "subnetwork": name,
@@ -143,8 +167,7 @@ class ExperimentTables:
     findings: pd.DataFrame | None = None
     """The findings table the last report wrote (``finding, paper, this run, verdict``)."""
     eval_examples: dict[str, int] = field(default_factory=dict)
-    """Examples per evaluation set, as the sweep's runs recorded them (empty for runs written
-    before the field existed)."""
+    """Examples per evaluation set, as the sweep's runs recorded them (empty without a run)."""
     chance_accuracy: dict[str, float] = field(default_factory=dict)
     """Chance accuracy per evaluation set (1 / classes scored), as the runs recorded it."""
 
@@ -165,6 +188,10 @@ class ExperimentTables:
         runs = _table(layout.analysis / COMPARISON_FILES["subnetworks"])
         meta = _run_metrics(runs, layout.sweep)
         pruning_logs, pruning_summary = pruning_runs(runs, layout.sweep)
+        core_before = _json(layout.core_before_summary)
+        _refuse_older(layout, "core_before", layout.core_before_summary, core_before, "ood_floor")
+        core_edges = _table(layout.core_edges_summary)
+        _refuse_older(layout, "core_edges", layout.core_edges_summary, core_edges, "fill")
         return cls(
             root=layout.root,
             config=_json(layout.config),
@@ -182,8 +209,8 @@ class ExperimentTables:
             ablation_examples=_json(layout.ablation_file("examples")) or {},
             effective_size=_table(layout.effective_size_file("effective_size")),
             full_accuracy=_table(layout.effective_size_file("full_accuracy")),
-            core_before=_json(layout.core_before_summary),
-            core_edges=_table(layout.core_edges_summary),
+            core_before=core_before,
+            core_edges=core_edges,
             findings=_table(layout.findings, names=True),
             eval_examples={k: int(v) for k, v in meta.get("eval_examples", {}).items()},
             chance_accuracy={k: float(v) for k, v in meta.get("chance_accuracy", {}).items()},

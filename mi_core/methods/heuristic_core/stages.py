@@ -23,19 +23,9 @@ def _pruning(c: ExperimentConfig) -> dict[str, Any]:
     return {k: v for k, v in asdict(c.pruning).items() if k not in _EXECUTION}
 
 
-def _finetune_settings(c: ExperimentConfig) -> dict[str, Any] | None:
-    """The fine-tuning settings a key hashes; a field added since with its old default value is
-    left out, so experiments written before it stay finished."""
-    if c.finetune is None:
-        return None
-    settings = asdict(c.finetune)
-    if settings.get("precision") == "fp32":
-        del settings["precision"]
-    return settings
-
-
 def _finetune(c: ExperimentConfig) -> tuple:
-    return (c.model, c.task, c.checkpoint, asdict(c.data), _finetune_settings(c))
+    settings = None if c.finetune is None else asdict(c.finetune)
+    return (c.model, c.task, c.checkpoint, asdict(c.data), settings)
 
 
 @dataclass(frozen=True)

@@ -160,15 +160,15 @@ def separability_findings(summary: dict) -> list[dict]:
     start (the report's trajectories run to the whole model). The row says how far the run
     pruned.
     """
-    mode = summary.get("mode", "cripple")
-    sign = 1.0 if mode == "cripple" else -1.0
+    if "mode" not in summary or "area" not in summary["areas"]["top1"]:
+        raise ConfigError(
+            "a separability summary of an older mi_core (no mode or top-1 area): re-run "
+            "mi-core separability to write it again"
+        )
+    sign = 1.0 if summary["mode"] == "cripple" else -1.0
 
     def signed(areas: dict) -> float:
-        top1 = areas["top1"]
-        area = top1.get("area")
-        if area is None:  # a summary written before areas were kept: the unsigned number
-            return float(top1["separability_pct"])
-        return sign * (float(area) - 1.0) * 100.0
+        return sign * (float(areas["top1"]["area"]) - 1.0) * 100.0
 
     ours = signed(summary["areas"])
     rand = signed(summary["random_areas"]) if "random_areas" in summary else None
@@ -354,20 +354,22 @@ def _load_state(
         raise ConfigError(
             f"{path} is not a separability state file; remove it or use another --out"
         )
-    saved = {**json.loads(metadata["config"]), **json.loads(metadata.get("identity", "{}"))}
-    # every state of this code records its score formula (run_separability adds it)
+    # every state of this code records its score formula (run_separability adds it); one
+    # without it is of an older mi_core (another formula, pre-out neurons without value biases)
+    recorded = json.loads(metadata.get("identity", "{}"))
+    if "score" not in recorded:
+        raise ConfigError(
+            f"{path} is a separability state of an older mi_core (it records no score formula) "
+            "and cannot resume: re-run mi-core separability in another output directory"
+        )
+    saved = {**json.loads(metadata["config"]), **recorded}
     wanted = {**config.pruning_options(), "score": SCORE_FORMULA, **identity}
     for key in unknown:
         if key not in wanted:
             saved.pop(key, None)
-    if "value_biases" in wanted and "value_biases" not in saved:
+    if saved["score"] != wanted["score"]:
         raise ConfigError(
-            f"{path} is a run of an older mi_core, whose attention pre-out neurons left out "
-            "their value biases; it cannot resume: use another output directory"
-        )
-    if saved.get("score") != wanted["score"]:
-        raise ConfigError(
-            f"{path} is a run whose neurons were scored by {saved.get('score', OLD_SCORE)}, not "
+            f"{path} is a run whose neurons were scored by {saved['score']}, not "
             f"{wanted['score']}: resuming would mix the two in one trajectory; use another "
             "output directory"
         )
@@ -389,8 +391,6 @@ def _load_state(
 
 #: The score a run's steps rank neurons by (recorded in its state): the reference's ratio.
 SCORE_FORMULA = "cripple / (focus + eps)"
-#: What states written before the formula was recorded (before 2026-11-26) used.
-OLD_SCORE = "(cripple + eps) / (focus + eps)"
 
 
 def run_separability(

@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -43,23 +43,26 @@ from mi_core.interventions import ComponentMask, ComponentMeans
 from mi_core.io import check_replaceable, read_json, write_csv, write_json
 from mi_core.models.fingerprint import fingerprint_held
 from mi_core.pruning.constants import EXECUTORS, check_ray_gpus
+from mi_core.pruning.inputs import (
+    check_named_inputs,
+    load_data_input,
+    load_inputs,
+    load_means_input,
+    load_model_input,
+)
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
-from mi_core.pruning.run import (
+from mi_core.pruning.run import prune, prune_group, prune_run
+from mi_core.pruning.run_folder import (
     RUN_FILES,
-    _claim_run_dir,
-    _load_data,
-    _load_inputs,
-    _load_means,
-    _load_model,
-    check_named_inputs,
+    claim_run_dir,
     finished_mask,
     is_complete,
-    prune,
-    prune_group,
-    prune_run,
     refresh_run_metrics,
 )
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ def group_name(sparsity: float) -> str:
 class SweepResult:
     """Every finished run of a sweep: its metrics (one row each) and its binary mask.
 
-    :func:`sweep` returns one (in memory, or with files under a ``checkpoint_dir``);
+    :func:`sweep` returns one (in memory, or with files under a ``out``);
     :meth:`load` reads one back from a sweep directory (the inverse of :func:`run_sweep`).
     """
 
@@ -164,7 +167,7 @@ def load_sweep(
     """Every finished run (a ``metrics.json`` beside a mask) under ``sweep_dir``, optionally only
     those of ``sparsities`` and ``seeds``.
 
-    Runs are found as ``*/seed*/metrics.json`` (the layout of :func:`mi_core.pruning.run_dir_for`);
+    Runs are found as ``*/seed*/metrics.json`` (the layout of :func:`run_dir_for`);
     the sparsity is the run's ``target_sparsity``. Unfinished runs are left out.
     """
     root = Path(sweep_dir)
@@ -262,7 +265,7 @@ class SweepRun:
 
 
 def sweep(
-    model: Any,
+    model: HookedModel,
     train: str | os.PathLike[str] | PairDataset,
     means: str | os.PathLike[str] | ComponentMeans | None,
     sparsities: Sequence[float],
@@ -271,23 +274,32 @@ def sweep(
     profile: str = "paper",
     overrides: Mapping[str, Any] | None = None,
     eval_sets: Sequence[str | PairDataset] = (),
-    checkpoint_dir: str | os.PathLike[str] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    executor: str = "local",
+    group_size: int | None = None,
     task: str | None = None,
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
     progress: bool = True,
+    device: str = "auto",
 ) -> SweepResult:
     """Prune at every sparsity with every seed; return every subnetwork.
 
     In memory by default: the full model's logits and accuracies are computed once and shared
-    by the runs, and nothing is written. With ``checkpoint_dir`` the sweep is
-    :func:`run_sweep`'s, with its files (resumable; finished runs are skipped), read back.
+    by the runs, and nothing is written. With ``out`` the sweep is :func:`run_sweep`'s, with
+    its files (resumable; finished runs are skipped), read back; there ``executor`` chooses how
+    the runs are trained (``local``: one after another; ``batched``: ``group_size`` at a time
+    in one pass; ``ray``: as Ray tasks, which take ``model``, ``train`` and ``means`` as paths).
     """
-    if checkpoint_dir is not None:
+    if out is None and (executor != "local" or group_size is not None):
+        raise ConfigError(
+            f"a sweep with executor {executor!r} writes every run's folder: give out="
+        )
+    if out is not None:
         run_sweep(
             model,
             train,
-            checkpoint_dir,
+            out,
             sparsities,
             seeds,
             means=means,
@@ -297,15 +309,18 @@ def sweep(
             task=task,
             max_train_examples=max_train_examples,
             max_eval_examples=max_eval_examples,
+            executor=executor,
+            group_size=group_size,
             progress=progress,
+            device=device,
         )
-        return SweepResult.load(checkpoint_dir, sparsities, seeds)
+        return SweepResult.load(out, sparsities, seeds)
     configs = sweep_configs(sparsities, seeds, profile, overrides)
-    model_obj, _ = _load_model(model, task)
+    model_obj, _ = load_model_input(model, task)
     task = getattr(model_obj, "task", None) or task
-    means_obj = _load_means(means, model_obj, configs[0].ablation)
-    train_set = _load_data(train, task, max_train_examples, "training")
-    evals = [_load_data(d, task, max_eval_examples, "eval") for d in eval_sets]
+    means_obj = load_means_input(means, model_obj, configs[0].ablation)
+    train_set = load_data_input(train, task, max_train_examples, "training")
+    evals = [load_data_input(d, task, max_eval_examples, "eval") for d in eval_sets]
     cfg = configs[0]
     tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
     reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, progress)
@@ -447,7 +462,7 @@ def _run_with_ray(
     return run_ray_tasks(_prune_task, payloads, ray_address, num_cpus_per_run, num_gpus_per_run)
 
 
-def training_bytes_per_example(model: Any, max_length: int) -> int:
+def training_bytes_per_example(model: HookedModel, max_length: int) -> int:
     """A generous estimate of the memory one training example of a pruning step holds until
     the backward pass (float32 activations at ``max_length`` tokens): per layer and token, about
     16 residual-width vectors (residual copies, q / k / v, z, hook outputs, LayerNorm), 3
@@ -475,7 +490,9 @@ def available_memory(device: torch.device) -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def auto_group_size(model: Any, cfg: PruneConfig, n_runs: int, fraction: float = 0.5) -> int:
+def auto_group_size(
+    model: HookedModel, cfg: PruneConfig, n_runs: int, fraction: float = 0.5
+) -> int:
     """How many runs one batched group trains together: all ``n_runs`` when ``fraction`` of the
     free memory holds their micro-batches (:func:`training_bytes_per_example` at
     ``cfg.max_length``), else as many as it does (at least 1, at most :data:`MAX_AUTO_GROUP`)."""
@@ -486,7 +503,7 @@ def auto_group_size(model: Any, cfg: PruneConfig, n_runs: int, fraction: float =
 
 
 def _full_model_accuracy(
-    model: Any, evals: Sequence[PairDataset], cfg: PruneConfig, path: Path | None = None
+    model: HookedModel, evals: Sequence[PairDataset], cfg: PruneConfig, path: Path | None = None
 ) -> dict[str, float]:
     """The full model's accuracy per eval set (cached in ``path`` when given, with each set's
     selection (:meth:`PairDataset.selection`: its size and a digest of its examples) beside it
@@ -544,7 +561,7 @@ def collect_subnetworks(runs: Sequence[SweepRun], eval_names: Sequence[str]) -> 
 
 
 def run_sweep(
-    model: Any,
+    model: HookedModel,
     train: str | os.PathLike[str] | PairDataset,
     out: str | os.PathLike[str],
     sparsities: Sequence[float],
@@ -599,14 +616,14 @@ def run_sweep(
             )
 
     check_named_inputs(train, eval_sets, means)
-    model_obj, model_spec = _load_model(model, task, device)
+    model_obj, model_spec = load_model_input(model, task, device)
     with fingerprint_held(model_obj):  # the weights stay fixed: one fingerprint for every check
-        task, means_obj, train_set, evals, eval_names = _load_inputs(
+        task, means_obj, train_set, evals, eval_names = load_inputs(
             model_obj, task, means, cfg.ablation, train, max_train_examples, eval_sets,
             max_eval_examples,
         )  # fmt: skip
-        # every file the sweep will replace, before any work (a read-only run folder had been
-        # found after the runs before it)
+        # every file the sweep will replace, before any work (else a read-only run folder is
+        # found only after the runs before it have run)
         check_replaceable(
             sweep_dir, ("reference_logits.safetensors", "full_model.json", "subnetworks.csv",
                         "subnetworks.html")
@@ -616,7 +633,7 @@ def run_sweep(
                 check_replaceable(r.run_dir, RUN_FILES)
         for r in runs:  # a folder left by a run with other settings is refused, finished or not
             if (r.run_dir / "config.json").is_file():
-                _claim_run_dir(
+                claim_run_dir(
                     r.run_dir, r.config, model_obj, model_spec, task, train_set, means,
                     means_obj, eval_names, max_eval_examples, None,
                 )  # fmt: skip

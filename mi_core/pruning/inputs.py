@@ -1,0 +1,119 @@
+"""A pruning job's inputs from paths or specs: the model, the data sets and the means.
+
+The one place where paths become loaded objects (the CLI and Ray workers call it); the
+library functions take what it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mi_core.data import PairDataset, load_pairs
+from mi_core.data.pairs import check_pair_spec
+from mi_core.errors import (
+    ConfigError,
+    DataError,
+    InterventionError,
+)
+from mi_core.interventions import ComponentMeans, load_means
+from mi_core.models.classifier import StagedClassifier
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
+
+logger = logging.getLogger(__name__)
+
+
+def check_named_inputs(train: Any, eval_sets: Sequence[Any], means: Any) -> None:
+    """The data specs and means file a job names exist, checked before the model loads (so a
+    typo'd spec fails at once, not after the load)."""
+    for spec in (train, *eval_sets):
+        if isinstance(spec, (str, os.PathLike)):
+            check_pair_spec(spec)
+    if isinstance(means, (str, os.PathLike)) and not Path(means).is_file():
+        raise InterventionError(f"means file {means} does not exist; make one with mi-core means")
+
+
+def load_model_input(model: HookedModel, task: str | None, device: str = "auto") -> tuple[Any, str]:
+    """A loaded model as given, or the model at a path / spec loaded on ``device``."""
+    if isinstance(model, (str, os.PathLike)):
+        from mi_core.devices import resolve_device
+        from mi_core.models import load_model
+        from mi_core.models.loading import loads_as_classifier
+
+        if not loads_as_classifier(model, task):
+            raise ConfigError(
+                f"{os.fspath(model)} is a causal language model: node pruning runs on "
+                "sentence-pair classifiers (name a --task to give a GPT-2 body a classifier "
+                "head); for a language model's circuits use mi-core circuit"
+            )
+        return load_model(model, task=task, device=str(resolve_device(device))), os.fspath(model)
+    if not isinstance(model, StagedClassifier) or getattr(model, "tokenizer", None) is None:
+        raise ConfigError("model must be a hooked classifier or a checkpoint path / model name")
+    return model, str(getattr(model, "model_name", "") or "model")
+
+
+def load_data_input(
+    data: Any, task: str | None, max_examples: int | None, role: str
+) -> PairDataset:
+    if isinstance(data, PairDataset):
+        dataset = data.spread(max_examples) if max_examples is not None else data
+    else:
+        dataset = load_pairs(os.fspath(data), max_examples=max_examples, task=task)
+    if task is not None and dataset.task != task:
+        raise DataError(
+            f"{role} set {dataset.name} is {dataset.task} data, but the model is a {task} "
+            "classifier; use data of the model's task"
+        )
+    if len(dataset) == 0:
+        raise DataError(f"{role} set {dataset.name} is empty")
+    return dataset
+
+
+def load_means_input(means: Any, model: HookedModel, ablation: str) -> ComponentMeans | None:
+    if means is None:
+        if ablation == "mean":
+            raise ConfigError(
+                "mean ablation needs --means (make them with mi-core means) or use --ablation zero"
+            )
+        return None
+    if isinstance(means, ComponentMeans):
+        means.check_model(model)
+        return means
+    return load_means(means, model)
+
+
+def load_inputs(
+    model: HookedModel,
+    task: str | None,
+    means: Any,
+    ablation: str,
+    train: Any,
+    max_train_examples: int | None,
+    eval_sets: Sequence[Any],
+    max_eval_examples: int | None,
+) -> tuple[str | None, ComponentMeans | None, PairDataset, list[PairDataset], list[str]]:
+    """A job's task, means, training set and eval sets (whose names must differ), for a loaded
+    ``model``: inside the job's :func:`fingerprint_held`, as means files check the weights."""
+    task = getattr(model, "task", None) or task
+    means_obj = load_means_input(means, model, ablation)
+    train_set = load_data_input(train, task, max_train_examples, "training")
+    evals = [load_data_input(d, task, max_eval_examples, "eval") for d in eval_sets]
+    names = [d.name for d in evals]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"eval sets must differ; got {names}")
+    return task, means_obj, train_set, evals, names
+
+
+def means_identity(means: ComponentMeans | None) -> dict[str, Any] | None:
+    if means is None:
+        return None
+    return {
+        "model_fingerprint": means.fingerprint,
+        "dataset": means.dataset,
+        "n_tokens": means.n_tokens,
+    }

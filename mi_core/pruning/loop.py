@@ -1,0 +1,459 @@
+"""The training loop of one run or of a group of runs: states, steps, probes, checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+
+from mi_core.data import PairDataset, pair_batches
+from mi_core.data.batches import TokenizedPairs
+from mi_core.devices import grad_scaler, matmul_precision
+from mi_core.errors import (
+    ConfigError,
+    TrainingError,
+)
+from mi_core.evaluation import evaluate
+from mi_core.interventions import ComponentMask, ComponentMeans, ablate
+from mi_core.interventions.components import model_dims
+from mi_core.io import (
+    write_csv,
+)
+from mi_core.models.dropout import train_dropout
+from mi_core.models.frozen import frozen
+from mi_core.pruning.checkpoint import checkpoint_log, load_checkpoint, save_checkpoint
+from mi_core.pruning.discretize import (
+    AchievedSparsity,
+    discretize,
+    make_gates,
+    unflatten_components,
+)
+from mi_core.pruning.group_optimizer import GroupAdamW
+from mi_core.pruning.hard_concrete import (
+    HardConcrete,
+)
+from mi_core.pruning.lagrangian import (
+    LagrangianController,
+    pruning_optimizer,
+)
+from mi_core.pruning.profiles import PruneConfig, unreachable_target
+from mi_core.pruning.result import LOG_COLUMNS, StepCallback
+from mi_core.pruning.schedule import lr_factor, target_sparsity_at
+from mi_core.pruning.step import Schedule, StepMember, group_pruning_step, sparsity_weights
+from mi_core.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunState:
+    """One run's training state: gates, lambdas, optimizer, data order, log and files."""
+
+    cfg: PruneConfig
+    run_dir: Path | None
+    gates: HardConcrete
+    controller: LagrangianController
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]
+    schedule: Schedule
+    start: int
+    rows: list[dict[str, float]]
+    last_good: int | None
+    callback: StepCallback | None = None
+    error: TrainingError | None = None
+    scaler: torch.amp.GradScaler | None = None
+    """This run's fp16 loss scaler (None in fp32 / bf16): each run of a group scales its own
+    loss, so one run's overflow never skips or shrinks another's step."""
+
+    @property
+    def checkpoint(self) -> Path | None:
+        return None if self.run_dir is None else self.run_dir / "checkpoint.safetensors"
+
+    @property
+    def log_path(self) -> Path | None:
+        return None if self.run_dir is None else self.run_dir / "log.csv"
+
+    @property
+    def trained(self) -> list[torch.Tensor]:
+        return [self.gates.log_alpha, *self.controller.parameters()]
+
+    def log(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=list(LOG_COLUMNS))
+
+
+def start_run(
+    model: HookedModel,
+    tokenized: TokenizedPairs,
+    cfg: PruneConfig,
+    run_dir: Path | None,
+    callback: StepCallback | None,
+) -> RunState:
+    """A run's fresh state, or its state at its last checkpoint in ``run_dir``."""
+    dims = model_dims(model)
+    device = next(model.parameters()).device
+    gates = make_gates(cfg, dims.n_layers, dims.n_heads).to(device)
+    controller = LagrangianController().to(device)
+    optimizer = pruning_optimizer(
+        gates.parameters(),
+        controller,
+        cfg.lr_log_alpha,
+        cfg.lr_lambda,
+        cfg.weight_decay,
+        cfg.lambda_weight_decay,
+    )
+    state = RunState(
+        cfg,
+        run_dir,
+        gates,
+        controller,
+        optimizer,
+        [group["lr"] for group in optimizer.param_groups],
+        Schedule(tokenized, cfg.batch_size, cfg.seed),
+        start=0,
+        rows=[],
+        last_good=None,
+        callback=callback,
+        scaler=grad_scaler(device, cfg.precision),
+    )
+    checkpoint = state.checkpoint
+    if checkpoint is not None and checkpoint.is_file():
+        state.start = load_checkpoint(checkpoint, gates, controller, optimizer, state.scaler)
+        kept = checkpoint_log(checkpoint)
+        if kept is not None:  # the rows the checkpoint holds: log.csv may lag behind it
+            state.rows = [row for row in kept if row["step"] < state.start]
+        elif state.log_path.is_file() and state.start > 0:  # a checkpoint from before
+            log = pd.read_csv(state.log_path)
+            state.rows = log[log["step"] < state.start].to_dict("records")
+        state.last_good = state.start
+        logger.info("resuming %s from step %d", run_dir, state.start)
+    else:
+        short = unreachable_target(cfg)
+        if short is not None:
+            logger.warning("%s: %s", run_dir or "pruning run", short)
+    return state
+
+
+#: Settings that change how often a run saves, logs and evaluates, not what it learns: a
+#: resumed run may change them.
+NOT_LEARNT = ("checkpoint_every", "eval_every", "eval_batch_size")
+
+#: Configuration fields that may differ between the runs trained together in one group: the
+#: target and the seed, and the schedules derived from the target (the paper's step counts and
+#: warm-ups grow with the sparsity).
+GROUP_VARYING = ("target_sparsity", "seed", "steps", "warmup_steps", "lr_warmup_steps")
+
+
+def check_group(configs: Sequence[PruneConfig]) -> None:
+    first = configs[0].to_dict()
+    for cfg in configs[1:]:
+        other = cfg.to_dict()
+        differ = sorted(k for k in first if k not in GROUP_VARYING and first[k] != other[k])
+        if differ:
+            raise ConfigError(
+                "runs trained together must differ only in target sparsity, seed and the "
+                f"schedules derived from them ({', '.join(GROUP_VARYING)}); "
+                f"{', '.join(differ)} differ"
+            )
+
+
+def train_group(
+    model: HookedModel,
+    means: ComponentMeans | None,
+    tokenized: TokenizedPairs,
+    targets: torch.Tensor,
+    runs: Sequence[RunState],
+    progress: bool,
+    max_chunk: int | None = None,
+    evals: Sequence[PairDataset] = (),
+) -> None:
+    """Train ``runs`` together, each from its own start step to its own last step (see
+    :func:`group_pruning_step`); each run's state, log and checkpoints are updated in place.
+
+    Every ``eval_every`` steps each run's subnetwork as it stands (its gates discretised by the
+    run's rule at the step's target) is evaluated on the first of ``evals`` (its first
+    :data:`PROBE_EXAMPLES`) without dropout, and its accuracy and sparsity go into that step's
+    log row (``eval_accuracy``, ``eval_sparsity``), as the authors' trainer evaluates its model
+    every 64 steps. With ``precision="tf32"`` the probe's products are TF32 too.
+
+    A run whose loss becomes non-finite gets its ``error`` set and leaves the group (its last
+    checkpoint stays); the others go on. With dropout on, the dropout noise of a step is drawn
+    for the whole concatenated batch from the first active run's seed: identical to a run alone
+    for a group of one, and otherwise a function of the group.
+    """
+    cfg = runs[0].cfg
+    check_group([r.cfg for r in runs])
+    device = next(model.parameters()).device
+    rng_devices = [device] if device.type == "cuda" else []
+    weights = sparsity_weights(model, cfg.sparsity_weighting)
+    weights = None if weights is None else weights.to(device)
+    targets = targets.to(device)
+    accumulation = cfg.grad_accumulation
+    first = min(r.start for r in runs)
+    last = max(r.cfg.steps for r in runs)
+    desc = (
+        f"prune s={cfg.target_sparsity:g} seed={cfg.seed}"
+        if len(runs) == 1
+        else f"prune {len(runs)} runs together"
+    )
+    bar = tqdm(
+        range(first, last),
+        initial=first,
+        total=last,
+        desc=desc,
+        disable=not progress,
+        leave=False,
+    )
+    mask = ComponentMask.ones(model, device=device)
+    # a group's optimizer steps taken together (fp16's per-run loss scalers step run by run)
+    stacked = None
+    if len(runs) > 1 and all(r.scaler is None for r in runs):
+        stacked = GroupAdamW(
+            [r.optimizer for r in runs],
+            [r.trained for r in runs],
+            [r.cfg.max_grad_norm if r.cfg.max_grad_norm > 0 else math.inf for r in runs],
+        )
+    slot = {id(r): k for k, r in enumerate(runs)}
+    probe = None
+    if evals and cfg.eval_every > 0:
+        probe = _subnetwork_probe(model, mask, evals[0], weights, cfg)
+    with (
+        frozen(model),
+        ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
+        matmul_precision(cfg.precision),  # tf32: the steps' forward and backward passes
+    ):
+        for step in bar:
+            active = [r for r in runs if r.start <= step < r.cfg.steps and r.error is None]
+            if not active:
+                continue
+            members, factors = [], []
+            for r in active:
+                factor = lr_factor(step, r.cfg.lr_warmup_steps, r.cfg.steps, r.cfg.lr_schedule)
+                for group, base in zip(r.optimizer.param_groups, r.base_lrs, strict=True):
+                    group["lr"] = base * factor
+                r.optimizer.zero_grad(set_to_none=True)
+                factors.append(factor)
+                members.append(
+                    StepMember(
+                        r.gates,
+                        r.controller,
+                        target_sparsity_at(step, r.cfg.target_sparsity, r.cfg.warmup_steps),
+                        torch.Generator().manual_seed(  # CPU: one stream on every device
+                            derive_seed("prune", r.cfg.seed, step)
+                        ),
+                        r.cfg.sparsity_estimate,
+                    )
+                )
+            batches, sizes = [], []
+            for micro in range(accumulation):
+                parts = [r.schedule.indices(step * accumulation + micro) for r in active]
+                batches.append(tokenized.collate([i for part in parts for i in part]))
+                sizes.append([len(part) for part in parts])
+            with (
+                torch.random.fork_rng(devices=rng_devices, enabled=cfg.dropout),
+                train_dropout(model, cfg.dropout),  # not around the probe's evaluations
+            ):
+                if cfg.dropout:
+                    torch.manual_seed(derive_seed("prune", "dropout", active[0].cfg.seed, step))
+                rows = group_pruning_step(
+                    model, mask, members, batches, sizes, targets, weights, max_chunk,
+                    cfg.precision, [r.scaler for r in active],
+                )  # fmt: skip
+            if stacked is None:
+                # clip every run, then read all the norms at once (one device sync per step)
+                norms = torch.stack([_clip(r) for r in active]).tolist()
+                for r, row, factor, norm in zip(active, rows, factors, norms, strict=True):
+                    _finish_step(r, step, row, factor, norm, probe=probe)
+            else:  # every run's clipping and AdamW step at once; a failed run takes none
+                good = [math.isfinite(row["loss"]) for row in rows]
+                taken = [slot[id(r)] for r, ok in zip(active, good, strict=True) if ok]
+                norms = iter(stacked.step(taken).tolist() if taken else [])
+                for r, row, factor, ok in zip(active, rows, factors, good, strict=True):
+                    _finish_step(r, step, row, factor, next(norms) if ok else math.nan,
+                                 export=lambda r=r: stacked.export(slot[id(r)]),
+                                 probe=probe)  # fmt: skip
+            shown = active[0].rows[-1] if active[0].rows else None
+            if shown is not None:
+                bar.set_postfix(  # both sparsity estimates, named as in log.csv and warnings
+                    kl=f"{shown['kl']:.4f}",
+                    target=f"{shown['target_sparsity']:.3f}",
+                    expected_sparsity=f"{shown['expected_sparsity']:.3f}",
+                    sampled_sparsity=f"{shown['sampled_sparsity']:.3f}",
+                    **(
+                        {"acc": f"{shown['eval_accuracy']:.3f}"} if "eval_accuracy" in shown else {}
+                    ),
+                )
+    bar.close()
+    if stacked is not None:  # each run's AdamW holds its state, as after a run alone
+        for r in runs:
+            stacked.export(slot[id(r)])
+
+
+def _clip(r: RunState) -> torch.Tensor:
+    """Unscale (fp16) and clip one run's gradients; their total norm before clipping."""
+    if r.scaler is not None:
+        r.scaler.unscale_(r.optimizer)
+    max_norm = r.cfg.max_grad_norm if r.cfg.max_grad_norm > 0 else math.inf
+    return torch.nn.utils.clip_grad_norm_(r.trained, max_norm).float()
+
+
+def _finish_step(
+    r: RunState,
+    step: int,
+    row: dict[str, float],
+    factor: float,
+    norm: float,
+    export: Callable[[], None] | None = None,
+    probe: Callable[[RunState, float], dict[str, float]] | None = None,
+) -> None:
+    """Check, take the optimizer step, log and checkpoint one run after a step (clipped by
+    :func:`_clip`, whose ``norm`` is logged). With ``export``, the step was already taken
+    (:class:`GroupAdamW`, for the group); ``export`` gives the run's AdamW its state before its
+    checkpoint is written. ``probe`` evaluates the run's subnetwork every ``eval_every`` steps
+    (see :func:`_subnetwork_probe`)."""
+    cfg, scaler = r.cfg, r.scaler
+    row.update(lr_factor=factor, grad_norm=norm)
+    total = row["loss"]
+    if not math.isfinite(total):
+        where = (
+            f"the last good checkpoint (step {r.last_good}) is kept in {r.checkpoint}"
+            if r.last_good is not None
+            else "no checkpoint had been written yet"
+        )
+        r.error = TrainingError(
+            f"pruning loss became {'NaN' if math.isnan(total) else total} at step {step}; "
+            f"stopped; {where}; lower "
+            "--lr-log-alpha / --lr-lambda or check the means and data"
+        )
+        return
+    if export is None and scaler is None:
+        r.optimizer.step()
+    elif export is None:  # skipped when the scaled gradients overflowed; the scale then shrinks
+        scaler.step(r.optimizer)
+        scaler.update()
+    done = step + 1
+    if probe is not None and done % cfg.eval_every == 0:
+        row.update(probe(r, row["target_sparsity"]))
+    r.rows.append({"step": step, **row})
+    if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+        if export is not None:
+            export()
+        save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer,
+                        r.scaler, log=r.rows)  # fmt: skip
+        write_csv(r.log_path, r.log())
+        r.last_good = done
+    if r.callback is not None:
+        r.callback(step, r.rows[-1])
+
+
+#: Examples of the first eval set a probe evaluates (the authors' trainer: 2,000 MNLI pairs).
+PROBE_EXAMPLES = 2000
+
+
+def discrete_mask(
+    log_alpha: Float[torch.Tensor, " components"],
+    dims: Any,
+    target: float,
+    cfg: PruneConfig,
+    weights: Float[torch.Tensor, " components"] | None,
+) -> tuple[ComponentMask, AchievedSparsity]:
+    """A run's binary subnetwork from its flat gates: ``cfg``'s rule at ``target``."""
+    keep, achieved = discretize(
+        log_alpha, dims.n_layers, dims.n_heads, target, cfg.discretize, weights, beta=cfg.beta
+    )
+    heads, mlps = unflatten_components(keep.float(), dims.n_layers, dims.n_heads)
+    return ComponentMask(heads, mlps), achieved
+
+
+def _subnetwork_probe(
+    model: HookedModel,
+    mask: ComponentMask,
+    dataset: PairDataset,
+    weights: torch.Tensor | None,
+    cfg: PruneConfig,
+) -> Callable[[RunState, float], dict[str, float]]:
+    """``probe(run, target)``: the accuracy on ``dataset`` (its first :data:`PROBE_EXAMPLES`) of
+    ``run``'s gates discretised now (the run's rule at ``target``) and that mask's achieved
+    sparsity, as log columns. The examples are tokenised once, here.
+
+    Meant for inside the training loop's :func:`ablate` block on ``mask``, whose values it
+    replaces with the discrete mask's (each step assigns its own again)."""
+    dims = model_dims(model)
+    device = next(model.parameters()).device
+    host_weights = None if weights is None else weights.cpu()
+    subset = dataset.head(PROBE_EXAMPLES)
+    batches = list(
+        pair_batches(
+            subset, model.tokenizer, batch_size=cfg.eval_batch_size, max_length=cfg.max_length,
+            sort_by_length=True,
+        )
+    )  # fmt: skip
+
+    def probe(r: RunState, target: float) -> dict[str, float]:
+        gates = r.gates.log_alpha.detach().cpu()
+        discrete, achieved = discrete_mask(gates, dims, target, r.cfg, host_weights)
+        mask.heads, mask.mlps = discrete.heads.to(device), discrete.mlps.to(device)
+        accuracy = evaluate(model, subset, batches=batches).accuracy
+        return {"eval_accuracy": accuracy, "eval_sparsity": achieved.by_count}
+
+    return probe
+
+
+def train_run(
+    model: HookedModel,
+    means: ComponentMeans | None,
+    tokenized: TokenizedPairs,
+    targets: torch.Tensor,
+    cfg: PruneConfig,
+    run_dir: Path | None,
+    progress: bool,
+    callback: StepCallback | None,
+    evals: Sequence[PairDataset] = (),
+) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
+    state = start_run(model, tokenized, cfg, run_dir, callback)
+    train_group(model, means, tokenized, targets, [state], progress, evals=evals)
+    if state.error is not None:
+        raise state.error
+    return (
+        state.gates.log_alpha.detach().cpu().clone(),
+        state.log(),
+        state.start if state.start > 0 else None,
+    )
+
+
+# ------------------------------------------------------------------------------- evaluation
+def evaluate_sets(
+    model: HookedModel,
+    mask: ComponentMask,
+    means: ComponentMeans | None,
+    cfg: PruneConfig,
+    eval_sets: Sequence[PairDataset],
+    full_accuracy: Mapping[str, float] | None,
+) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    accuracy: dict[str, float] = {}
+    full: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    known = dict(full_accuracy or {})
+    for dataset in eval_sets:
+        sizes[dataset.name] = len(dataset)
+        if dataset.name in known:
+            full[dataset.name] = float(known[dataset.name])
+        else:
+            full[dataset.name] = evaluate(
+                model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
+            ).accuracy
+        with ablate(model, mask, means, cfg.ablation):
+            accuracy[dataset.name] = evaluate(
+                model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
+            ).accuracy
+    return accuracy, full, sizes
