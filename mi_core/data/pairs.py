@@ -329,13 +329,8 @@ class PairDataset:
         return f"{len(self)}:{digest.hexdigest()[:16]}"
 
     def matches(self, recorded: Any) -> bool:
-        """Whether a cache's record of a set (:meth:`selection`, or from before it existed the
-        set's size) names these examples. A size alone is trusted only where ``max_examples``
-        has always taken the first rows: a set of one subcase or none."""
-        if isinstance(recorded, str):
-            return recorded == self.selection()
-        one_group = len(set(self.meta.get("subcase", []))) < 2
-        return recorded == len(self) and one_group
+        """Whether a cache's record of a set (its :meth:`selection`) names these examples."""
+        return recorded == self.selection()
 
     def spread(self, n: int, key: str = "subcase") -> PairDataset:
         """``n`` examples taken in turn from each group of ``meta[key]`` (in file order within

@@ -36,8 +36,8 @@ def save_checkpoint(
     gates: HardConcrete,
     controller: LagrangianController,
     optimizer: torch.optim.Optimizer,
+    log: list[dict[str, Any]],
     scaler: torch.amp.GradScaler | None = None,
-    log: list[dict[str, Any]] | None = None,
 ) -> None:
     """Write gates, lambdas, AdamW state (tensors), step, groups, the fp16 loss scaler's state
     and the log rows of the steps done (JSON), atomically: ``log.csv`` is written beside it, and
@@ -58,15 +58,14 @@ def save_checkpoint(
     }
     if scaler is not None:
         info["scaler"] = scaler.state_dict()
-    if log is not None:
-        info["log"] = log
+    info["log"] = log
     write_safetensors(path, tensors, {"kind": CHECKPOINT_KIND, "state": json.dumps(info)})
 
 
-def checkpoint_log(path: Path) -> list[dict[str, Any]] | None:
-    """The log rows a checkpoint holds (None for one written before they were kept)."""
+def checkpoint_log(path: Path) -> list[dict[str, Any]]:
+    """The log rows a checkpoint holds (checked by :func:`load_checkpoint`)."""
     _, metadata = read_safetensors(path)
-    return json.loads(metadata["state"]).get("log")
+    return json.loads(metadata["state"])["log"]
 
 
 #: AdamW's implementation flags, which follow the device a run resumes on.
@@ -82,12 +81,17 @@ def load_checkpoint(
 ) -> int:
     """Restore what :func:`save_checkpoint` wrote; returns the number of steps already done.
 
-    The loss scaler resumes at its saved scale (a checkpoint written without one, or before the
-    field existed, leaves ``scaler`` at its initial scale)."""
+    The fp16 loss scaler resumes at its saved scale (a checkpoint of an fp32 / bf16 run holds
+    none and leaves ``scaler`` at its initial scale)."""
     tensors, metadata = read_safetensors(path)
     if metadata.get("kind") != CHECKPOINT_KIND:
         raise TrainingError(f"{path} is not a pruning checkpoint; delete it to start over")
     info = json.loads(metadata["state"])
+    if "log" not in info:
+        raise TrainingError(
+            f"{path} is a pruning checkpoint of an older mi_core (it records no log rows): "
+            "delete it and run the pruning run again"
+        )
     if tensors["log_alpha"].shape != gates.log_alpha.shape:
         raise TrainingError(
             f"checkpoint {path} has {tensors['log_alpha'].numel()} gates but the model has "

@@ -6,9 +6,11 @@ library functions take what it returns.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,7 @@ from mi_core.errors import (
 )
 from mi_core.interventions import ComponentMeans, load_means
 from mi_core.models.classifier import StagedClassifier
+from mi_core.models.fingerprint import fingerprint_held
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
@@ -52,9 +55,22 @@ def load_model_input(model: HookedModel, task: str | None, device: str = "auto")
                 "head); for a language model's circuits use mi-core circuit"
             )
         return load_model(model, task=task, device=str(resolve_device(device))), os.fspath(model)
+    check_model(model)
+    return model, str(getattr(model, "model_name", "") or "model")
+
+
+def check_model(model: Any) -> None:
+    """Refuse what is not a loaded hooked classifier with its tokenizer."""
     if not isinstance(model, StagedClassifier) or getattr(model, "tokenizer", None) is None:
         raise ConfigError("model must be a hooked classifier or a checkpoint path / model name")
-    return model, str(getattr(model, "model_name", "") or "model")
+
+
+def check_eval_names(evals: Sequence[PairDataset]) -> list[str]:
+    """The eval sets' names, which must differ (they key the accuracies)."""
+    names = [d.name for d in evals]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"eval sets must differ; got {names}")
+    return names
 
 
 def load_data_input(
@@ -103,10 +119,7 @@ def load_inputs(
     means_obj = load_means_input(means, model, ablation)
     train_set = load_data_input(train, task, max_train_examples, "training")
     evals = [load_data_input(d, task, max_eval_examples, "eval") for d in eval_sets]
-    names = [d.name for d in evals]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"eval sets must differ; got {names}")
-    return task, means_obj, train_set, evals, names
+    return task, means_obj, train_set, evals, check_eval_names(evals)
 
 
 def means_identity(means: ComponentMeans | None) -> dict[str, Any] | None:
@@ -117,3 +130,72 @@ def means_identity(means: ComponentMeans | None) -> dict[str, Any] | None:
         "dataset": means.dataset,
         "n_tokens": means.n_tokens,
     }
+
+
+@dataclass(frozen=True)
+class RunSources:
+    """Where a run's inputs came from, as its ``config.json`` records them (informational: a
+    resumed run must match the weights' fingerprint, the data and the means, not these)."""
+
+    model: str
+    task: str | None = None
+    means_path: str | None = None
+    max_eval_examples: int | None = None
+
+
+@dataclass(frozen=True)
+class PruneInputs:
+    """A pruning job's inputs, loaded: what :func:`~mi_core.pruning.prune` takes."""
+
+    model: HookedModel
+    train: PairDataset
+    means: ComponentMeans | None
+    eval_sets: list[PairDataset]
+    sources: RunSources
+
+
+@contextlib.contextmanager
+def resolve_inputs(
+    model: Any,
+    train: Any,
+    means: Any,
+    *,
+    eval_sets: Sequence[Any] = (),
+    ablation: str = "mean",
+    task: str | None = None,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    device: str = "auto",
+) -> Iterator[PruneInputs]:
+    """Paths and specs (the CLI's, a Ray worker's) or loaded objects, as loaded objects: the
+    data specs and the means file are checked before the model loads, the means against the
+    model's weights. The one place where a pruning input is read from disk. A context: inside
+    it the weights are held fixed, so their fingerprint is computed once for every check the
+    caller then makes (:func:`~mi_core.models.fingerprint.fingerprint_held`)."""
+    check_named_inputs(train, eval_sets, means)
+    loaded, spec = load_model_input(model, task, device)
+    with fingerprint_held(loaded):
+        task, means_obj, train_set, evals, _ = load_inputs(
+            loaded, task, means, ablation, train, max_train_examples, eval_sets,
+            max_eval_examples,
+        )  # fmt: skip
+        means_path = None if means is None or isinstance(means, ComponentMeans) else str(means)
+        sources = RunSources(spec, task, means_path, max_eval_examples)
+        yield PruneInputs(loaded, train_set, means_obj, evals, sources)
+
+
+def check_loaded(model: Any, train: Any, means: Any, eval_sets: Sequence[Any]) -> None:
+    """Refuse a path or spec where a loaded object is asked for, naming the function that
+    takes paths."""
+    given = [
+        name
+        for name, value in (("model", model), ("train", train), ("means", means))
+        if isinstance(value, (str, os.PathLike))
+    ]
+    given += ["eval_sets"] if any(isinstance(d, (str, os.PathLike)) for d in eval_sets) else []
+    if given:
+        raise ConfigError(
+            f"prune takes loaded objects ({', '.join(given)} given as a path or spec): load "
+            "them with load_model / load_pairs / load_means, or call prune_run (paths, a run "
+            "folder) or mi-core prune"
+        )

@@ -129,12 +129,8 @@ def start_run(
     checkpoint = state.checkpoint
     if checkpoint is not None and checkpoint.is_file():
         state.start = load_checkpoint(checkpoint, gates, controller, optimizer, state.scaler)
-        kept = checkpoint_log(checkpoint)
-        if kept is not None:  # the rows the checkpoint holds: log.csv may lag behind it
-            state.rows = [row for row in kept if row["step"] < state.start]
-        elif state.log_path.is_file() and state.start > 0:  # a checkpoint from before
-            log = pd.read_csv(state.log_path)
-            state.rows = log[log["step"] < state.start].to_dict("records")
+        # the rows the checkpoint holds: log.csv may lag behind it
+        state.rows = [row for row in checkpoint_log(checkpoint) if row["step"] < state.start]
         state.last_good = state.start
         logger.info("resuming %s from step %d", run_dir, state.start)
     else:
@@ -349,7 +345,7 @@ def _finish_step(
         if export is not None:
             export()
         save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer,
-                        r.scaler, log=r.rows)  # fmt: skip
+                        r.rows, r.scaler)  # fmt: skip
         write_csv(r.log_path, r.log())
         r.last_good = done
     if r.callback is not None:

@@ -10,7 +10,7 @@ seed). A run directory holds::
                               eval_every steps the subnetwork's accuracy on the first eval set
     mask.safetensors, mask.json    the binary subnetwork (mask.json lists removed components)
     subnetwork.safetensors    the mask with its fill and means, ready for ``apply`` /
-                              ``load_intervention`` (added to runs finished before it existed)
+                              ``load_intervention``
     metrics.json              achieved sparsity; subnetwork and full-model accuracy per eval set
 
 Exact resumption: the hard-concrete noise of step ``k`` comes from a generator seeded with
@@ -44,7 +44,13 @@ from mi_core.io import (
     write_safetensors,
 )
 from mi_core.models.fingerprint import fingerprint_held
-from mi_core.pruning.inputs import check_named_inputs, load_inputs, load_model_input
+from mi_core.pruning.inputs import (
+    RunSources,
+    check_eval_names,
+    check_loaded,
+    check_model,
+    resolve_inputs,
+)
 from mi_core.pruning.loop import check_group, start_run, train_group, train_run
 from mi_core.pruning.profiles import PruneConfig
 from mi_core.pruning.reference_logits import (
@@ -71,52 +77,52 @@ logger = logging.getLogger(__name__)
 # -------------------------------------------------------------------------------------- run
 def prune(
     model: HookedModel,
-    train: str | os.PathLike[str] | PairDataset,
-    means: str | os.PathLike[str] | ComponentMeans | None,
+    task_data: PairDataset,
+    means: ComponentMeans | None,
     config: PruneConfig,
     *,
-    eval_sets: Sequence[str | PairDataset] = (),
     out: str | os.PathLike[str] | None = None,
-    task: str | None = None,
-    max_train_examples: int | None = None,
-    max_eval_examples: int | None = None,
+    eval_sets: Sequence[PairDataset] = (),
     reference_logits_path: str | os.PathLike[str] | None = None,
     reference: torch.Tensor | None = None,
     full_accuracy: Mapping[str, float] | None = None,
     progress: bool = True,
     callback: StepCallback | None = None,
-    device: str = "auto",
+    sources: RunSources | None = None,
 ) -> PruneResult:
-    """Prune ``model`` to ``config.target_sparsity`` on ``train``; return the subnetwork.
+    """Prune ``model`` to ``config.target_sparsity`` on ``task_data``; return the subnetwork.
 
-    In memory by default. With ``out`` the run also writes its files there
-    (``config.json``, ``log.csv``, ``checkpoint.safetensors``, ``mask.*``, ``metrics.json``),
-    resumes from the last checkpoint when called again, and a complete run only reports.
+    Takes loaded objects (``load_model``, ``load_pairs``, ``load_means``; ``means`` None for
+    zero ablation); :func:`prune_run` and ``mi-core prune`` take paths. In memory by default.
+    With ``out`` the run also writes its files there (``config.json``, ``log.csv``,
+    ``checkpoint.safetensors``, ``mask.*``, ``metrics.json``), resumes from the last
+    checkpoint when called again, and a complete run only reports.
 
-    ``model``, ``train``, ``means`` and ``eval_sets`` may be loaded objects or paths / specs (the
-    latter is how a Ray worker calls it). ``reference_logits_path`` points at the full model's
-    logits on ``train`` shared by several runs (default: ``reference_logits.safetensors`` in
-    ``out``, computed on first use); ``full_accuracy`` gives full-model accuracies
-    already known per eval set name, which are then not recomputed; ``reference`` gives the
-    reference logits themselves (in memory only, e.g. shared by the runs of a sweep).
-    ``callback(step, row)`` runs after every step (an exception raised there stops the run like
-    a kill; with a ``out`` the next call resumes). ``device``: where a model given
-    as a path is loaded (``auto``: CUDA when present); a loaded model stays where it is.
+    ``reference_logits_path`` points at the full model's logits on ``task_data`` shared by
+    several runs (default: ``reference_logits.safetensors`` in ``out``, computed on first
+    use); ``reference`` gives them in memory (e.g. shared by the runs of a sweep);
+    ``full_accuracy`` gives full-model accuracies already known per eval set name, which are
+    then not recomputed. ``callback(step, row)`` runs after every step (an exception raised
+    there stops the run like a kill; with ``out`` the next call resumes). ``sources``: where
+    the inputs came from, recorded in ``config.json`` (the path-taking callers fill it).
     """
+    check_loaded(model, task_data, means, eval_sets)
+    check_model(model)
+    evals = list(eval_sets)
+    names = check_eval_names(evals)
+    if means is not None:
+        means.check_model(model)
+    elif config.ablation == "mean":
+        raise ConfigError("mean ablation needs means (load_means, mi-core means) or ablation zero")
+    sources = sources or RunSources(str(getattr(model, "model_name", "") or "model"))
     run_dir = None if out is None else Path(out)
-    check_named_inputs(train, eval_sets, means)
-    model, model_spec = load_model_input(model, task, device)
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
-        task, means_obj, train_set, evals, names = load_inputs(
-            model, task, means, config.ablation, train, max_train_examples, eval_sets,
-            max_eval_examples,
-        )  # fmt: skip
         if run_dir is None:
             return _prune_in_memory(
                 model,
-                means_obj,
+                means,
                 config,
-                train_set,
+                task_data,
                 evals,
                 full_accuracy,
                 progress,
@@ -125,22 +131,20 @@ def prune(
                 reference,
             )
 
-        claim_run_dir(
-            run_dir, config, model, model_spec, task, train_set, means, means_obj, names,
-            max_eval_examples, reference_logits_path,
-        )  # fmt: skip
+        claim_run_dir(run_dir, config, model, sources, task_data, means, names,
+                      reference_logits_path)  # fmt: skip
         if is_complete(run_dir):
-            return report_complete(model, means_obj, config, run_dir, evals, full_accuracy)
+            return report_complete(model, means, config, run_dir, evals, full_accuracy)
 
         started = time.perf_counter()
-        tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
+        tokenized = tokenize_pairs(task_data, model.tokenizer, config.max_length)
         targets = run_targets(model, tokenized, config, run_dir, reference_logits_path, progress)
         log_alpha, log, resumed_from = train_run(
-            model, means_obj, tokenized, targets, config, run_dir, progress, callback, evals
+            model, means, tokenized, targets, config, run_dir, progress, callback, evals
         )
         result = finish_run(
             model,
-            means_obj,
+            means,
             config,
             run_dir,
             log_alpha,
@@ -155,55 +159,54 @@ def prune(
 
 def prune_group(
     model: HookedModel,
-    train: str | os.PathLike[str] | PairDataset,
-    means: str | os.PathLike[str] | ComponentMeans | None,
+    task_data: PairDataset,
+    means: ComponentMeans | None,
     configs: Sequence[PruneConfig],
-    run_dirs: Sequence[str | os.PathLike[str]],
+    outs: Sequence[str | os.PathLike[str]],
     *,
-    eval_sets: Sequence[str | PairDataset] = (),
-    task: str | None = None,
-    max_train_examples: int | None = None,
-    max_eval_examples: int | None = None,
+    eval_sets: Sequence[PairDataset] = (),
     reference_logits_path: str | os.PathLike[str] | None = None,
     full_accuracy: Mapping[str, float] | None = None,
     progress: bool = True,
     max_chunk: int | None | str = "auto",
-    device: str = "auto",
+    sources: RunSources | None = None,
 ) -> list[PruneResult]:
     """Several pruning runs trained together, each with its files in its own folder.
 
-    The runs (``configs[k]`` in ``run_dirs[k]``, differing only in target sparsity, seed and the
+    The runs (``configs[k]`` in ``outs[k]``, differing only in target sparsity, seed and the
     schedules that follow from them, :data:`GROUP_VARYING`)
     share one forward / backward pass per micro-batch (:func:`group_pruning_step`): the frozen
     model and the reference logits are shared, while each run keeps its own gates, lambdas,
     optimizer, target schedule, noise and data order, so every run ends as it would alone (up
     to float rounding from padding the concatenated batch; with dropout on, the dropout noise is
-    drawn per group). Each folder is a :func:`prune_run` folder: finished runs only report,
+    drawn per group). Each folder is a :func:`prune` folder: finished runs only report,
     unfinished ones resume from their own checkpoint, and a run can later be resumed alone. A run
     whose loss becomes non-finite stops; the others finish, then :class:`TrainingError` names it.
     Without ``reference_logits_path`` the logits are computed once and cached in every folder.
-    ``max_chunk``: examples per forward pass (:func:`default_chunk` when ``"auto"``);
-    ``device``: where a model given as a path is loaded.
+    ``max_chunk``: examples per forward pass (:func:`default_chunk` when ``"auto"``). Loaded
+    objects, as :func:`prune` takes them.
     """
-    if len(configs) != len(run_dirs) or not configs:
+    if len(configs) != len(outs) or not configs:
         raise ConfigError(f"prune_group needs one folder per config; got {len(configs)} configs "
-                          f"and {len(run_dirs)} folders")  # fmt: skip
+                          f"and {len(outs)} folders")  # fmt: skip
     check_group(configs)
-    dirs = [Path(d) for d in run_dirs]
+    dirs = [Path(d) for d in outs]
     if len(set(dirs)) != len(dirs):
         raise ConfigError("the runs of a group need distinct folders")
-    check_named_inputs(train, eval_sets, means)
-    model, model_spec = load_model_input(model, task, device)
+    check_loaded(model, task_data, means, eval_sets)
+    check_model(model)
+    evals = list(eval_sets)
+    names = check_eval_names(evals)
+    if means is not None:
+        means.check_model(model)
+    elif configs[0].ablation == "mean":
+        raise ConfigError("mean ablation needs means (load_means, mi-core means) or ablation zero")
+    sources = sources or RunSources(str(getattr(model, "model_name", "") or "model"))
+    train_set, means_obj = task_data, means
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
-        task, means_obj, train_set, evals, names = load_inputs(
-            model, task, means, configs[0].ablation, train, max_train_examples, eval_sets,
-            max_eval_examples,
-        )  # fmt: skip
         for cfg, run_dir in zip(configs, dirs, strict=True):
-            claim_run_dir(
-                run_dir, cfg, model, model_spec, task, train_set, means, means_obj, names,
-                max_eval_examples, reference_logits_path,
-            )  # fmt: skip
+            claim_run_dir(run_dir, cfg, model, sources, train_set, means_obj, names,
+                          reference_logits_path)  # fmt: skip
         results: dict[int, PruneResult] = {}
         pending = []
         for k, (cfg, run_dir) in enumerate(zip(configs, dirs, strict=True)):
@@ -255,17 +258,31 @@ def prune_group(
 
 
 def prune_run(
-    model: HookedModel,
+    model: HookedModel | str | os.PathLike[str],
     train: str | os.PathLike[str] | PairDataset,
     out: str | os.PathLike[str],
     config: PruneConfig,
     *,
     means: str | os.PathLike[str] | ComponentMeans | None = None,
+    eval_sets: Sequence[str | PairDataset] = (),
+    task: str | None = None,
+    max_train_examples: int | None = None,
+    max_eval_examples: int | None = None,
+    device: str = "auto",
     **options: Any,
 ) -> PruneResult:
-    """:func:`prune` with its files under ``out`` (resumable): the form a sweep and a Ray
-    worker use."""
-    return prune(model, train, means, config, out=out, **options)
+    """:func:`prune` with its files under ``out`` (resumable), from paths / specs or loaded
+    objects: the form ``mi-core prune`` and a Ray worker use. ``max_*_examples`` cap the sets
+    (:meth:`PairDataset.spread`); ``device``: where a model given as a path is loaded."""
+    with resolve_inputs(
+        model, train, means, eval_sets=eval_sets, ablation=config.ablation, task=task,
+        max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
+        device=device,
+    ) as inputs:  # fmt: skip
+        return prune(
+            inputs.model, inputs.train, inputs.means, config, out=out,
+            eval_sets=inputs.eval_sets, sources=inputs.sources, **options,
+        )  # fmt: skip
 
 
 def _prune_in_memory(

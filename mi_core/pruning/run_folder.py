@@ -44,7 +44,7 @@ from mi_core.io import (
     write_json,
 )
 from mi_core.models.fingerprint import weights_fingerprint
-from mi_core.pruning.inputs import means_identity
+from mi_core.pruning.inputs import RunSources, means_identity
 from mi_core.pruning.loop import NOT_LEARNT, discrete_mask, evaluate_sets
 from mi_core.pruning.profiles import PruneConfig
 from mi_core.pruning.reference_logits import (
@@ -67,8 +67,6 @@ def is_complete(run_dir: str | os.PathLike[str]) -> bool:
     return (Path(run_dir) / "metrics.json").is_file() and (Path(run_dir) / "config.json").is_file()
 
 
-#: PruneConfig fields added after runs were first written, with the value older runs used.
-_DEFAULTS_SINCE: dict[str, Any] = {"precision": "fp32"}
 #: The files a pruning run writes in its folder.
 RUN_FILES = (
     "config.json",
@@ -86,13 +84,10 @@ def claim_run_dir(
     run_dir: Path,
     config: PruneConfig,
     model: HookedModel,
-    model_spec: str,
-    task: str | None,
+    sources: RunSources,
     train_set: PairDataset,
-    means: Any,
     means_obj: ComponentMeans | None,
     names: Sequence[str],
-    max_eval_examples: int | None,
     reference_logits_path: str | os.PathLike[str] | None,
 ) -> None:
     """Write ``config.json`` in a new run folder, or check that an existing one is this run
@@ -116,11 +111,11 @@ def claim_run_dir(
     }
     run_config = {
         **identity,
-        "model": model_spec,
-        "task": task,
-        "means_path": None if means is None or isinstance(means, ComponentMeans) else str(means),
+        "model": sources.model,
+        "task": sources.task,
+        "means_path": sources.means_path,
         "eval": list(names),
-        "max_eval_examples": max_eval_examples,
+        "max_eval_examples": sources.max_eval_examples,
         "reference_logits": None if reference_logits_path is None else str(reference_logits_path),
     }
     if config_path.is_file():
@@ -131,9 +126,14 @@ def claim_run_dir(
         # nothing it learns: a resumed run may take other values (a user who crashed may want
         # to checkpoint more often), and config.json records them
         cadence = {k: identity["prune"][k] for k in NOT_LEARNT}
-        if isinstance(recorded, dict):  # a field added since: its default was implied
-            added = {k: v for k, v in _DEFAULTS_SINCE.items() if k not in recorded}
-            old["prune"] = {**recorded, **added, **cadence}
+        if isinstance(recorded, dict):
+            lacks = sorted(k for k in identity["prune"] if k not in recorded)
+            if lacks:
+                raise ConfigError(
+                    f"{config_path} is a pruning run of an older mi_core (it records no "
+                    f"{', '.join(lacks)}): delete {run_dir} and run it again"
+                )
+            old["prune"] = {**recorded, **cadence}
         differ = sorted(k for k in identity if old.get(k) != identity[k])
         if "prune" in differ and isinstance(old.get("prune"), dict):  # name the fields
             was, now = old["prune"], identity["prune"]
@@ -307,8 +307,12 @@ def refresh_run_metrics(
     examples (``max_eval_examples`` changed), evaluated now with the run's mask (its result;
     the accuracies follow the sets asked for) and written back."""
     metrics = read_json(run_dir / "metrics.json")
-    # runs from before eval_selection: their sizes, where the first rows were always taken
-    chosen = metrics.get("eval_selection") or metrics.get("eval_examples", {})
+    if "eval_selection" not in metrics:
+        raise ConfigError(
+            f"{run_dir / 'metrics.json'} is a pruning run of an older mi_core (it records no "
+            f"eval_selection): delete {run_dir} and run it again"
+        )
+    chosen = metrics["eval_selection"]
     missing = [
         d
         for d in evals
@@ -323,10 +327,7 @@ def refresh_run_metrics(
         metrics.setdefault("accuracy", {}).update(accuracy)
         metrics.setdefault("full_accuracy", {}).update(full)
         metrics.setdefault("eval_examples", {}).update(new_sizes)
-        metrics["eval_selection"] = {
-            **metrics.get("eval_selection", {}),
-            **{d.name: d.selection() for d in missing},
-        }
+        metrics["eval_selection"] = {**chosen, **{d.name: d.selection() for d in missing}}
         metrics.setdefault("chance_accuracy", {}).update(
             {d.name: 1.0 / d.num_labels for d in missing}
         )

@@ -41,15 +41,8 @@ from mi_core.errors import ConfigError, MiCoreError, TrainingError
 from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ComponentMeans
 from mi_core.io import check_replaceable, read_json, write_csv, write_json
-from mi_core.models.fingerprint import fingerprint_held
 from mi_core.pruning.constants import EXECUTORS, check_ray_gpus
-from mi_core.pruning.inputs import (
-    check_named_inputs,
-    load_data_input,
-    load_inputs,
-    load_means_input,
-    load_model_input,
-)
+from mi_core.pruning.inputs import resolve_inputs
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
 from mi_core.pruning.run import prune, prune_group, prune_run
@@ -316,32 +309,38 @@ def sweep(
         )
         return SweepResult.load(out, sparsities, seeds)
     configs = sweep_configs(sparsities, seeds, profile, overrides)
-    model_obj, _ = load_model_input(model, task)
-    task = getattr(model_obj, "task", None) or task
-    means_obj = load_means_input(means, model_obj, configs[0].ablation)
-    train_set = load_data_input(train, task, max_train_examples, "training")
-    evals = [load_data_input(d, task, max_eval_examples, "eval") for d in eval_sets]
     cfg = configs[0]
-    tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
-    reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, progress)
-    full = _full_model_accuracy(model_obj, evals, cfg)
-    rows, masks = [], []
-    for config in configs:
-        result = prune(
-            model_obj,
-            train_set,
-            means_obj,
-            config,
-            eval_sets=evals,
-            reference=reference,
-            full_accuracy=full,
-            progress=progress,
+    with resolve_inputs(
+        model, train, means, eval_sets=eval_sets, ablation=cfg.ablation, task=task,
+        max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
+        device=device,
+    ) as inputs:  # fmt: skip
+        model_obj, means_obj, train_set, evals = (
+            inputs.model,
+            inputs.means,
+            inputs.train,
+            inputs.eval_sets,
         )
-        rows.append(
-            _run_row(config.target_sparsity, config.seed, result.metrics, result.mask, None)
-        )
-        masks.append(result.mask)
-    return _result(None, rows, masks, [d.name for d in evals], full)
+        tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
+        reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, progress)
+        full = _full_model_accuracy(model_obj, evals, cfg)
+        rows, masks = [], []
+        for config in configs:
+            result = prune(
+                model_obj,
+                train_set,
+                means_obj,
+                config,
+                eval_sets=evals,
+                reference=reference,
+                full_accuracy=full,
+                progress=progress,
+            )
+            rows.append(
+                _run_row(config.target_sparsity, config.seed, result.metrics, result.mask, None)
+            )
+            masks.append(result.mask)
+        return _result(None, rows, masks, [d.name for d in evals], full)
 
 
 def sweep_configs(
@@ -379,9 +378,17 @@ def _prune_task(**kwargs: Any) -> str:
     (``kwargs["configs"]`` and ``kwargs["run_dirs"]``)."""
     if "configs" in kwargs:
         configs, dirs = kwargs.pop("configs"), kwargs.pop("run_dirs")
-        model, train, means = kwargs.pop("model"), kwargs.pop("train"), kwargs.pop("means")
-        results = prune_group(model, train, means, configs, dirs, **kwargs)
-        return ", ".join(str(r.run_dir) for r in results)
+        with resolve_inputs(
+            kwargs.pop("model"), kwargs.pop("train"), kwargs.pop("means"),
+            eval_sets=kwargs.pop("eval_sets"), ablation=configs[0].ablation,
+            task=kwargs.pop("task"), max_train_examples=kwargs.pop("max_train_examples"),
+            max_eval_examples=kwargs.pop("max_eval_examples"), device=kwargs.pop("device"),
+        ) as inputs:  # fmt: skip
+            results = prune_group(
+                inputs.model, inputs.train, inputs.means, configs, dirs,
+                eval_sets=inputs.eval_sets, sources=inputs.sources, **kwargs,
+            )  # fmt: skip
+            return ", ".join(str(r.run_dir) for r in results)
     return str(prune_run(**kwargs).run_dir)
 
 
@@ -615,13 +622,18 @@ def run_sweep(
                 "the ray executor needs the model, data and means as paths or specs, not objects"
             )
 
-    check_named_inputs(train, eval_sets, means)
-    model_obj, model_spec = load_model_input(model, task, device)
-    with fingerprint_held(model_obj):  # the weights stay fixed: one fingerprint for every check
-        task, means_obj, train_set, evals, eval_names = load_inputs(
-            model_obj, task, means, cfg.ablation, train, max_train_examples, eval_sets,
-            max_eval_examples,
-        )  # fmt: skip
+    with resolve_inputs(
+        model, train, means, eval_sets=eval_sets, ablation=cfg.ablation, task=task,
+        max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
+        device=device,
+    ) as inputs:  # fmt: skip
+        model_obj, means_obj, train_set, evals = (
+            inputs.model,
+            inputs.means,
+            inputs.train,
+            inputs.eval_sets,
+        )
+        eval_names = [d.name for d in evals]
         # every file the sweep will replace, before any work (else a read-only run folder is
         # found only after the runs before it have run)
         check_replaceable(
@@ -633,10 +645,8 @@ def run_sweep(
                 check_replaceable(r.run_dir, RUN_FILES)
         for r in runs:  # a folder left by a run with other settings is refused, finished or not
             if (r.run_dir / "config.json").is_file():
-                claim_run_dir(
-                    r.run_dir, r.config, model_obj, model_spec, task, train_set, means,
-                    means_obj, eval_names, max_eval_examples, None,
-                )  # fmt: skip
+                claim_run_dir(r.run_dir, r.config, model_obj, inputs.sources, train_set,
+                              means_obj, eval_names, None)  # fmt: skip
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         ref_path = sweep_dir / "reference_logits.safetensors"
@@ -665,11 +675,10 @@ def run_sweep(
                         [r.config for r in group],
                         [r.run_dir for r in group],
                         eval_sets=evals,
-                        task=task,
-                        max_eval_examples=max_eval_examples,  # recorded as the sweep asked it
                         reference_logits_path=ref_path,
                         full_accuracy=full,
                         progress=progress,
+                        sources=inputs.sources,  # recorded as the sweep asked it
                     )
                 except MiCoreError as exc:  # a failed run or group: finish the others, report
                     where = f"{group[0].run_dir}: " if len(group) == 1 else ""

@@ -334,11 +334,11 @@ def test_results_on_another_selection_of_the_same_size_are_measured_again(
     (run / "metrics.json").chmod(0o644)
 
 
-def test_results_of_before_the_selection_digest_keep_their_first_rows(
+def test_results_of_an_older_mi_core_without_a_selection_digest_are_refused(
     model_path, means_file, tmp_path, capsys
 ):
-    """A run from before eval_selection on a set whose first rows were always taken (MNLI) is
-    not measured again: its recorded size still names its examples."""
+    """A finished run whose metrics.json has no eval_selection (an older mi_core recorded the
+    sets' sizes only) is refused with one line saying what to re-run, not trusted by size."""
     from mi_core.io import write_json
 
     out = tmp_path / "sweep"
@@ -347,11 +347,13 @@ def test_results_of_before_the_selection_digest_keep_their_first_rows(
     run = out / "s0.30" / "seed0"
     metrics = read_json(run / "metrics.json")
     name = "mnli:validation_matched"
+    assert name in metrics["eval_selection"]  # today's runs record it
     old = {k: v for k, v in metrics.items() if k != "eval_selection"}
     write_json(run / "metrics.json", {**old, "accuracy": {name: 0.123}})
-    write_json(out / "full_model_examples.json", {name: 16})
-    assert main(args) == 0, capsys.readouterr().err
-    assert read_json(run / "metrics.json")["accuracy"][name] == 0.123  # trusted, not redone
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "older mi_core (it records no eval_selection): delete" in err[0]
 
 
 @pytest.mark.slow

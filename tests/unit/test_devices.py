@@ -208,19 +208,25 @@ def test_the_fp16_loss_scale_is_checkpointed_and_resumed(tiny, train, means, tmp
     assert fresh.get_scale() == saved["scale"] and fresh.state_dict() == saved
 
 
-def test_an_old_run_without_a_precision_field_still_resumes(tiny, train, means, tmp_path):
+def test_a_run_of_an_older_mi_core_is_refused_and_a_current_one_reads_back(
+    tiny, train, means, tmp_path
+):
+    """A run folder's config.json without a field of today's PruneConfig (precision, before it
+    existed) is refused with one line saying what to do, not read with a default."""
     from mi_core.io import read_json, write_json
 
     cfg = make_prune_config("cofi", 0.5, 1, steps=4, batch_size=8, checkpoint_every=2,
                             eval_batch_size=16)  # fmt: skip
     first = prune_run(tiny, train, tmp_path, cfg, means=means)
-    saved = read_json(tmp_path / "config.json")
-    del saved["prune"]["precision"]  # as written before the field existed
-    write_json(tmp_path / "config.json", saved)
     again = prune_run(tiny, train, tmp_path, cfg, means=means)
     assert again.already_complete and again.mask == first.mask
     with pytest.raises(ConfigError, match="other settings"):
         prune_run(tiny, train, tmp_path, cfg.replace(precision="bf16"), means=means)
+    saved = read_json(tmp_path / "config.json")
+    del saved["prune"]["precision"]  # as an older mi_core wrote it
+    write_json(tmp_path / "config.json", saved)
+    with pytest.raises(ConfigError, match=r"older mi_core \(it records no precision\): delete"):
+        prune_run(tiny, train, tmp_path, cfg, means=means)
 
 
 def test_a_fine_tuning_folder_of_an_older_mi_core_is_refused(tmp_path):
@@ -324,7 +330,7 @@ def test_a_checkpoint_resumes_with_this_devices_adamw_implementation(tmp_path):
     controller.lambda_1.grad = torch.tensor(0.5)
     controller.lambda_2.grad = torch.tensor(0.25)
     gpu_like.step()
-    save_checkpoint(tmp_path / "c.safetensors", 1, 0, gates, controller, gpu_like)
+    save_checkpoint(tmp_path / "c.safetensors", 1, 0, gates, controller, gpu_like, [])
 
     fresh_gates, fresh_controller = HardConcrete(6), LagrangianController()
     optimizer = pruning_optimizer(fresh_gates.parameters(), fresh_controller, 0.1, 1.0)

@@ -191,6 +191,31 @@ def test_interrupted_run_resumes_to_the_same_mask(tiny, train, means, tmp_path):
         prune_run(tiny, train, cut, quick(0.5, seed=8), means=means, progress=False)
 
 
+def test_a_checkpoint_of_an_older_mi_core_is_refused(tiny, train, means, tmp_path):
+    """A checkpoint without its log rows (written before they were kept) is refused with one
+    line, not resumed from log.csv."""
+    import json
+
+    from mi_core.errors import TrainingError
+    from mi_core.io import write_safetensors
+
+    cfg = quick(0.5, seed=7, steps=8, checkpoint_every=4)
+
+    def kill_at_step_5(step, row):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prune_run(tiny, train, tmp_path, cfg, means=means, progress=False, callback=kill_at_step_5)
+    checkpoint = tmp_path / "checkpoint.safetensors"
+    tensors, metadata = read_safetensors(checkpoint)
+    state = json.loads(metadata["state"])
+    assert len(state.pop("log")) == 4  # today's checkpoint holds the rows of its steps
+    write_safetensors(checkpoint, tensors, {**metadata, "state": json.dumps(state)})
+    with pytest.raises(TrainingError, match=r"older mi_core \(it records no log rows\): delete"):
+        prune_run(tiny, train, tmp_path, cfg, means=means, progress=False)
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
     tiny, train, means, tmp_path, monkeypatch
 ):
@@ -502,6 +527,25 @@ def test_in_memory_run_equals_the_run_with_files_and_writes_nothing(
     assert torch.equal(in_memory.log_alpha, on_disk.log_alpha)
     pd.testing.assert_frame_equal(in_memory.log, on_disk.log)
     assert in_memory.metrics["n_removed"] == on_disk.metrics["n_removed"]
+
+
+def test_prune_takes_loaded_objects_and_prune_run_takes_paths(tiny, train, means, tmp_path):
+    """Paths are resolved at the boundary (prune_run, the CLI, a Ray worker): prune refuses
+    them with one line naming the loaders, and prune_run records where its inputs came from."""
+    from mi_core.pruning import prune
+
+    means_path = means.save(tmp_path / "means.safetensors")
+    cfg = quick(0.5, seed=7, steps=2)
+    with pytest.raises(ConfigError, match=r"prune takes loaded objects \(train, means given"):
+        prune(tiny, "mnli:train", str(means_path), cfg, out=tmp_path / "x")
+    with pytest.raises(ConfigError, match=r"\(eval_sets given"):
+        prune(tiny, train, means, cfg, eval_sets=["mnli:validation_matched"])
+    assert not (tmp_path / "x").exists()
+    run = prune_run(tiny, train, tmp_path / "run", cfg, means=str(means_path), progress=False)
+    recorded = read_json(tmp_path / "run" / "config.json")
+    assert recorded["means_path"] == str(means_path) and run.run_dir == tmp_path / "run"
+    again = prune(tiny, train, means, cfg, out=tmp_path / "run", progress=False)
+    assert again.already_complete and again.mask == run.mask  # loaded means: the same run
 
 
 def test_a_run_shows_its_progress_where_stderr_is_no_terminal(tiny, train, means, capsys):
