@@ -33,6 +33,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check mi_core tests benchmarks experiments
+	$(BIN)/basedpyright
 
 bench: install
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

@@ -10,10 +10,10 @@ background load affects both alike.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
+from bench_args import mnli_parser
 
 from mi_core.data import load_pairs, pair_batches
 from mi_core.interventions import all_heads, compute_means
@@ -22,11 +22,7 @@ from mi_core.models import load_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="minilm")
-    parser.add_argument("--data", default="mnli:validation_matched")
-    parser.add_argument("--examples", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = mnli_parser(__doc__)
     parser.add_argument("--means-examples", type=int, default=500)
     args = parser.parse_args()
 

@@ -10,10 +10,10 @@ also hashes the model's weights for the file's fingerprint, which counts against
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
+from bench_args import mnli_parser
 
 from mi_core.data import load_pairs, pair_batches
 from mi_core.interventions import compute_means
@@ -21,11 +21,8 @@ from mi_core.models import load_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="minilm")
-    parser.add_argument("--data", default="mnli:train")
-    parser.add_argument("--examples", type=int, default=10000)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser = mnli_parser(__doc__, examples=10000)
+    parser.set_defaults(data="mnli:train")
     parser.add_argument("--chunk", type=int, default=20, help="batches per interleaved chunk")
     args = parser.parse_args()
 

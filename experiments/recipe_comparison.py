@@ -34,11 +34,11 @@ import torch
 from mi_core.analysis.subnetworks import core_heads, frequency_spearman, head_frequency
 from mi_core.interventions import ComponentMask
 from mi_core.io import write_csv, write_text
-from mi_core.methods.heuristic_core.report import markdown_table
 from mi_core.pruning import make_prune_config
 from mi_core.pruning.profiles import parse_seed_spec
 from mi_core.pruning.sweeps import run_dir_for, run_sweep
 from mi_core.viz.figures import pruning_dynamics, write_figure_html
+from mi_core.viz.page import markdown_table
 
 #: The schedule fields the CoFi recipe borrows from the recipe it is compared with.
 SCHEDULE_FIELDS = (

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import operator
 import os
 import re
@@ -48,6 +49,10 @@ def option(
     cli: bool = True,
     bool_flag: str | None = None,
     repeat: bool = False,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
 ) -> Any:
     """A config field with command-line details (its help is the docstring under the field).
 
@@ -56,7 +61,8 @@ def option(
     spec (``"1-12"``, ``"0.05:0.7:0.05"``) into the value, called as ``parse(value, where)``;
     ``cli=False``: no flag; ``bool_flag``: ``"on-off"`` for ``--x on|off`` instead of
     ``--x`` / ``--no-x``; ``repeat``: the flag may be given several times, and ``parse``
-    receives the list of its values.
+    receives the list of its values. ``gt`` / ``ge`` / ``lt`` / ``le``: bounds of a number,
+    checked by :meth:`Config.validate` (with the value's type and, for a float, finiteness).
     """
     metadata = {
         "flag": flag,
@@ -66,6 +72,9 @@ def option(
         "cli": cli,
         "bool_flag": bool_flag,
         "repeat": repeat,
+        "bounds": {
+            k: v for k, v in (("gt", gt), ("ge", ge), ("lt", lt), ("le", le)) if v is not None
+        },
     }
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
@@ -108,12 +117,23 @@ class Config:
         self.validate()
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` (one line, naming the field) for a bad value."""
+        """Raise :class:`ConfigError` (one line, naming the field) for a bad value: one outside
+        its field's ``choices`` or bounds (:func:`option`), a field annotated ``int`` /
+        ``float`` / ``bool`` (or bounded) holding another type, or a float that is not finite
+        (a float field given an int keeps a float). A subclass calls this, then checks what
+        spans fields."""
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value is not None and value not in choices:
                 raise ConfigError(f"{f.name} must be one of {list(choices)}, got {value!r}")
+            bounds = f.metadata.get("bounds") or {}
+            if f.type in ("int", "float", int, float) or (bounds and value is not None):
+                number = check_bounded(f.name, value, f.type, bounds)
+                if number is not value:
+                    object.__setattr__(self, f.name, number)
+            elif f.type in ("bool", bool) and not isinstance(value, bool):
+                raise ConfigError(f"{f.name} must be true or false, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict that :meth:`from_dict` reads back into an equal config."""
@@ -139,6 +159,45 @@ class Config:
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def _bound_text(bounds: dict[str, float]) -> str:
+    """``bounds`` as words: "positive", "non-negative", "strictly between 0 and 1", ..."""
+    gt, ge, lt, le = (bounds.get(k) for k in ("gt", "ge", "lt", "le"))
+    if gt is not None and lt is not None:
+        return f"lie strictly between {gt:g} and {lt:g}"
+    low = f"[{ge:g}" if ge is not None else (f"({gt:g}" if gt is not None else None)
+    high = f"{lt:g})" if lt is not None else (f"{le:g}]" if le is not None else None)
+    if low is not None and high is not None:
+        return f"lie in {low}, {high}"
+    if gt == 0:
+        return "be positive"
+    if ge == 0:
+        return "be non-negative"
+    if low is not None:
+        return f"be at least {ge:g}" if ge is not None else f"be greater than {gt:g}"
+    return f"be below {lt:g}" if lt is not None else f"be at most {le:g}"
+
+
+def check_bounded(name: str, value: Any, annotation: Any, bounds: dict[str, float]) -> Any:
+    """``value`` checked as the number its field declares (``int`` or ``float``, finite) and
+    against ``bounds``; a float field gets a float back."""
+    integer = annotation in ("int", int, "int | None", "Optional[int]")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{name} must be {kind}, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be finite, got {value!r}")
+    ok = all(
+        (k != "gt" or value > v) and (k != "ge" or value >= v) and (k != "lt" or value < v)
+        and (k != "le" or value <= v)
+        for k, v in bounds.items()
+    )  # fmt: skip
+    if not ok:
+        raise ConfigError(f"{name} must {_bound_text(bounds)}, got {value}")
+    return value if integer or isinstance(value, float) else float(value)
 
 
 # ----------------------------------------------------------------------- config files

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from transformer_lens import HookedTransformer
 
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches
-from mi_core.models.classifier import HookedClassifier
 from mi_core.models.hook_context import hooked
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
 
 __all__ = ["DirectLogitAttribution", "direct_logit_attribution"]
 
@@ -60,7 +62,7 @@ class DirectLogitAttribution:
 
 
 def direct_logit_attribution(
-    model: HookedClassifier | HookedTransformer,
+    model: HookedModel,
     inputs: Mapping[str, torch.Tensor],
     labels: Int[torch.Tensor, " batch"] | None = None,
 ) -> DirectLogitAttribution:

@@ -70,27 +70,31 @@ __all__ = [
 ]
 
 
-def load_circuit_pairs(model: HookedModel, config: CircuitData) -> PromptPairs:
-    """The pairs of ``config.data`` for ``model``."""
+def load_circuit_pairs(
+    model: HookedModel, data: str, n_examples: int, *, data_seed: int = 0
+) -> PromptPairs:
+    """``n_examples`` pairs of the circuit data ``data`` for ``model``: ``ioi`` (a language
+    model; prompts generated with ``data_seed``) or ``hans-pairs:<subcase>`` (an NLI
+    classifier)."""
     classifier = getattr(model, "task", None) is not None or getattr(model, "is_encoder", False)
-    _check_fits(config, classifier)
-    if config.data == "ioi":
-        return ioi_pairs(model.tokenizer, n=config.n_examples, seed=config.data_seed)
-    subcase = config.data.removeprefix("hans-pairs:")
+    _check_fits(data, getattr(model, "model_name", None) or "the model", classifier)
+    if data == "ioi":
+        return ioi_pairs(model.tokenizer, n=n_examples, seed=data_seed)
+    subcase = data.removeprefix("hans-pairs:")
     names = list(model.label_names)
     if "entailment" not in [n.lower() for n in names] and model.task == "mnli":
         names = list(MNLI_LABELS)  # generic LABEL_i names: the task's own order
-    return hans_pairs(model.tokenizer, subcase, names, n=config.n_examples)
+    return hans_pairs(model.tokenizer, subcase, names, n=n_examples)
 
 
-def _check_fits(config: CircuitData, classifier: bool) -> None:
+def _check_fits(data: str, model: str, classifier: bool) -> None:
     """ioi needs a language model and hans-pairs an NLI classifier. Checked from the
     checkpoint's config before the model loads (a minute for a large one), and on the model."""
-    if config.data == "ioi" and classifier:
+    if data == "ioi" and classifier:
         raise DataError("ioi is a language-model task; classifiers take hans-pairs:<subcase>")
-    if config.data != "ioi" and not classifier:
+    if data != "ioi" and not classifier:
         raise DataError(
-            f"{config.data} needs an NLI classifier; {config.model} loads as a language model "
+            f"{data} needs an NLI classifier; {model} loads as a language model "
             "(give --task mnli for a classifier checkpoint or a pretrained body)"
         )
 
@@ -99,9 +103,10 @@ def _prepare(config: CircuitData) -> tuple[Any, PromptPairs, PromptPairs, torch.
     from mi_core.models import load_model
     from mi_core.models.loading import loads_as_classifier
 
-    _check_fits(config, loads_as_classifier(config.model, config.task))
+    _check_fits(config.data, config.model, loads_as_classifier(config.model, config.task))
     model = load_model(config.model, task=config.task, device=str(config.torch_device()))
-    pairs = load_circuit_pairs(model, config).to(next(model.parameters()).device)
+    pairs = load_circuit_pairs(model, config.data, config.n_examples, data_seed=config.data_seed)
+    pairs = pairs.to(next(model.parameters()).device)
     if len(pairs) < 2:
         raise DataError(f"{config.data} gave {len(pairs)} pair(s); a circuit job needs at least 2")
     find, judge = pairs.split(1.0 - config.held_out)

@@ -39,11 +39,11 @@ def add_parser(subparsers) -> None:
 
 
 #: Shorthand fields and the fields each sets.
-SHORTHANDS = {"scoring": ("ff_scoring", "attn_scoring"), "offset": ("ff_offset", "attn_offset")}
+SHORTHANDS = {"scoring": ("ff_scoring", "attn_scoring"), "fill": ("ff_fill", "attn_fill")}
 
 
 def _expand_shorthands(values: dict) -> dict:
-    """``scoring`` / ``offset`` turned into the per-site fields they stand for, within one
+    """``scoring`` / ``fill`` turned into the per-site fields they stand for, within one
     source (a per-site value given beside the shorthand wins), so that a flag overrides a
     config file's shorthand (expanded after merging, the file's ``scoring`` beat
     ``--ff-scoring``)."""

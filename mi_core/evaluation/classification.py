@@ -122,7 +122,7 @@ def evaluate(
     *,
     mask: Any | None = None,
     means: Any | None = None,
-    ablation: str = "mean",
+    fill: str = "mean",
     batches: Sequence[dict[str, torch.Tensor]] | None = None,
 ) -> EvalResult:
     """Accuracy of ``model`` on ``dataset`` (model classes mapped to the data set's labels).
@@ -130,15 +130,16 @@ def evaluate(
     ``tokenizer`` defaults to ``model.tokenizer``. Examples are batched by length, which wastes
     little compute on padding. With ``mask`` (a :class:`~mi_core.interventions.ComponentMask`
     or a :class:`~mi_core.interventions.Subnetwork`) the subnetwork is evaluated: removed
-    components are filled with ``means`` (mean ablation) or zero. ``batches``: the data set's
-    batches already made (``list(pair_batches(dataset, ...))``), for a caller that evaluates the
-    same examples many times.
+    components are replaced by ``fill``, ``"mean"`` (``means``: mean ablation) or ``"zero"``
+    (a Subnetwork carries its own). ``batches``: the data set's batches already made
+    (``list(pair_batches(dataset, ...))``), for a caller that evaluates the same examples many
+    times.
     """
 
     if mask is not None:
         from mi_core.interventions import Subnetwork, apply
 
-        subnetwork = mask if isinstance(mask, Subnetwork) else Subnetwork(mask, ablation, means)
+        subnetwork = mask if isinstance(mask, Subnetwork) else Subnetwork(mask, fill, means)
         with apply(model, subnetwork):
             return evaluate(
                 model, dataset, tokenizer, batch_size, max_length, progress, batches=batches
@@ -212,11 +213,9 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
     if config.ablate:
         mask = ComponentMask.from_removed(model, config.ablate)
     means = load_means(config.means, model) if config.means else None
-    if mask is not None and config.ablation == "mean" and means is None:
-        raise ConfigError(
-            "mean ablation needs --means FILE (from mi-core means), or --ablation zero"
-        )
-    context = ablate(model, mask, means, config.ablation) if mask else contextlib.nullcontext()
+    if mask is not None and config.fill == "mean" and means is None:
+        raise ConfigError("mean ablation needs --means FILE (from mi-core means), or --fill zero")
+    context = ablate(model, mask, means, config.fill) if mask else contextlib.nullcontext()
     with context:
         results = [
             evaluate(

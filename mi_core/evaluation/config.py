@@ -9,6 +9,7 @@ from pathlib import Path
 from mi_core.config import option
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
+from mi_core.interventions.config import UNIT_FILLS
 from mi_core.tasks import TASKS
 
 __all__ = ["EvalConfig"]
@@ -42,7 +43,7 @@ class EvalConfig(DeviceOption):
     """Mask file (.safetensors or .json) of the subnetwork to evaluate."""
     ablate: str | None = None
     """Components to remove, e.g. L2.H5,L4.MLP."""
-    ablation: str = option("mean", choices=("mean", "zero"))
+    fill: str = option("mean", choices=UNIT_FILLS)
     """What replaces a removed component: its mean activation or zero."""
 
     def validate(self) -> None:

@@ -1,7 +1,9 @@
 """Interventions: component and neuron masks, mean/zero ablation as hooks, means, ablation tables.
 
 One abstraction (:mod:`~mi_core.interventions.base`): every intervention is plain data with
-``hooks(model)`` and ``save(path)``; :func:`apply` puts any number of them on a model::
+``hooks(model)`` and ``save(path)``, declares where its hooks go and what it claims, and
+registers its kind (:func:`register_kind`) for :func:`load_intervention`; :func:`apply` puts any
+number of them on a model::
 
     subnetwork = Subnetwork.load("subnetwork.safetensors")  # a mask with its means
     with apply(model, subnetwork, PruneMasks.load("masks.safetensors")):
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING
 from mi_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from mi_core.interventions.ablation import Ablation, ablate, interpolate, mask_hooks
+    from mi_core.interventions.ablation import Fill, ablate, interpolate, mask_hooks
     from mi_core.interventions.ablation_table import (
         AblationLogits,
         AblationTable,
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
         node_outputs,
         sender_means,
     )
+    from mi_core.interventions.kinds import register_kind
     from mi_core.interventions.mask import ComponentMask
     from mi_core.interventions.means import (
         AVERAGING,
@@ -73,7 +76,7 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it (imported on first use).
 _NAMES = {
-    "Ablation": "mi_core.interventions.ablation",
+    "Fill": "mi_core.interventions.ablation",
     "ablate": "mi_core.interventions.ablation",
     "interpolate": "mi_core.interventions.ablation",
     "mask_hooks": "mi_core.interventions.ablation",
@@ -99,6 +102,7 @@ _NAMES = {
     "graph_switches": "mi_core.interventions.edges",
     "node_outputs": "mi_core.interventions.edges",
     "sender_means": "mi_core.interventions.edges",
+    "register_kind": "mi_core.interventions.kinds",
     "ComponentMask": "mi_core.interventions.mask",
     "AVERAGING": "mi_core.interventions.means",
     "ComponentMeans": "mi_core.interventions.means",
@@ -118,7 +122,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
 
 __all__ = [
     "AVERAGING",
-    "Ablation",
     "AblationLogits",
     "AblationTable",
     "AblationTableConfig",
@@ -128,6 +131,7 @@ __all__ = [
     "ComponentMask",
     "ComponentMeans",
     "EdgeMask",
+    "Fill",
     "Graph",
     "Intervention",
     "MeansConfig",
@@ -151,6 +155,7 @@ __all__ = [
     "node_outputs",
     "parse_head_set",
     "parse_components",
+    "register_kind",
     "run_ablation_table",
     "run_means",
     "sender_means",

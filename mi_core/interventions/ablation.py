@@ -1,8 +1,8 @@
 """Apply a component mask to a hooked model: ``out = z * x + (1 - z) * fill``.
 
 ``x`` is a head's ``blocks.{l}.attn.hook_z`` (per head) or a layer's ``blocks.{l}.hook_mlp_out``,
-``z`` its mask value, and ``fill`` the mean activation (mean ablation, the default) or zero (zero
-ablation). The ablation type only chooses the fill; the arithmetic is the same. Works for hooked
+``z`` its mask value, and ``fill`` the mean activation (:attr:`Fill.MEAN`, mean ablation, the
+default) or zero (:attr:`Fill.ZERO`, zero ablation); the arithmetic is the same. Works for hooked
 encoders and decoders alike (the hook names are shared)::
 
     with ablate(model, ComponentMask.from_removed(model, "L2.H5"), means):
@@ -25,10 +25,12 @@ import torch
 from jaxtyping import Float
 
 from mi_core.errors import InterventionError
+from mi_core.interventions.claims import claimed
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
 from mi_core.models.hook_context import prepended_hooks
 from mi_core.models.hooks import act_name
+from mi_core.naming import Component
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
@@ -36,37 +38,37 @@ if TYPE_CHECKING:
 Hook = Callable[..., torch.Tensor]
 
 
-class Ablation(str, enum.Enum):
-    """What a removed component's output is replaced by."""
+class Fill(str, enum.Enum):
+    """What replaces a removed component's output (an edge mask's fills: ``FILLS``)."""
 
     MEAN = "mean"
     ZERO = "zero"
 
     @classmethod
-    def parse(cls, value: str | Ablation) -> Ablation:
-        """``"mean"`` or ``"zero"`` (or an :class:`Ablation`)."""
+    def parse(cls, value: str | Fill) -> Fill:
+        """``"mean"`` or ``"zero"`` (or a :class:`Fill`)."""
         try:
             return cls(value)
         except ValueError:
             raise InterventionError(
-                f"unknown ablation {value!r}; expected one of {[a.value for a in cls]}"
+                f"unknown fill {value!r}; expected one of {[a.value for a in cls]}"
             ) from None
 
 
 def head_fill_values(
-    means: ComponentMeans | None, ablation: Ablation, layer: int, like: torch.Tensor
+    means: ComponentMeans | None, fill: Fill, layer: int, like: torch.Tensor
 ) -> Float[torch.Tensor, "n_heads d_head"] | None:
-    """Fill for the heads of ``layer`` (None for zero ablation), on ``like``'s device and dtype."""
-    if ablation is Ablation.ZERO:
+    """Fill for the heads of ``layer`` (None for zero fill), on ``like``'s device and dtype."""
+    if fill is Fill.ZERO:
         return None
     return means.cast(like.device, like.dtype)[0][layer]
 
 
 def mlp_fill_values(
-    means: ComponentMeans | None, ablation: Ablation, layer: int, like: torch.Tensor
+    means: ComponentMeans | None, fill: Fill, layer: int, like: torch.Tensor
 ) -> Float[torch.Tensor, " d_model"] | None:
-    """Fill for the MLP of ``layer`` (None for zero ablation)."""
-    if ablation is Ablation.ZERO:
+    """Fill for the MLP of ``layer`` (None for zero fill)."""
+    if fill is Fill.ZERO:
         return None
     return means.cast(like.device, like.dtype)[1][layer]
 
@@ -82,18 +84,18 @@ def mask_hooks(
     model: HookedModel,
     mask: ComponentMask,
     means: ComponentMeans | None = None,
-    ablation: str | Ablation = Ablation.MEAN,
+    fill: str | Fill = Fill.MEAN,
     *,
     skip_unmasked: bool = True,
 ) -> list[tuple[str, Hook]]:
     """``(hook name, hook)`` pairs that apply ``mask`` (for ``run_with_hooks`` or ``hooks()``).
 
-    ``means`` (required for mean ablation) are only checked for shape here; use
+    ``means`` (required for the mean fill) are only checked for shape here; use
     :func:`~mi_core.interventions.means.load_means` with ``model=`` to check they are the model's.
     """
-    ablation = Ablation.parse(ablation)
+    fill = Fill.parse(fill)
     mask.check_model(model)
-    if ablation is Ablation.MEAN:
+    if fill is Fill.MEAN:
         if means is None:
             raise InterventionError(
                 "mean ablation needs means: pass means (from mi-core means) or use zero ablation"
@@ -112,7 +114,7 @@ def mask_hooks(
                 keep = _per_example(values, x)[:, layer, None, :, None]
             else:
                 keep = values[layer].to(x.device, x.dtype)[:, None]
-            return interpolate(x, keep, head_fill_values(means, ablation, layer, x))
+            return interpolate(x, keep, head_fill_values(means, fill, layer, x))
 
         return hook
 
@@ -123,7 +125,7 @@ def mask_hooks(
                 keep = _per_example(values, x)[:, layer, None, None]
             else:
                 keep = values[layer].to(x.device, x.dtype)
-            return interpolate(x, keep, mlp_fill_values(means, ablation, layer, x))
+            return interpolate(x, keep, mlp_fill_values(means, fill, layer, x))
 
         return hook
 
@@ -136,13 +138,9 @@ def mask_hooks(
     return hooks
 
 
-#: Per model, the fill of every component that an active intervention removes (and how many).
-_REMOVED = "_mi_core_removed_fills"
-
-
-def fill_name(ablation: str | Ablation, means: ComponentMeans | None) -> str:
+def fill_name(fill: str | Fill, means: ComponentMeans | None) -> str:
     """What replaces a removed component, in words: ``zero`` or the means' identity."""
-    if Ablation.parse(ablation) is Ablation.ZERO or means is None:
+    if Fill.parse(fill) is Fill.ZERO or means is None:
         return "zero"
     return (
         f"the mean over {means.dataset or '?'} (weights {means.fingerprint}, values "
@@ -150,38 +148,26 @@ def fill_name(ablation: str | Ablation, means: ComponentMeans | None) -> str:
     )
 
 
-@contextlib.contextmanager
-def removal_claims(model: HookedModel, mask: ComponentMask, fill: str) -> Iterator[None]:
+def removed_components(mask: ComponentMask) -> list[Component]:
+    """The components ``mask`` removes, for claims: for a per-example mask those any example
+    removes; none while the mask is being trained (values that require grad change each step)."""
+    if mask.heads.requires_grad:
+        return []
+    if mask.batch_size is not None:
+        return list(dict.fromkeys(c for row in mask.unstack() for c in row.removed()))
+    return mask.removed()
+
+
+def removal_claims(
+    model: HookedModel, mask: ComponentMask, fill: str
+) -> contextlib.AbstractContextManager[None]:
     """For a ``with`` block, record that ``fill`` replaces each component ``mask`` removes.
 
     A component that an enclosing intervention already removes with another fill is refused:
     nested mean and zero ablation of one component would otherwise give whichever hook happens
     to run last. Nesting the same fill is allowed.
     """
-    active: dict[Any, list] = model.__dict__.setdefault(_REMOVED, {})
-    if mask.heads.requires_grad:
-        removed = []
-    elif mask.batch_size is not None:  # a component removed for any example
-        removed = list(dict.fromkeys(c for row in mask.unstack() for c in row.removed()))
-    else:
-        removed = mask.removed()
-    clash = [c for c in removed if c in active and active[c][0] != fill]
-    if clash:
-        names = ", ".join(str(c) for c in clash)
-        raise InterventionError(
-            f"{names} already removed with {active[clash[0]][0]} fill by an enclosing "
-            f"intervention; nesting {fill} fill of the same component would depend on the "
-            "order of the hooks: remove it from one of the masks"
-        )
-    for c in removed:
-        active.setdefault(c, [fill, 0])[1] += 1
-    try:
-        yield
-    finally:
-        for c in removed:
-            active[c][1] -= 1
-            if active[c][1] == 0:
-                del active[c]
+    return claimed(model, dict.fromkeys(removed_components(mask), fill))
 
 
 @contextlib.contextmanager
@@ -189,7 +175,7 @@ def ablate(
     model: HookedModel,
     mask: ComponentMask,
     means: ComponentMeans | None = None,
-    ablation: str | Ablation = Ablation.MEAN,
+    fill: str | Fill = Fill.MEAN,
     *,
     skip_unmasked: bool = True,
 ) -> Iterator[Any]:
@@ -200,8 +186,8 @@ def ablate(
     they were added. Leaving the context removes exactly these hooks. Set ``skip_unmasked=False``
     when you will assign values other than 1 after entering with an all-ones mask.
     """
-    hooks = mask_hooks(model, mask, means, ablation, skip_unmasked=skip_unmasked)
-    with removal_claims(model, mask, fill_name(ablation, means)), prepended_hooks(model, hooks):
+    hooks = mask_hooks(model, mask, means, fill, skip_unmasked=skip_unmasked)
+    with removal_claims(model, mask, fill_name(fill, means)), prepended_hooks(model, hooks):
         yield model
 
 

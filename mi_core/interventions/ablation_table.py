@@ -31,7 +31,7 @@ from jaxtyping import Float
 from tqdm.auto import tqdm
 
 from mi_core.errors import ConfigError, InterventionError
-from mi_core.interventions.ablation import Ablation, ablate, head_fill_values, interpolate
+from mi_core.interventions.ablation import Fill, ablate, head_fill_values, interpolate
 from mi_core.interventions.components import (
     Component,
     all_heads,
@@ -116,7 +116,7 @@ def ablation_logits(
     heads: Sequence[Component],
     joints: Sequence[HeadSet] = (),
     means: ComponentMeans | None = None,
-    ablation: str | Ablation = Ablation.MEAN,
+    fill: str | Fill = Fill.MEAN,
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     progress: bool = False,
@@ -125,9 +125,9 @@ def ablation_logits(
 
     ``model`` is a hooked classifier run in stages (:class:`StagedClassifier`).
     """
-    ablation = Ablation.parse(ablation)
+    fill = Fill.parse(fill)
     _check_heads(model, list(heads) + [c for s in joints for c in s])
-    if ablation is Ablation.MEAN:
+    if fill is Fill.MEAN:
         if means is None:
             raise InterventionError("mean ablation needs means: pass means or use zero ablation")
         means.check_model(model, fingerprint=False)
@@ -152,13 +152,13 @@ def ablation_logits(
             for start in range(0, len(layer_heads), chunk):
                 group = layer_heads[start : start + chunk]
                 logits = _stacked_head_ablations(
-                    model, resid_pre[layer], mask, layer, group, means, ablation
+                    model, resid_pre[layer], mask, layer, group, means, fill
                 )
                 for head, copy in zip(group, logits, strict=True):
                     out.add(Component(layer, head), copy)
         for head_set, joint_mask in joint_masks:
             first = min(c.layer for c in head_set)
-            with ablate(model, joint_mask, means, ablation):
+            with ablate(model, joint_mask, means, fill):
                 resid = model.run_blocks(resid_pre[first], mask, start=first)
                 out.add(head_set, model.classify(resid, mask))
     return out.result()
@@ -171,7 +171,7 @@ def _stacked_head_ablations(
     layer: int,
     heads: list[int],
     means: ComponentMeans | None,
-    ablation: Ablation,
+    fill: Fill,
 ) -> Float[torch.Tensor, "copy batch label"]:
     """Logits with each of ``heads`` of ``layer`` removed in turn, from the clean ``resid_pre``."""
     k, batch = len(heads), resid_pre.shape[0]
@@ -181,8 +181,8 @@ def _stacked_head_ablations(
 
     def copies_of_z(z: torch.Tensor, hook: Any) -> torch.Tensor:
         # z is the clean batch [batch, ...] or already repeated [k * batch, ...]
-        fill = head_fill_values(means, ablation, layer, z)
-        return interpolate(z.unflatten(0, (-1, batch)), keep, fill).flatten(0, 1)
+        values = head_fill_values(means, fill, layer, z)
+        return interpolate(z.unflatten(0, (-1, batch)), keep, values).flatten(0, 1)
 
     def split_copies(x: torch.Tensor, hook: Any) -> torch.Tensor:
         return x.unflatten(0, (k, batch))
@@ -231,7 +231,7 @@ def naive_ablation_logits(
     heads: Sequence[Component],
     joints: Sequence[HeadSet] = (),
     means: ComponentMeans | None = None,
-    ablation: str | Ablation = Ablation.MEAN,
+    fill: str | Fill = Fill.MEAN,
 ) -> AblationLogits:
     """The same as :func:`ablation_logits` with one full forward pass per ablation (reference)."""
     masks: list[tuple[Any, ComponentMask | None]] = [("full", None)]
@@ -246,7 +246,7 @@ def naive_ablation_logits(
             if component_mask is None:
                 out.add(key, model(ids, mask, types))
                 continue
-            with ablate(model, component_mask, means, ablation):
+            with ablate(model, component_mask, means, fill):
                 out.add(key, model(ids, mask, types))
     return out.result()
 
@@ -419,7 +419,7 @@ def ablation_table(
     heads: str | Sequence[Component | str | tuple[int, int]] | None = None,
     joints: Sequence[str | Sequence[Component | str | tuple[int, int]]] = (),
     means: ComponentMeans | None = None,
-    ablation: str | Ablation = Ablation.MEAN,
+    fill: str | Fill = Fill.MEAN,
     *,
     batch_size: int = 64,
     max_length: int = 128,
@@ -468,7 +468,7 @@ def ablation_table(
             ds, model.tokenizer, batch_size=batch_size, max_length=max_length, sort_by_length=True
         )
         logits = ablation_logits(
-            model, batches, sorted(ablated), joints, means, ablation, progress=progress
+            model, batches, sorted(ablated), joints, means, fill, progress=progress
         )
         table.logits[ds.name] = logits
         table.n_examples[ds.name] = len(ds)
@@ -511,7 +511,7 @@ def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) ->
         heads,
         joints,
         means,
-        config.ablation,
+        config.fill,
         batch_size=config.batch_size,
         max_length=config.max_length,
         others=config.others,

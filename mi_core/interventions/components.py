@@ -7,26 +7,37 @@ zero-based, as in TransformerLens (``L2.H5`` is ``blocks.2.attn.hook_z[:, :, 5]`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-from transformer_lens import HookedTransformerConfig
+from dataclasses import dataclass
+from typing import Any
 
 from mi_core.errors import InterventionError
 from mi_core.naming import Component
 
-if TYPE_CHECKING:
-    pass
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The dimensions of a transformer that masks, means and component names depend on."""
+
+    n_layers: int
+    n_heads: int
+    d_head: int
+    d_model: int
+    d_mlp: int | None = None
+    """None for a model without MLPs."""
 
 
-def model_dims(cfg_or_model: Any) -> HookedTransformerConfig:
-    """The TransformerLens config of a hooked model, or the config itself."""
+def model_dims(cfg_or_model: Any) -> ModelDims:
+    """The dimensions of a hooked model, of its TransformerLens config, or of any object with
+    ``n_layers``, ``n_heads``, ``d_head`` and ``d_model`` (and optionally ``d_mlp``)."""
     cfg = getattr(cfg_or_model, "cfg", cfg_or_model)
     if not all(hasattr(cfg, name) for name in ("n_layers", "n_heads", "d_head", "d_model")):
         raise InterventionError(
             "expected a hooked model or a HookedTransformerConfig, "
             f"got {type(cfg_or_model).__name__}"
         )
-    return cfg
+    return ModelDims(
+        cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_model, getattr(cfg, "d_mlp", None)
+    )
 
 
 def parse_components(

@@ -11,7 +11,12 @@ from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
 from mi_core.tasks import TASKS
 
-__all__ = ["AblationTableConfig", "MeansConfig", "MeansSettings"]
+__all__ = ["FILLS", "UNIT_FILLS", "AblationTableConfig", "MeansConfig", "MeansSettings"]
+
+#: What replaces a removed unit (a head, an MLP, a neuron): its mean activation or zero. The
+#: values of :class:`~mi_core.interventions.Fill` and of every ``fill`` option that removes
+#: units (``mi-core prune``, ``eval``, ``ablate``, ``separability``, heuristic-core's ablation).
+UNIT_FILLS = ("mean", "zero")
 
 
 @dataclass
@@ -68,7 +73,7 @@ class AblationTableConfig(DeviceOption):
     """Data specs, e.g. mnli:validation_matched hans:so_swap."""
     out: str
     """Table CSV (.md and .html are written beside it)."""
-    ablation: str = option("mean", choices=("mean", "zero"))
+    fill: str = option("mean", choices=UNIT_FILLS)
     """What replaces an ablated head: its mean activation or zero."""
     others: bool = False
     """Also ablate every unlisted head, one at a time, for the Avg. (others) row (one forward
@@ -88,10 +93,12 @@ class AblationTableConfig(DeviceOption):
             raise ConfigError("--heads is empty; name heads (L2.H3,L2.H5) or all")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, not {self.batch_size}")
-        if self.ablation == "mean" and not self.means:
+        if self.fill == "mean" and not self.means:
             raise ConfigError(
-                "mean ablation needs --means FILE (from mi-core means), or --ablation zero"
+                "mean ablation needs --means FILE (from mi-core means), or --fill zero"
             )
 
 
+#: What replaces an edge mask's removed edge: a unit's fills (:data:`UNIT_FILLS`) or the
+#: sender's output on the corrupted input of the pair.
 FILLS = ("corrupted", "mean", "zero")

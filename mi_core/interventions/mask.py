@@ -36,6 +36,7 @@ from safetensors import SafetensorError
 from mi_core.errors import InterventionError
 from mi_core.interventions.components import (
     Component,
+    ModelDims,
     format_components,
     model_dims,
     parse_components,
@@ -329,7 +330,7 @@ class ComponentMask:
             raise InterventionError(
                 f'mask "partial" must map component names to numbers, not {partial!r}'[:200]
             )
-        dims = _Dims(n_layers, n_heads)
+        dims = ModelDims(n_layers, n_heads, d_head=0, d_model=0)  # a mask needs only these two
         mask = cls.from_removed(dims, removed)
         for name, value in partial.items():
             component = Component.parse(name).check(n_layers, n_heads)
@@ -400,16 +401,6 @@ class ComponentMask:
             items += [(Component(layer, h), v) for h, v in enumerate(heads[layer])]
             items.append((Component(layer), mlps[layer]))
         return items
-
-
-@dataclass(frozen=True)
-class _Dims:
-    """Just the dimensions a mask needs (n_layers, n_heads), for masks read without a model."""
-
-    n_layers: int
-    n_heads: int
-    d_head: int = 0
-    d_model: int = 0
 
 
 def _as_float(values: Any, name: str) -> torch.Tensor:

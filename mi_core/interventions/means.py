@@ -54,6 +54,9 @@ class ComponentMeans:
     dataset: str = ""
     n_tokens: int = 0
     n_examples: int = 0
+    source: str | None = field(default=None, repr=False, compare=False)
+    """The file these means were read from or saved to (None: computed, never on disk); what a
+    pruning run records as its ``means_path``."""
     _cast: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -176,7 +179,9 @@ class ComponentMeans:
         """Write a ``.safetensors`` file (float64 tensors ``z``, ``mlp_out`` + metadata)."""
         if Path(path).suffix.lower() != ".safetensors":
             raise InterventionError(f"cannot save means as {path}: use a .safetensors name")
-        return write_safetensors(path, {"z": self.z, "mlp_out": self.mlp_out}, self.metadata())
+        written = write_safetensors(path, {"z": self.z, "mlp_out": self.mlp_out}, self.metadata())
+        self.source = str(written)
+        return written
 
     def __str__(self) -> str:
         return (
@@ -204,6 +209,7 @@ def load_means(path: str | os.PathLike[str], model: HookedModel | None = None) -
         means = ComponentMeans.from_tensors(tensors, metadata)
     except InterventionError as exc:
         raise InterventionError(f"{path}: {exc}") from None
+    means.source = str(path)
     if model is not None:
         means.check_model(model)
     return means
@@ -256,7 +262,7 @@ def compute_means(
     return ComponentMeans(
         z=(sum_z / n_tokens).reshape(n_layers, n_heads, d_head).cpu(),
         mlp_out=(sum_mlp / n_tokens).cpu(),
-        model_name=str(getattr(model, "model_name", None) or cfg.model_name),
+        model_name=str(getattr(model, "model_name", None) or model.cfg.model_name),
         fingerprint=weights_fingerprint(model),
         dataset=dataset,
         n_tokens=n_tokens,

@@ -2,19 +2,19 @@
 
 A :class:`PruneMasks` records, for every MLP neuron ``[n_layers, d_mlp]`` and every attention
 pre-out neuron ``[n_layers, n_heads, d_head]``, the pruning step that removed it (0: kept) and
-the value that replaces its activation (0 for ``offset="zero"``; its mean activation on the
-*focus* data set, measured on the model as it was when the neuron was removed, for
-``offset="mean"`` -- the reference code uses the focus mean, the data set whose performance is
-to be kept).
+its fill, the value that replaces its activation (0 for a zero fill; its mean activation on the
+*focus* data set, measured on the model as it was when the neuron was removed, for a mean fill
+-- the reference code uses the focus mean, the data set whose performance is to be kept). The
+fills are saved as the tensors ``ff_offset`` and ``attn_offset`` (format 1).
 
 Removal either
 
-- by hooks (:meth:`PruneMasks.hooks`): ``x -> keep * x + (1 - keep) * offset`` on
+- by hooks (:meth:`PruneMasks.hooks`): ``x -> keep * x + (1 - keep) * fill`` on
   ``mlp.hook_post`` and ``attn.hook_z``; the model's weights are untouched; or
 - by editing the weights (:func:`zero_pruned_weights`), for export: an MLP neuron loses its
   ``W_in`` column, ``b_in`` entry and ``W_out`` row; a pre-out neuron loses its ``W_V`` column,
-  ``b_V`` entry and ``W_O`` row. A mean offset is folded into ``b_out`` / ``b_O`` as
-  ``offset * W_out[neuron]`` / ``offset * W_O[head, neuron]``. With grouped-query attention the
+  ``b_V`` entry and ``W_O`` row. A mean fill is folded into ``b_out`` / ``b_O`` as
+  ``fill * W_out[neuron]`` / ``fill * W_O[head, neuron]``. With grouped-query attention the
   value weights are shared by the heads of a key-value group, so a pre-out neuron is removed by
   its ``W_O`` row alone (the same outputs), and the shared ``W_V`` column and ``b_V`` entry are
   zeroed only once every head of the group has lost that neuron.
@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from jaxtyping import Bool, Float, Int
 from transformer_lens import HookedTransformer
 
 from mi_core.errors import InterventionError
+from mi_core.interventions.kinds import register_kind
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.hooks import act_name
 
@@ -55,12 +57,16 @@ def is_neuron_masks(metadata: dict[str, str]) -> bool:
 
 @dataclass(eq=False)
 class PruneMasks:
-    """Pruned MLP and attention pre-out neurons, the step each was pruned at, and offsets."""
+    """Pruned MLP and attention pre-out neurons, the step each was pruned at, and their fills."""
 
     ff_step: Int[torch.Tensor, "n_layers d_mlp"]
     attn_step: Int[torch.Tensor, "n_layers n_heads d_head"]
-    ff_offset: Float[torch.Tensor, "n_layers d_mlp"]
-    attn_offset: Float[torch.Tensor, "n_layers n_heads d_head"]
+    ff_fill: Float[torch.Tensor, "n_layers d_mlp"]
+    attn_fill: Float[torch.Tensor, "n_layers n_heads d_head"]
+
+    #: Its hooks act before any hook already on the model, so that caches and later hooks see
+    #: the pruned activations.
+    hook_position: ClassVar[str] = "first"
 
     @classmethod
     def empty(cls, model: HookedTransformer) -> PruneMasks:
@@ -69,8 +75,8 @@ class PruneMasks:
         return cls(
             ff_step=torch.zeros(cfg.n_layers, cfg.d_mlp, dtype=torch.long),
             attn_step=torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head, dtype=torch.long),
-            ff_offset=torch.zeros(cfg.n_layers, cfg.d_mlp),
-            attn_offset=torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head),
+            ff_fill=torch.zeros(cfg.n_layers, cfg.d_mlp),
+            attn_fill=torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head),
         )
 
     def clone(self) -> PruneMasks:
@@ -78,8 +84,8 @@ class PruneMasks:
         return PruneMasks(
             self.ff_step.clone(),
             self.attn_step.clone(),
-            self.ff_offset.clone(),
-            self.attn_offset.clone(),
+            self.ff_fill.clone(),
+            self.attn_fill.clone(),
         )
 
     @property
@@ -117,19 +123,19 @@ class PruneMasks:
         step: int,
         ff: Bool[torch.Tensor, "n_layers d_mlp"] | None = None,
         attn: Bool[torch.Tensor, "n_layers n_heads d_head"] | None = None,
-        ff_offset: Float[torch.Tensor, "n_layers d_mlp"] | None = None,
-        attn_offset: Float[torch.Tensor, "n_layers n_heads d_head"] | None = None,
+        ff_fill: Float[torch.Tensor, "n_layers d_mlp"] | None = None,
+        attn_fill: Float[torch.Tensor, "n_layers n_heads d_head"] | None = None,
     ) -> None:
         """Mark the neurons selected by ``ff`` / ``attn`` as removed at ``step`` (in place).
 
-        Neurons already removed keep their step and offset. ``*_offset`` give the replacement
+        Neurons already removed keep their step and fill. ``*_fill`` give the replacement
         value of every neuron (only the newly removed entries are used); ``None`` means zero.
         """
         if step < 1:
             raise InterventionError(f"pruning steps are numbered from 1, got {step}")
-        for selected, steps, offsets, new_offsets in (
-            (ff, self.ff_step, self.ff_offset, ff_offset),
-            (attn, self.attn_step, self.attn_offset, attn_offset),
+        for selected, steps, fills, new_fills in (
+            (ff, self.ff_step, self.ff_fill, ff_fill),
+            (attn, self.attn_step, self.attn_fill, attn_fill),
         ):
             if selected is None:
                 continue
@@ -140,13 +146,11 @@ class PruneMasks:
                 )
             new = selected.cpu().bool() & (steps == 0)
             steps[new] = step
-            if new_offsets is not None:
-                offsets[new] = new_offsets.detach().cpu().to(offsets.dtype)[new]
+            if new_fills is not None:
+                fills[new] = new_fills.detach().cpu().to(fills.dtype)[new]
 
     # --------------------------------------------------------------------------- combine
-    def _merged(self, other: PruneMasks, removed_if_both: bool) -> PruneMasks:
-        """Neurons removed where both (``removed_if_both``) or either mask removes them; each
-        at the earlier of its removal steps, with that removal's offset."""
+    def _check_combinable(self, other: PruneMasks) -> None:
         if not isinstance(other, PruneMasks):
             raise InterventionError(f"cannot combine neuron masks with {type(other).__name__}")
         if (self.ff_step.shape, self.attn_step.shape) != (
@@ -154,22 +158,27 @@ class PruneMasks:
             other.attn_step.shape,
         ):
             raise InterventionError("cannot combine neuron masks of different models (shapes)")
+
+    def _merged(self, other: PruneMasks, removed_if_both: bool) -> PruneMasks:
+        """Neurons removed where both (``removed_if_both``) or either mask removes them; each
+        at the earlier of its removal steps, with that removal's fill."""
+        self._check_combinable(other)
         parts = []
-        for a_step, b_step, a_off, b_off in (
-            (self.ff_step, other.ff_step, self.ff_offset, other.ff_offset),
-            (self.attn_step, other.attn_step, self.attn_offset, other.attn_offset),
+        for a_step, b_step, a_fill, b_fill in (
+            (self.ff_step, other.ff_step, self.ff_fill, other.ff_fill),
+            (self.attn_step, other.attn_step, self.attn_fill, other.attn_fill),
         ):
             a_on, b_on = a_step > 0, b_step > 0
             removed = (a_on & b_on) if removed_if_both else (a_on | b_on)
             from_a = a_on & (~b_on | (a_step <= b_step))
             step = torch.where(from_a, a_step, b_step)
-            offset = torch.where(from_a, a_off, b_off)
+            fill = torch.where(from_a, a_fill, b_fill)
             parts += [
                 torch.where(removed, step, torch.zeros_like(step)),
-                torch.where(removed, offset, torch.zeros_like(offset)),
+                torch.where(removed, fill, torch.zeros_like(fill)),
             ]
-        ff_step, ff_offset, attn_step, attn_offset = parts
-        return PruneMasks(ff_step, attn_step, ff_offset, attn_offset)
+        ff_step, ff_fill, attn_step, attn_fill = parts
+        return PruneMasks(ff_step, attn_step, ff_fill, attn_fill)
 
     def union(self, other: PruneMasks) -> PruneMasks:
         """Keep what either keeps: a neuron stays removed only where both masks remove it."""
@@ -179,18 +188,29 @@ class PruneMasks:
         """Keep what both keep: a neuron is removed where either mask removes it."""
         return self._merged(other, removed_if_both=False)
 
+    def difference(self, other: PruneMasks) -> PruneMasks:
+        """Keep what this mask keeps and ``other`` does not: a neuron is removed where this mask
+        removes it (at its step, with its fill) or where ``other`` keeps it. A neuron kept by
+        both has no removal of its own to take a step and fill from: it is removed one step
+        after this mask's last, with a zero fill."""
+        self._check_combinable(other)
+        after = self.n_steps + 1
+        parts = []
+        for a_step, b_step, a_fill in (
+            (self.ff_step, other.ff_step, self.ff_fill),
+            (self.attn_step, other.attn_step, self.attn_fill),
+        ):
+            added = (a_step == 0) & (b_step == 0)
+            parts += [
+                torch.where(added, torch.full_like(a_step, after), a_step),
+                torch.where(added, torch.zeros_like(a_fill), a_fill),
+            ]
+        ff_step, ff_fill, attn_step, attn_fill = parts
+        return PruneMasks(ff_step, attn_step, ff_fill, attn_fill)
+
     __or__ = union
     __and__ = intersection
-
-    def __sub__(self, other: PruneMasks) -> PruneMasks:
-        """Refused: masks are a pruning history (the step each neuron was removed at), and
-        "kept here but not there" would remove neurons that neither run pruned, with no step
-        to record; use :meth:`union` / :meth:`intersection`, or compare :meth:`tensors`."""
-        raise InterventionError(
-            "the difference of two PruneMasks is not defined: they record the step each neuron "
-            "was pruned at, and a difference would remove neurons neither run pruned; use "
-            "union (|) or intersection (&), or compare masks.tensors()"
-        )
+    __sub__ = difference
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PruneMasks):
@@ -225,19 +245,24 @@ class PruneMasks:
         device, dtype = model.cfg.device, model.cfg.dtype
         hooks: list[tuple[str, Callable]] = []
         for layer in range(model.cfg.n_layers):
-            for name, steps, offsets in (
-                (act_name("post", layer), self.ff_step[layer], self.ff_offset[layer]),
-                (act_name("z", layer), self.attn_step[layer], self.attn_offset[layer]),
+            for name, steps, fills in (
+                (act_name("post", layer), self.ff_step[layer], self.ff_fill[layer]),
+                (act_name("z", layer), self.attn_step[layer], self.attn_fill[layer]),
             ):
                 removed = steps > 0
                 if not removed.any():
                     continue
                 keep = (~removed).to(device=device, dtype=dtype)
-                shift = torch.where(removed, offsets, torch.zeros_like(offsets)).to(
+                shift = torch.where(removed, fills, torch.zeros_like(fills)).to(
                     device=device, dtype=dtype
                 )
                 hooks.append((name, _masking_hook(keep, shift if shift.any() else None)))
         return hooks
+
+    def claims(self, model: HookedTransformer) -> dict[Hashable, str]:
+        """None: each neuron carries its own fill, and neurons are not checked against other
+        interventions."""
+        return {}
 
     def save(self, path: str | os.PathLike[str], metadata: dict[str, str] | None = None) -> Path:
         """Write the masks as safetensors (atomically)."""
@@ -247,8 +272,8 @@ class PruneMasks:
             {
                 "ff_step": self.ff_step,
                 "attn_step": self.attn_step,
-                "ff_offset": self.ff_offset,
-                "attn_offset": self.attn_offset,
+                "ff_offset": self.ff_fill,
+                "attn_offset": self.attn_fill,
             },
             metadata=meta,
         )
@@ -282,17 +307,17 @@ class PruneMasks:
         return cls(
             ff_step=tensors[prefix + "ff_step"].long(),
             attn_step=tensors[prefix + "attn_step"].long(),
-            ff_offset=tensors[prefix + "ff_offset"].float(),
-            attn_offset=tensors[prefix + "attn_offset"].float(),
+            ff_fill=tensors[prefix + "ff_offset"].float(),
+            attn_fill=tensors[prefix + "attn_offset"].float(),
         )
 
     def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        """The masks as a flat tensor dict."""
+        """The masks as a flat tensor dict (the fills under their file names, ``*_offset``)."""
         return {
             prefix + "ff_step": self.ff_step,
             prefix + "attn_step": self.attn_step,
-            prefix + "ff_offset": self.ff_offset,
-            prefix + "attn_offset": self.attn_offset,
+            prefix + "ff_offset": self.ff_fill,
+            prefix + "attn_offset": self.attn_fill,
         }
 
     def listing(self) -> dict:
@@ -346,7 +371,7 @@ def zero_pruned_weights(model: HookedTransformer, masks: PruneMasks) -> HookedTr
     """Remove the pruned neurons from ``model``'s weights, in place (see the module docstring).
 
     Gives the same outputs as running ``model`` with :meth:`PruneMasks.hooks`, for zero and for
-    mean offsets (a mean offset is folded into the output bias).
+    mean fills (a mean fill is folded into the output bias).
     """
     masks._check_fits(model)
     grouped = is_grouped_query(model)
@@ -354,8 +379,8 @@ def zero_pruned_weights(model: HookedTransformer, masks: PruneMasks) -> HookedTr
         ff_removed = (masks.ff_step[layer] > 0).to(model.cfg.device)
         if ff_removed.any():
             mlp = block.mlp
-            offset = masks.ff_offset[layer].to(mlp.W_out.device, torch.float64) * ff_removed
-            mlp.b_out += (offset @ mlp.W_out.double()).to(mlp.b_out.dtype)
+            fill = masks.ff_fill[layer].to(mlp.W_out.device, torch.float64) * ff_removed
+            mlp.b_out += (fill @ mlp.W_out.double()).to(mlp.b_out.dtype)
             mlp.W_in[:, ff_removed] = 0
             mlp.b_in[ff_removed] = 0
             mlp.W_out[ff_removed, :] = 0
@@ -363,8 +388,8 @@ def zero_pruned_weights(model: HookedTransformer, masks: PruneMasks) -> HookedTr
         attn_removed = (masks.attn_step[layer] > 0).to(model.cfg.device)
         if attn_removed.any():
             attn = block.attn
-            offset = masks.attn_offset[layer].to(attn.W_O.device, torch.float64) * attn_removed
-            attn.b_O += torch.einsum("hd,hdm->m", offset, attn.W_O.double()).to(attn.b_O.dtype)
+            fill = masks.attn_fill[layer].to(attn.W_O.device, torch.float64) * attn_removed
+            attn.b_O += torch.einsum("hd,hdm->m", fill, attn.W_O.double()).to(attn.b_O.dtype)
             attn.W_O[attn_removed] = 0
             if grouped:
                 group = model.cfg.n_heads // model.cfg.n_key_value_heads
@@ -375,3 +400,9 @@ def zero_pruned_weights(model: HookedTransformer, masks: PruneMasks) -> HookedTr
                 attn.W_V.transpose(1, 2)[attn_removed] = 0
                 attn.b_V[attn_removed] = 0
     return model
+
+
+register_kind(NEURON_MASKS_KIND, PruneMasks.load)
+#: A file of an older mi_core carries the format tag instead of a kind: PruneMasks.load refuses
+#: it with one line that says what to re-run.
+register_kind(FORMAT, PruneMasks.load)

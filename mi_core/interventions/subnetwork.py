@@ -15,22 +15,26 @@ from that file alone::
 Subnetworks of one model combine on their *kept* components: ``a | b`` keeps what either keeps,
 ``a & b`` what both keep, ``a - b`` what ``a`` keeps and ``b`` does not (binary masks only;
 the fills must agree).
+
+The file's metadata names the fill ``ablation`` (format 1).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from mi_core.errors import InterventionError
-from mi_core.interventions.ablation import Ablation, fill_name, mask_hooks
+from mi_core.interventions.ablation import Fill, fill_name, mask_hooks, removed_components
+from mi_core.interventions.kinds import read_kind, register_kind
 from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import AVERAGING, ComponentMeans
-from mi_core.io import read_safetensors, write_safetensors
+from mi_core.io import write_safetensors
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
@@ -43,20 +47,24 @@ _FORMAT_VERSION = "1"
 
 @dataclass(eq=False)
 class Subnetwork:
-    """Heads and MLPs kept (``mask``) and what replaces the removed ones (``ablation``,
+    """Heads and MLPs kept (``mask``) and what replaces the removed ones (``fill``,
     ``means``)."""
 
     mask: ComponentMask
-    ablation: Ablation | str = Ablation.MEAN
+    fill: Fill | str = Fill.MEAN
     means: ComponentMeans | None = None
 
+    #: Its hooks act before any hook already on the model, so that caches and later hooks see
+    #: the subnetwork's activations.
+    hook_position: ClassVar[str] = "first"
+
     def __post_init__(self) -> None:
-        self.ablation = Ablation.parse(self.ablation)
-        if self.ablation is Ablation.MEAN and self.means is None:
+        self.fill = Fill.parse(self.fill)
+        if self.fill is Fill.MEAN and self.means is None:
             raise InterventionError(
-                "a mean-ablated subnetwork needs its means (from mi-core means), or ablation='zero'"
+                "a mean-filled subnetwork needs its means (from mi-core means), or fill='zero'"
             )
-        if self.ablation is Ablation.ZERO:
+        if self.fill is Fill.ZERO:
             self.means = None
         elif self.means is not None and self.means.n_layers != self.mask.n_layers:
             raise InterventionError(
@@ -69,7 +77,11 @@ class Subnetwork:
         self.mask.check_model(model)
         if self.means is not None:
             self.means.check_model(model)
-        return mask_hooks(model, self.mask, self.means, self.ablation)
+        return mask_hooks(model, self.mask, self.means, self.fill)
+
+    def claims(self, model: HookedModel) -> dict[Hashable, str]:
+        """Every component it removes, each filled with :attr:`fill_name`."""
+        return dict.fromkeys(removed_components(self.mask), self.fill_name)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write mask, fill and means (with their identity) as one ``.safetensors`` file."""
@@ -80,7 +92,7 @@ class Subnetwork:
         metadata = {
             "kind": SUBNETWORK_KIND,
             "format_version": _FORMAT_VERSION,
-            "ablation": self.ablation.value,
+            "ablation": self.fill.value,
         }
         if self.means is not None:
             tensors |= {"means.z": self.means.z, "means.mlp_out": self.means.mlp_out}
@@ -94,20 +106,10 @@ class Subnetwork:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Subnetwork:
         """Read a subnetwork written by :meth:`save`."""
-        try:
-            tensors, metadata = read_safetensors(path)
-        except FileNotFoundError:
-            raise InterventionError(f"no subnetwork file at {path}") from None
-        if metadata.get("kind") != SUBNETWORK_KIND:
-            raise InterventionError(
-                f"{path} is not a subnetwork (kind {metadata.get('kind')!r}); a mask alone is "
-                "read with ComponentMask.load"
-            )
-        if metadata.get("format_version") != _FORMAT_VERSION:
-            raise InterventionError(
-                f"{path}: subnetwork format {metadata.get('format_version')!r} is not "
-                f"{_FORMAT_VERSION!r}; upgrade mi_core"
-            )
+        tensors, metadata = read_kind(
+            path, SUBNETWORK_KIND, "subnetwork", _FORMAT_VERSION,
+            "; a mask alone is read with ComponentMask.load",
+        )  # fmt: skip
         means = None
         if "means.z" in tensors:
             try:
@@ -117,14 +119,14 @@ class Subnetwork:
         return cls(ComponentMask(tensors["heads"], tensors["mlps"]), metadata["ablation"], means)
 
     @property
-    def fill(self) -> str:
+    def fill_name(self) -> str:
         """What replaces a removed component, in words (``zero`` or the means' identity)."""
-        return fill_name(self.ablation, self.means)
+        return fill_name(self.fill, self.means)
 
     # ------------------------------------------------------------------------- comparing
     def same_fill(self, other: Subnetwork) -> bool:
         """Whether the two replace removed components by the same values."""
-        if self.ablation is not other.ablation:
+        if self.fill is not other.fill:
             return False
         if self.means is None or other.means is None:
             return self.means is other.means
@@ -154,10 +156,10 @@ class Subnetwork:
             return NotImplemented
         if not self.same_fill(other):
             raise InterventionError(
-                f"cannot combine subnetworks with different fills ({self.ablation.value} vs "
-                f"{other.ablation.value}, or other means)"
+                f"cannot combine subnetworks with different fills ({self.fill.value} vs "
+                f"{other.fill.value}, or other means)"
             )
-        return Subnetwork(getattr(self.mask, op)(other.mask), self.ablation, self.means)
+        return Subnetwork(getattr(self.mask, op)(other.mask), self.fill, self.means)
 
     def __or__(self, other: Subnetwork) -> Subnetwork:
         return self._combine(other, "union")
@@ -167,3 +169,6 @@ class Subnetwork:
 
     def __sub__(self, other: Subnetwork) -> Subnetwork:
         return self._combine(other, "difference")
+
+
+register_kind(SUBNETWORK_KIND, Subnetwork.load)

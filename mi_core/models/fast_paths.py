@@ -84,15 +84,9 @@ def _fast_attention(
     mask = additive_attention_mask
     if past_kv_cache_entry is not None or (causal and mask is not None) or _needs_tl(self):
         return Attention.forward(
-            self,
-            query_input,
-            key_input,
-            value_input,
-            past_kv_cache_entry,
-            additive_attention_mask,
-            attention_mask,
-            position_bias,
-        )
+            self, query_input, key_input, value_input, past_kv_cache_entry,
+            additive_attention_mask, attention_mask, position_bias,
+        )  # fmt: skip
     q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
     return _attend(self, q, k, v, mask, causal)
 
@@ -268,15 +262,9 @@ def _fast_lm_attention(
         or not _plain_lm_attention(cfg)
     ):
         return AbstractAttention.forward(
-            self,
-            query_input,
-            key_input,
-            value_input,
-            past_kv_cache_entry,
-            additive_attention_mask,
-            attention_mask,
-            position_bias,
-        )
+            self, query_input, key_input, value_input, past_kv_cache_entry,
+            additive_attention_mask, attention_mask, position_bias,
+        )  # fmt: skip
     q, k, v = self.calculate_qkv_matrices(query_input, key_input, value_input)
     if cfg.positional_embedding_type == "rotary":  # positions from the padding mask, if any
         q = self.hook_rot_q(self.apply_rotary(q, 0, attention_mask))

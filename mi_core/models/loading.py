@@ -626,7 +626,7 @@ def load_model(
     fold_ln: bool = True,
     fold_value_biases: bool | None = None,
     fast_paths: bool = True,
-) -> HookedClassifier | HookedTransformer:
+) -> HookedModel:
     """Load a checkpoint as a hooked model with the standard TransformerLens hook names.
 
     Args:

@@ -27,6 +27,7 @@ from mi_core.models.fingerprint import fingerprint_held
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
+    from mi_core.pruning.profiles import PruneConfig
 
 logger = logging.getLogger(__name__)
 
@@ -90,11 +91,11 @@ def load_data_input(
     return dataset
 
 
-def load_means_input(means: Any, model: HookedModel, ablation: str) -> ComponentMeans | None:
+def load_means_input(means: Any, model: HookedModel, fill: str) -> ComponentMeans | None:
     if means is None:
-        if ablation == "mean":
+        if fill == "mean":
             raise ConfigError(
-                "mean ablation needs --means (make them with mi-core means) or use --ablation zero"
+                "mean ablation needs --means (make them with mi-core means) or use --fill zero"
             )
         return None
     if isinstance(means, ComponentMeans):
@@ -107,7 +108,7 @@ def load_inputs(
     model: HookedModel,
     task: str | None,
     means: Any,
-    ablation: str,
+    fill: str,
     train: Any,
     max_train_examples: int | None,
     eval_sets: Sequence[Any],
@@ -116,7 +117,7 @@ def load_inputs(
     """A job's task, means, training set and eval sets (whose names must differ), for a loaded
     ``model``: inside the job's :func:`fingerprint_held`, as means files check the weights."""
     task = getattr(model, "task", None) or task
-    means_obj = load_means_input(means, model, ablation)
+    means_obj = load_means_input(means, model, fill)
     train_set = load_data_input(train, task, max_train_examples, "training")
     evals = [load_data_input(d, task, max_eval_examples, "eval") for d in eval_sets]
     return task, means_obj, train_set, evals, check_eval_names(evals)
@@ -161,7 +162,7 @@ def resolve_inputs(
     means: Any,
     *,
     eval_sets: Sequence[Any] = (),
-    ablation: str = "mean",
+    fill: str = "mean",
     task: str | None = None,
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
@@ -176,10 +177,13 @@ def resolve_inputs(
     loaded, spec = load_model_input(model, task, device)
     with fingerprint_held(loaded):
         task, means_obj, train_set, evals, _ = load_inputs(
-            loaded, task, means, ablation, train, max_train_examples, eval_sets,
+            loaded, task, means, fill, train, max_train_examples, eval_sets,
             max_eval_examples,
         )  # fmt: skip
-        means_path = None if means is None or isinstance(means, ComponentMeans) else str(means)
+        if isinstance(means, ComponentMeans):
+            means_path = means.source  # the file it was read from, if any
+        else:
+            means_path = None if means is None else str(means)
         sources = RunSources(spec, task, means_path, max_eval_examples)
         yield PruneInputs(loaded, train_set, means_obj, evals, sources)
 
@@ -199,3 +203,25 @@ def check_loaded(model: Any, train: Any, means: Any, eval_sets: Sequence[Any]) -
             "them with load_model / load_pairs / load_means, or call prune_run (paths, a run "
             "folder) or mi-core prune"
         )
+
+
+def check_inputs(
+    model: Any,
+    task_data: Any,
+    means: ComponentMeans | None,
+    eval_sets: Sequence[Any],
+    config: PruneConfig,
+    sources: RunSources | None,
+) -> tuple[list[PairDataset], list[str], RunSources]:
+    """What :func:`~mi_core.pruning.prune` checks of its loaded inputs: no paths, a hooked
+    classifier, eval sets of distinct names, means that fit the model (or none, with the zero
+    fill); returns the eval sets, their names and the sources to record."""
+    check_loaded(model, task_data, means, eval_sets)
+    check_model(model)
+    evals = list(eval_sets)
+    names = check_eval_names(evals)
+    if means is not None:
+        means.check_model(model)
+    elif config.fill == "mean":
+        raise ConfigError("mean ablation needs means (load_means, mi-core means) or fill='zero'")
+    return evals, names, sources or RunSources(str(getattr(model, "model_name", "") or "model"))

@@ -225,7 +225,7 @@ def train_group(
         probe = _subnetwork_probe(model, mask, evals[0], weights, cfg)
     with (
         frozen(model),
-        ablate(model, mask, means, cfg.ablation, skip_unmasked=False),
+        ablate(model, mask, means, cfg.fill, skip_unmasked=False),
         matmul_precision(cfg.precision),  # tf32: the steps' forward and backward passes
     ):
         for step in bar:
@@ -448,7 +448,7 @@ def evaluate_sets(
             full[dataset.name] = evaluate(
                 model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
             ).accuracy
-        with ablate(model, mask, means, cfg.ablation):
+        with ablate(model, mask, means, cfg.fill):
             accuracy[dataset.name] = evaluate(
                 model, dataset, batch_size=cfg.eval_batch_size, max_length=cfg.max_length
             ).accuracy

@@ -32,6 +32,7 @@ from typing import Any
 from mi_core.config import Config, option
 from mi_core.devices import PRECISIONS
 from mi_core.errors import ConfigError
+from mi_core.interventions.config import UNIT_FILLS
 from mi_core.pruning.constants import (
     BETA,
     DISCRETIZE_RULES,
@@ -47,7 +48,6 @@ from mi_core.pruning.schedule import LR_SCHEDULES, lr_factor, paper_schedule
 
 PROFILES = ("paper", "quick", "cofi")
 SPARSITY_WEIGHTINGS = ("components", "params")
-ABLATIONS = ("mean", "zero")
 
 
 @dataclass(frozen=True)
@@ -61,55 +61,55 @@ class PruneConfig(Config):
 
     profile: str = option(choices=PROFILES, cli=False)
     """The profile the other values came from (paper, quick or cofi)."""
-    target_sparsity: float = option(cli=False)
+    target_sparsity: float = option(cli=False, gt=0.0, lt=1.0)
     """Fraction of the components (or parameters) to remove, in (0, 1)."""
-    seed: int = option(cli=False)
+    seed: int = option(cli=False, ge=0)
     """Seed of the gates' initialisation, noise and data order."""
-    steps: int
+    steps: int = option(gt=0)
     """Total steps (optimizer updates, not micro-batches); the warm-ups scale with it unless
     given."""
-    warmup_steps: int
+    warmup_steps: int = option(ge=0)
     """Steps over which the target sparsity ramps linearly from 0 to target_sparsity."""
-    batch_size: int
+    batch_size: int = option(gt=0)
     """Examples per micro-batch; the effective batch is batch_size * grad_accumulation."""
-    grad_accumulation: int
+    grad_accumulation: int = option(gt=0)
     """Micro-batches per step."""
-    lr_log_alpha: float
+    lr_log_alpha: float = option(gt=0.0)
     """Learning rate of the gates' log_alpha."""
-    lr_lambda: float
+    lr_lambda: float = option(gt=0.0)
     """Learning rate (ascent) of the Lagrangian lambdas."""
-    max_length: int
+    max_length: int = option(gt=0)
     """Token limit per example (batches pad to their longest example, not to this)."""
-    eval_every: int
+    eval_every: int = option(ge=0)
     """Steps between evaluations of the subnetwork as it stands (its gates discretised at the
     step's target) on the first 2,000 examples of the first eval set, logged as
     ``eval_accuracy`` / ``eval_sparsity``; 0 turns them off."""
-    checkpoint_every: int
+    checkpoint_every: int = option(gt=0)
     """Steps between checkpoints."""
-    eval_batch_size: int
+    eval_batch_size: int = option(gt=0)
     """Batch size of the reference logits and the evaluations."""
     sparsity_weighting: str = option("components", choices=SPARSITY_WEIGHTINGS)
     """``"components"``: heads and MLPs count once each (the paper); ``"params"``: by size."""
-    ablation: str = option("mean", choices=ABLATIONS)
+    fill: str = option("mean", choices=UNIT_FILLS)
     """What a removed component is replaced by: its mean activation or zero."""
-    beta: float = BETA
+    beta: float = option(BETA, gt=0.0)
     """Hard-concrete temperature."""
     sparsity_estimate: str = option("sampled", choices=SPARSITY_ESTIMATES)
     """Sparsity in the Lagrangian term: ``"sampled"`` gates of the step (the authors) or the
     closed-form ``"expected"`` L0 (CoFi)."""
     log_alpha_init: float = PAPER_INIT_MEAN
     """Mean of the initial ``log_alpha`` (the authors: 10; CoFi: ``log 99``)."""
-    log_alpha_init_std: float = PAPER_INIT_STD
+    log_alpha_init_std: float = option(PAPER_INIT_STD, ge=0.0)
     """Std of the initial ``log_alpha``, drawn from the run's seed (the authors: 0.01)."""
-    weight_decay: float = 0.01
+    weight_decay: float = option(0.01, ge=0.0, lt=1.0)
     """AdamW's decoupled weight decay on ``log_alpha`` (the authors: 0.01, torch's default)."""
-    lambda_weight_decay: float = 0.01
+    lambda_weight_decay: float = option(0.01, ge=0.0, lt=1.0)
     """AdamW's weight decay on the Lagrangian lambdas (the authors: 0.01, the same optimizer)."""
-    lr_warmup_steps: int = 200
+    lr_warmup_steps: int = option(200, ge=0)
     """Steps of linear learning-rate warm-up (then linear decay to 0 with ``lr_schedule``)."""
     lr_schedule: str = option("linear", choices=LR_SCHEDULES)
     """``"linear"``: warm-up then linear decay to 0 (the authors); ``"constant"`` (CoFi)."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = option(1.0, ge=0.0)
     """Clip the gradient norm of gates and lambdas together at this value; 0 turns it off."""
     dropout: bool = option(True, bool_flag="on-off")
     """Run the pruned model with the checkpoint's dropout (the authors prune in train mode); the
@@ -124,56 +124,12 @@ class PruneConfig(Config):
     float32 in every case."""
 
     def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ConfigError(f"{f.name} must be an integer, got {value!r}")
-            if f.type == "bool" and not isinstance(value, bool):
-                raise ConfigError(f"{f.name} must be true or false, got {value!r}")
-            if f.type == "float":
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ConfigError(f"{f.name} must be a number, got {value!r}")
-                if not math.isfinite(value):
-                    raise ConfigError(f"{f.name} must be finite, got {value!r}")
-                object.__setattr__(self, f.name, float(value))
-        if self.profile not in PROFILES:
-            raise ConfigError(f"unknown profile {self.profile!r}; choose one of {PROFILES}")
-        if not 0.0 < self.target_sparsity < 1.0:
-            raise ConfigError(
-                f"target_sparsity must lie strictly between 0 and 1, got {self.target_sparsity}"
-            )
-        if self.seed < 0:
-            raise ConfigError(f"seed must be non-negative, got {self.seed}")
-        for name in (
-            "steps",
-            "batch_size",
-            "grad_accumulation",
-            "max_length",
-            "checkpoint_every",
-            "eval_batch_size",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.eval_every < 0:
-            raise ConfigError(f"eval_every must be non-negative (0: off), got {self.eval_every}")
-        if not 0 <= self.warmup_steps <= self.steps:
-            raise ConfigError(
-                f"warmup_steps must lie in [0, steps={self.steps}], got {self.warmup_steps}"
-            )
-        if not 0 <= self.lr_warmup_steps <= self.steps:
-            raise ConfigError(
-                f"lr_warmup_steps must lie in [0, steps={self.steps}], got {self.lr_warmup_steps}"
-            )
-        for name in ("lr_log_alpha", "lr_lambda", "beta"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("log_alpha_init_std", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be non-negative, got {getattr(self, name)}")
-        for name in ("weight_decay", "lambda_weight_decay"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} must lie in [0, 1), got {getattr(self, name)}")
-        super().validate()  # the choices of every field
+        super().validate()  # every field's type, bounds and choices, as declared above
+        for name in ("warmup_steps", "lr_warmup_steps"):  # bounded by another field
+            if getattr(self, name) > self.steps:
+                raise ConfigError(
+                    f"{name} must lie in [0, steps={self.steps}], got {getattr(self, name)}"
+                )
 
     @property
     def effective_batch_size(self) -> int:

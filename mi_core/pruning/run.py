@@ -1,17 +1,8 @@
 """One L0 pruning run: learn hard-concrete gates on a frozen classifier, checkpoint, resume, report.
 
-:func:`prune_run` is the library form of ``mi-core prune``; a sweep calls it once per (sparsity,
-seed). A run directory holds::
-
-    config.json               what was asked for (the run's identity; a re-run must match it)
-    reference_logits.safetensors   the full model's logits per training example (unless shared)
-    checkpoint.safetensors    log_alpha, lambdas, AdamW state; JSON metadata: step, noise seed
-    log.csv                   per step: loss, kl, expected and target sparsity, lambdas; every
-                              eval_every steps the subnetwork's accuracy on the first eval set
-    mask.safetensors, mask.json    the binary subnetwork (mask.json lists removed components)
-    subnetwork.safetensors    the mask with its fill and means, ready for ``apply`` /
-                              ``load_intervention``
-    metrics.json              achieved sparsity; subnetwork and full-model accuracy per eval set
+:func:`prune` on loaded objects, :func:`prune_run` from paths (``mi-core prune``), and
+:func:`prune_group` for runs trained together. A run's folder and its files:
+:mod:`mi_core.pruning.run_folder`.
 
 Exact resumption: the hard-concrete noise of step ``k`` comes from a generator seeded with
 ``(seed, k)`` and the micro-batches of step ``k`` from the data order of ``seed`` and the epoch
@@ -44,13 +35,7 @@ from mi_core.io import (
     write_safetensors,
 )
 from mi_core.models.fingerprint import fingerprint_held
-from mi_core.pruning.inputs import (
-    RunSources,
-    check_eval_names,
-    check_loaded,
-    check_model,
-    resolve_inputs,
-)
+from mi_core.pruning.inputs import RunSources, check_inputs, resolve_inputs
 from mi_core.pruning.loop import check_group, start_run, train_group, train_run
 from mi_core.pruning.profiles import PruneConfig
 from mi_core.pruning.reference_logits import (
@@ -106,17 +91,9 @@ def prune(
     there stops the run like a kill; with ``out`` the next call resumes). ``sources``: where
     the inputs came from, recorded in ``config.json`` (the path-taking callers fill it).
     """
-    check_loaded(model, task_data, means, eval_sets)
-    check_model(model)
-    evals = list(eval_sets)
-    names = check_eval_names(evals)
-    if means is not None:
-        means.check_model(model)
-    elif config.ablation == "mean":
-        raise ConfigError("mean ablation needs means (load_means, mi-core means) or ablation zero")
-    sources = sources or RunSources(str(getattr(model, "model_name", "") or "model"))
     run_dir = None if out is None else Path(out)
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
+        evals, names, sources = check_inputs(model, task_data, means, eval_sets, config, sources)
         if run_dir is None:
             return _prune_in_memory(
                 model,
@@ -193,17 +170,10 @@ def prune_group(
     dirs = [Path(d) for d in outs]
     if len(set(dirs)) != len(dirs):
         raise ConfigError("the runs of a group need distinct folders")
-    check_loaded(model, task_data, means, eval_sets)
-    check_model(model)
-    evals = list(eval_sets)
-    names = check_eval_names(evals)
-    if means is not None:
-        means.check_model(model)
-    elif configs[0].ablation == "mean":
-        raise ConfigError("mean ablation needs means (load_means, mi-core means) or ablation zero")
-    sources = sources or RunSources(str(getattr(model, "model_name", "") or "model"))
     train_set, means_obj = task_data, means
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
+        evals, names, sources = check_inputs(model, task_data, means, eval_sets, configs[0],
+                                             sources)  # fmt: skip
         for cfg, run_dir in zip(configs, dirs, strict=True):
             claim_run_dir(run_dir, cfg, model, sources, train_set, means_obj, names,
                           reference_logits_path)  # fmt: skip
@@ -275,7 +245,7 @@ def prune_run(
     objects: the form ``mi-core prune`` and a Ray worker use. ``max_*_examples`` cap the sets
     (:meth:`PairDataset.spread`); ``device``: where a model given as a path is loaded."""
     with resolve_inputs(
-        model, train, means, eval_sets=eval_sets, ablation=config.ablation, task=task,
+        model, train, means, eval_sets=eval_sets, fill=config.fill, task=task,
         max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
         device=device,
     ) as inputs:  # fmt: skip

@@ -246,7 +246,7 @@ def save_subnetwork(
 ) -> None:
     """``subnetwork.safetensors``: the mask with what fills its removed components, so
     ``apply(model, load_intervention(path))`` runs the subnetwork the run evaluated."""
-    Subnetwork(mask, cfg.ablation, means).save(run_dir / "subnetwork.safetensors")
+    Subnetwork(mask, cfg.fill, means).save(run_dir / "subnetwork.safetensors")
 
 
 def finished_mask(
@@ -339,13 +339,10 @@ def refresh_run_metrics(
 
 
 def report_complete(
-    model: HookedModel,
-    means: ComponentMeans | None,
-    cfg: PruneConfig,
-    run_dir: Path,
-    evals: Sequence[PairDataset],
-    full_accuracy: Mapping[str, float] | None,
-) -> PruneResult:
+    model: HookedModel, means: ComponentMeans | None, cfg: PruneConfig, run_dir: Path,
+    evals: Sequence[PairDataset], full_accuracy: Mapping[str, float] | None,
+) -> PruneResult:  # fmt: skip
+    """A finished run's result, read from its folder (eval sets it lacks measured now)."""
     mask = finished_mask(run_dir, read_json(run_dir / "metrics.json"), means, cfg)
     metrics = refresh_run_metrics(model, means, cfg, run_dir, evals, full_accuracy)
     checkpoint = run_dir / "checkpoint.safetensors"

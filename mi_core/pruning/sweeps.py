@@ -21,6 +21,7 @@ only what is missing. Executors:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -42,7 +43,7 @@ from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ComponentMeans
 from mi_core.io import check_replaceable, read_json, write_csv, write_json
 from mi_core.pruning.constants import EXECUTORS, check_ray_gpus
-from mi_core.pruning.inputs import resolve_inputs
+from mi_core.pruning.inputs import PruneInputs, resolve_inputs
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
 from mi_core.pruning.run import prune, prune_group, prune_run
@@ -289,38 +290,18 @@ def sweep(
             f"a sweep with executor {executor!r} writes every run's folder: give out="
         )
     if out is not None:
-        run_sweep(
-            model,
-            train,
-            out,
-            sparsities,
-            seeds,
-            means=means,
-            eval_sets=eval_sets,
-            profile=profile,
-            overrides=overrides,
-            task=task,
-            max_train_examples=max_train_examples,
-            max_eval_examples=max_eval_examples,
-            executor=executor,
-            group_size=group_size,
-            progress=progress,
-            device=device,
-        )
+        run_sweep(model, train, out, sparsities, seeds, means=means, eval_sets=eval_sets,
+                  profile=profile, overrides=overrides, task=task,
+                  max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
+                  executor=executor, group_size=group_size, progress=progress,
+                  device=device)  # fmt: skip
         return SweepResult.load(out, sparsities, seeds)
     configs = sweep_configs(sparsities, seeds, profile, overrides)
     cfg = configs[0]
-    with resolve_inputs(
-        model, train, means, eval_sets=eval_sets, ablation=cfg.ablation, task=task,
-        max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
-        device=device,
-    ) as inputs:  # fmt: skip
-        model_obj, means_obj, train_set, evals = (
-            inputs.model,
-            inputs.means,
-            inputs.train,
-            inputs.eval_sets,
-        )
+    with _sweep_inputs(model, train, means, eval_sets, cfg, task, max_train_examples,
+                       max_eval_examples, device) as inputs:  # fmt: skip
+        model_obj, means_obj = inputs.model, inputs.means
+        train_set, evals = inputs.train, inputs.eval_sets
         tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
         reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, progress)
         full = _full_model_accuracy(model_obj, evals, cfg)
@@ -341,6 +322,26 @@ def sweep(
             )
             masks.append(result.mask)
         return _result(None, rows, masks, [d.name for d in evals], full)
+
+
+def _sweep_inputs(
+    model: Any,
+    train: Any,
+    means: Any,
+    eval_sets: Sequence[Any],
+    cfg: PruneConfig,
+    task: str | None,
+    max_train_examples: int | None,
+    max_eval_examples: int | None,
+    device: str,
+) -> contextlib.AbstractContextManager[PruneInputs]:
+    """:func:`resolve_inputs` for a sweep's runs (``cfg``: the first run's; they share the
+    fill)."""
+    return resolve_inputs(
+        model, train, means, eval_sets=eval_sets, fill=cfg.fill, task=task,
+        max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
+        device=device,
+    )  # fmt: skip
 
 
 def sweep_configs(
@@ -380,7 +381,7 @@ def _prune_task(**kwargs: Any) -> str:
         configs, dirs = kwargs.pop("configs"), kwargs.pop("run_dirs")
         with resolve_inputs(
             kwargs.pop("model"), kwargs.pop("train"), kwargs.pop("means"),
-            eval_sets=kwargs.pop("eval_sets"), ablation=configs[0].ablation,
+            eval_sets=kwargs.pop("eval_sets"), fill=configs[0].fill,
             task=kwargs.pop("task"), max_train_examples=kwargs.pop("max_train_examples"),
             max_eval_examples=kwargs.pop("max_eval_examples"), device=kwargs.pop("device"),
         ) as inputs:  # fmt: skip
@@ -574,7 +575,7 @@ def run_sweep(
     sparsities: Sequence[float],
     seeds: Sequence[int],
     *,
-    means: str | os.PathLike[str] | None = None,
+    means: str | os.PathLike[str] | ComponentMeans | None = None,
     eval_sets: Sequence[str | PairDataset] = (),
     profile: str = "paper",
     overrides: Mapping[str, Any] | None = None,
@@ -596,7 +597,9 @@ def run_sweep(
     ``"ray"``: as Ray tasks on ``ray_address``, or on a local Ray instance when None and none is
     running, one run per task or ``group_size`` runs trained together per task). Reference
     logits and full-model accuracies are computed once here and shared by every run. The ray
-    executor needs ``model``, ``train``, ``means`` and ``eval_sets`` as paths / specs.
+    executor needs ``model``, ``train``, ``means`` and ``eval_sets`` as paths / specs; the
+    others also take them loaded (``means`` from :func:`~mi_core.interventions.load_means`,
+    checked against the model as a file is).
     ``device``: where a model given as a path is loaded, here and in every Ray task (``auto``:
     CUDA when the machine has one).
     """
@@ -622,17 +625,10 @@ def run_sweep(
                 "the ray executor needs the model, data and means as paths or specs, not objects"
             )
 
-    with resolve_inputs(
-        model, train, means, eval_sets=eval_sets, ablation=cfg.ablation, task=task,
-        max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
-        device=device,
-    ) as inputs:  # fmt: skip
-        model_obj, means_obj, train_set, evals = (
-            inputs.model,
-            inputs.means,
-            inputs.train,
-            inputs.eval_sets,
-        )
+    with _sweep_inputs(model, train, means, eval_sets, cfg, task, max_train_examples,
+                       max_eval_examples, device) as inputs:  # fmt: skip
+        model_obj, means_obj = inputs.model, inputs.means
+        train_set, evals = inputs.train, inputs.eval_sets
         eval_names = [d.name for d in evals]
         # every file the sweep will replace, before any work (else a read-only run folder is
         # found only after the runs before it have run)
@@ -688,7 +684,7 @@ def run_sweep(
             common = {
                 "model": os.fspath(model),
                 "train": os.fspath(train),
-                "means": None if means is None else os.fspath(means),
+                "means": None if means is None else str(means),  # a path: objects are refused above
                 "eval_sets": [os.fspath(d) for d in eval_sets],
                 "task": task,
                 "max_train_examples": max_train_examples,

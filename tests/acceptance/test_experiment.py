@@ -111,6 +111,8 @@ def test_config_by_path_and_round_trip(tmp_path):
         ({"checkpoint": "some/dir"}, "either 'finetune'"),
         ({"task": "sst2"}, "task must be one of"),
         ({"ablation": {"joint_sets": ["top4"]}}, "joint_sets"),
+        ({"ablation": {"fill": "resample"}}, "ablation.fill must be mean or zero"),
+        ({"ablation": {"ablation": "zero"}}, "unknown key(s) ['ablation'] in ablation"),
         ({"attention": {"n_views": -1}}, "n_views"),
         ({"effective_size": {"enabled": "yes"}}, "must be true or false"),
         (

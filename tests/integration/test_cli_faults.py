@@ -164,7 +164,7 @@ def test_damaged_files_in_an_output_folder_are_one_line(tmp_path, capsys, tiny_c
     (out / "config.json").write_text('{"prune": ')
     argv = ["prune", "--model", str(tiny_checkpoints["bert-cls"]), "--train", "mnli:train",
             "--max-train-examples", "8", "--sparsity", "0.5", "--steps", "1", "--out", str(out),
-            "--ablation", "zero",
+            "--fill", "zero",
             "--no-progress"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -298,7 +298,7 @@ def test_training_jobs_check_their_records_before_the_first_step(
     (blocked / "log.csv").write_text("")
     (blocked / "log.csv").chmod(0o444)
     argv = ["sweep", "--model", model, "--task", "mnli", "--train", "mnli:train", "--sparsities",
-            "0.5", "--seeds", "1-2", "--max-train-examples", "16", "--steps", "2", "--ablation",
+            "0.5", "--seeds", "1-2", "--max-train-examples", "16", "--steps", "2", "--fill",
             "zero", "--out",
             str(sweep), "--no-progress"]  # fmt: skip
     assert main(argv) == 2
@@ -318,7 +318,7 @@ def test_ablate_checks_all_three_of_its_files_before_the_work(tmp_path, capsys, 
     ablations ran, so a folder named like the .md was found after them."""
     (tmp_path / "table.md").mkdir()
     argv = ["ablate", "--model", str(tiny_checkpoints["bert-cls"]), "--heads", "L0.H0",
-            "--ablation", "zero", "--data", "hans:so_swap", "--max-examples", "2", "--out",
+            "--fill", "zero", "--data", "hans:so_swap", "--max-examples", "2", "--out",
             str(tmp_path / "table.csv")]  # fmt: skip
     assert main(argv) == 2
     assert "table.md" in _one_line(capsys)

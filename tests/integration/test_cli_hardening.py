@@ -90,7 +90,6 @@ def test_every_page_writer_escapes_the_names_it_is_given(tmp_path, llama):
 
     from mi_core.interventions.ablation_table import AblationTable
     from mi_core.interventions.edges import Graph
-    from mi_core.methods.heuristic_core.report import ReportSection, _render_html
     from mi_core.methods.separability import SeparabilityConfig, run_separability
     from mi_core.methods.separability.report import figures_html
     from mi_core.methods.separability.run import TaskTokens
@@ -98,6 +97,7 @@ def test_every_page_writer_escapes_the_names_it_is_given(tmp_path, llama):
     from mi_core.viz.attention_html import attention_view_html
     from mi_core.viz.circuits import circuit_graph_html
     from mi_core.viz.figures import write_figure_html
+    from mi_core.viz.page import ReportSection, render_html
 
     focus = TaskTokens(HOSTILE, random_tokens(4, 8, 1), random_tokens(2, 8, 2))
     cripple = TaskTokens(f"{HOSTILE}.jsonl", random_tokens(4, 8, 3), random_tokens(2, 8, 4))
@@ -110,7 +110,7 @@ def test_every_page_writer_escapes_the_names_it_is_given(tmp_path, llama):
     graph = Graph.from_model(llama)
     pages = {
         "separability": figures_html(result, include_plotlyjs=False),
-        "report": _render_html(HOSTILE, [section]),
+        "report": render_html(HOSTILE, [section]),
         "ablation table": table.html(),
         "circuit": circuit_graph_html(graph, torch.zeros(graph.n_edges), title=HOSTILE),
         "attention": attention_view_html(
@@ -271,7 +271,7 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys,
 def _prune(model, out, sparsity="0.5") -> list[str]:
     return ["prune", "--model", str(model), "--train", "mnli:train", "--max-train-examples", "8",
             "--sparsity", sparsity, "--profile", "cofi", "--steps", "2", "--batch-size", "4",
-            "--ablation", "zero", "--eval", "hans:so_swap", "--max-eval-examples", "4",
+            "--fill", "zero", "--eval", "hans:so_swap", "--max-eval-examples", "4",
             "--no-progress", "--out", str(out)]  # fmt: skip
 
 
@@ -341,10 +341,10 @@ def test_a_bad_mask_json_is_one_line(edit, says, tmp_path, capsys, tiny_checkpoi
 
     from mi_core.errors import InterventionError
     from mi_core.interventions import ComponentMask
-    from mi_core.interventions.mask import _Dims
+    from mi_core.interventions.components import ModelDims
 
     path = tmp_path / "mask.json"
-    good = ComponentMask.from_removed(_Dims(2, 4), ["L0.H1"]).to_json()
+    good = ComponentMask.from_removed(ModelDims(2, 4, 8, 32), ["L0.H1"]).to_json()
     path.write_text(json.dumps({**good, **edit}))
     with pytest.raises(InterventionError, match=says):
         ComponentMask.load(path)
@@ -516,7 +516,7 @@ def test_ablation_table_takes_joint_sets_as_lists_of_names(tiny, train):
     from mi_core.naming import Component
 
     data = [train.subset(list(range(8)))]
-    kwargs = dict(heads="L0.H1", ablation="zero", batch_size=8)
+    kwargs = dict(heads="L0.H1", fill="zero", batch_size=8)
     as_text = ablation_table(tiny, data, joints=["L0.H1+L1.H0"], **kwargs)
     for joint in (["L0.H1", "L1.H0"], [(0, 1), (1, 0)], [Component(0, 1), Component(1, 0)]):
         table = ablation_table(tiny, data, joints=[joint], **kwargs)

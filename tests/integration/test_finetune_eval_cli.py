@@ -241,7 +241,7 @@ def test_eval_writes_results_and_predictions(finetuned, tmp_path):
     [
         (["--data", "nope:split"], "unknown data spec"),
         (["--data", "qqp:validation", "--task", "mnli"], "qqp data"),
-        (["--data", "mnli:validation_matched", "--ablate", "L9.H0", "--ablation", "zero"], "L9"),
+        (["--data", "mnli:validation_matched", "--ablate", "L9.H0", "--fill", "zero"], "L9"),
         (["--data", "mnli:validation_matched", "--ablate", "L0.H0"], "needs --means"),
     ],
 )
@@ -314,7 +314,7 @@ def test_eval_says_when_the_head_was_made_at_random(tmp_path, caplog, tiny_check
     from mi_core.interventions import AblationTableConfig, run_ablation_table
 
     caplog.clear()
-    table = AblationTableConfig(model="minilm", task="mnli", heads="L0.H0", ablation="zero",
+    table = AblationTableConfig(model="minilm", task="mnli", heads="L0.H0", fill="zero",
                                 data=["hans:so_swap"], max_examples=4,
                                 out=str(tmp_path / "t.csv"))  # fmt: skip
     with caplog.at_level("WARNING"):

@@ -123,7 +123,7 @@ def test_ablate_cli_all_heads_zero_ablation(setup):
                 setup["bert"],
                 "--heads",
                 "all",
-                "--ablation",
+                "--fill",
                 "zero",
                 "--data",
                 setup["data"],
@@ -159,61 +159,18 @@ def test_bad_input_is_one_line_and_writes_nothing(setup, capsys, tmp_path):
     _fails(
         capsys, ablate + ["--means", means, "--heads", "L0.H0", "--data", data], out, "given twice"
     )
-    other = [
-        "ablate",
-        "--model",
-        setup["roberta"],
-        "--task",
-        "mnli",
-        "--data",
-        data,
-        "--out",
-        str(out),
-        "--means",
-        means,
-        "--heads",
-        "L0.H0",
-    ]
+    other = ["ablate", "--model", setup["roberta"], "--task", "mnli", "--data", data, "--out",
+             str(out), "--means", means, "--heads", "L0.H0"]  # fmt: skip
     _fails(capsys, other, out, "means were computed for model")
     _fails(
         capsys, ablate + ["--means", means, "--heads", "L0.H0", "--max-examples", "0"], out, "empty"
     )
 
     means_out = tmp_path / "means.safetensors"
-    _fails(
-        capsys,
-        [
-            "means",
-            "--model",
-            bert,
-            "--task",
-            "mnli",
-            "--data",
-            data,
-            "--out",
-            str(means_out),
-            "--max-examples",
-            "0",
-        ],
-        means_out,
-        "is empty",
-    )
-    _fails(
-        capsys,
-        [
-            "means",
-            "--model",
-            bert,
-            "--task",
-            "mnli",
-            "--data",
-            data,
-            "--out",
-            str(tmp_path / "means.json"),
-        ],
-        tmp_path / "means.json",
-        ".safetensors",
-    )
+    make_means = ["means", "--model", bert, "--task", "mnli", "--data", data, "--out"]
+    _fails(capsys, [*make_means, str(means_out), "--max-examples", "0"], means_out, "is empty")
+    json_out = tmp_path / "means.json"
+    _fails(capsys, [*make_means, str(json_out)], json_out, ".safetensors")
 
     # mi-core eval applies masks through this library: a wrong shape or value fails cleanly
     eval_out = tmp_path / "eval.csv"

@@ -1,5 +1,5 @@
 """The report's separability method as the default, option by option: each test fails under the
-other setting (schedule, per-site scoring, per-site mean offset, heads per step, the reference's
+other setting (schedule, per-site scoring, per-site mean fill, heads per step, the reference's
 ``mean`` scoring, SVD with combined biases)."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from mi_core.statistics.scoring import n_to_prune_at
 def test_defaults_are_the_reports():
     config = SeparabilityConfig()
     assert (config.schedule, config.ff_scoring, config.attn_scoring) == ("total", "freq", "abs")
-    # no mean offset: the report calls it a "large bad effect" on attention, and the authors'
-    # runs set do_attn_mean_offset False
-    assert (config.ff_offset, config.attn_offset, config.steps) == ("zero", "zero", 20)
-    shorthand = SeparabilityConfig(scoring="sqrt", offset="zero")
+    # zero fills, no mean (the report's "mean offset"): the report calls it a "large bad effect"
+    # on attention, and the authors' runs set do_attn_mean_offset False
+    assert (config.ff_fill, config.attn_fill, config.steps) == ("zero", "zero", 20)
+    shorthand = SeparabilityConfig(scoring="sqrt", fill="zero")
     assert (shorthand.ff_scoring, shorthand.attn_scoring) == ("sqrt", "sqrt")
-    assert (shorthand.ff_offset, shorthand.attn_offset) == ("zero", "zero")
+    assert (shorthand.ff_fill, shorthand.attn_fill) == ("zero", "zero")
     assert SeparabilityConfig(ff_frac=0.1, attn_frac=0.1, steps=10).method == "freq+abs"
     assert SeparabilityConfig(ff_frac=0.1, steps=10).method == "freq"
     # total: 1/frac steps prune every unit; more would repeat the last step (evaluated again)
@@ -38,7 +38,7 @@ def test_defaults_are_the_reports():
     for bad in (
         dict(schedule="geometric"),
         dict(attn_heads_per_step=2),  # needs attn_unit="head"
-        dict(attn_offset="median"),
+        dict(attn_fill="median"),
         dict(svd_combine_biases=True),  # needs svd
     ):
         with pytest.raises(ConfigError):
@@ -74,10 +74,10 @@ def test_total_schedule_reaches_exactly_all_units(llama):
     assert geometric.masks.n_ff_pruned < n_ff
 
 
-def test_per_site_scoring_and_offsets(llama):
+def test_per_site_scoring_and_fills(llama):
     focus, cripple = tasks(seed=3)
     config = SeparabilityConfig(
-        steps=1, ff_frac=0.25, attn_frac=0.25, batch_size=8, attn_offset="mean"
+        steps=1, ff_frac=0.25, attn_frac=0.25, batch_size=8, attn_fill="mean"
     )
     result = run_separability(llama, focus, cripple, config)
     f = collect_activation_stats(llama, focus.stats)
@@ -101,16 +101,16 @@ def test_per_site_scoring_and_offsets(llama):
     assert not torch.equal(abs_mlp, freq_mlp)  # the two scorings disagree on this model ...
     # ... and the run used freq (ties in freq are broken by position: compare the scores)
     assert freq_ratio.flatten()[ff_removed].min() >= freq_ratio.flatten()[~ff_removed].max()
-    # offsets: pre-out neurons get their focus mean, MLP neurons zero
+    # fills: pre-out neurons get their focus mean, MLP neurons zero
     first = result.masks.attn_step == 1
     torch.testing.assert_close(
-        result.masks.attn_offset[first], f.attn.mean.float()[first], atol=1e-6, rtol=0
+        result.masks.attn_fill[first], f.attn.mean.float()[first], atol=1e-6, rtol=0
     )
-    assert (result.masks.ff_offset == 0).all()
+    assert (result.masks.ff_fill == 0).all()
     both = run_separability(
-        llama, focus, cripple, SeparabilityConfig(**{**config.to_dict(), "ff_offset": "mean"})
+        llama, focus, cripple, SeparabilityConfig(**{**config.to_dict(), "ff_fill": "mean"})
     )
-    assert both.masks.ff_offset[both.masks.ff_step == 1].abs().sum() > 0
+    assert both.masks.ff_fill[both.masks.ff_step == 1].abs().sum() > 0
 
 
 def test_mean_diff_scoring_is_the_absolute_difference(llama):
@@ -221,7 +221,7 @@ def test_shipped_report_config_runs_on_a_tiny_opt(tiny_checkpoints, tmp_path, ca
     config = summary["config"]
     # the report's settings came from the shipped file ...
     assert (config["ff_scoring"], config["attn_scoring"]) == ("freq", "abs")
-    assert (config["schedule"], config["eval_protocol"], config["attn_offset"]) == (
+    assert (config["schedule"], config["eval_protocol"], config["attn_fill"]) == (
         "total",
         "texts",
         "zero",

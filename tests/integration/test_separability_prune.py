@@ -95,7 +95,7 @@ def test_selection_follows_the_scores(llama):
     assert torch.equal(result.masks.ff_step.flatten() == 1, expected)
 
 
-def test_head_unit_removes_whole_heads_and_mean_offset_uses_focus_means(llama):
+def test_head_unit_removes_whole_heads_and_mean_fill_uses_focus_means(llama):
     focus, cripple = tasks(seed=5)
     config = SeparabilityConfig(
         steps=2,
@@ -103,7 +103,7 @@ def test_head_unit_removes_whole_heads_and_mean_offset_uses_focus_means(llama):
         attn_frac=0.25,
         attn_unit="head",
         head_aggregation="median",
-        offset="mean",
+        fill="mean",
         scoring="sqrt",
         random_baseline=True,
         schedule="remaining",
@@ -115,11 +115,11 @@ def test_head_unit_removes_whole_heads_and_mean_offset_uses_focus_means(llama):
     assert result.masks.n_heads_pruned == 2 + 2  # 8 heads: 0.25 * 8, then 0.25 * 6 = 1.5 -> 2
     assert result.masks.n_ff_pruned == 0
     assert result.random_masks.n_heads_pruned == 4
-    # the offsets of the first step are the focus means of the unpruned model
+    # the fills of the first step are the focus means of the unpruned model
     first = result.masks.attn_step == 1
     means = collect_activation_stats(llama, focus.stats, sites=("attn",)).attn.mean.float()
-    torch.testing.assert_close(result.masks.attn_offset[first], means[first], atol=1e-6, rtol=0)
-    assert result.masks.attn_offset[first].abs().sum() > 0
+    torch.testing.assert_close(result.masks.attn_fill[first], means[first], atol=1e-6, rtol=0)
+    assert result.masks.attn_fill[first].abs().sum() > 0
 
 
 def test_svd_run_leaves_the_start_unchanged():
@@ -134,7 +134,7 @@ def test_svd_run_leaves_the_start_unchanged():
 def test_resume_after_a_crash_gives_the_same_run(llama, tmp_path):
     focus, cripple = tasks(seed=7)
     config = SeparabilityConfig(
-        steps=2, ff_frac=0.1, attn_frac=0.1, random_baseline=True, offset="mean"
+        steps=2, ff_frac=0.1, attn_frac=0.1, random_baseline=True, fill="mean"
     )
     full = run_separability(llama, focus, cripple, config)
 
@@ -160,16 +160,29 @@ def test_resume_after_a_crash_gives_the_same_run(llama, tmp_path):
     again = []
     run_separability(llama, focus, cripple, config, state_path=state, on_step=again.append)
     assert again == []
+    import json
+
+    from mi_core.io import read_safetensors, write_safetensors
+
+    with pytest.raises(ConfigError, match="attn_fill, ff_fill, fill differ"):
+        run_separability(llama, focus, cripple, config.replace(fill="zero"), state_path=state)
+    # a state that names the fills by their former names (ff_offset, attn_offset, offset) is
+    # of an older mi_core: one line says to re-run elsewhere
+    tensors, metadata = read_safetensors(state)
+    options = json.loads(metadata["config"])
+    assert (options["ff_fill"], options["attn_fill"], options["fill"]) == ("mean",) * 3
+    former = {"ff_fill": "ff_offset", "attn_fill": "attn_offset", "fill": "offset"}
+    renamed = json.dumps({former.get(k, k): v for k, v in options.items()}, sort_keys=True)
+    write_safetensors(state, tensors, {**metadata, "config": renamed})
+    with pytest.raises(ConfigError, match=r"older mi_core \(it records no fill\)"):
+        run_separability(llama, focus, cripple, config, state_path=state)
+    write_safetensors(state, tensors, metadata)  # back to today's state
     with pytest.raises(ConfigError, match="ff_frac"):
         run_separability(
             llama, focus, cripple, SeparabilityConfig(steps=2, ff_frac=0.2), state_path=state
         )
     # a state of an older mi_core (its score, (c + eps) / (f + eps), not recorded) never
     # resumes, even with its options given again: one line says to re-run elsewhere
-    import json
-
-    from mi_core.io import read_safetensors, write_safetensors
-
     tensors, metadata = read_safetensors(state)
     identity = json.loads(metadata["identity"])
     identity.pop("score")
@@ -189,7 +202,7 @@ def test_resume_after_a_crash_gives_the_same_run(llama, tmp_path):
         dict(ff_frac=1.5),
         dict(ff_frac=0.0, attn_frac=0.0),
         dict(scoring="var"),
-        dict(offset="median"),
+        dict(fill="median"),
         dict(attn_unit="layer"),
         dict(mode="both"),
     ],

@@ -91,7 +91,8 @@ def test_edge_pruning_steps_with_reused_buffers_have_the_gradients_of_fresh_ones
     gen = torch.Generator().manual_seed(0)
     log_alpha = (torch.randn(graph.n_edges, generator=gen) * 2).requires_grad_(True)
 
-    def step(seed: int, hard_concrete: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def last_logits(seed: int, hard_concrete: bool = True) -> torch.Tensor:
+        """A masked forward's last-position logits, the gates drawn from ``seed``."""
         z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(seed))
         mask = EdgeMask(graph, z)
         mask = mask.with_corrupted(node_outputs(model, graph, **pairs.corrupted))
@@ -99,7 +100,10 @@ def test_edge_pruning_steps_with_reused_buffers_have_the_gradients_of_fresh_ones
             graph_switches(model),
             model.hooks(fwd_hooks=masked_hooks(model, mask, hard_concrete=hard_concrete)),
         ):
-            logits = model(pairs.clean_ids)[:, -1]
+            return model(pairs.clean_ids)[:, -1]
+
+    def step(seed: int, hard_concrete: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = last_logits(seed, hard_concrete)
         (grad,) = torch.autograd.grad(logits.logsumexp(-1).sum(), log_alpha)
         return logits.detach(), grad
 
@@ -126,14 +130,7 @@ def test_edge_pruning_steps_with_reused_buffers_have_the_gradients_of_fresh_ones
 
     # two masked forwards before one backward: the first's buffers are still in use
     def forward(seed: int) -> torch.Tensor:
-        z = sample_hard_concrete(log_alpha, generator=torch.Generator().manual_seed(seed))
-        mask = EdgeMask(graph, z)
-        mask = mask.with_corrupted(node_outputs(model, graph, **pairs.corrupted))
-        with (
-            graph_switches(model),
-            model.hooks(fwd_hooks=masked_hooks(model, mask, hard_concrete=True)),
-        ):
-            return model(pairs.clean_ids)[:, -1].logsumexp(-1).sum()
+        return last_logits(seed).logsumexp(-1).sum()
 
     expected = torch.autograd.grad(forward(0) + forward(1), log_alpha)[0]
     with reusing_buffers():

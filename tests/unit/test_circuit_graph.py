@@ -651,6 +651,32 @@ def test_two_edge_masks_at_once_are_refused_and_a_and_b_removes_both(gpt2):
         a & EdgeMask.from_edges(graph, [], fill="zero")  # noqa: B018
 
 
+def test_edge_mask_algebra_on_kept_edges(gpt2):
+    """``a | b`` keeps what either keeps, ``a & b`` what both keep, ``a - b`` what ``a`` keeps
+    and ``b`` does not; weights between 0 and 1 combine as max, min and min(a, 1 - b)."""
+    graph = Graph.from_model(gpt2)
+    a = EdgeMask.from_edges(graph, ["input->L0.H0.q", "L0.H1->L1.MLP", "L1.MLP->output"])
+    b = EdgeMask.from_edges(graph, ["L0.H1->L1.MLP", "L0.MLP->L1.H0.q"])
+    assert sorted((a | b).kept) == sorted(
+        ["input->L0.H0.q", "L0.H1->L1.MLP", "L1.MLP->output", "L0.MLP->L1.H0.q"]
+    )
+    assert (a & b).kept == ["L0.H1->L1.MLP"]
+    assert sorted((a - b).kept) == ["L1.MLP->output", "input->L0.H0.q"]
+    assert (b - a).kept == ["L0.MLP->L1.H0.q"]
+    soft_a, soft_b = torch.zeros(graph.n_edges), torch.zeros(graph.n_edges)
+    soft_a[:3], soft_b[:3] = torch.tensor([0.75, 1.0, 0.25]), torch.tensor([0.5, 1.0, 0.0])
+    soft = EdgeMask(graph, soft_a) - EdgeMask(graph, soft_b)
+    assert soft.weights[:3].tolist() == [0.5, 0.0, 0.25]
+    means = torch.zeros(graph.n_senders, graph.d_model)
+    mean_a = EdgeMask.from_edges(graph, ["input->L0.H0.q"], fill="mean", means=means)
+    assert (mean_a - mean_a).fill == "mean" and (mean_a - mean_a).means is means
+    with pytest.raises(InterventionError, match="corrupted fill - one with mean fill"):
+        a - mean_a  # noqa: B018
+    smaller = EdgeMask.full(Graph(1, graph.n_heads, graph.d_model))
+    with pytest.raises(InterventionError, match=r"two different graphs cannot be combined \(-\)"):
+        a - smaller  # noqa: B018
+
+
 @pytest.mark.parametrize("kind", ["gpt2-cls", "llama-lm"])
 def test_folded_head_weights_are_kept_until_a_weight_changes(checkpoints_loaded, kind):
     """A decoder's per-head inputs stack ``W_Q`` / ``W_K`` / ``W_V`` (with ``ln1``'s gain) once

@@ -10,9 +10,9 @@ from transformer_lens import HookedEncoder, HookedTransformer, HookedTransformer
 
 from mi_core.errors import InterventionError
 from mi_core.interventions import (
-    Ablation,
     ComponentMask,
     ComponentMeans,
+    Fill,
     ablate,
     compute_means,
     mask_hooks,
@@ -80,7 +80,7 @@ def test_all_ones_mask_changes_nothing(tiny):
     for skip in (True, False):  # with and without hooks on unmasked layers
         with ablate(model, ones, means, skip_unmasked=skip):
             assert torch.allclose(_forward(kind, model, tokens, mask), clean, atol=1e-6, rtol=0)
-        with ablate(model, ones, ablation="zero", skip_unmasked=skip):
+        with ablate(model, ones, fill="zero", skip_unmasked=skip):
             assert torch.allclose(_forward(kind, model, tokens, mask), clean, atol=1e-6, rtol=0)
 
 
@@ -104,7 +104,7 @@ def test_mlp_ablation_fills_hook_mlp_out(tiny):
         _, cache = _cache(kind, model, tokens, mask)
     out = cache["blocks.0.hook_mlp_out"]
     assert torch.equal(out, means.mlp_out[0].float().expand_as(out))
-    with ablate(model, ComponentMask.from_removed(model, "L0.MLP"), ablation="zero"):
+    with ablate(model, ComponentMask.from_removed(model, "L0.MLP"), fill="zero"):
         _, cache = _cache(kind, model, tokens, mask)
     assert torch.equal(cache["blocks.0.hook_mlp_out"], torch.zeros_like(out))
 
@@ -145,9 +145,9 @@ def test_zero_and_mean_ablation_differ(tiny):
     kind, model, tokens, mask, means = tiny
     component_mask = ComponentMask.from_removed(model, "L1.H0,L1.H1")
     clean = _forward(kind, model, tokens, mask)
-    with ablate(model, component_mask, means, Ablation.MEAN):
+    with ablate(model, component_mask, means, Fill.MEAN):
         mean_logits = _forward(kind, model, tokens, mask)
-    with ablate(model, component_mask, ablation="zero"):
+    with ablate(model, component_mask, fill="zero"):
         zero_logits = _forward(kind, model, tokens, mask)
     assert (mean_logits - zero_logits).abs().max() > 1e-3
     assert (mean_logits - clean).abs().max() > 1e-3
@@ -181,6 +181,27 @@ def test_gradients_reach_the_mask(tiny):
         assert log_alpha.grad is not None and (log_alpha.grad != 0).all()
 
 
+def test_every_unit_fill_option_offers_the_fills_ablate_takes():
+    """The ``fill`` options of the jobs that remove units (prune, eval, ablate, separability,
+    heuristic-core) offer ``UNIT_FILLS``: the values of :class:`Fill`, and the edge fills but
+    ``corrupted``."""
+    from mi_core.evaluation.config import EvalConfig
+    from mi_core.interventions.config import FILLS, UNIT_FILLS, AblationTableConfig
+    from mi_core.methods.separability.config import SeparabilityConfig
+    from mi_core.pruning.profiles import PruneConfig
+
+    assert UNIT_FILLS == tuple(f.value for f in Fill)
+    assert set(FILLS) - set(UNIT_FILLS) == {"corrupted"}
+    for config, names in (
+        (PruneConfig, ["fill"]),
+        (EvalConfig, ["fill"]),
+        (AblationTableConfig, ["fill"]),
+        (SeparabilityConfig, ["ff_fill", "attn_fill", "fill"]),
+    ):
+        for name in names:
+            assert config.__dataclass_fields__[name].metadata["choices"] == UNIT_FILLS
+
+
 def test_bad_inputs(tiny):
     _, model, _, _, means = tiny
     with pytest.raises(InterventionError, match="mean ablation needs means"):
@@ -188,7 +209,7 @@ def test_bad_inputs(tiny):
     wrong = ComponentMask(torch.ones(N_LAYERS + 1, N_HEADS), torch.ones(N_LAYERS + 1))
     with pytest.raises(InterventionError, match="does not fit a model with 3 layers x 4 heads"):
         ablate(model, wrong, means).__enter__()
-    with pytest.raises(InterventionError, match="unknown ablation 'resample'"):
+    with pytest.raises(InterventionError, match="unknown fill 'resample'"):
         ablate(model, ComponentMask.ones(model), means, "resample").__enter__()
     other = ComponentMeans(
         z=torch.zeros(N_LAYERS, N_HEADS, D_HEAD + 1),

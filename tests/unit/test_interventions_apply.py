@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
 import pytest
 import torch
 from helpers import random_tokens, tiny_model
 
 from mi_core.errors import InterventionError
 from mi_core.interventions import (
+    Component,
     ComponentMask,
     PruneMasks,
     Subnetwork,
@@ -15,8 +21,11 @@ from mi_core.interventions import (
     apply,
     compute_means,
     load_intervention,
+    register_kind,
 )
+from mi_core.interventions import kinds as intervention_kinds
 from mi_core.interventions.neurons import FORMAT
+from mi_core.io import read_safetensors, write_safetensors
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +43,7 @@ def _neurons(model) -> PruneMasks:
     ff[0, :5] = True
     attn = torch.zeros_like(masks.attn_step, dtype=torch.bool)
     attn[1, 2, :3] = True
-    masks.prune(1, ff=ff, attn=attn, ff_offset=torch.full(ff.shape, 0.25))
+    masks.prune(1, ff=ff, attn=attn, ff_fill=torch.full(ff.shape, 0.25))
     return masks
 
 
@@ -97,17 +106,57 @@ def test_mask_algebra_on_kept_components(setup):
 def test_neuron_mask_algebra_keeps_the_earlier_removal(setup):
     model, _, _ = setup
     a, b = PruneMasks.empty(model), PruneMasks.empty(model)
-    a.prune(1, ff=_row(a, [0, 1]), ff_offset=torch.full(a.ff_offset.shape, 1.0))
-    b.prune(2, ff=_row(b, [1, 2]), ff_offset=torch.full(b.ff_offset.shape, 2.0))
+    a.prune(1, ff=_row(a, [0, 1]), ff_fill=torch.full(a.ff_fill.shape, 1.0))
+    b.prune(2, ff=_row(b, [1, 2]), ff_fill=torch.full(b.ff_fill.shape, 2.0))
     union, both = a | b, a & b
-    assert (union.ff_step[0, :3].tolist(), union.ff_offset[0, :3].tolist()) == (
+    assert (union.ff_step[0, :3].tolist(), union.ff_fill[0, :3].tolist()) == (
         [0, 1, 0],
         [0.0, 1.0, 0.0],
     )  # kept by either: removed only where both remove it, at the earlier step
-    assert (both.ff_step[0, :3].tolist(), both.ff_offset[0, :3].tolist()) == (
+    assert (both.ff_step[0, :3].tolist(), both.ff_fill[0, :3].tolist()) == (
         [1, 1, 2],
         [1.0, 1.0, 2.0],
     )
+
+
+def test_neuron_mask_difference_keeps_what_only_the_first_keeps(setup):
+    """``a - b`` keeps the neurons ``a`` keeps and ``b`` removes; ``a``'s removals keep their step
+    and fill, a neuron both keep is removed one step after ``a``'s last, with a zero fill."""
+    model, _, _ = setup
+    a, b = PruneMasks.empty(model), PruneMasks.empty(model)
+    a.prune(1, ff=_row(a, [0, 1]), ff_fill=torch.full(a.ff_fill.shape, 1.0))
+    b.prune(2, ff=_row(b, [1, 2]), ff_fill=torch.full(b.ff_fill.shape, 2.0))
+    only_a = a - b  # a keeps 2, 3, ...; b removes 1, 2: only neuron 2 is kept
+    assert (only_a.ff_step[0, :4].tolist(), only_a.ff_fill[0, :4].tolist()) == (
+        [1, 1, 0, 2],
+        [1.0, 1.0, 0.0, 0.0],
+    )
+    assert only_a.n_ff_pruned == only_a.ff_step.numel() - 1
+    assert (only_a.attn_step == 2).all() and (only_a.attn_fill == 0).all()  # both keep them all
+    only_b = b - a  # b keeps 0, 3, ...; a removes 0, 1: only neuron 0 is kept
+    assert (only_b.ff_step[0, :4].tolist(), only_b.ff_fill[0, :4].tolist()) == (
+        [0, 2, 2, 3],
+        [0.0, 2.0, 2.0, 0.0],
+    )
+    other = PruneMasks(a.ff_step[:, :-1], a.attn_step, a.ff_fill[:, :-1], a.attn_fill)
+    with pytest.raises(InterventionError, match="different models"):
+        a - other  # noqa: B018
+
+
+def test_subnetwork_algebra_on_kept_components(setup):
+    model, _, means = setup  # 2 layers x 4 heads
+    a = ComponentMask.from_kept(model, "L0.H0,L0.H1,L1.MLP")
+    b = ComponentMask.from_kept(model, "L0.H1,L1.H3")
+    kept = lambda sub: sorted(map(str, sub.mask.complement().removed()))  # noqa: E731
+    for fill, fill_means in (("zero", None), ("mean", means)):
+        sub_a, sub_b = Subnetwork(a, fill, fill_means), Subnetwork(b, fill, fill_means)
+        assert kept(sub_a | sub_b) == ["L0.H0", "L0.H1", "L1.H3", "L1.MLP"]
+        assert kept(sub_a & sub_b) == ["L0.H1"]
+        assert kept(sub_a - sub_b) == ["L0.H0", "L1.MLP"]
+        assert kept(sub_b - sub_a) == ["L1.H3"]
+        assert all(c.same_fill(sub_a) for c in (sub_a | sub_b, sub_a & sub_b, sub_a - sub_b))
+    with pytest.raises(InterventionError, match="different fills"):
+        Subnetwork(a, "mean", means) - Subnetwork(b, "zero")  # noqa: B018
 
 
 def _row(masks: PruneMasks, neurons: list[int]) -> torch.Tensor:
@@ -136,15 +185,15 @@ def test_nested_mean_and_zero_ablation_of_one_component_is_refused(setup):
     other = ComponentMask.from_removed(model, "L1.H2")
     with ablate(model, head, means):
         with pytest.raises(InterventionError, match="L0.H1 already removed with the mean over"):
-            with ablate(model, head, ablation="zero"):
+            with ablate(model, head, fill="zero"):
                 model(tokens)  # never reached: the order of the two hooks would decide
         with ablate(model, head, means):  # the same fill nests
             same = model(tokens)
-        with ablate(model, other, ablation="zero"):  # another component: no conflict
+        with ablate(model, other, fill="zero"):  # another component: no conflict
             model(tokens)
     with ablate(model, head, means):
         assert torch.equal(model(tokens), same)
-    with ablate(model, head, ablation="zero"):  # once the mean ablation has ended
+    with ablate(model, head, fill="zero"):  # once the mean ablation has ended
         model(tokens)
     with pytest.raises(InterventionError, match="already removed"):
         with apply(model, Subnetwork(head, "mean", means), Subnetwork(head, "zero")):
@@ -159,6 +208,114 @@ def test_nested_mean_and_zero_ablation_of_one_component_is_refused(setup):
     with apply(model, Subnetwork(head, "mean", means), Subnetwork(head, "mean", again)):
         assert torch.equal(model(tokens), same)  # equal values nest
     assert not model.hook_dict["blocks.0.attn.hook_z"].fwd_hooks  # nothing left behind
+
+
+@dataclass
+class _ZeroHead:
+    """A kind of intervention mi_core does not define: one head's output set to zero."""
+
+    layer: int
+    head: int
+    hook_position: ClassVar[str] = "first"
+
+    def hooks(self, model) -> list:
+        def hook(z, hook):
+            z = z.clone()
+            z[:, :, self.head] = 0
+            return z
+
+        return [(f"blocks.{self.layer}.attn.hook_z", hook)]
+
+    def claims(self, model) -> dict:
+        return {Component(self.layer, self.head): "zero"}
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        return write_safetensors(
+            path, {"at": torch.tensor([self.layer, self.head])}, {"kind": "tests.ZeroHead"}
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> _ZeroHead:
+        layer, head = read_safetensors(path)[0]["at"].tolist()
+        return cls(layer, head)
+
+
+@pytest.fixture
+def own_registry(monkeypatch):
+    """The registry of kinds as it is, restored after the test."""
+    monkeypatch.setattr(intervention_kinds, "_LOADERS", dict(intervention_kinds._LOADERS))
+
+
+def test_a_registered_kind_loads_through_load_intervention(setup, tmp_path, own_registry):
+    model, tokens, _ = setup
+    path = _ZeroHead(0, 1).save(tmp_path / "zero_head.safetensors")
+    with pytest.raises(InterventionError, match="no intervention mi_core knows .*'tests.ZeroHead'"):
+        load_intervention(path)
+    register_kind("tests.ZeroHead", _ZeroHead.load)
+    register_kind("tests.ZeroHead", _ZeroHead.load)  # the same loader again: nothing changes
+    loaded = load_intervention(path)
+    assert loaded == _ZeroHead(0, 1)
+    with apply(model, Subnetwork(ComponentMask.from_removed(model, "L0.H1"), "zero")):
+        expected = model(tokens)
+    with apply(model, loaded):
+        assert torch.equal(model(tokens), expected)
+    with pytest.raises(InterventionError, match="'tests.ZeroHead' is already registered"):
+        register_kind("tests.ZeroHead", Subnetwork.load)
+    assert isinstance(load_intervention(path), _ZeroHead)  # the first registration holds
+
+
+def test_apply_checks_the_claims_every_kind_declares(setup):
+    """A kind mi_core does not define claims the head it removes: one head removed with the
+    mean by a subnetwork and with zero by it is refused, in one call or nested; zero with
+    zero nests."""
+    model, tokens, means = setup
+    head = ComponentMask.from_removed(model, "L0.H1")
+    with pytest.raises(InterventionError, match="L0.H1 already removed with the mean over"):
+        with apply(model, Subnetwork(head, "mean", means), _ZeroHead(0, 1)):
+            model(tokens)  # never reached
+    with ablate(model, head, means), pytest.raises(InterventionError, match="already removed"):
+        with apply(model, _ZeroHead(0, 1)):
+            model(tokens)  # never reached
+    with apply(model, _ZeroHead(0, 1)), pytest.raises(InterventionError, match="L0.H1 already"):
+        with apply(model, Subnetwork(head, "mean", means)):
+            model(tokens)  # never reached
+    with apply(model, Subnetwork(head, "zero"), _ZeroHead(0, 1)):
+        model(tokens)
+    with apply(model, _ZeroHead(0, 2), Subnetwork(head, "mean", means)):  # another head
+        model(tokens)
+    assert not model.hook_dict["blocks.0.attn.hook_z"].fwd_hooks  # nothing left behind
+
+
+def test_apply_places_hooks_where_each_kind_declares(setup):
+    """``hook_position`` ``first`` puts a kind's hooks before a hook already on the model,
+    ``last`` after it, whatever the kind."""
+    model, tokens, _ = setup
+    order: list[str] = []
+
+    @dataclass
+    class Noting(_ZeroHead):
+        def hooks(self, model) -> list:
+            return [("blocks.0.attn.hook_z", lambda z, hook: order.append("intervention"))]
+
+    @dataclass
+    class NotingLast(Noting):
+        hook_position: ClassVar[str] = "last"
+
+    @dataclass
+    class Nowhere(Noting):
+        hook_position: ClassVar[str] = "middle"
+
+    user = ("blocks.0.attn.hook_z", lambda z, hook: order.append("user"))
+    with model.hooks(fwd_hooks=[user]):
+        for kind, expected in ((Noting, ["intervention", "user"]),
+                               (NotingLast, ["user", "intervention"])):  # fmt: skip
+            order.clear()
+            with apply(model, kind(0, 3)):
+                model(tokens)
+            assert order == expected, kind.__name__
+        with pytest.raises(InterventionError, match="hook_position is 'middle'"):
+            with apply(model, Nowhere(0, 3)):
+                model(tokens)  # never reached
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -47,19 +47,19 @@ def classifier(request, tiny_checkpoints):
     return model, data, batches, means
 
 
-@pytest.mark.parametrize("ablation", ["mean", "zero"])
-def test_cached_prefix_equals_naive_loop(classifier, ablation):
+@pytest.mark.parametrize("fill", ["mean", "zero"])
+def test_cached_prefix_equals_naive_loop(classifier, fill):
     model, _, batches, means = classifier
     heads = all_heads(model)
     joints = [parse_head_set("L0.H1+L2.H3", model), parse_head_set("L1.H0+L1.H2+L2.H1", model)]
-    naive = naive_ablation_logits(model, batches, heads, joints, means, ablation)
-    fast = ablation_logits(model, batches, heads, joints, means, ablation)
+    naive = naive_ablation_logits(model, batches, heads, joints, means, fill)
+    fast = ablation_logits(model, batches, heads, joints, means, fill)
     assert fast.max_abs_diff(naive) <= 1e-5
     # the comparison means something: every ablation moves the logits
     for values in list(fast.singles.values()) + list(fast.joints.values()):
         assert (values - fast.full).abs().max() > 1e-4
-    if ablation == "mean":  # one head per stacked chunk gives the same numbers
-        one_by_one = ablation_logits(model, batches, heads, [], means, ablation, max_tokens=1)
+    if fill == "mean":  # one head per stacked chunk gives the same numbers
+        one_by_one = ablation_logits(model, batches, heads, [], means, fill, max_tokens=1)
         assert (
             max(float((one_by_one.singles[h] - naive.singles[h]).abs().max()) for h in heads)
             <= 1e-5

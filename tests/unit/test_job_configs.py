@@ -221,14 +221,16 @@ def test_flags_override_a_config_files_shorthand_and_switch_its_booleans_off(tmp
     from mi_core.cli.separability import config_from_args
 
     path = tmp_path / "sep.json"
-    path.write_text(json.dumps({"scoring": "abs", "random_baseline": True, "model": "m",
-                                "focus": "f", "cripple": "c"}))  # fmt: skip
+    path.write_text(json.dumps({"scoring": "abs", "fill": "mean", "random_baseline": True,
+                                "model": "m", "focus": "f", "cripple": "c"}))  # fmt: skip
     parser = build_parser()
     base = ["separability", "--config", str(path), "--out", "o"]
-    config = config_from_args(parser.parse_args([*base, "--ff-scoring", "freq", "--no-random"]))
+    config = config_from_args(parser.parse_args([*base, "--ff-scoring", "freq", "--no-random",
+                                                 "--attn-fill", "zero"]))  # fmt: skip
     assert (config.ff_scoring, config.attn_scoring, config.random_baseline) == (
         "freq", "abs", False,
     )  # fmt: skip
+    assert (config.ff_fill, config.attn_fill) == ("mean", "zero")  # the file's fill, overridden
     assert config_from_args(parser.parse_args(base)).random_baseline is True
     # heuristic-core --checkpoint with a shipped config (which fine-tunes): start from it
     args = ["heuristic-core", "--config", "minilm-mnli-quick", "--out", "o", "--checkpoint", "c"]
@@ -266,3 +268,50 @@ def test_values_that_ran_and_reported_nonsense_are_refused():
         AblationTableConfig(model="m", heads=" ", data=["d"], out="t.csv").validate()
     with pytest.raises(ConfigError, match="no checkpoint step given"):
         parse_checkpoint_steps(",")
+
+
+def test_bounds_declared_on_fields_are_checked_by_the_one_validator():
+    """A field's bounds live on the field (option(gt=..., lt=...)) and Config.validate checks
+    them, with the value's type and finiteness; PruneConfig keeps no hand-written copy."""
+    import dataclasses
+    import inspect
+
+    from mi_core.config import Config, option
+    from mi_core.errors import ConfigError
+    from mi_core.pruning import PruneConfig, make_prune_config
+
+    @dataclasses.dataclass(frozen=True)
+    class Job(Config):
+        fraction: float = option(0.5, gt=0.0, lt=1.0)
+        steps: int = option(10, gt=0)
+        decay: float = option(0.0, ge=0.0, lt=1.0)
+        maybe: int | None = option(None, ge=1)
+        scale: float = 1.0
+
+    assert isinstance(Job(scale=2).scale, float) and Job(maybe=None).maybe is None
+    for changes, says in [
+        ({"fraction": 1.0}, "fraction must lie strictly between 0 and 1, got 1.0"),
+        ({"fraction": 0}, "fraction must lie strictly between 0 and 1, got 0"),
+        ({"steps": 0}, "steps must be positive, got 0"),
+        ({"steps": 2.5}, "steps must be an integer, got 2.5"),
+        ({"steps": True}, "steps must be an integer, got True"),
+        ({"decay": 1.0}, r"decay must lie in \[0, 1\), got 1.0"),
+        ({"maybe": 0}, "maybe must be at least 1, got 0"),
+        ({"scale": float("nan")}, "scale must be finite, got nan"),
+        ({"scale": "2"}, "scale must be a number, got '2'"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            Job(**changes)
+    cfg = make_prune_config("quick", 0.5, 1)
+    for changes, says in [
+        ({"target_sparsity": 1.0}, "target_sparsity must lie strictly between 0 and 1"),
+        ({"steps": 0}, "steps must be positive"),
+        ({"seed": -1}, "seed must be non-negative"),
+        ({"eval_every": -1}, "eval_every must be non-negative"),
+        ({"weight_decay": 1.0}, r"weight_decay must lie in \[0, 1\)"),
+        ({"warmup_steps": cfg.steps + 1}, r"warmup_steps must lie in \[0, steps="),
+        ({"dropout": 1}, "dropout must be true or false"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            cfg.replace(**changes)
+    assert "must be positive" not in inspect.getsource(PruneConfig.validate)

@@ -314,7 +314,7 @@ def test_paper_profile():
     assert (cfg.warmup_steps, cfg.steps) == (9000, 9300)
     assert cfg.effective_batch_size == 128
     assert (cfg.lr_log_alpha, cfg.lr_lambda, cfg.max_length) == (0.1, 1.0, 128)
-    assert (cfg.sparsity_weighting, cfg.ablation) == ("components", "mean")
+    assert (cfg.sparsity_weighting, cfg.fill) == ("components", "mean")
     assert make_prune_config("paper", 0.7, 1).warmup_steps == 10000
 
 
@@ -341,7 +341,7 @@ def test_quick_profile_and_steps_override_scales_warmup():
         (0.5, {"lr_log_alpha": 0.0}),
         (0.5, {"batch_size": 0}),
         (0.5, {"sparsity_weighting": "flops"}),
-        (0.5, {"ablation": "resample"}),
+        (0.5, {"fill": "resample"}),
         (0.5, {"steps": 10.5}),
         (0.5, {"no_such_option": 1}),
     ],
@@ -357,7 +357,7 @@ def test_unknown_profile_raises():
 
 
 def test_config_json_round_trip():
-    cfg = make_prune_config("quick", 0.3, 7, sparsity_weighting="params", ablation="zero")
+    cfg = make_prune_config("quick", 0.3, 7, sparsity_weighting="params", fill="zero")
     data = json.loads(json.dumps(cfg.to_dict()))
     assert PruneConfig.from_dict(data) == cfg
     data["lr_lambda"] = 1  # JSON ints for float fields are accepted

@@ -348,7 +348,7 @@ def test_a_schedule_too_short_to_move_the_gates_is_named_before_the_run(tiny, tr
     steps = []
     with caplog.at_level("WARNING", logger="mi_core.pruning.run"):
         prune(tiny, train.subset(list(range(8))), None,
-              make_prune_config("quick", 0.5, seed=1, steps=2, batch_size=4, ablation="zero"),
+              make_prune_config("quick", 0.5, seed=1, steps=2, batch_size=4, fill="zero"),
               progress=False, callback=lambda state, row: steps.append(row["step"]))  # fmt: skip
     warned = [r for r in caplog.records if "cannot reach its target" in r.getMessage()]
     assert len(warned) == 1 and steps  # one warning, then the steps

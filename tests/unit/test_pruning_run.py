@@ -143,17 +143,23 @@ def test_pruning_meets_the_target_and_beats_random_masks(tiny, train, means, tmp
     assert learnt < sum(random_kls) / len(random_kls)
 
 
+def _kill_at(kill_step: int):
+    """A step callback that stops the run like Ctrl-C after step ``kill_step``."""
+
+    def callback(step, row):
+        if step == kill_step:
+            raise KeyboardInterrupt
+
+    return callback
+
+
 def test_interrupted_run_resumes_to_the_same_mask(tiny, train, means, tmp_path):
     cfg = quick(0.5, seed=7, steps=12, lr_log_alpha=0.5, checkpoint_every=4)
     whole = prune_run(tiny, train, tmp_path / "whole", cfg, means=means, progress=False)
 
-    def kill_at_step_9(step, row):
-        if step == 9:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
         prune_run(
-            tiny, train, tmp_path / "cut", cfg, means=means, progress=False, callback=kill_at_step_9
+            tiny, train, tmp_path / "cut", cfg, means=means, progress=False, callback=_kill_at(9)
         )
     cut = tmp_path / "cut"
     assert not (cut / "metrics.json").exists()
@@ -201,12 +207,8 @@ def test_a_checkpoint_of_an_older_mi_core_is_refused(tiny, train, means, tmp_pat
 
     cfg = quick(0.5, seed=7, steps=8, checkpoint_every=4)
 
-    def kill_at_step_5(step, row):
-        if step == 5:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        prune_run(tiny, train, tmp_path, cfg, means=means, progress=False, callback=kill_at_step_5)
+        prune_run(tiny, train, tmp_path, cfg, means=means, progress=False, callback=_kill_at(5))
     checkpoint = tmp_path / "checkpoint.safetensors"
     tensors, metadata = read_safetensors(checkpoint)
     state = json.loads(metadata["state"])
@@ -238,12 +240,27 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
 
 
 def test_zero_ablation_needs_no_means_and_params_weighting(tiny, train, tmp_path):
-    cfg = quick(0.3, steps=4, ablation="zero", sparsity_weighting="params")
+    cfg = quick(0.3, steps=4, fill="zero", sparsity_weighting="params")
     result = prune_run(tiny, train, tmp_path / "z", cfg, eval_sets=[train.head(16)], progress=False)
     assert result.metrics["achieved_sparsity_by_weight"] is not None
     assert 0 <= result.accuracy[train.name] <= 1
     with pytest.raises(ConfigError, match="needs --means"):
         prune_run(tiny, train, tmp_path / "m", quick(), progress=False)
+
+
+def test_a_run_folder_that_records_the_fill_as_ablation_is_refused(tiny, train, tmp_path):
+    """The fill was recorded as ``ablation`` before it was named ``fill``: such a run folder
+    lacks a field of today's PruneConfig and is refused in one line, not resumed."""
+    from mi_core.io import write_json
+
+    cfg = quick(0.3, steps=2, checkpoint_every=2, fill="zero")
+    prune_run(tiny, train, tmp_path, cfg, progress=False)
+    saved = read_json(tmp_path / "config.json")
+    saved["prune"]["ablation"] = saved["prune"].pop("fill")  # as an older mi_core wrote it
+    write_json(tmp_path / "config.json", saved)
+    older = r"older mi_core \(it records no fill\): delete .* and run it again"
+    with pytest.raises(ConfigError, match=older):
+        prune_run(tiny, train, tmp_path, cfg, progress=False)
 
 
 # ------------------------------------------------------------------------------------- CLI
@@ -296,14 +313,8 @@ def test_cli_prune_writes_every_file_and_reports(
     assert set(metrics["full_accuracy"]) == set(metrics["accuracy"])
     assert metrics["n_removed"] == round(0.5 * 15)
     log = pd.read_csv(out / "log.csv")
-    assert list(log.columns[:6]) == [
-        "step",
-        "loss",
-        "kl",
-        "penalty",
-        "expected_sparsity",
-        "target_sparsity",
-    ]
+    first = ["step", "loss", "kl", "penalty", "expected_sparsity", "target_sparsity"]
+    assert list(log.columns[:6]) == first
     assert {"lambda_1", "lambda_2"} <= set(log.columns) and len(log) == 6
     config = read_json(out / "config.json")
     assert config["prune"]["steps"] == 6 and config["prune"]["warmup_steps"] == round(6 * 90 / 93)
@@ -546,6 +557,12 @@ def test_prune_takes_loaded_objects_and_prune_run_takes_paths(tiny, train, means
     assert recorded["means_path"] == str(means_path) and run.run_dir == tmp_path / "run"
     again = prune(tiny, train, means, cfg, out=tmp_path / "run", progress=False)
     assert again.already_complete and again.mask == run.mask  # loaded means: the same run
+    # means loaded from a file (as the experiment's stages share them) still name the file
+    from mi_core.interventions import load_means
+
+    prune_run(tiny, train, tmp_path / "loaded", cfg, means=load_means(means_path, tiny),
+              progress=False)  # fmt: skip
+    assert read_json(tmp_path / "loaded" / "config.json")["means_path"] == str(means_path)
 
 
 def test_a_run_shows_its_progress_where_stderr_is_no_terminal(tiny, train, means, capsys):

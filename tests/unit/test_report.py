@@ -31,16 +31,15 @@ from mi_core.methods.heuristic_core.attention import (
 )
 from mi_core.methods.heuristic_core.comparison import compare_subnetworks, write_comparison
 from mi_core.methods.heuristic_core.report import (
-    _split_circuitsvis,
     build_report,
     display_name,
-    markdown_table,
     render_report,
     write_report,
 )
 from mi_core.methods.heuristic_core.results import ExperimentTables
 from mi_core.pruning.sweeps import load_sweep
 from mi_core.viz.attention_html import attention_view_fragment
+from mi_core.viz.page import _split_circuitsvis, markdown_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -233,7 +232,7 @@ def test_core_ablation_table_with_joint_and_superadditivity_rows(tiny, hans, tmp
     datasets = [load_pairs("mnli:validation_matched", max_examples=12), hans]
     heads = ["L0.H0", "L1.H2", "L2.H3", "L2.H0"]
     table = run_core_ablation(
-        tiny, datasets, heads, ["core", "top3"], ablation="zero", batch_size=8, out=tmp_path
+        tiny, datasets, heads, ["core", "top3"], fill="zero", batch_size=8, out=tmp_path
     )
     frame = pd.read_csv(tmp_path / "ablation_table.csv")
     assert (
@@ -289,7 +288,7 @@ def test_report_from_a_finished_directory_is_self_contained(sweep, tiny, hans, t
     (root / "attention").mkdir()
     table.to_csv(root / "attention" / "attention_classes.csv", index=False)
     write_views(attention_views(tiny, hans, heads, n_views=2), root / "attention")
-    run_core_ablation(tiny, [hans], heads, ["core"], ablation="zero", out=root / "ablation")
+    run_core_ablation(tiny, [hans], heads, ["core"], fill="zero", out=root / "ablation")
     html_path, md_path = write_report(root)
     page = html_path.read_text()
     assert not re.search(r"<script[^>]*\bsrc\s*=", page)  # nothing loaded from anywhere

@@ -205,8 +205,8 @@ def test_statistics_see_the_pruned_model_when_masks_are_given(decoder):
     ff[0, :5] = True
     attn = torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_head, dtype=torch.bool)
     attn[1, 2, :3] = True
-    offsets = torch.full((cfg.n_layers, cfg.n_heads, cfg.d_head), 0.75)
-    masks.prune(1, ff, attn, attn_offset=offsets)
+    fills = torch.full((cfg.n_layers, cfg.n_heads, cfg.d_head), 0.75)
+    masks.prune(1, ff, attn, attn_fill=fills)
     stats = collect_activation_stats(decoder, random_tokens(3, 8), fwd_hooks=masks.hooks(decoder))
     assert stats.mlp.mean_abs[0, :5].abs().max() == 0 and stats.mlp.mean_abs[0, 5:].min() > 0
     torch.testing.assert_close(

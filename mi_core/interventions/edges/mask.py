@@ -12,6 +12,9 @@ every intervention::
     with apply(model, mask.patching(model, corrupted_ids)):
         logits = model(clean_ids)
 
+Masks of one graph and fill combine on their *kept* edges: ``a | b`` keeps what either keeps,
+``a & b`` what both keep, ``a - b`` what ``a`` keeps and ``b`` does not.
+
 The forward a mask's hooks run is :mod:`mi_core.interventions.edges._engine` (fused, exact);
 :mod:`mi_core.interventions.edges.reference` states the same forward plainly.
 """
@@ -21,10 +24,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -41,7 +44,8 @@ from mi_core.interventions.edges.graph import (
     top_k_order,
 )
 from mi_core.interventions.edges.recording import node_outputs
-from mi_core.io import read_json, read_safetensors, write_safetensors
+from mi_core.interventions.kinds import read_kind, register_kind
+from mi_core.io import read_json, write_safetensors
 from mi_core.models.hook_context import hooked
 
 if TYPE_CHECKING:
@@ -92,6 +96,10 @@ class EdgeMask:
     fill: str = "corrupted"
     means: Float[torch.Tensor, "sender d_model"] | None = None
     corrupted: NodeOutputs | None = field(default=None, repr=False)
+
+    #: Its hooks act after every hook already on the model: it reads each sender's output and
+    #: the residual stream as the model (and the interventions acting first) computed them.
+    hook_position: ClassVar[str] = "last"
 
     def __post_init__(self) -> None:
         if self.fill not in FILLS:
@@ -144,14 +152,9 @@ class EdgeMask:
 
     @classmethod
     def greedy(
-        cls,
-        graph: Graph,
-        scores: Float[torch.Tensor, " edge"],
-        k: int,
-        fill: str = "corrupted",
-        absolute: bool = True,
-        **kwargs: Any,
-    ) -> EdgeMask:
+        cls, graph: Graph, scores: Float[torch.Tensor, " edge"], k: int, fill: str = "corrupted",
+        absolute: bool = True, **kwargs: Any,
+    ) -> EdgeMask:  # fmt: skip
         """Grow a connected circuit of ``k`` edges backwards from the output.
 
         Start with the output node; repeatedly keep the highest-scoring edge (``|score|`` if
@@ -220,6 +223,12 @@ class EdgeMask:
         self._check_combinable(other, "&")
         return replace(self, weights=torch.minimum(self.weights, other.weights))
 
+    def __sub__(self, other: EdgeMask) -> EdgeMask:
+        """The edges this mask keeps and ``other`` does not (the same graph and fill; this
+        mask's binding): ``min(a, 1 - b)`` per edge."""
+        self._check_combinable(other, "-")
+        return replace(self, weights=torch.minimum(self.weights, 1.0 - other.weights))
+
     def _check_combinable(self, other: EdgeMask, op: str) -> None:
         if not isinstance(other, EdgeMask):
             raise InterventionError(f"an edge mask {op} {type(other).__name__}: give an EdgeMask")
@@ -255,6 +264,10 @@ class EdgeMask:
         """
         return masked_hooks(model, self)
 
+    def claims(self, model: HookedModel) -> dict[Hashable, str]:
+        """None: a second edge mask is refused whole, by :meth:`prepare`."""
+        return {}
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write weights, fill and (for ``mean``) means as one safetensors file.
 
@@ -277,18 +290,7 @@ class EdgeMask:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> EdgeMask:
         """Read an edge mask written by :meth:`save`."""
-
-        try:
-            tensors, metadata = read_safetensors(path)
-        except FileNotFoundError:
-            raise InterventionError(f"no edge mask file at {path}") from None
-        if metadata.get("kind") != EDGE_MASK_KIND:
-            raise InterventionError(f"{path} is not an edge mask (kind {metadata.get('kind')!r})")
-        if metadata.get("format_version") != _FORMAT_VERSION:
-            raise InterventionError(
-                f"{path}: edge-mask format {metadata.get('format_version')!r} is not "
-                f"{_FORMAT_VERSION!r}; upgrade mi_core"
-            )
+        tensors, metadata = read_kind(path, EDGE_MASK_KIND, "edge mask", _FORMAT_VERSION)
         graph = Graph(**json.loads(metadata["graph"]))
         return cls(graph, tensors["weights"], metadata["fill"], tensors.get("means"))
 
@@ -310,6 +312,9 @@ class EdgeMask:
         if from_mib:
             names = [from_mib_name(name) for name in names]
         return cls.from_edges(graph, names, fill, **kwargs)
+
+
+register_kind(EDGE_MASK_KIND, EdgeMask.load)
 
 
 def graph_error(

@@ -73,7 +73,7 @@ def run_core_ablation(
     joint_sets: Sequence[Any] = ("core", "top3"),
     *,
     means: Any = None,
-    ablation: str = "mean",
+    fill: str = "mean",
     others: bool = True,
     batch_size: int = 64,
     out: str | os.PathLike[str] | None = None,
@@ -89,7 +89,7 @@ def run_core_ablation(
     """
     if not heads:
         raise ConfigError("no heads to ablate")
-    run = dict(means=means, ablation=ablation, batch_size=batch_size, progress=progress)
+    run = dict(means=means, fill=fill, batch_size=batch_size, progress=progress)
     fixed = [e for e in joint_sets if e != "top3"]
     first_joints = resolve_joint_sets(fixed, heads)
     table = ablation_table(
@@ -121,7 +121,7 @@ def run_core_ablation(
         joints = "; ".join(head_set_name(s) for s in table.joints) or "none"
         write_text(
             out / ABLATION_FILES["note"],
-            f"Ablated heads: {_WHY.get(heads_chosen_as, heads_chosen_as)}. Ablation: {ablation}. "
+            f"Ablated heads: {_WHY.get(heads_chosen_as, heads_chosen_as)}. Fill: {fill}. "
             f"Joint sets: {joints}.\n",
         )
     return table

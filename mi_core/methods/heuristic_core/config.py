@@ -37,7 +37,7 @@ from typing import Any
 from mi_core.config import Config, option, read_config_json, resolve_shipped, shipped_names
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
-from mi_core.interventions.config import FILLS, MeansSettings
+from mi_core.interventions.config import FILLS, UNIT_FILLS, MeansSettings
 from mi_core.pruning.jobs import SweepExecution
 from mi_core.pruning.profiles import (
     PROFILES,
@@ -296,7 +296,8 @@ class AblationSettings(Config):
 
     joint_sets: list[Any] = field(default_factory=lambda: ["core", "top3"])
     """Each entry ``"core"``, ``"top3"`` or a list of head labels, e.g. ``["L2.H5", "L4.H0"]``."""
-    ablation: str = "mean"
+    fill: str = "mean"
+    """What replaces an ablated head: its mean activation (``means``) or zero."""
     others: bool = True
     """Also ablate every other head, for the ``Avg. (others)`` row (one ablation per head)."""
     max_examples: int | None = None
@@ -304,8 +305,8 @@ class AblationSettings(Config):
     batch_size: int = 64
 
     def validate(self) -> None:
-        if self.ablation not in ("mean", "zero"):
-            raise ConfigError(f"ablation.ablation must be mean or zero, got {self.ablation!r}")
+        if self.fill not in UNIT_FILLS:
+            raise ConfigError(f"ablation.fill must be mean or zero, got {self.fill!r}")
         for entry in self.joint_sets:
             if isinstance(entry, str):
                 if entry not in JOINT_SET_NAMES:

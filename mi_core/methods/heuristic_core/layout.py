@@ -15,7 +15,25 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ABLATION_FILES", "EFFECTIVE_SIZE_FILES", "ExperimentLayout"]
+__all__ = ["ABLATION_FILES", "EFFECTIVE_SIZE_FILES", "STAGES", "ExperimentLayout"]
+
+#: The stages, in the order they run; each leaves ``stages/<name>.json`` when it finishes.
+#: :data:`~.stages.STAGE_SPECS` describes each, in this order; the names live here, with the
+#: files, because the report orders them and the report stage's run function imports the
+#: report (the table importing it back would be a cycle).
+STAGES: tuple[str, ...] = (
+    "finetune",
+    "means",
+    "sweep",
+    "analysis",
+    "attention",
+    "ablation",
+    "effective_size",
+    "grid",
+    "core_before",
+    "core_edges",
+    "report",
+)
 
 #: The ablation stage's files (``run_core_ablation``).
 ABLATION_FILES = {

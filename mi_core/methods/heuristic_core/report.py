@@ -1,23 +1,19 @@
 """The experiment report: one self-contained HTML page, a Markdown twin, tables as CSV.
 
 :func:`write_report` reads only files under the report directory (the stages' CSV and JSON
-outputs), so it can be re-run, or run on a directory built by hand or in a notebook. The HTML
-page works offline: plotly.js is included once in the page (every figure is a ``div`` that
-uses it) and the circuitsvis attention views are inlined with their JavaScript bundle, also
-once. Figures follow the paper: 2 (in-domain vs out-of-domain accuracy per subnetwork),
-3 (per-subcase accuracy per subnetwork), 4 (accuracy vs sparsity), 5 (head frequency heatmap),
-6 (accuracy and effective size over training), 7/8 (attention views) and 9 (attention classes);
-the ablation table is Table 3/4.
+outputs), so it can be re-run, or run on a directory built by hand or in a notebook. The
+sections are rendered by :mod:`mi_core.viz.page`: the HTML page works offline (plotly.js is
+included once in the page, every figure is a ``div`` that uses it, and the circuitsvis
+attention views are inlined with their JavaScript bundle, also once). Figures follow the
+paper: 2 (in-domain vs out-of-domain accuracy per subnetwork), 3 (per-subcase accuracy per
+subnetwork), 4 (accuracy vs sparsity), 5 (head frequency heatmap), 6 (accuracy and effective
+size over training), 7/8 (attention views) and 9 (attention classes); the ablation table is
+Table 3/4.
 """
 
 from __future__ import annotations
 
-import html
-import math
 import os
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,226 +22,11 @@ import pandas as pd
 from mi_core.data.pairs import display_name
 from mi_core.io import write_csv, write_text
 from mi_core.methods.heuristic_core.comparison import COMPARISON_FILES
-from mi_core.methods.heuristic_core.layout import ExperimentLayout
+from mi_core.methods.heuristic_core.layout import STAGES, ExperimentLayout
 from mi_core.methods.heuristic_core.results import ExperimentTables
-from mi_core.methods.heuristic_core.stages import STAGES
+from mi_core.viz.page import ReportSection, format_value, render_html, render_markdown
 
-__all__ = ["ReportSection", "build_report", "display_name", "markdown_table", "write_report"]
-
-_FIGURE_HEIGHT = "460px"
-_CSS = """
-body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Helvetica, Arial, sans-serif;
-       max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
-h1 { border-bottom: 2px solid #ddd; padding-bottom: .3em; }
-h2 { border-bottom: 1px solid #eee; padding-bottom: .2em; margin-top: 2em; }
-table.data { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-table.data th, table.data td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-table.data th { background: #f4f4f4; }
-table.data td:first-child, table.data th:first-child { text-align: left; }
-table.data td.text, table.data th.text { text-align: left; }
-.note { color: #555; font-size: 0.92em; }
-.view { border: 1px solid #eee; padding: .5em; margin: 1em 0; }
-code { background: #f4f4f4; padding: 0 3px; }
-"""
-
-
-# ------------------------------------------------------------------------------- tables
-def _format(value: Any, digits: int) -> str:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return ""
-        if value != 0 and (abs(value) < 10 ** (-digits) or abs(value) >= 1e6):
-            return f"{value:.2e}"
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-_COUNT_PREFIXES = ("n_", "count_", "mlps_", "seed", "step", "layer", "head")
-
-
-def _cells(frame: pd.DataFrame, digits: int) -> list[list[str]]:
-    """Formatted cells; count-like columns (``n_*``, ``count_*``, ``seed`` ...) as integers."""
-    counts = [str(c).startswith(_COUNT_PREFIXES) for c in frame.columns]
-    rows = []
-    for row in frame.to_numpy():
-        cells = []
-        for value, is_count in zip(row, counts, strict=True):
-            if is_count and isinstance(value, float) and value.is_integer():
-                value = int(value)
-            cells.append(_format(value, digits))
-        rows.append(cells)
-    return rows
-
-
-def markdown_table(frame: pd.DataFrame, digits: int = 4) -> str:
-    """A pipe table of ``frame`` (no index), floats with ``digits`` decimals."""
-    if frame.empty:
-        return "_(empty)_\n"
-    cells = [[v.replace("|", "\\|") for v in row] for row in _cells(frame, digits)]
-    header = [str(c).replace("|", "\\|") for c in frame.columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in cells]
-    return "\n".join(lines) + "\n"
-
-
-def _html_table(frame: pd.DataFrame, digits: int = 4) -> str:
-    if frame.empty:
-        return '<p class="note">(empty)</p>'
-    # prose columns (findings, verdicts, head lists) read left-aligned, numbers right-aligned
-    text = [not pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-    attrs = [' class="text"' if t else "" for t in text]
-    head = "".join(
-        f"<th{a}>{html.escape(str(c))}</th>" for c, a in zip(frame.columns, attrs, strict=True)
-    )
-    body = "".join(
-        "<tr>"
-        + "".join(f"<td{a}>{html.escape(v)}</td>" for v, a in zip(row, attrs, strict=True))
-        + "</tr>"
-        for row in _cells(frame, digits)
-    )
-    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-# ------------------------------------------------------------------------------ sections
-@dataclass
-class ReportSection:
-    """One section: Markdown/HTML text blocks, tables and figures, in order."""
-
-    title: str
-    blocks: list[tuple[str, Any]] = field(default_factory=list)
-
-    def text(self, markdown: str) -> ReportSection:
-        self.blocks.append(("text", markdown))
-        return self
-
-    def table(self, frame: pd.DataFrame, caption: str = "", digits: int = 4) -> ReportSection:
-        self.blocks.append(("table", (frame, caption, digits)))
-        return self
-
-    def figure(self, fig: Any, caption: str = "") -> ReportSection:
-        self.blocks.append(("figure", (fig, caption)))
-        return self
-
-    def view(self, fragment: str, caption: str = "") -> ReportSection:
-        self.blocks.append(("view", (fragment, caption)))
-        return self
-
-
-def _inline_markdown(text: str) -> str:
-    """Escape, then render `code` and **bold** (enough for the report's own sentences)."""
-    out = html.escape(text)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
-
-
-def _markdown_block_to_html(text: str) -> str:
-    parts, items = [], []
-    for line in text.strip().splitlines():
-        if line.startswith("- "):
-            items.append(f"<li>{_inline_markdown(line[2:])}</li>")
-            continue
-        if items:
-            parts.append("<ul>" + "".join(items) + "</ul>")
-            items = []
-        if line.strip():
-            parts.append(f"<p>{_inline_markdown(line)}</p>")
-    if items:
-        parts.append("<ul>" + "".join(items) + "</ul>")
-    return "\n".join(parts)
-
-
-_RENDER_CALL = "CircuitsVis.render("
-_MODULE_TAG = re.compile(r"<script[^>]*>")
-_SELF_CLOSING_DIV = re.compile(r"^\s*<div ([^>]*?)\s*/>")
-
-
-def _split_circuitsvis(fragment: str) -> tuple[str, str] | None:
-    """``(bundle JavaScript, view HTML without the bundle)`` of a circuitsvis fragment, or None
-    when it does not have the expected shape (then the fragment is inlined whole)."""
-    tag = _MODULE_TAG.search(fragment)
-    cut = fragment.rfind(_RENDER_CALL)
-    end = fragment.rfind("</script>")
-    if tag is None or not tag.end() < cut < end:
-        return None
-    div = _SELF_CLOSING_DIV.sub(r"<div \1></div>", fragment[: tag.start()])
-    return fragment[tag.end() : cut], f'{div}<script type="module">{fragment[cut:end]}</script>'
-
-
-def _render_html(title: str, sections: Sequence[ReportSection]) -> str:
-    from plotly.offline import get_plotlyjs
-
-    body: list[str] = [f"<h1>{html.escape(title)}</h1>"]
-    bundle: str | None = None
-    uses_plotly = False
-    for section in sections:
-        body.append(f"<h2>{html.escape(section.title)}</h2>")
-        for kind, payload in section.blocks:
-            if kind == "text":
-                body.append(_markdown_block_to_html(payload))
-            elif kind == "table":
-                frame, caption, digits = payload
-                if caption:
-                    body.append(f'<p class="note">{_inline_markdown(caption)}</p>')
-                body.append(_html_table(frame, digits))
-            elif kind == "figure":
-                fig, caption = payload
-                uses_plotly = True
-                body.append(
-                    fig.to_html(
-                        full_html=False,
-                        include_plotlyjs=False,
-                        default_height=_FIGURE_HEIGHT,
-                        default_width="100%",
-                    )
-                )
-                if caption:
-                    body.append(f'<p class="note">{_inline_markdown(caption)}</p>')
-            elif kind == "view":
-                fragment, caption = payload
-                split = _split_circuitsvis(fragment)
-                if split is not None:
-                    bundle = bundle or split[0]
-                    fragment = split[1]
-                body.append(
-                    f'<div class="view"><p class="note">{html.escape(caption)}</p>{fragment}</div>'
-                )
-    head = [
-        '<meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title>",
-        f"<style>{_CSS}</style>",
-    ]
-    if uses_plotly:
-        head.append(f'<script type="text/javascript">{get_plotlyjs()}</script>')
-    if bundle is not None:
-        head.append(f'<script type="text/javascript">{bundle}</script>')
-    return (
-        "<!DOCTYPE html>\n<html>\n<head>\n"
-        + "\n".join(head)
-        + "\n</head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body>\n</html>\n"
-    )
-
-
-def _render_markdown(title: str, sections: Sequence[ReportSection]) -> str:
-    lines = [f"# {title}", ""]
-    for section in sections:
-        lines += [f"## {section.title}", ""]
-        for kind, payload in section.blocks:
-            if kind == "text":
-                lines += [payload.strip(), ""]
-            elif kind == "table":
-                frame, caption, digits = payload
-                if caption:
-                    lines += [f"_{caption}_", ""]
-                lines += [markdown_table(frame, digits)]
-            elif kind == "figure":
-                _, caption = payload
-                lines += [f"_Figure (interactive, in report.html): {caption}_", ""]
-            elif kind == "view":
-                _, caption = payload
-                lines += [f"_Attention view (in report.html): {caption}_", ""]
-    return "\n".join(lines).rstrip() + "\n"
+__all__ = ["build_report", "display_name", "render_report", "write_report"]
 
 
 # ---------------------------------------------------------------------- reading the stages
@@ -444,14 +225,14 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
         all_row = summary[summary["group"].astype(str) == "all"]
         if not all_row.empty:
             r = all_row.iloc[0]
+            paper = float(r.get("expected_random_intersection_paper", float("nan")))
             heads = str(r["core_heads"]) or "none"
             core.text(
                 f"**{int(r['n_core'])} heads are kept by all {int(r['n_subnetworks'])} "
                 f"subnetworks** (the heuristic core): {heads}. Independent random subnetworks "
                 f"keeping as many heads would share "
-                f"{_format(float(r['expected_random_intersection']), 3)} heads on average "
-                f"(the paper's count, m/n = 1 - target sparsity: "
-                f"{_format(float(r.get('expected_random_intersection_paper', float('nan'))), 3)})."
+                f"{format_value(float(r['expected_random_intersection']), 3)} heads on average "
+                f"(the paper's count, m/n = 1 - target sparsity: {format_value(paper, 3)})."
             )
         core.table(
             summary,
@@ -492,7 +273,7 @@ def _subnetwork_sections(tables: ExperimentTables) -> list[ReportSection]:
 
 def _span(values: pd.Series) -> str:
     """``a to b`` over the finite values (one number when they agree to 2 decimals)."""
-    low, high = _format(float(values.min()), 2), _format(float(values.max()), 2)
+    low, high = format_value(float(values.min()), 2), format_value(float(values.max()), 2)
     return low if low == high else f"{low} to {high}"
 
 
@@ -670,7 +451,7 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
     if info is None:
         return None
     section = ReportSection("The core before generalisation (section 4)")
-    floor = f"its floor (its lowest value after step 0: {_format(info['ood_floor'], 3)}"
+    floor = f"its floor (its lowest value after step 0: {format_value(info['ood_floor'], 3)}"
     if info.get("rise_step") is None:
         section.text(
             f"The full model's out-of-domain accuracy never rose more than the margin above "
@@ -686,7 +467,7 @@ def _core_before_section(tables: ExperimentTables) -> ReportSection | None:
         present = info.get("final_core_present", [])
         section.text(
             f"Out-of-domain accuracy starts to rise at step {info['rise_step']} "
-            f"from {floor} -> {_format(info['ood_at_rise'], 3)}); checkpoint "
+            f"from {floor} -> {format_value(info['ood_at_rise'], 3)}); checkpoint "
             f"{info['checkpoint_step']} is the last before it. Its {info['n_subnetworks']} "
             f"subnetworks share {len(info['core'])} heads: {' '.join(info['core']) or 'none'}"
             f"{_left_out(info)}. "
@@ -813,7 +594,7 @@ def render_report(
     from a report directory or from tables built in memory (a notebook's sweep and comparison:
     ``ExperimentTables(root=Path("mine"), runs=result.runs, comparison=comparison)``)."""
     title, sections = build_report(results, findings)
-    return _render_html(title, sections), _render_markdown(title, sections)
+    return render_html(title, sections), render_markdown(title, sections)
 
 
 def write_report(root: str | os.PathLike[str]) -> tuple[Path, Path]:
@@ -826,6 +607,6 @@ def write_report(root: str | os.PathLike[str]) -> tuple[Path, Path]:
     title, sections = build_report(tables, findings)
     if not findings.empty:
         write_csv(layout.findings, findings)
-    html_path = write_text(layout.report_html, _render_html(title, sections))
-    md_path = write_text(layout.report_md, _render_markdown(title, sections))
+    html_path = write_text(layout.report_html, render_html(title, sections))
+    md_path = write_text(layout.report_md, render_markdown(title, sections))
     return html_path, md_path

@@ -10,12 +10,10 @@ from mi_core.analysis.constants import MODES
 from mi_core.config import option
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
+from mi_core.interventions.config import UNIT_FILLS
 from mi_core.statistics.constants import HEAD_AGGREGATIONS, SCHEDULES, SCORINGS
 
-__all__ = ["EVAL_PROTOCOLS", "JOB_FIELDS", "OFFSETS", "SeparabilityConfig"]
-
-
-OFFSETS = ("zero", "mean")
+__all__ = ["EVAL_PROTOCOLS", "JOB_FIELDS", "SeparabilityConfig"]
 
 
 EVAL_PROTOCOLS = ("windows", "texts")
@@ -67,14 +65,14 @@ class SeparabilityConfig(DeviceOption):
     OPT-1.3b runs remove 7 heads a step); 0 uses attn_frac."""
     head_aggregation: str = option("mean", choices=HEAD_AGGREGATIONS)
     """How neuron scores make a head score with attn_unit head."""
-    ff_offset: str = option("zero", choices=OFFSETS)
+    ff_fill: str = option("zero", choices=UNIT_FILLS)
     """What replaces a removed MLP neuron: zero, or its focus-data mean."""
-    attn_offset: str = option("zero", choices=OFFSETS)
+    attn_fill: str = option("zero", choices=UNIT_FILLS)
     """What replaces a removed attention pre-out neuron: zero (the report's choice: its mean
     offset was a "large bad effect"; the authors' runs: no mean offset), or its focus-data
     mean."""
-    offset: str | None = option(None, choices=OFFSETS)
-    """Shorthand: sets both ff_offset and attn_offset."""
+    fill: str | None = option(None, choices=UNIT_FILLS)
+    """Shorthand: sets both ff_fill and attn_fill."""
     svd: bool = False
     """Rewrite attention W_V / W_O in the OV-SVD basis first."""
     svd_combine_biases: bool = False
@@ -123,8 +121,8 @@ class SeparabilityConfig(DeviceOption):
     def __post_init__(self) -> None:
         if self.scoring is not None:
             self.ff_scoring = self.attn_scoring = self.scoring
-        if self.offset is not None:
-            self.ff_offset = self.attn_offset = self.offset
+        if self.fill is not None:
+            self.ff_fill = self.attn_fill = self.fill
         super().__post_init__()
 
     @property

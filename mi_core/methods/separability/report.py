@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import html
 import os
 from pathlib import Path
 
 from mi_core.io import write_csv, write_json, write_text
 from mi_core.methods.separability.run import SeparabilityResult
 from mi_core.statistics.constants import DIFFERENCE_SCORINGS
+from mi_core.viz.page import ReportSection, render_html
 from mi_core.viz.separability import score_distribution_figure, trajectory_figure
 
 #: Files :func:`write_separability_outputs` writes, by role.
@@ -23,35 +23,32 @@ OUTPUT_FILES = {
 
 
 def figures_html(result: SeparabilityResult, include_plotlyjs: bool | str = True) -> str:
-    """One standalone HTML page: the trajectories and the first step's score distributions."""
-    figures = [
+    """One standalone HTML page (:func:`mi_core.viz.page.render_html`): the trajectories and
+    the first step's score distributions. ``include_plotlyjs``: as ``render_html`` takes it
+    (``True``: inlined, the page works offline; ``"cdn"``: linked)."""
+    trajectories = ReportSection("Trajectories").figure(
         trajectory_figure(
             result.trajectory,
             result.config.mode,
             focus_name=result.focus_name,
             cripple_name=result.cripple_name,
         )
-    ]
+    )
+    scores = ReportSection("Scores at the first step")
     labels = {"mlp": "MLP neurons (mlp.hook_post)", "attn": "attention pre-out neurons (hook_z)"}
     scoring = {"mlp": result.config.ff_scoring, "attn": result.config.attn_scoring}
-    for site, scores in result.first_scores.items():
-        figures.append(
+    for site, values in result.first_scores.items():
+        scores.figure(
             score_distribution_figure(
-                scores,
+                values,
                 title=f"log10 {scoring.get(site, site)} score ({result.cripple_name} vs "
                 f"{result.focus_name}), {labels.get(site, site)}, step 1",
                 difference=scoring.get(site) in DIFFERENCE_SCORINGS,
             )
         )
-    parts = [
-        fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs if i == 0 else False)
-        for i, fig in enumerate(figures)
-    ]
-    title = html.escape(f"Separability: {result.cripple_name} vs {result.focus_name}")
-    return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head>"
-        f"<body><h2>{title}</h2>{''.join(parts)}</body></html>\n"
-    )
+    sections = [trajectories, *([scores] if scores.blocks else [])]
+    title = f"Separability: {result.cripple_name} vs {result.focus_name}"
+    return render_html(title, sections, include_plotlyjs=include_plotlyjs)
 
 
 def write_separability_outputs(

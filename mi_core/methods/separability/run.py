@@ -13,7 +13,7 @@ removes a share of those left, so the model shrinks geometrically. The random ba
 the same number of units per step, chosen by seeded random scores.
 
 Removal is by hooks (:class:`~mi_core.interventions.neurons.PruneMasks`): zero, or the
-neuron's mean on the focus data set (``ff_offset`` / ``attn_offset`` ``"mean"``; the report
+neuron's mean on the focus data set (``ff_fill`` / ``attn_fill`` ``"mean"``; the report
 found the mean offset on attention a "large bad effect", and the authors' runs use none: zero
 is the default). A pre-out neuron carries its value bias, as the report's does (the model must
 be loaded with ``fold_value_biases=False``). After every step the state -- masks and
@@ -45,7 +45,6 @@ from mi_core.io import read_safetensors, write_safetensors
 from mi_core.methods.separability.config import (  # noqa: F401 (re-exported)
     EVAL_PROTOCOLS,
     JOB_FIELDS,
-    OFFSETS,
     SeparabilityConfig,
 )
 from mi_core.seeding import derive_seed
@@ -289,14 +288,14 @@ def _sites(config: SeparabilityConfig, step: int) -> tuple[str, ...]:
     )
 
 
-def _offsets(stats: ActivationStats | None, config: SeparabilityConfig) -> dict:
+def _fills(stats: ActivationStats | None, config: SeparabilityConfig) -> dict:
     if stats is None:
         return {}
     out = {}
-    if config.ff_offset == "mean" and stats.mlp is not None:
-        out["ff_offset"] = stats.mlp.mean.float()
-    if config.attn_offset == "mean" and stats.attn is not None:
-        out["attn_offset"] = stats.attn.mean.float()
+    if config.ff_fill == "mean" and stats.mlp is not None:
+        out["ff_fill"] = stats.mlp.mean.float()
+    if config.attn_fill == "mean" and stats.attn is not None:
+        out["attn_fill"] = stats.attn.mean.float()
     return out
 
 
@@ -363,6 +362,11 @@ def _load_state(
             "and cannot resume: re-run mi-core separability in another output directory"
         )
     saved = {**json.loads(metadata["config"]), **recorded}
+    if "fill" not in saved:  # its options under their former names (ff_offset, ...)
+        raise ConfigError(
+            f"{path} is a separability state of an older mi_core (it records no fill) and "
+            "cannot resume: re-run mi-core separability in another output directory"
+        )
     wanted = {**config.pruning_options(), "score": SCORE_FORMULA, **identity}
     for key in unknown:
         if key not in wanted:
@@ -482,7 +486,7 @@ def run_separability(
         if step == 1:
             first_scores = {k: v.float().cpu() for k, v in scores.items()}
         ff_sel, attn_sel, thresholds = _select(scores, masks, config, step)
-        masks.prune(step, ff_sel, attn_sel, **_offsets(collected["focus"], config))
+        masks.prune(step, ff_sel, attn_sel, **_fills(collected["focus"], config))
         metrics = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
         record({**_row(config.method, step, masks, thresholds), **metrics})
 
@@ -496,7 +500,7 @@ def run_separability(
                 for site, shape in shapes.items()
             }
             focus_stats = None
-            if "mean" in (config.ff_offset, config.attn_offset):
+            if "mean" in (config.ff_fill, config.attn_fill):
                 focus_stats = collect_activation_stats(
                     model,
                     focus.stats,
@@ -509,7 +513,7 @@ def run_separability(
             if config.attn_unit == "head":
                 rand["attn"] = rand["attn"][..., 0]
             r_ff, r_attn, _ = _select(rand, random_masks, config, step)
-            random_masks.prune(step, r_ff, r_attn, **_offsets(focus_stats, config))
+            random_masks.prune(step, r_ff, r_attn, **_fills(focus_stats, config))
             metrics = _evaluate_both(model, focus, cripple, random_masks, skip, config, progress)
             record({**_row(RANDOM, step, random_masks), **metrics})
 
