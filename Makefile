@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   virtual environment, install, then the main job on the embedded default model
 #   make test   virtual environment, install, then the whole test suite (what CI runs)
+#   make docs   the documentation site, offline, into docs/_build/html (warnings are errors)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 DEMO_OUT ?= demo-output
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench docs clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,5 +39,11 @@ lint: install
 bench: install
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
+# The API and CLI pages are generated from __all__ and the parsers (docs/_ext/mi_core_docs.py).
+docs: install
+	$(BIN)/pip install --quiet -e ".[docs]"
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@echo "open docs/_build/html/index.html"
+
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache docs/_build docs/reference

@@ -54,10 +54,11 @@ def main() -> None:
     from mi_core.interventions import ComponentMask, ablate, compute_means
     from mi_core.models import load_hf_classifier, load_model
     from mi_core.models.dropout import train_dropout
+    from mi_core.models.frozen import frozen
     from mi_core.pruning import HardConcrete, LagrangianController, pruning_optimizer
     from mi_core.pruning.objective import kl_to_reference
     from mi_core.pruning.reference_logits import compute_reference_logits
-    from mi_core.pruning.run import frozen, pruning_step
+    from mi_core.pruning.step import pruning_step
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=8, help="distinct batches of 32")

@@ -52,11 +52,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from mi_core.models import load_model
-from mi_core.models.loading import _cache_dir, resolve_source
+from mi_core.models.loading import resolve_source
+from mi_core.models.weight_cache import cache_dir
 
 # SmolLM2: the processed cache's config and tokenizer (loading it once fills the cache)
 load_model("smollm2")
-cache = _cache_dir(resolve_source("smollm2"), (True, True), torch.float32)
+source = resolve_source("smollm2")
+cache = cache_dir(Path(source.path), source.gguf_file, (True, True), torch.float32)
 config = json.loads((cache / "config.json").read_text())
 for key in ("quantization_config", "_model_name_or_path"):
     config.pop(key, None)

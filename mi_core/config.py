@@ -125,7 +125,8 @@ class Config:
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
-            if choices and value is not None and value not in choices:
+            given = value if isinstance(value, list | tuple) else [value]  # a list: each item
+            if choices and value is not None and any(v not in choices for v in given):
                 raise ConfigError(f"{f.name} must be one of {list(choices)}, got {value!r}")
             bounds = f.metadata.get("bounds") or {}
             if f.type in ("int", "float", int, float) or (bounds and value is not None):

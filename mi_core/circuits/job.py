@@ -329,7 +329,12 @@ def _check_out(out: str | os.PathLike[str], method: str, now: dict[str, Any]) ->
     if method != "edge-pruning":  # an attribution with other settings replaces it (the same: a
         # no-op, see _finished_attribution)
         return
-    saved = summary["config"]
+    saved = summary.get("config")
+    if not isinstance(saved, dict):
+        raise ConfigError(
+            f"{done} records no edge-pruning config; it was not written by mi-core circuit prune: "
+            f"use another --out or delete {folder}"
+        )
     now = json.loads(json.dumps(now))  # as summary.json holds it (tuples become lists)
     lacks = sorted(k for k in now if k not in _WHERE_NOT_WHAT and k not in saved)
     if lacks:

@@ -72,6 +72,7 @@ class FetchConfig(Config):
         bad = [s for s in self.sets if s not in FETCH_SETS]
         if bad or not self.sets:
             raise DataError(f"sets must be some of {list(FETCH_SETS)}, got {self.sets}")
+        super().validate()  # the choices, types and bounds of every field
 
     def directory(self) -> Path:
         """Where the files go."""

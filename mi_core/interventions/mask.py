@@ -27,7 +27,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -42,9 +42,6 @@ from mi_core.interventions.components import (
     parse_components,
 )
 from mi_core.io import read_json, read_safetensors, write_json, write_safetensors
-
-if TYPE_CHECKING:
-    pass
 
 MASK_KIND = "mi_core.ComponentMask"
 _FORMAT_VERSION = "1"

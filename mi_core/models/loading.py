@@ -629,23 +629,22 @@ def load_model(
 ) -> HookedModel:
     """Load a checkpoint as a hooked model with the standard TransformerLens hook names.
 
-    Args:
-        name_or_path: a local Hugging Face checkpoint directory, a hub name, ``"minilm"``
-            (all-MiniLM-L6-v2 as a BERT classifier, task ``mnli`` unless named) or ``"smollm2"``
-            (SmolLM2-135M-Instruct as a causal LM).
-        task: ``"mnli"`` or ``"qqp"``: load as a sequence classifier for that task. Classifier
-            checkpoints are classifiers anyway; causal LM checkpoints without a task are LMs.
-        num_labels: the head size, when no task is named.
-        seed: seeds a freshly initialised classification head.
-        fold_ln: causal LMs only: fold norms and centre weights as TL does.
-        fold_value_biases: causal LMs only (default: ``fold_ln``): fold the value biases into
-            the output bias as TL does; then ``hook_z`` leaves them out. Separability's
-            attention statistics need them in (``mi-core separability`` passes False).
-        fast_paths: fused forwards (attention, norms, MLPs, unembedding) with TL's values and
-            hooks; False keeps TransformerLens's own code, e.g. for second-order gradients
-            through attention (see :func:`~mi_core.models.fast_paths.disable_fast_paths`).
-        device: ``cpu``, ``cuda``, ``cuda:1``, ``mps`` or ``auto`` (CUDA when torch sees one).
-        dtype: a torch dtype or its name (``float32``, ``"bfloat16"``, ...).
+    :param name_or_path: a local Hugging Face checkpoint directory, a hub name, ``"minilm"``
+        (all-MiniLM-L6-v2 as a BERT classifier, task ``mnli`` unless named) or ``"smollm2"``
+        (SmolLM2-135M-Instruct as a causal LM).
+    :param task: ``"mnli"`` or ``"qqp"``: load as a sequence classifier for that task. Classifier
+        checkpoints are classifiers anyway; causal LM checkpoints without a task are LMs.
+    :param num_labels: the head size, when no task is named.
+    :param seed: seeds a freshly initialised classification head.
+    :param fold_ln: causal LMs only: fold norms and centre weights as TL does.
+    :param fold_value_biases: causal LMs only (default: ``fold_ln``): fold the value biases into
+        the output bias as TL does; then ``hook_z`` leaves them out. Separability's
+        attention statistics need them in (``mi-core separability`` passes False).
+    :param fast_paths: fused forwards (attention, norms, MLPs, unembedding) with TL's values and
+        hooks; False keeps TransformerLens's own code, e.g. for second-order gradients
+        through attention (see :func:`~mi_core.models.fast_paths.disable_fast_paths`).
+    :param device: ``cpu``, ``cuda``, ``cuda:1``, ``mps`` or ``auto`` (CUDA when torch sees one).
+    :param dtype: a torch dtype or its name (``float32``, ``"bfloat16"``, ...).
     """
     device = str(resolve_device(str(device)))  # a device this machine lacks: one clear line
     dtype = _as_dtype(dtype)

@@ -42,7 +42,9 @@ def check_named_inputs(train: Any, eval_sets: Sequence[Any], means: Any) -> None
         raise InterventionError(f"means file {means} does not exist; make one with mi-core means")
 
 
-def load_model_input(model: HookedModel, task: str | None, device: str = "auto") -> tuple[Any, str]:
+def load_model_input(
+    model: HookedModel | str | os.PathLike[str], task: str | None, device: str = "auto"
+) -> tuple[Any, str]:
     """A loaded model as given, or the model at a path / spec loaded on ``device``."""
     if isinstance(model, (str, os.PathLike)):
         from mi_core.devices import resolve_device
@@ -214,14 +216,20 @@ def check_inputs(
     sources: RunSources | None,
 ) -> tuple[list[PairDataset], list[str], RunSources]:
     """What :func:`~mi_core.pruning.prune` checks of its loaded inputs: no paths, a hooked
-    classifier, eval sets of distinct names, means that fit the model (or none, with the zero
-    fill); returns the eval sets, their names and the sources to record."""
+    classifier, data sets of the model's task that are not empty, eval sets of distinct names,
+    means that fit the model (or none, with the zero fill); returns the eval sets, their names
+    and the sources to record (by default: the model's name and task, the means' file)."""
     check_loaded(model, task_data, means, eval_sets)
     check_model(model)
-    evals = list(eval_sets)
+    task = getattr(model, "task", None)
+    load_data_input(task_data, task, None, "training")
+    evals = [load_data_input(d, task, None, "eval") for d in eval_sets]
     names = check_eval_names(evals)
     if means is not None:
         means.check_model(model)
     elif config.fill == "mean":
         raise ConfigError("mean ablation needs means (load_means, mi-core means) or fill='zero'")
-    return evals, names, sources or RunSources(str(getattr(model, "model_name", "") or "model"))
+    if sources is None:
+        name = str(getattr(model, "model_name", "") or "model")
+        sources = RunSources(name, task, None if means is None else means.source)
+    return evals, names, sources

@@ -85,12 +85,18 @@ def prune(
 
     ``reference_logits_path`` points at the full model's logits on ``task_data`` shared by
     several runs (default: ``reference_logits.safetensors`` in ``out``, computed on first
-    use); ``reference`` gives them in memory (e.g. shared by the runs of a sweep);
+    use); ``reference`` gives them in memory, for a run without ``out`` (e.g. shared by the
+    runs of an in-memory sweep);
     ``full_accuracy`` gives full-model accuracies already known per eval set name, which are
     then not recomputed. ``callback(step, row)`` runs after every step (an exception raised
     there stops the run like a kill; with ``out`` the next call resumes). ``sources``: where
     the inputs came from, recorded in ``config.json`` (the path-taking callers fill it).
     """
+    if reference is not None and out is not None:
+        raise ConfigError(
+            "reference= gives an in-memory run its full-model logits; a run with out= keeps "
+            "them in its folder (or shares a file: reference_logits_path=)"
+        )
     run_dir = None if out is None else Path(out)
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
         evals, names, sources = check_inputs(model, task_data, means, eval_sets, config, sources)

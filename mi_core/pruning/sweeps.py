@@ -259,7 +259,7 @@ class SweepRun:
 
 
 def sweep(
-    model: HookedModel,
+    model: HookedModel | str | os.PathLike[str],
     train: str | os.PathLike[str] | PairDataset,
     means: str | os.PathLike[str] | ComponentMeans | None,
     sparsities: Sequence[float],
@@ -271,6 +271,9 @@ def sweep(
     out: str | os.PathLike[str] | None = None,
     executor: str = "local",
     group_size: int | None = None,
+    ray_address: str | None = None,
+    num_cpus_per_run: float = 1.0,
+    num_gpus_per_run: float = 0.0,
     task: str | None = None,
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
@@ -283,7 +286,8 @@ def sweep(
     by the runs, and nothing is written. With ``out`` the sweep is :func:`run_sweep`'s, with
     its files (resumable; finished runs are skipped), read back; there ``executor`` chooses how
     the runs are trained (``local``: one after another; ``batched``: ``group_size`` at a time
-    in one pass; ``ray``: as Ray tasks, which take ``model``, ``train`` and ``means`` as paths).
+    in one pass; ``ray``: as Ray tasks on ``ray_address`` with ``num_cpus_per_run`` /
+    ``num_gpus_per_run`` each, which take ``model``, ``train`` and ``means`` as paths).
     """
     if out is None and (executor != "local" or group_size is not None):
         raise ConfigError(
@@ -293,8 +297,9 @@ def sweep(
         run_sweep(model, train, out, sparsities, seeds, means=means, eval_sets=eval_sets,
                   profile=profile, overrides=overrides, task=task,
                   max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
-                  executor=executor, group_size=group_size, progress=progress,
-                  device=device)  # fmt: skip
+                  executor=executor, group_size=group_size, ray_address=ray_address,
+                  num_cpus_per_run=num_cpus_per_run, num_gpus_per_run=num_gpus_per_run,
+                  progress=progress, device=device)  # fmt: skip
         return SweepResult.load(out, sparsities, seeds)
     configs = sweep_configs(sparsities, seeds, profile, overrides)
     cfg = configs[0]
@@ -569,7 +574,7 @@ def collect_subnetworks(runs: Sequence[SweepRun], eval_names: Sequence[str]) -> 
 
 
 def run_sweep(
-    model: HookedModel,
+    model: HookedModel | str | os.PathLike[str],
     train: str | os.PathLike[str] | PairDataset,
     out: str | os.PathLike[str],
     sparsities: Sequence[float],

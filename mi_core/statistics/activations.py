@@ -307,21 +307,20 @@ def collect_activation_stats(
 ) -> ActivationStats:
     """Collect :class:`ActivationStats` of ``model`` over token windows.
 
-    Args:
-        model: the model; it runs up to the last block only (no final norm, no unembedding).
-        tokens: token windows ``[n, pos]``.
-        token_mask: ``True`` for real tokens, ``False`` for padding (excluded from every
-            statistic, and passed to the model as its attention mask). ``None``: no padding.
-        batch_size: windows per forward pass.
-        sites: which neurons to collect, a subset of ``("mlp", "attn")``.
-        fwd_hooks: hooks that run before the statistics hooks on the same hook points, e.g.
-            the pruning masks of :meth:`mi_core.interventions.neurons.PruneMasks.hooks`, so that the
-            statistics describe the pruned model.
-        progress: show a tqdm bar over batches.
-        correct_top_k: when positive, count only the positions whose next token is among the
-            model's top-k predictions there (:func:`correct_positions`; an option of the
-            reference code, which used k = 10). Each batch then runs twice: once to the logits
-            (with ``fwd_hooks``), once for the statistics.
+    :param model: the model; it runs up to the last block only (no final norm, no unembedding).
+    :param tokens: token windows ``[n, pos]``.
+    :param token_mask: ``True`` for real tokens, ``False`` for padding (excluded from every
+        statistic, and passed to the model as its attention mask). ``None``: no padding.
+    :param batch_size: windows per forward pass.
+    :param sites: which neurons to collect, a subset of ``("mlp", "attn")``.
+    :param fwd_hooks: hooks that run before the statistics hooks on the same hook points, e.g.
+        the pruning masks of :meth:`mi_core.interventions.neurons.PruneMasks.hooks`, so that the
+        statistics describe the pruned model.
+    :param progress: show a tqdm bar over batches.
+    :param correct_top_k: when positive, count only the positions whose next token is among the
+        model's top-k predictions there (:func:`correct_positions`; an option of the
+        reference code, which used k = 10). Each batch then runs twice: once to the logits
+        (with ``fwd_hooks``), once for the statistics.
     """
     if correct_top_k < 0:
         raise ConfigError(f"correct_top_k must be >= 0, got {correct_top_k}")

@@ -315,3 +315,21 @@ def test_bounds_declared_on_fields_are_checked_by_the_one_validator():
         with pytest.raises(ConfigError, match=says):
             cfg.replace(**changes)
     assert "must be positive" not in inspect.getsource(PruneConfig.validate)
+
+
+def test_every_config_section_runs_the_one_validator():
+    """A section with checks of its own still gets its fields' choices and types checked at
+    construction (core_edges.method had been checked only when its stage ran, hours later)."""
+    from mi_core.data.fetch import FetchConfig
+    from mi_core.errors import ConfigError, DataError
+    from mi_core.methods.heuristic_core.config import CoreEdgesSettings, GridSettings
+
+    with pytest.raises(ConfigError, match="method must be one of"):
+        CoreEdgesSettings(method="eap-xl")
+    with pytest.raises(ConfigError, match="ig_rule must be one of"):
+        CoreEdgesSettings(ig_rule="middle")
+    with pytest.raises(ConfigError, match="steps must be an integer"):
+        CoreEdgesSettings(steps=2.5)
+    assert GridSettings().enabled in (True, False)
+    with pytest.raises(DataError, match="sets must be some of"):  # its own check speaks first
+        FetchConfig(sets=["mnli", "imagenet"])

@@ -551,6 +551,15 @@ def test_prune_takes_loaded_objects_and_prune_run_takes_paths(tiny, train, means
         prune(tiny, "mnli:train", str(means_path), cfg, out=tmp_path / "x")
     with pytest.raises(ConfigError, match=r"\(eval_sets given"):
         prune(tiny, train, means, cfg, eval_sets=["mnli:validation_matched"])
+    # loaded sets are checked as loaded files are: the model's task, not empty
+    from mi_core.errors import DataError
+
+    with pytest.raises(DataError, match="training set .* is empty"):
+        prune(tiny, train.subset([]), means, cfg)
+    with pytest.raises(DataError, match="is qqp data, but the model is a mnli classifier"):
+        prune(tiny, load_pairs("qqp:validation", max_examples=4), means, cfg)
+    with pytest.raises(ConfigError, match="reference= gives an in-memory run"):
+        prune(tiny, train, means, cfg, out=tmp_path / "x", reference=torch.zeros(len(train), 3))
     assert not (tmp_path / "x").exists()
     run = prune_run(tiny, train, tmp_path / "run", cfg, means=str(means_path), progress=False)
     recorded = read_json(tmp_path / "run" / "config.json")

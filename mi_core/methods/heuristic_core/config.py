@@ -224,6 +224,7 @@ class DataSettings(Config):
             )
         _positive_or_none("data.max_train_examples", self.max_train_examples)
         _positive_or_none("data.max_eval_examples", self.max_eval_examples)
+        super().validate()  # the choices, types and bounds of every field
 
 
 @dataclass
@@ -288,6 +289,7 @@ class AttentionSettings(Config):
             raise ConfigError("attention.max_examples, batch_size and max_heads must be >= 1")
         if self.n_views < 0:
             raise ConfigError("attention.n_views must be >= 0")
+        super().validate()  # the choices, types and bounds of every field
 
 
 @dataclass
@@ -322,6 +324,7 @@ class AblationSettings(Config):
         _positive_or_none("ablation.max_examples", self.max_examples)
         if self.batch_size < 1:
             raise ConfigError("ablation.batch_size must be at least 1")
+        super().validate()  # the choices, types and bounds of every field
 
 
 @dataclass
@@ -352,6 +355,7 @@ class GridSettings(Config):
     def validate(self) -> None:
         if not self.sparsities or not self.seeds:
             raise ConfigError("grid needs at least one sparsity and one seed")
+        super().validate()  # the choices, types and bounds of every field
 
 
 @dataclass
@@ -367,6 +371,7 @@ class CoreBeforeSettings(Config):
     def validate(self) -> None:
         if not 0 <= self.margin < 1:
             raise ConfigError(f"core_before.margin must lie in [0, 1), got {self.margin}")
+        super().validate()  # the choices, types and bounds of every field
 
 
 @dataclass
@@ -407,6 +412,7 @@ class CoreEdgesSettings(Config):
             raise ConfigError(
                 "core_edges: n_examples, mean_examples, per_group, steps, batch_size must be >= 1"
             )
+        super().validate()  # the choices, types and bounds of every field
 
 
 @dataclass

@@ -203,7 +203,7 @@ def run_effective_size(
     for number, (step, checkpoint) in enumerate(chosen, 1):
         logger.info("effective size: checkpoint %d/%d (step %d)", number, len(chosen), step)
         step_dir = out / f"checkpoint-{step}"
-        model: HookedModel = None
+        model: HookedModel | None = None
         if executor != "ray":
             model = load_model(checkpoint, task=task, device=device)
         means_path = _means_for(means, step, len(chosen))

@@ -163,7 +163,7 @@ class ExperimentTables:
     core_before: dict[str, Any] | None = None
     """The core-before-generalisation summary (rise step, checkpoint, cores)."""
     core_edges: pd.DataFrame | None = None
-    """Sum of |edge score| into / out of / within the core, per subnetwork."""
+    """Sum of ``|edge score|`` into / out of / within the core, per subnetwork."""
     findings: pd.DataFrame | None = None
     """The findings table the last report wrote (``finding, paper, this run, verdict``)."""
     eval_examples: dict[str, int] = field(default_factory=dict)

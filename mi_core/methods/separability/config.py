@@ -52,7 +52,7 @@ class SeparabilityConfig(DeviceOption):
     ff_scoring: str = option("freq", choices=SCORINGS)
     """How MLP neurons are scored (the report: positive-activation frequency)."""
     attn_scoring: str = option("abs", choices=SCORINGS)
-    """How attention pre-out neurons (or heads) are scored (the report: mean |x|)."""
+    """How attention pre-out neurons (or heads) are scored (the report: mean ``|x|``)."""
     scoring: str | None = option(None, choices=SCORINGS)
     """Shorthand: sets both ff_scoring and attn_scoring."""
     schedule: str = option("total", choices=SCHEDULES)

@@ -1,0 +1,87 @@
+"""The documentation site (``make docs``): it builds with warnings as errors, every public name
+has an entry on an API page, the CLI page lists every subcommand, and no page loads anything
+from the network."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(m) is None for m in ("sphinx", "myst_parser", "furo")),
+        reason="the docs extra is not installed (pip install -e '.[docs]')",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    html, doctrees = out / "html", out / "doctrees"
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+         "-d", str(doctrees), str(DOCS), str(html)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, f"sphinx-build -W failed:\n{result.stdout}\n{result.stderr}"
+    return html
+
+
+def _ids(page: Path) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', page.read_text(encoding="utf-8")))
+
+
+def test_every_public_name_has_an_entry(site: Path) -> None:
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        gen = importlib.import_module("mi_core_docs")
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    api = site / "reference" / "api"
+    ids = {page.stem: _ids(page) for page in api.glob("*.html")}
+    every = set().union(*ids.values())
+    missing = []
+    for package in gen.PACKAGES:
+        names = importlib.import_module(package).__all__
+        entries = {e.name: e for e in gen.public_entries() if e.package == package}
+        assert set(names) == set(entries), package
+        for name in names:
+            entry = entries[name]
+            anchor = f"module-{entry.target}" if entry.directive == "module" else entry.target
+            if anchor not in ids.get(entry.home, set()):
+                missing.append(f"{package}.{name} (expected #{anchor} on {entry.home}.html)")
+    assert not missing, "public names without an API entry:\n" + "\n".join(missing)
+    # and every package has its own page
+    assert {f"module-{p}" for p in gen.PACKAGES} <= every
+
+
+def test_cli_page_lists_every_subcommand(site: Path) -> None:
+    from mi_core.cli import COMMANDS
+
+    text = (site / "reference" / "cli.html").read_text(encoding="utf-8")
+    for command in COMMANDS:
+        assert f'id="cli-mi-core-{command}"' in text, command
+        assert f"usage: mi-core {command}" in text, command
+
+
+def test_no_page_loads_from_the_network(site: Path) -> None:
+    remote = re.compile(
+        r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//", re.I
+    )
+    offenders = [
+        str(page.relative_to(site))
+        for page in site.rglob("*.html")
+        if remote.search(page.read_text(encoding="utf-8"))
+    ]
+    assert not offenders, f"pages that load a network resource: {offenders}"
