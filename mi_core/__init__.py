@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+#: The package's version: the one source that pyproject.toml, ``mi-core --version`` and
+#: the built distributions read.
 __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.

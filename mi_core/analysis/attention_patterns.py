@@ -61,6 +61,8 @@ __all__ = [
     "score_attention_patterns",
 ]
 
+#: The attention-pattern classes a head is scored on (the paper's): to the same token in
+#: the other sentence (overlap), the previous and next token, [SEP], the first token, itself.
 PATTERN_CLASSES: tuple[str, ...] = ("overlap", "prev", "next", "sep", "first", "self")
 
 

@@ -6,4 +6,6 @@ from __future__ import annotations
 __all__ = ["MODES"]
 
 
+#: The two data sets of a separability run: ``cripple`` (the capability pruned away) and
+#: ``focus`` (the capability kept).
 MODES: tuple[str, ...] = ("cripple", "focus")

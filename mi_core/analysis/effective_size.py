@@ -55,6 +55,8 @@ from mi_core.errors import ConfigError
 
 __all__ = ["METHODS", "TARGETS", "faithfulness_table", "effective_size"]
 
+#: Which accuracy a subnetwork must keep to count as faithful: in-domain, out-of-domain,
+#: or both (mixed).
 TARGETS: tuple[str, ...] = ("id", "ood", "mixed")
 #: ``"authors"``: their script (per seed, strict, then mean); ``"paper"``: the paper's text.
 METHODS: tuple[str, ...] = ("authors", "paper")

@@ -36,6 +36,7 @@ IG_RULES = ("left", "right")
 METRIC_NAMES = ("logit-diff",)
 
 
+#: Edge-attribution methods: EAP, EAP-IG and exact activation patching of every edge.
 ATTRIBUTION_METHODS = ("eap", "eap-ig", "exact")
 
 

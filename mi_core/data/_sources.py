@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from mi_core.errors import DataError
 
+#: The environment variable naming the folder local data sets are read from.
 DATA_DIR_ENV = "MI_CORE_DATA_DIR"
 _TRUE = {"1", "true", "yes", "on"}
 

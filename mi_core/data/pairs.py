@@ -60,13 +60,18 @@ from mi_core.tasks import TASK_LABELS, TASK_NUM_LABELS, TASK_SPLITS
 
 logger = logging.getLogger(__name__)
 
+#: MNLI's labels, in the order of the GLUE label ids.
 MNLI_LABELS: tuple[str, ...] = TASK_LABELS["mnli"]
+#: HANS's two labels (a 3-way model's neutral and contradiction count as non-entailment).
 HANS_LABELS: tuple[str, ...] = ("entailment", "non-entailment")
+#: QQP's labels, in the order of the GLUE label ids.
 QQP_LABELS: tuple[str, ...] = TASK_LABELS["qqp"]
+#: PAWS-QQP's labels, in the order of its label ids.
 PAWS_LABELS: tuple[str, ...] = ("not_paraphrase", "paraphrase")
 
 #: Number of output classes of a model fine-tuned on each task.
 
+#: HANS's three heuristics, each with 10 subcases.
 HANS_HEURISTICS: tuple[str, ...] = ("lexical_overlap", "subsequence", "constituent")
 
 #: The 30 HANS subcases (10 per heuristic), as named in the official file.

@@ -33,6 +33,7 @@ from mi_core.data._sources import (
 )
 from mi_core.errors import ConfigError, DataError
 
+#: The built-in text data specs (separability's data sets) and what each reads.
 TEXT_SPECS: dict[str, str] = {
     "text:wikitext": "WikiText-2 raw test set, one document per article",
     "text:python": "CPython standard library modules, one document per file",

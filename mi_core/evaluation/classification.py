@@ -19,6 +19,7 @@ from mi_core.evaluation.config import EvalConfig
 
 logger = logging.getLogger(__name__)
 
+#: The keys of a tokenised pair batch a classifier's forward takes.
 BATCH_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 

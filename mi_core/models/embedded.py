@@ -9,6 +9,7 @@ from mi_core.errors import ModelLoadError
 
 MINILM = "minilm"
 SMOLLM2 = "smollm2"
+#: Names of the models shipped as PyPI packages and loaded offline by name.
 EMBEDDED_MODELS = (MINILM, SMOLLM2)
 
 #: The task an embedded encoder is given when none is named.

@@ -63,6 +63,8 @@ BODY_ARCHITECTURES = (
 #: freshly made (BERT / RoBERTa ``classifier``, GPT-2 ``score``).
 _HEAD_PREFIXES = ("classifier.", "score.")
 CAUSAL_LM_ARCHITECTURES = ("GPT2LMHeadModel", "OPTForCausalLM", "LlamaForCausalLM")
+#: Every Hugging Face architecture ``load_model`` reads: classifiers, pretrained bodies
+#: given a task head, and causal LMs.
 SUPPORTED_ARCHITECTURES = tuple(
     dict.fromkeys(CLASSIFIER_ARCHITECTURES + BODY_ARCHITECTURES + CAUSAL_LM_ARCHITECTURES)
 )

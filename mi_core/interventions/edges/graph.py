@@ -58,6 +58,7 @@ __all__ = [
     "top_k_order",
 ]
 
+#: The model families that have a computational graph, in words (error messages).
 SUPPORTED_GRAPHS = (
     "pre-LayerNorm decoders (GPT-2, OPT and Llama families; GPT-2 classifiers) and "
     "post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"

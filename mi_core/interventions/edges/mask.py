@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EDGE_MASK_KIND", "EdgeMask", "graph_error"]
 
+#: The ``kind`` in the metadata of a saved edge mask.
 EDGE_MASK_KIND = "mi_core.EdgeMask"
 _FORMAT_VERSION = "1"
 
