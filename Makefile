@@ -39,11 +39,13 @@ lint: install
 bench: install
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-# The API and CLI pages are generated from __all__ and the parsers (docs/_ext/mi_core_docs.py).
+# The API and CLI pages are generated from __all__ and the parsers (docs/_ext/mi_core_docs.py);
+# the Tutorials pages are the notebooks, executed while the site builds (MI_CORE_DOCS_EXECUTE=1;
+# MI_CORE_DOCS_NOTEBOOKS=01_* executes only those). Without it, they show code and text only.
 docs: install
 	$(BIN)/pip install --quiet -e ".[docs]"
-	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	MI_CORE_DOCS_EXECUTE=1 $(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 	@echo "open docs/_build/html/index.html"
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache docs/_build docs/reference
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache docs/_build docs/reference docs/tutorials

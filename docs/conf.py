@@ -1,13 +1,20 @@
 """Sphinx configuration of the mi_core documentation site (``make docs``).
 
 The API and CLI reference pages are generated at build time by ``_ext/mi_core_docs.py``
-into ``reference/`` (ignored by git). The site loads nothing from the network: the theme's
-assets are copied into ``_build/html/_static``.
+into ``reference/`` (ignored by git), and the notebooks are copied into ``tutorials/`` (ignored
+by git), which nbsphinx renders as the Tutorials pages. The notebooks are stored without
+outputs and executed when the site is built: ``MI_CORE_DOCS_EXECUTE=1`` (``make docs`` sets it)
+runs each one (``MI_CORE_DOCS_NOTEBOOKS=01_*,03_*`` only those); without it the pages show the
+code and text only (the test of the site builds so; the acceptance tests run every notebook).
+The site loads nothing from the network: the theme's assets are copied into
+``_build/html/_static``, nbsphinx loads no require.js, widget manager or MathJax, and the
+tutorials' plotly figures load ``_static/plotly.min.js`` (``_ext/tutorial_kernel.py``).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,11 +37,44 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.viewcode",
     "myst_parser",
+    "nbsphinx",
     "mi_core_docs",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints"]
+
+# nbsphinx: the tutorials (tutorials/*.ipynb, copied from ../notebooks by mi_core_docs)
+EXECUTE = os.environ.get("MI_CORE_DOCS_EXECUTE", "") not in ("", "0")
+nbsphinx_execute = "always" if EXECUTE else "never"
+# per cell: alone on 2 cores the slowest cell (06's MiniLM fine-tune) takes ~95 s, and a loaded
+# machine has taken 06's EAP-IG cell past 300 s (as tests/acceptance/test_notebooks.py)
+nbsphinx_timeout = 900
+nbsphinx_allow_errors = False
+nbsphinx_kernel_name = "python3"
+# a temporary working folder and plotly figures that load plotly.js from _static
+nbsphinx_execute_arguments = [
+    f"--IPKernelApp.exec_files={[str(HERE / '_ext' / 'tutorial_kernel.py')]!r}",
+]
+# offline: no require.js, no jupyter-widgets manager from a CDN (the notebooks' outputs are
+# self-contained HTML; tqdm's widget bars are turned off below)
+nbsphinx_requirejs_path = ""
+nbsphinx_widgets_path = ""
+# and no MathJax from a CDN on every tutorial page: the notebooks hold no equations (a page with
+# math in its Markdown would still load it, and fail the site's test)
+nbsphinx_assume_equations = False
+if EXECUTE:
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the kernels inherit it: no progress bars
+# nbsphinx converts Markdown cells with pandoc: the docs extra's pypandoc-binary ships one
+if shutil.which("pandoc") is None:
+    try:
+        import pypandoc
+
+        _bundled = Path(pypandoc.__file__).parent / "files"
+        if (_bundled / "pandoc").exists():
+            os.environ["PATH"] = f"{_bundled}{os.pathsep}{os.environ.get('PATH', '')}"
+    except ImportError:
+        pass
 
 # autodoc: signatures with their type hints, members in source order
 autodoc_member_order = "bysource"

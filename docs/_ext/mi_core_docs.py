@@ -8,15 +8,23 @@
 - ``reference/cli.rst``: every ``mi-core`` subcommand (and sub-subcommand) with its ``--help``,
   from :func:`mi_core.cli.build_parser`.
 
-The generated folder is ``docs/reference`` (ignored by git); run standalone
-(``python docs/_ext/mi_core_docs.py``) to write it without building the site.
+- ``tutorials/<name>.ipynb``: a copy of each notebook in ``notebooks/`` (stored without
+  outputs), which nbsphinx renders as a tutorial page (``docs/conf.py``: executed when
+  ``MI_CORE_DOCS_EXECUTE=1``, as ``make docs`` sets it). With ``MI_CORE_DOCS_NOTEBOOKS``
+  (comma-separated names or globs, e.g. ``01_*``) only those notebooks are executed; the others
+  are marked ``"nbsphinx": {"execute": "never"}`` in their copies and render without outputs.
+
+The generated folders are ``docs/reference`` and ``docs/tutorials`` (ignored by git); run
+standalone (``python docs/_ext/mi_core_docs.py``) to write them without building the site.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import importlib
 import inspect
+import json
 import os
 import types
 from dataclasses import dataclass
@@ -42,6 +50,9 @@ PACKAGES: tuple[str, ...] = (
 )
 
 GENERATED = Path(__file__).resolve().parent.parent / "reference"
+#: The notebooks, and where the site's tutorial pages are copied from them.
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 
 
 @dataclass(frozen=True)
@@ -246,14 +257,56 @@ def write_generated(out: Path = GENERATED) -> None:
             path.write_text(text)
 
 
+def copy_notebooks(src: Path = NOTEBOOKS, out: Path = TUTORIALS) -> list[str]:
+    """Copy ``src/*.ipynb`` into ``out`` (removing copies whose notebook is gone); with
+    ``MI_CORE_DOCS_NOTEBOOKS`` set, the copies of the notebooks it does not name are marked
+    not to be executed. Returns the names of the tutorials."""
+    out.mkdir(parents=True, exist_ok=True)
+    notebooks = sorted(src.glob("*.ipynb"))
+    names = [p.stem for p in notebooks]
+    for stale in out.glob("*.ipynb"):
+        if stale.stem not in names:
+            stale.unlink()
+    selected = [g.strip() for g in os.environ.get("MI_CORE_DOCS_NOTEBOOKS", "").split(",")]
+    selected = [g for g in selected if g]
+    for path in notebooks:
+        text = path.read_text(encoding="utf-8")
+        if selected and not any(fnmatch.fnmatch(path.stem, g) for g in selected):
+            notebook = json.loads(text)
+            notebook.setdefault("metadata", {})["nbsphinx"] = {"execute": "never"}
+            text = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
+        target = out / path.name
+        # rewrite only what changed, so an incremental build re-reads only those pages
+        if not target.exists() or target.read_text(encoding="utf-8") != text:
+            target.write_text(text, encoding="utf-8")
+    return names
+
+
 def _on_builder_inited(app: Any) -> None:
     write_generated()
+    copy_notebooks()
+
+
+def _on_build_finished(app: Any, exception: Exception | None) -> None:
+    """plotly.js for the executed tutorials' figures (``tutorial_kernel.py``), from the
+    installed plotly: the site loads nothing from the network."""
+    if exception is not None or app.builder.format != "html":
+        return
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        return
+    static = Path(app.outdir) / "_static"
+    static.mkdir(parents=True, exist_ok=True)
+    (static / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
 
 
 def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", _on_builder_inited)
+    app.connect("build-finished", _on_build_finished)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
 if __name__ == "__main__":
     write_generated()
+    copy_notebooks()

@@ -1,11 +1,14 @@
 """The documentation site (``make docs``): it builds with warnings as errors, every public name
-has an entry on an API page, the CLI page lists every subcommand, and no page loads anything
-from the network."""
+has an entry on an API page, the CLI page lists every subcommand, every notebook is a tutorial
+page, and no page loads anything from the network. The site is built here without executing the
+notebooks (``MI_CORE_DOCS_EXECUTE`` unset): tests/acceptance/test_notebooks.py runs them."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +22,10 @@ DOCS = ROOT / "docs"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        any(importlib.util.find_spec(m) is None for m in ("sphinx", "myst_parser", "furo")),
+        any(
+            importlib.util.find_spec(m) is None
+            for m in ("sphinx", "myst_parser", "furo", "nbsphinx")
+        ),
         reason="the docs extra is not installed (pip install -e '.[docs]')",
     ),
 ]
@@ -29,10 +35,11 @@ pytestmark = [
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
     html, doctrees = out / "html", out / "doctrees"
+    env = {k: v for k, v in os.environ.items() if k != "MI_CORE_DOCS_EXECUTE"}
     result = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
          "-d", str(doctrees), str(DOCS), str(html)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        capture_output=True, text=True, cwd=ROOT, timeout=600, env=env,
     )  # fmt: skip
     assert result.returncode == 0, f"sphinx-build -W failed:\n{result.stdout}\n{result.stderr}"
     return html
@@ -73,6 +80,26 @@ def test_cli_page_lists_every_subcommand(site: Path) -> None:
     for command in COMMANDS:
         assert f'id="cli-mi-core-{command}"' in text, command
         assert f"usage: mi-core {command}" in text, command
+
+
+def test_every_notebook_is_a_tutorial_page(site: Path) -> None:
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert notebooks
+    index = (site / "index.html").read_text(encoding="utf-8")
+    for notebook in notebooks:
+        page = site / "tutorials" / f"{notebook.stem}.html"
+        assert page.exists(), notebook.name
+        text = page.read_text(encoding="utf-8")
+        # the notebook's code is on its page, and the index's Tutorials toctree links to it
+        first_code = next(
+            "".join(c["source"]).strip().splitlines()[0]
+            for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+            if c["cell_type"] == "code" and "".join(c["source"]).strip()
+        )
+        words = re.findall(r"\w+", first_code)
+        plain = re.sub(r"<[^>]+>", "", text)
+        assert all(w in plain for w in words), (notebook.name, first_code)
+        assert f'href="tutorials/{notebook.stem}.html"' in index, notebook.name
 
 
 def test_no_page_loads_from_the_network(site: Path) -> None:
