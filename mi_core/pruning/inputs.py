@@ -62,7 +62,7 @@ def load_model_input(
     return model, str(getattr(model, "model_name", "") or "model")
 
 
-def check_model(model: Any) -> None:
+def check_model(model: object) -> None:
     """Refuse what is not a loaded hooked classifier with its tokenizer."""
     if not isinstance(model, StagedClassifier) or getattr(model, "tokenizer", None) is None:
         raise ConfigError("model must be a hooked classifier or a checkpoint path / model name")
@@ -159,7 +159,7 @@ class PruneInputs:
 
 @contextlib.contextmanager
 def resolve_inputs(
-    model: Any,
+    model: HookedModel | str | os.PathLike[str],
     train: Any,
     means: Any,
     *,
@@ -190,7 +190,7 @@ def resolve_inputs(
         yield PruneInputs(loaded, train_set, means_obj, evals, sources)
 
 
-def check_loaded(model: Any, train: Any, means: Any, eval_sets: Sequence[Any]) -> None:
+def check_loaded(model: object, train: object, means: object, eval_sets: Sequence[object]) -> None:
     """Refuse a path or spec where a loaded object is asked for, naming the function that
     takes paths."""
     given = [
@@ -208,7 +208,7 @@ def check_loaded(model: Any, train: Any, means: Any, eval_sets: Sequence[Any]) -
 
 
 def check_inputs(
-    model: Any,
+    model: HookedModel,
     task_data: Any,
     means: ComponentMeans | None,
     eval_sets: Sequence[Any],

@@ -176,24 +176,23 @@ def prune_group(
     dirs = [Path(d) for d in outs]
     if len(set(dirs)) != len(dirs):
         raise ConfigError("the runs of a group need distinct folders")
-    train_set, means_obj = task_data, means
     with fingerprint_held(model):  # the weights stay fixed: one fingerprint for every check
         evals, names, sources = check_inputs(model, task_data, means, eval_sets, configs[0],
                                              sources)  # fmt: skip
         for cfg, run_dir in zip(configs, dirs, strict=True):
-            claim_run_dir(run_dir, cfg, model, sources, train_set, means_obj, names,
+            claim_run_dir(run_dir, cfg, model, sources, task_data, means, names,
                           reference_logits_path)  # fmt: skip
         results: dict[int, PruneResult] = {}
         pending = []
         for k, (cfg, run_dir) in enumerate(zip(configs, dirs, strict=True)):
             if is_complete(run_dir):
-                results[k] = report_complete(model, means_obj, cfg, run_dir, evals, full_accuracy)
+                results[k] = report_complete(model, means, cfg, run_dir, evals, full_accuracy)
             else:
                 pending.append(k)
         failures: list[TrainingError] = []
         if pending:
             started = time.perf_counter()
-            tokenized = tokenize_pairs(train_set, model.tokenizer, configs[0].max_length)
+            tokenized = tokenize_pairs(task_data, model.tokenizer, configs[0].max_length)
             targets = run_targets(
                 model, tokenized, configs[0], dirs[pending[0]], reference_logits_path, progress
             )
@@ -208,7 +207,7 @@ def prune_group(
             if max_chunk == "auto":
                 max_chunk = default_chunk(model, configs[0])
             train_group(
-                model, means_obj, tokenized, targets, states, progress, max_chunk, evals=evals,
+                model, means, tokenized, targets, states, progress, max_chunk, evals=evals,
             )  # fmt: skip
             seconds = (time.perf_counter() - started) / len(pending)
             for k, state in zip(pending, states, strict=True):
@@ -217,7 +216,7 @@ def prune_group(
                     continue
                 log_alpha = state.gates.log_alpha.detach().cpu().clone()
                 result = finish_run(
-                    model, means_obj, configs[k], dirs[k], log_alpha, state.log(), evals,
+                    model, means, configs[k], dirs[k], log_alpha, state.log(), evals,
                     full_accuracy, seconds,
                 )  # fmt: skip
                 result.resumed_from = state.start if state.start > 0 else None

@@ -330,7 +330,7 @@ def sweep(
 
 
 def _sweep_inputs(
-    model: Any,
+    model: HookedModel | str | os.PathLike[str],
     train: Any,
     means: Any,
     eval_sets: Sequence[Any],

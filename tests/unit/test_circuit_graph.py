@@ -18,7 +18,7 @@ from mi_core.interventions import (
     node_outputs,
     sender_means,
 )
-from mi_core.interventions.edges import _kernels, from_mib_name, to_mib_name
+from mi_core.interventions.edges import _kernels, from_mib_name, reference_hooks, to_mib_name
 from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
 from mi_core.models import load_model
 from mi_core.models.hook_context import hooked
@@ -370,64 +370,14 @@ def test_default_masks_keep_every_gradient_and_hard_concrete_ones_run_unsplit_la
         assert (results[0] - model(**clean)).abs().max() > 1e-4  # the edge matters
 
 
-def _split_reference(model, graph, weights, clean, corrupted_outputs):
-    """A decoder's masked logits the plain way: TransformerLens's per-head inputs
-    (``use_split_qkv_input``), each minus ``sum removed * (output - corrupted output)`` over
-    the senders so far, recorded as the forward goes (no code shared with the edge run)."""
-    removed = graph.to_dense(1.0 - weights)
-    outputs: list[torch.Tensor] = []
-    n_heads = graph.n_heads
-    pending = {}
-
-    def correction(receivers):
-        done = torch.cat(outputs)
-        delta = done - corrupted_outputs[: done.shape[0]]
-        return torch.einsum("sr,sbpd->rbpd", removed[: done.shape[0], receivers], delta)
-
-    def start(x, hook):
-        outputs.clear()
-        outputs.append(x[None])
-
-    def head_input(layer, kind):
-        def hook(x, hook):
-            if kind == "q":
-                pending["c"] = correction(graph.qkv_receivers(layer)).permute(1, 2, 0, 3)
-            i = "qkv".index(kind)
-            return x - pending["c"][:, :, i * n_heads : (i + 1) * n_heads]
-
-        return hook
-
-    def heads(layer):
-        def hook(z, hook):
-            w_o = model.blocks[layer].attn.W_O
-            outputs.append(torch.einsum("bphe,hem->hbpm", z, w_o))
-
-        return hook
-
-    def receiver(index):
-        return lambda x, hook: x - correction([index])[0]
-
-    hooks = [("blocks.0.hook_resid_pre", start)]
-    for layer in range(graph.n_layers):
-        hooks += [(f"blocks.{layer}.hook_{k}_input", head_input(layer, k)) for k in "qkv"]
-        hooks += [
-            (f"blocks.{layer}.attn.hook_z", heads(layer)),
-            (f"blocks.{layer}.hook_mlp_in", receiver(graph.mlp_receiver(layer))),
-            (f"blocks.{layer}.hook_mlp_out", lambda x, hook: outputs.append(x[None])),
-        ]
-    last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
-    hooks.append((last, receiver(graph.output_receiver)))
-    with graph_switches(model), model.hooks(fwd_hooks=hooks):
-        return model(**clean)
-
-
 @pytest.mark.parametrize("frozen", [False, True], ids=["trainable", "frozen"])
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt2-cls", "opt-lm", "llama-lm"])
 def test_decoder_heads_projected_by_hand_equal_transformer_lens_split_inputs(
     checkpoints_loaded, kind, frozen
 ):
     """The masked forward of a decoder (each head's input normalised and projected by hand)
-    equals TransformerLens's per-head inputs with the same edges removed, in values and in
+    equals the reference forward (``reference_hooks``: TransformerLens's per-head inputs with
+    the same edges removed, no code shared with the fused engine), in values and in
     the gradients of the edge weights: LayerNorm with gain and bias and RMSNorm with grouped
     key / value heads (random 2-layer models), and the folded LNPre / RMSPre of loaded
     checkpoints; with trainable weights (autograd's backward) and frozen ones (edge pruning:
@@ -456,11 +406,10 @@ def test_decoder_heads_projected_by_hand_equal_transformer_lens_split_inputs(
     grads = []
     for reference in (False, True):
         weights = values.clone().requires_grad_(True)
-        if reference:
-            logits = _split_reference(model, graph, weights, clean, outputs)
-        else:
-            mask = EdgeMask(graph, weights).with_corrupted(outputs)
-            with graph_switches(model), model.hooks(fwd_hooks=mask.hooks(model)):
+        mask = EdgeMask(graph, weights).with_corrupted(outputs)
+        with graph_switches(model):
+            hooks = reference_hooks(model, mask) if reference else mask.hooks(model)
+            with model.hooks(fwd_hooks=hooks):
                 logits = model(**clean)
         (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
         grads.append((logits.detach(), weights.grad))
@@ -736,8 +685,6 @@ def test_the_fused_masked_forward_equals_the_reference_on_every_family(
     (``reference_hooks``): the same logits and the same gradients of the edge weights, on a
     pre-LN decoder of each family and on both post-LN encoders, with weights between 0 and 1,
     exact 0s and exact 1s."""
-    from mi_core.interventions.edges import reference_hooks
-
     model = checkpoints_loaded[kind]
     graph = Graph.from_model(model)
     clean, corrupted = _inputs(kind, 0), _inputs(kind, 1)

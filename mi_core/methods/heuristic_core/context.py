@@ -36,7 +36,7 @@ class ExperimentContext:
         self.layout = ExperimentLayout(self.out)
         self.progress = progress
         self.device = str(config.torch_device())
-        self._model: Any = None
+        self._model: HookedModel | None = None
         self._means: Any = None
         self._eval_sets: list[Any] | None = None
 
