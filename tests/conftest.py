@@ -24,13 +24,25 @@ def data_dir() -> Path:
     return path
 
 
+class _TinyCheckpoints(dict):
+    """Tiny checkpoint folders by kind, each written the first time a test asks for it."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, kind: str) -> Path:
+        from mi_core.testing import make_tiny_checkpoint
+
+        self[kind] = path = make_tiny_checkpoint(kind, self.root / kind)
+        return path
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """One tiny random Hugging Face checkpoint directory per supported family."""
-    from mi_core.testing import TINY_KINDS, make_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("tiny")
-    return {kind: make_tiny_checkpoint(kind, root / kind) for kind in TINY_KINDS}
+    """One tiny random Hugging Face checkpoint directory per kind of
+    :data:`mi_core.testing.TINY_KINDS` (made when first used)."""
+    return _TinyCheckpoints(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="session")

@@ -129,3 +129,34 @@ def random_prompt_pairs(n: int = 8, pos: int = 6, high: int = VOCAB):
         distractor=torch.randint(0, high, (n,), generator=gen),
         position=torch.full((n,), pos - 1),
     )
+
+
+def split_input_scores(model, graph, pairs) -> torch.Tensor:
+    """EAP the plain way: every receiver's gradient from TransformerLens's per-head inputs
+    (``use_split_qkv_input``), times every sender's difference, densely."""
+    from mi_core.circuits import logit_difference
+    from mi_core.interventions import graph_switches, node_outputs
+
+    deltas = node_outputs(model, graph, **pairs.corrupted) - node_outputs(
+        model, graph, **pairs.clean
+    )
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(x, hook):
+        x.retain_grad()
+        kept[hook.name] = x
+
+    names = [f"blocks.{layer}.hook_{kind}" for layer in range(graph.n_layers)
+             for kind in ("q_input", "k_input", "v_input", "mlp_in")]  # fmt: skip
+    last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
+    with graph_switches(model), model.hooks(fwd_hooks=[(n, keep) for n in [*names, last]]):
+        logit_difference(model(**pairs.clean), pairs).mean().backward()
+    model.zero_grad(set_to_none=True)
+    grads = []
+    for layer in range(graph.n_layers):
+        for kind in ("q_input", "k_input", "v_input"):
+            grads.append(kept[f"blocks.{layer}.hook_{kind}"].grad.permute(2, 0, 1, 3))
+        grads.append(kept[f"blocks.{layer}.hook_mlp_in"].grad[None])
+    grads.append(kept[last].grad[None])
+    dense = torch.einsum("sbpd,rbpd->sr", deltas, torch.cat(grads))
+    return graph.from_dense(dense)

@@ -35,6 +35,7 @@ from typing import Any
 PACKAGES: tuple[str, ...] = (
     "mi_core",
     "mi_core.models",
+    "mi_core.models.families",
     "mi_core.data",
     "mi_core.interventions",
     "mi_core.interventions.edges",

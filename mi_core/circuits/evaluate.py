@@ -267,10 +267,10 @@ def to_mib(
             sender, receiver = mib.split("->")
             nodes[sender] = True
             nodes[receiver.split("<")[0]] = True
-    # what EAP-IG's Graph.from_json rebuilds the graph from (MIB's loader): mi_core's graphs
-    # are sequential (a family with parallel attention and MLP has no graph definition)
-    cfg = {"n_layers": graph.n_layers, "n_heads": graph.n_heads, "parallel_attn_mlp": False,
-           "d_model": graph.d_model, **info}  # fmt: skip
+    # what EAP-IG's Graph.from_json rebuilds the graph from (MIB's loader); a parallel
+    # family's graph has no edge from a layer's heads to its own MLP there either
+    cfg = {"n_layers": graph.n_layers, "n_heads": graph.n_heads,
+           "parallel_attn_mlp": graph.parallel, "d_model": graph.d_model, **info}  # fmt: skip
     return {"cfg": cfg, "nodes": {k: {"in_graph": v} for k, v in nodes.items()}, "edges": edges}
 
 

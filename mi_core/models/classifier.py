@@ -663,7 +663,9 @@ def _warn_ignored_token_types(model, token_type_ids) -> None:
 
 
 class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
-    """A GPT-2 sequence classifier: hooked decoder + linear score of the last non-pad token."""
+    """A decoder sequence classifier (GPT-2, Llama, Qwen2, Gemma, ...
+    ``ForSequenceClassification``): hooked decoder + linear score of the last non-pad token,
+    as Hugging Face pools."""
 
     is_encoder = False
 
@@ -686,19 +688,21 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         )
 
     def embed_input(self, input_ids: Ids, attention_mask=None, token_type_ids=None) -> Resid:
-        """Token + position embeddings (positions from 0; right padding; token types ignored,
-        with a warning when they are nonzero).
+        """Token embeddings, plus learnt position embeddings where the family has them
+        (positions from 0; right padding; rotary and ALiBi families place positions inside
+        attention); token types are ignored, with a warning when they are nonzero.
 
-        GPT-2 tokenizers make no token type ids, so GPT-2 classifiers are trained without them.
-        Hugging Face's GPT-2 adds ``wte(token_type_ids)`` when it is given them (zeros too), so
-        compare its logits with these by calling it without ``token_type_ids``.
+        Decoder tokenizers make no token type ids, so decoder classifiers are trained without
+        them. Hugging Face's GPT-2 adds ``wte(token_type_ids)`` when it is given them (zeros
+        too), so compare its logits with these by calling it without ``token_type_ids``.
         """
         if attention_mask is not None:
             _check_right_padded(attention_mask)
         _warn_ignored_token_types(self, token_type_ids)
-        return self.hook_embed(self.embed(input_ids)) + self.hook_pos_embed(
-            self.pos_embed(input_ids)
-        )
+        embed = self.hook_embed(self.embed(input_ids))
+        if self.cfg.positional_embedding_type == "standard":
+            return embed + self.hook_pos_embed(self.pos_embed(input_ids))
+        return embed
 
     def run_blocks(self, resid: Resid, attention_mask=None, start: int = 0, stop=None) -> Resid:
         """Run blocks ``[start:stop]``; with right padding the causal mask hides every pad."""

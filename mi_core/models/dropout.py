@@ -52,10 +52,14 @@ class DropoutRates:
 
     @classmethod
     def from_hf_config(cls, config: Any) -> DropoutRates:
-        """The rates of a ``Bert/Roberta/GPT2ForSequenceClassification`` config."""
-        if config.model_type == "gpt2":
+        """The rates of a sequence classifier's config: BERT / RoBERTa's fields, or a
+        decoder's (each family names them its own way: ``attn_pdrop``, ``attention_dropout``,
+        ...; a rate the config does not name is 0)."""
+        if config.model_type not in ("bert", "roberta"):
             return cls(
-                embed=config.embd_pdrop, attention=config.attn_pdrop, hidden=config.resid_pdrop
+                embed=_rate(config, "embd_pdrop", "embed_dropout"),
+                attention=_rate(config, "attn_pdrop", "attention_dropout"),
+                hidden=_rate(config, "resid_pdrop", "resid_dropout", "hidden_dropout"),
             )
         hidden = float(config.hidden_dropout_prob)
         classifier = getattr(config, "classifier_dropout", None)
@@ -74,6 +78,14 @@ class DropoutRates:
         return any(
             p > 0 for p in (self.embed, self.attention, self.hidden, self.head_input, self.pooled)
         )
+
+
+def _rate(config: Any, *names: str) -> float:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
 
 
 def _dropout(p: float) -> Hook:

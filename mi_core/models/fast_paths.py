@@ -38,6 +38,8 @@ from transformer_lens.components.abstract_attention import AbstractAttention
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities.attention import simple_attn_linear
 
+from mi_core.models.families import family_of_model
+
 _FULL_PRECISION = (torch.float32, torch.float64)
 
 
@@ -212,16 +214,20 @@ def fast_unembed(self: Unembed, residual: torch.Tensor) -> torch.Tensor:
     return self.hook_out(F.linear(residual, self.W_U.T, self.b_U))
 
 
-#: Architectures whose attention TransformerLens changes in ways the fast path does not copy.
+#: Architectures whose attention TransformerLens changes in ways the fast path does not copy
+#: (for a model of no family mi_core knows; a known family says so in its ``fast_paths``).
 _OLMO = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
 
 
 def _plain_lm_attention(cfg: Any) -> bool:
     """Whether a causal LM's attention is one :func:`_fast_lm_attention` computes exactly as
     TransformerLens does (no soft cap, local window, sinks, ALiBi or relative biases, log-n
-    scaling, clipping, OLMo's norms or 4-bit weights)."""
+    scaling, clipping, OLMo's norms or 4-bit weights), and whose family
+    (:mod:`mi_core.models.families`) says its fused forward is exact."""
+    family = family_of_model(cfg)
     return (
-        cfg.positional_embedding_type in ("standard", "rotary")
+        (family is None or family.fast_paths)
+        and cfg.positional_embedding_type in ("standard", "rotary")
         and not cfg.use_local_attn
         and cfg.attn_scores_soft_cap <= 0
         and not cfg.use_attention_sinks

@@ -13,6 +13,7 @@ import logging
 import os
 import pickle
 import re
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,10 +22,10 @@ import torch
 import transformers
 from safetensors import SafetensorError
 from transformer_lens import HookedTransformer
+from transformer_lens.utilities.activation_functions import softcap_enabled
 
-import mi_core.models.configs as configs
-import mi_core.models.convert as convert
 import mi_core.models.embedded as embedded
+import mi_core.models.families as families
 import mi_core.models.weight_cache as weight_cache
 from mi_core.devices import resolve_device
 from mi_core.errors import ConfigError, ModelLoadError, OutputError
@@ -44,30 +45,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CLASSIFIER_ARCHITECTURES = (
-    "BertForSequenceClassification",
-    "RobertaForSequenceClassification",
-    "GPT2ForSequenceClassification",
-)
-#: Pretrained bodies that become classifiers with a fresh, seeded head when a task is named.
-BODY_ARCHITECTURES = (
-    "BertModel",
-    "BertForMaskedLM",
-    "BertForPreTraining",
-    "RobertaModel",
-    "RobertaForMaskedLM",
-    "GPT2Model",
-    "GPT2LMHeadModel",
-)
+#: Sequence classifiers loaded with their own head (one per family that has one).
+CLASSIFIER_ARCHITECTURES = families.classifier_architectures()
+#: Pretrained bodies (encoders, and causal LMs of families with a classifier) that become
+#: classifiers with a fresh, seeded head when a task is named.
+BODY_ARCHITECTURES = tuple(a for f in families.FAMILIES if f.classifier for a in f.bodies)
 #: Parameter names of a sequence classifier's head, which a pretrained body lacks and gets
-#: freshly made (BERT / RoBERTa ``classifier``, GPT-2 ``score``).
+#: freshly made (BERT / RoBERTa ``classifier``, decoders ``score``).
 _HEAD_PREFIXES = ("classifier.", "score.")
-CAUSAL_LM_ARCHITECTURES = ("GPT2LMHeadModel", "OPTForCausalLM", "LlamaForCausalLM")
+#: Causal LMs, loaded as ``HookedTransformer`` when no task is named.
+CAUSAL_LM_ARCHITECTURES = families.causal_lm_architectures()
 #: Every Hugging Face architecture ``load_model`` reads: classifiers, pretrained bodies
-#: given a task head, and causal LMs.
-SUPPORTED_ARCHITECTURES = tuple(
-    dict.fromkeys(CLASSIFIER_ARCHITECTURES + BODY_ARCHITECTURES + CAUSAL_LM_ARCHITECTURES)
-)
+#: given a task head, and causal LMs (:data:`mi_core.models.families.FAMILIES`).
+SUPPORTED_ARCHITECTURES = families.supported_architectures()
 #: Task -> its label names (:data:`mi_core.tasks.TASK_LABELS`, as lists for HF configs).
 TASK_LABEL_NAMES = {task: list(labels) for task, labels in TASK_LABELS.items()}
 
@@ -174,24 +164,13 @@ def load_hf_config(source: ModelSource) -> transformers.PretrainedConfig:
             detail = " ".join(str(exc).split())[:300]
             raise ModelLoadError(f"cannot read the config of {source.path}: {detail}") from None
         raise _hub_error(source, exc) from exc
-    arch = (config.architectures or [_default_architecture(config)])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"architecture {arch} of {source.name} is not supported; supported: "
-            + ", ".join(SUPPORTED_ARCHITECTURES)
-        )
+    families.family_for_architecture(_first_architecture(config), source.name)
     return config
 
 
-def _default_architecture(config) -> str:
-    defaults = {
-        "bert": "BertModel",
-        "roberta": "RobertaModel",
-        "gpt2": "GPT2LMHeadModel",
-        "opt": "OPTForCausalLM",
-        "llama": "LlamaForCausalLM",
-    }
-    return defaults.get(config.model_type, config.model_type)
+def _first_architecture(config: transformers.PretrainedConfig) -> str:
+    """The config's architecture (its first), else its family's default one."""
+    return (config.architectures or [families.default_architecture(config)])[0]
 
 
 def load_tokenizer(source: ModelSource):
@@ -259,7 +238,7 @@ def load_hf_classifier(
             seed,
         )
     config = load_hf_config(source)
-    arch = (config.architectures or [_default_architecture(config)])[0]
+    arch = _first_architecture(config)
     wanted = _expected_num_labels(task, num_labels)
     if arch in CLASSIFIER_ARCHITECTURES:
         if wanted is not None and config.num_labels != wanted:
@@ -271,7 +250,7 @@ def load_hf_classifier(
         wanted = config.num_labels
         if task is None:
             task = next((t for t, n in TASK_NUM_LABELS.items() if n == wanted), None)
-    elif arch not in BODY_ARCHITECTURES or arch in ("OPTForCausalLM", "LlamaForCausalLM"):
+    elif arch not in BODY_ARCHITECTURES:
         raise ModelLoadError(
             f"{source.name} ({arch}) cannot be a sequence classifier; supported: "
             + ", ".join(CLASSIFIER_ARCHITECTURES + BODY_ARCHITECTURES)
@@ -370,13 +349,13 @@ def load_hf_causal_lm(name_or_path: str | os.PathLike[str]):
     """The Hugging Face causal LM for a checkpoint (GGUF files are de-quantised), and tokenizer."""
     source = resolve_source(name_or_path)
     config = load_hf_config(source)
-    arch = (config.architectures or [_default_architecture(config)])[0]
+    arch = _first_architecture(config)
     if arch not in CAUSAL_LM_ARCHITECTURES:
         raise ModelLoadError(
             f"{source.name} ({arch}) is not a causal LM; supported: "
             + ", ".join(CAUSAL_LM_ARCHITECTURES)
         )
-    configs.decoder_config(config)  # a variant the conversion would change: refused before
+    families.tl_config(config)  # a variant the conversion would change: refused before
     tokenizer = load_tokenizer(source)  # the weights are read
     model = _from_pretrained(
         transformers.AutoModelForCausalLM, source, dtype=torch.float32, **source.kwargs()
@@ -426,12 +405,15 @@ def _check_finite(model: torch.nn.Module, name: str) -> None:
 def hooked_classifier_from_hf(
     hf_model, tokenizer, task: str | None = None, device: str = "cpu", dtype=torch.float32
 ) -> HookedClassifier:
-    """Convert a Hugging Face BERT/RoBERTa/GPT-2 sequence classifier to a hooked classifier."""
+    """Convert a Hugging Face sequence classifier (an encoder's or a decoder's, of any
+    family in :data:`~mi_core.models.families.FAMILIES`) to a hooked classifier, weights
+    exact (no norm folding)."""
     config = hf_model.config
     label_names = [config.id2label[i] for i in range(config.num_labels)]
-    if config.model_type in ("bert", "roberta"):
-        cfg = configs.encoder_config(config, device=device, dtype=dtype)
-        model = HookedEncoderClassifier(
+    family = families.family_for_config(config)
+    cfg = families.tl_config(config, device=device, dtype=dtype)
+    if family.encoder:
+        model: HookedClassifier = HookedEncoderClassifier(
             cfg,
             config.num_labels,
             tokenizer,
@@ -439,30 +421,35 @@ def hooked_classifier_from_hf(
             label_names,
             uses_token_types=config.type_vocab_size > 1,
         )
-        body = hf_model.roberta if config.model_type == "roberta" else hf_model.bert
-        state = convert.encoder_state_dict(body, cfg) | convert.encoder_head_state_dict(hf_model)
-    elif config.model_type == "gpt2":
-        cfg = configs.decoder_config(config, device=device, dtype=dtype)
-        model = HookedDecoderClassifier(cfg, config.num_labels, tokenizer, task, label_names)
-        state = convert.gpt2_classifier_state_dict(hf_model, cfg)
     else:
-        raise ModelLoadError(f"no hooked classifier for model type {config.model_type!r}")
-    _load_exact(model, state)
+        model = HookedDecoderClassifier(cfg, config.num_labels, tokenizer, task, label_names)
+    _load_exact(model, families.classifier_state_dict(hf_model, cfg))
     model.dropout_rates = DropoutRates.from_hf_config(config)
     model.model_name = str(getattr(config, "_name_or_path", "") or cfg.model_name)
     return model.eval()
 
 
 def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load a converted state dict, requiring every learnt weight to be present."""
+    """Load a converted state dict, requiring every learnt weight to be present.
+
+    TransformerLens's converters write zero tensors for biases a family lacks (Phi-3's norm
+    biases) and leave out some it has as zeros (gated MLP biases; ALiBi models' unused position
+    table): a missing bias or unused position table is zero, an unexpected tensor must be all
+    zeros; anything else missing or extra is a conversion error."""
     own = model.state_dict()
-    missing = [k for k in own if k not in state and not k.endswith(("IGNORE", ".mask"))]
-    unexpected = [k for k in state if k not in own]
+    made = ("IGNORE", ".mask", ".rotary_sin", ".rotary_cos")  # buffers the model makes itself
+    zero = re.compile(r"(\.b_?[A-Za-z]*|pos_embed\.W_pos)$")
+    missing = [k for k in own if k not in state and not k.endswith(made)]
+    unexpected = [k for k in state if k not in own and bool(state[k].detach().abs().max() > 0)]
+    zeros = [k for k in missing if zero.search(k)]
+    missing = [k for k in missing if k not in zeros]
     if missing or unexpected:
         raise ModelLoadError(
             f"weight conversion mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    model.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
+    loaded = {k: v.detach().clone() for k, v in state.items() if k in own}
+    loaded |= {k: torch.zeros_like(own[k]) for k in zeros}
+    model.load_state_dict(loaded, strict=False)
 
 
 def hooked_causal_lm_from_hf(
@@ -473,14 +460,16 @@ def hooked_causal_lm_from_hf(
     fold_ln: bool = True,
     fold_value_biases: bool | None = None,
 ) -> HookedTransformer:
-    """Convert a Hugging Face GPT-2/OPT/Llama causal LM to a ``HookedTransformer``.
+    """Convert a Hugging Face causal LM (any family of
+    :data:`~mi_core.models.families.FAMILIES`) to a ``HookedTransformer``.
 
     ``fold_value_biases`` (default: ``fold_ln``): fold each head's value bias into the output
     bias, as TransformerLens does; ``model.value_biases_folded`` says whether that moved any
     nonzero bias (``hook_z`` then leaves it out)."""
+    fold_ln = fold_ln and families.foldable(hf_model.config)
     fold_v = fold_ln if fold_value_biases is None else fold_value_biases
-    cfg = configs.decoder_config(hf_model.config, device=device, dtype=dtype, fold_ln=fold_ln)
-    state = convert.causal_lm_state_dict(hf_model, cfg)
+    cfg = families.tl_config(hf_model.config, device=device, dtype=dtype, fold_ln=fold_ln)
+    state = families.causal_lm_state_dict(hf_model, cfg)
     moved = fold_v and any(
         bool(v.detach().abs().max() > 0)
         for k, v in state.items()
@@ -491,13 +480,22 @@ def hooked_causal_lm_from_hf(
         state,
         fold_ln=fold_ln,
         center_writing_weights=fold_ln,
-        center_unembed=fold_ln,
+        center_unembed=fold_ln and not softcap_enabled(cfg.output_logits_soft_cap),
         fold_value_biases=fold_v,
     )
     model.value_biases_folded = moved
+    _zero_unused_positions(model)
     attach_tokenizer(model, tokenizer)
     model.model_name = str(getattr(hf_model.config, "_name_or_path", "") or cfg.model_name)
     return model.eval()
+
+
+def _zero_unused_positions(model: HookedTransformer) -> None:
+    """TransformerLens makes a learnt position table for ALiBi models too, which it never
+    reads and leaves uninitialised: zero it, so the weights hold no garbage (NaN)."""
+    if model.cfg.positional_embedding_type == "alibi" and hasattr(model, "pos_embed"):
+        with torch.no_grad():
+            model.pos_embed.W_pos.zero_()
 
 
 def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
@@ -511,6 +509,26 @@ def attach_tokenizer(model: HookedTransformer, tokenizer: Any) -> None:
     model.tokenizer = tokenizer
     model.cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
     model.cfg.tokenizer_name = getattr(tokenizer, "name_or_path", None)
+    if "gemma" in str(getattr(tokenizer, "name_or_path", "")):
+        # TransformerLens's to_str_tokens gives a string's tokens an extra dimension when the
+        # tokenizer's name says gemma, and then fails reading them; tokenise first instead
+        model.to_str_tokens = types.MethodType(_to_str_tokens_via_ids, model)
+
+
+def _to_str_tokens_via_ids(
+    self: HookedTransformer, input: Any, prepend_bos: Any = None, padding_side: Any = None
+) -> Any:
+    """TransformerLens's ``to_str_tokens``, given a string's token ids rather than the string."""
+    if isinstance(input, list):
+        return [_to_str_tokens_via_ids(self, x, prepend_bos, padding_side) for x in input]
+    if isinstance(input, str):
+        kwargs = {
+            k: v
+            for k, v in (("prepend_bos", prepend_bos), ("padding_side", padding_side))
+            if v is not None
+        }
+        input = self.to_tokens(input, **kwargs)[0]
+    return HookedTransformer.to_str_tokens(self, input)
 
 
 def _load_cached(
@@ -518,7 +536,8 @@ def _load_cached(
 ) -> HookedTransformer:
     cached = ModelSource(source.name, str(cache), local=True)
     hf_config = load_hf_config(cached)
-    cfg = configs.decoder_config(hf_config, device=device, dtype=dtype, fold_ln=fold_ln)
+    fold_ln = fold_ln and families.foldable(hf_config)
+    cfg = families.tl_config(hf_config, device=device, dtype=dtype, fold_ln=fold_ln)
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
     weights, metadata = read_safetensors(cache / CACHED_WEIGHTS)
     if "value_biases_folded" not in metadata:
@@ -615,7 +634,7 @@ def _classifier_arch(arch: str, task: str | None, num_labels: int | None) -> boo
 def _architecture(source: ModelSource) -> str:
     """The checkpoint's architecture name (its config's first, else the model type's)."""
     config = load_hf_config(source)
-    return (config.architectures or [_default_architecture(config)])[0]
+    return _first_architecture(config)
 
 
 def load_model(

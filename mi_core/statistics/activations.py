@@ -328,6 +328,12 @@ def collect_activation_stats(
     if unknown or not sites:
         raise ConfigError(f"sites must be a non-empty subset of {list(SITES)}, got {list(sites)}")
     cfg = model.cfg
+    if "mlp" in sites and cfg.num_experts:
+        raise ConfigError(
+            "MLP neuron statistics are not defined for a mixture-of-experts MLP (Mixtral, "
+            "OLMoE): each expert has its own neurons and sees only the tokens routed to it; "
+            "score attention neurons only (sites=('attn',), mi-core separability --sites attn)"
+        )
     device = cfg.device
     per_layer = {"mlp": (cfg.d_mlp,), "attn": (cfg.n_heads, cfg.d_head)}
     collected = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_prompt_pairs, random_tokens, tiny_model
+from helpers import random_prompt_pairs, random_tokens, split_input_scores, tiny_model
 from scipy.stats import spearmanr
 
 from mi_core.circuits import Graph, attribute, edge_attribution, exact_patching, logit_difference
@@ -196,36 +196,6 @@ def test_attribute_averages_batches_and_refuses_bad_input(gpt2):
         )  # fmt: skip
 
 
-def _split_input_scores(model, graph: Graph, pairs: PromptPairs) -> torch.Tensor:
-    """EAP the plain way: every receiver's gradient from TransformerLens's per-head inputs
-    (``use_split_qkv_input``), times every sender's difference, densely."""
-    from mi_core.interventions import graph_switches, node_outputs
-
-    deltas = node_outputs(model, graph, **pairs.corrupted) - node_outputs(
-        model, graph, **pairs.clean
-    )
-    kept: dict[str, torch.Tensor] = {}
-
-    def keep(x, hook):
-        x.retain_grad()
-        kept[hook.name] = x
-
-    names = [f"blocks.{layer}.hook_{kind}" for layer in range(graph.n_layers)
-             for kind in ("q_input", "k_input", "v_input", "mlp_in")]  # fmt: skip
-    last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
-    with graph_switches(model), model.hooks(fwd_hooks=[(n, keep) for n in [*names, last]]):
-        logit_difference(model(**pairs.clean), pairs).mean().backward()
-    model.zero_grad(set_to_none=True)
-    grads = []
-    for layer in range(graph.n_layers):
-        for kind in ("q_input", "k_input", "v_input"):
-            grads.append(kept[f"blocks.{layer}.hook_{kind}"].grad.permute(2, 0, 1, 3))
-        grads.append(kept[f"blocks.{layer}.hook_mlp_in"].grad[None])
-    grads.append(kept[last].grad[None])
-    dense = torch.einsum("sbpd,rbpd->sr", deltas, torch.cat(grads))
-    return graph.from_dense(dense)
-
-
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "opt-lm", "llama-lm"])
 def test_decoder_eap_from_the_unsplit_forward_equals_split_input_gradients(kind, tiny_checkpoints):
     """The decoder EAP takes per-head input gradients by hand (through W_Q / W_K / W_V and
@@ -235,7 +205,7 @@ def test_decoder_eap_from_the_unsplit_forward_equals_split_input_gradients(kind,
     pairs = _lm_pairs(high=90 if kind in ("gpt2", "llama") else 2000)
     graph = Graph.from_model(model)
     got = edge_attribution(model, graph, pairs)
-    expected = _split_input_scores(model, graph, pairs)
+    expected = split_input_scores(model, graph, pairs)
     assert expected.abs().max() > 1e-3
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
     assert not model.cfg.use_split_qkv_input  # the switches are restored

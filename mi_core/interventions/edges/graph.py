@@ -5,9 +5,12 @@ head (``L2.H5``) and every MLP (``L3.MLP``). Inputs that read from it (*receiver
 head's query, key and value input (``L2.H5.q``, ``.k``, ``.v``), each MLP's input (``L3.MLP``)
 and the output (``output``: the unembedding or the classifier head). An edge joins a sender to
 every receiver after it (``L0.H1->L2.H5.q``, ``input->L0.MLP``, ``L5.MLP->output``); a layer's
-heads feed its own MLP.
+heads feed its own MLP, except in *parallel* blocks (GPT-NeoX / Pythia, GPT-J, Phi-1 / 2),
+where attention and MLP both read the block's input: there a layer's heads reach the MLPs of
+later layers only.
 
-*Pre-LayerNorm decoders* (GPT-2, OPT and Llama families, GPT-2 classifiers): the residual
+*Pre-LayerNorm decoders* (every causal-LM family whose sublayer outputs are added to the
+residual stream as they are, :data:`mi_core.models.families.FAMILIES`): the residual
 stream at a receiver is the sum of the outputs of the senders before it plus constant biases
 (attention's ``b_O``), so an edge is exact. Grouped-query models are ungrouped while a graph
 acts: each query head gets its own key and value input (``L2.H5.k``).
@@ -40,9 +43,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Bool, Float
 from transformer_lens.components import BertBlock, TransformerBlock
+from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from mi_core.errors import InterventionError
 from mi_core.interventions.components import Component
+from mi_core.models.families import family_of_model
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
@@ -60,8 +65,9 @@ __all__ = [
 
 #: The model families that have a computational graph, in words (error messages).
 SUPPORTED_GRAPHS = (
-    "pre-LayerNorm decoders (GPT-2, OPT and Llama families; GPT-2 classifiers) and "
-    "post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"
+    "pre-LayerNorm decoders, sequential or parallel (GPT-2, OPT, Llama, Mistral, Mixtral, "
+    "Qwen2 / 3, Phi, Phi-3, Gemma, GPT-NeoX, GPT-J, GPT-Neo, OLMo, OLMoE, BLOOM; their "
+    "classifiers) and post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"
 )
 
 
@@ -77,8 +83,13 @@ def _component(text: str) -> Component | None:
 NodeOutputs = Float[torch.Tensor, "sender batch pos d_model"]
 
 
+#: Architectures whose query / key norms act on all heads at once (before the split by head).
+_NORMED_ACROSS_HEADS = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+
+
 def _family(model: HookedModel) -> str:
-    """``"decoder"`` or ``"encoder"``, or a clear error for a model with no graph."""
+    """``"encoder"``, ``"parallel"`` or ``"sequential"``, or a clear error for a model with
+    no graph (by its family's graph kind where mi_core loaded it, else by its blocks)."""
     blocks = getattr(model, "blocks", None)
     cfg = getattr(model, "cfg", None)
     if blocks is None or cfg is None or len(blocks) == 0:
@@ -88,17 +99,27 @@ def _family(model: HookedModel) -> str:
     name = cfg.original_architecture or type(model).__name__
     if all(type(b) is BertBlock for b in blocks):
         return "encoder"
-    plain_decoder = (
+    family = family_of_model(model)
+    if family is not None and family.graph not in ("sequential", "parallel"):
+        raise InterventionError(
+            f"no circuit graph for {name} ({family.exact}): supported are {SUPPORTED_GRAPHS}"
+        )
+    decoder = (
         all(type(b) is TransformerBlock for b in blocks)
         and cfg.normalization_type in ("LN", "LNPre", "RMS", "RMSPre")
-        and not cfg.parallel_attn_mlp
         and not cfg.attn_only
         and not cfg.use_normalization_before_and_after
-        and "Olmo2" not in name
-        and "Olmo3" not in name
+        and name not in POST_NORM_ARCHITECTURES
     )
-    if plain_decoder:
-        return "decoder"
+    grouped = cfg.n_key_value_heads is not None and cfg.n_key_value_heads != cfg.n_heads
+    if grouped and name in _NORMED_ACROSS_HEADS:
+        raise InterventionError(
+            f"no circuit graph for {name} with grouped key / value heads: its key norm spans "
+            "the grouped heads, so TransformerLens cannot give each query head its own key "
+            "input; supported are " + SUPPORTED_GRAPHS
+        )
+    if decoder and (family is not None or not cfg.parallel_attn_mlp):
+        return "parallel" if cfg.parallel_attn_mlp else "sequential"
     raise InterventionError(f"no circuit graph for {name}: supported are {SUPPORTED_GRAPHS}")
 
 
@@ -114,13 +135,20 @@ class Graph:
     n_heads: int
     d_model: int
     post_ln: bool = False
+    parallel: bool = False
 
     @classmethod
     def from_model(cls, model: HookedModel) -> Graph:
         """The graph of ``model`` (an error names the supported families for any other)."""
         family = _family(model)
         cfg = model.cfg
-        return cls(cfg.n_layers, cfg.n_heads, cfg.d_model, post_ln=family == "encoder")
+        return cls(
+            cfg.n_layers,
+            cfg.n_heads,
+            cfg.d_model,
+            post_ln=family == "encoder",
+            parallel=family == "parallel",
+        )
 
     def check_model(self, model: HookedModel) -> None:
         """Refuse a model whose graph is not this one."""
@@ -181,9 +209,12 @@ class Graph:
 
     @cached_property
     def _receiver_depth(self) -> torch.Tensor:
+        """A receiver's depth; it reads every sender of smaller depth. A parallel block's MLP
+        reads the block's input, as its heads do, so it sits at their depth."""
         depth = []
+        mlp = 0 if self.parallel else 1
         for layer in range(self.n_layers):
-            depth += [2 * layer] * (3 * self.n_heads) + [2 * layer + 1]
+            depth += [2 * layer] * (3 * self.n_heads) + [2 * layer + mlp]
         return torch.tensor([*depth, 2 * self.n_layers])
 
     @cached_property
@@ -334,10 +365,17 @@ class Graph:
             "n_heads": self.n_heads,
             "d_model": self.d_model,
             "post_ln": self.post_ln,
+            "parallel": self.parallel,
         }
 
     def __str__(self) -> str:
-        kind = "post-LN encoder" if self.post_ln else "pre-LN decoder"
+        kind = (
+            "post-LN encoder"
+            if self.post_ln
+            else "parallel pre-LN decoder"
+            if self.parallel
+            else "pre-LN decoder"
+        )
         return (
             f"Graph({kind}, {self.n_layers} layers x {self.n_heads} heads: {self.n_senders} "
             f"senders, {self.n_receivers} receivers, {self.n_edges} edges)"

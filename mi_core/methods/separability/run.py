@@ -280,9 +280,9 @@ def _select(
     return ff_sel, attn_sel, (ff_thr, attn_thr)
 
 
-def _sites(config: SeparabilityConfig, step: int) -> tuple[str, ...]:
+def _sites(config: SeparabilityConfig, step: int, moe: bool = False) -> tuple[str, ...]:
     if step == 1:  # both, so that the first scores can be plotted whatever is pruned
-        return ("mlp", "attn")
+        return ("attn",) if moe else ("mlp", "attn")
     return tuple(
         site for site, on in (("mlp", config.ff_frac > 0), ("attn", config.prunes_attention)) if on
     )
@@ -426,6 +426,13 @@ def run_separability(
             "miss them and a removed neuron would keep its bias; load it with "
             "load_model(..., fold_value_biases=False), as mi-core separability does"
         )
+    moe = bool(model.cfg.num_experts)
+    if moe and config.ff_frac > 0:
+        raise ConfigError(
+            "a mixture-of-experts MLP (Mixtral, OLMoE) has no MLP neurons to score (each "
+            "expert has its own and sees only the tokens routed to it): prune attention only "
+            "(ff_frac 0 and attn_frac > 0; mi-core separability --ff-frac 0 --attn-frac F)"
+        )
     if config.svd:
         svd_attention(model, combine_biases=config.svd_combine_biases)
     skip = {
@@ -468,7 +475,7 @@ def run_separability(
                 task.stats,
                 task.stats_mask,
                 batch_size=config.batch_size,
-                sites=_sites(config, step),
+                sites=_sites(config, step, moe),
                 fwd_hooks=hooks,
                 progress=progress,
                 desc=f"statistics {task.name}",
@@ -506,7 +513,7 @@ def run_separability(
                     focus.stats,
                     focus.stats_mask,
                     batch_size=config.batch_size,
-                    sites=_sites(config, step + 1),
+                    sites=_sites(config, step + 1, moe),
                     fwd_hooks=random_masks.hooks(model),
                     correct_top_k=config.stats_correct_top_k,
                 )

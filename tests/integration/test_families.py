@@ -1,0 +1,279 @@
+"""Every model family of the table (mi_core.models.families.FAMILIES), each on its tiny random
+checkpoint: the guarantees mi_core gives on GPT-2, OPT and Llama, family by family.
+
+Logits against Hugging Face's (padding and an attention mask), the TransformerLens string API,
+fast paths that never change a result, node masks against weight edits, separability's
+statistics against a cache read by hand, circuit graphs that are exact where the family's
+wiring is exact (parallel blocks have no edge from a layer's heads to its own MLP), EAP
+against the split-input gradients, EAP-IG and edge pruning runs, and decoder classifiers
+against Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import random_prompt_pairs, random_tokens, split_input_scores
+
+from mi_core.circuits import (
+    EdgePruneSettings,
+    Graph,
+    edge_attribution,
+    graph_error,
+    prune_edges,
+    to_mib,
+)
+from mi_core.errors import ConfigError, InterventionError, ModelLoadError
+from mi_core.interventions import ComponentMask, ablate, compute_means
+from mi_core.interventions.edges import EdgeMask, graph_switches, reference_hooks
+from mi_core.models import load_model
+from mi_core.models.families import FAMILIES, family_of_model
+from mi_core.models.loading import load_hf_causal_lm, load_hf_classifier
+from mi_core.statistics import collect_activation_stats
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LM_KINDS = [f"{f.name}-lm" for f in FAMILIES if f.causal_lm]
+CLS_KINDS = [f"{f.name}-cls" for f in FAMILIES if f.classifier and not f.encoder]
+#: Families whose every sublayer output is added to the residual stream as it is: a graph
+#: whose edges are exact, all kept or all removed.
+GRAPH_KINDS = [
+    f"{f.name}-lm" for f in FAMILIES if f.causal_lm and f.graph in ("sequential", "parallel")
+]
+NO_GRAPH_KINDS = [f"{f.name}-lm" for f in FAMILIES if f.causal_lm and f.graph == "post_norm_out"]
+
+
+@pytest.fixture(scope="module")
+def lms(tiny_checkpoints):
+    """Loaded tiny LMs by kind, each loaded once for the module."""
+
+    class Loaded(dict):
+        def __missing__(self, kind):
+            self[kind] = model = load_model(tiny_checkpoints[kind])
+            return model
+
+    return Loaded()
+
+
+def _padded(n: int = 3, pos: int = 11) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = random_tokens(n, pos, seed=0, low=1000, high=2000)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # one right-padded row
+    return ids, mask
+
+
+@pytest.mark.parametrize("kind", LM_KINDS)
+def test_logprobs_equal_hugging_face_with_padding(tiny_checkpoints, lms, kind):
+    model = lms[kind]
+    hf, _ = load_hf_causal_lm(tiny_checkpoints[kind])
+    ids, mask = _padded()
+    with torch.no_grad():
+        ours = model(ids, attention_mask=mask).log_softmax(-1)
+        theirs = hf(ids, attention_mask=mask).logits.log_softmax(-1)
+    real = mask.bool()
+    assert (ours - theirs)[real].abs().max().item() < 1e-4
+    assert family_of_model(model).causal_lm == hf.config.architectures[0]
+
+
+@pytest.mark.parametrize("kind", LM_KINDS)
+def test_the_transformer_lens_string_api_works(lms, kind):
+    model = lms[kind]
+    tokens = model.to_tokens("the cat sat")
+    words = model.to_str_tokens("the cat sat")
+    assert words == [model.tokenizer.decode([t]) for t in tokens[0].tolist()]
+    assert "".join(words).replace(" ", "").find("thecatsat") >= 0
+    logits, cache = model.run_with_cache("the cat sat")
+    assert logits.shape == (*tokens.shape, model.cfg.d_vocab) and "blocks.2.attn.hook_z" in cache
+    text = model.generate(
+        "the cat", max_new_tokens=2, do_sample=False, verbose=False, stop_at_eos=False
+    )
+    assert text.replace(" ", "").startswith("thecat")  # Qwen2's test tokenizer adds no spaces
+    assert len(model.to_tokens(text, prepend_bos=False)[0]) > 3
+
+
+@pytest.mark.parametrize("kind", LM_KINDS)
+def test_fast_paths_give_transformer_lens_values(tiny_checkpoints, lms, kind):
+    """Each family takes the fused forward only where it is exact; either way the values are
+    TransformerLens's (with and without a padding mask)."""
+    fast, plain = lms[kind], load_model(tiny_checkpoints[kind], fast_paths=False)
+    ids, mask = _padded()
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}):
+            got, expected = fast(ids, **kwargs), plain(ids, **kwargs)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", LM_KINDS)
+def test_node_masks_equal_weight_edits(lms, kind):
+    """A head masked with the zero fill is the head's rows of W_O set to zero; an MLP masked
+    with the zero fill is its output removed; the mean fill writes the recorded means."""
+    model = lms[kind]
+    ids, mask = _padded()
+    removed = ComponentMask.from_removed(model, ["L1.H2", "L2.MLP"])
+    with torch.no_grad(), ablate(model, removed, fill="zero"):
+        masked = model(ids, attention_mask=mask)
+    w_o = model.blocks[1].attn.W_O
+    saved = w_o.detach().clone()
+
+    def no_mlp(x, hook):
+        return torch.zeros_like(x)
+
+    try:
+        with torch.no_grad():
+            w_o[2] = 0.0
+            by_hand = model.run_with_hooks(
+                ids, attention_mask=mask, fwd_hooks=[("blocks.2.hook_mlp_out", no_mlp)]
+            )
+    finally:
+        with torch.no_grad():
+            w_o.copy_(saved)
+    torch.testing.assert_close(masked, by_hand, atol=1e-5, rtol=1e-5)
+    assert (masked - model(ids, attention_mask=mask)).abs().max() > 1e-3
+    means = compute_means(model, [{"input_ids": ids, "attention_mask": mask}])
+    with torch.no_grad(), ablate(model, removed, means, fill="mean"):
+        _, cache = model.run_with_cache(ids, attention_mask=mask)
+    torch.testing.assert_close(
+        cache["blocks.1.attn.hook_z"][:, :, 2], means.z[1, 2].float().expand(3, 11, -1)
+    )
+    torch.testing.assert_close(
+        cache["blocks.2.hook_mlp_out"], means.mlp_out[2].float().expand(3, 11, -1)
+    )
+
+
+@pytest.mark.parametrize("kind", LM_KINDS)
+def test_separability_statistics_are_the_cache_read_by_hand(lms, kind):
+    model = lms[kind]
+    ids, mask = _padded()
+    real = mask.bool()
+    if family_of_model(model).moe:
+        with pytest.raises(ConfigError, match="mixture-of-experts"):
+            collect_activation_stats(model, ids, real)
+        stats = collect_activation_stats(model, ids, real, sites=("attn",))
+        assert stats.mlp is None and stats.attn is not None
+        return
+    stats = collect_activation_stats(model, ids, real)
+    _, cache = model.run_with_cache(ids, attention_mask=mask)
+    post = cache["blocks.1.mlp.hook_post"][real].double()  # gated or not: the MLP's neurons
+    z = cache["blocks.2.attn.hook_z"][real].double()  # attention pre-out neurons
+    assert stats.mlp is not None and stats.attn is not None
+    # float32 activations, float64 sums: the two runs (padding mask or none) round apart
+    close = {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(stats.mlp.running_mean[1], post.mean(0), **close)
+    torch.testing.assert_close(stats.attn.running_mean[2], z.mean(0), **close)
+    torch.testing.assert_close(stats.mlp.positive[1], (post > 0).double().sum(0))
+
+
+@pytest.mark.parametrize("kind", GRAPH_KINDS)
+def test_edge_graphs_are_exact_and_the_fused_forward_is_the_reference(lms, kind):
+    model = lms[kind]
+    graph = Graph.from_model(model)
+    family = family_of_model(model)
+    assert graph.parallel == (family.graph == "parallel") and not graph.post_ln
+    if graph.parallel:  # a layer's heads do not feed its own MLP
+        assert graph.edge_index("L0.H1->L1.MLP") >= 0
+        with pytest.raises(InterventionError, match="does not come before"):
+            graph.edge_index("L1.H1->L1.MLP")
+    else:
+        assert graph.edge_index("L1.H1->L1.MLP") >= 0
+    clean = {"input": random_tokens(3, 9, seed=0, low=1000, high=2000)}
+    corrupted = {"input": random_tokens(3, 9, seed=1, low=1000, high=2000)}
+    errors = graph_error(model, graph, clean, corrupted)
+    assert errors["full"] < 1e-4 and errors["empty"] < 1e-4
+    values = torch.rand(graph.n_edges, generator=torch.Generator().manual_seed(8))
+    values[values < 0.3] = 0.0
+    base = EdgeMask(graph, values, "corrupted").patching(model, **corrupted)
+    results = []
+    for reference in (True, False):
+        weights = values.clone().requires_grad_(True)
+        mask = EdgeMask(graph, weights, "corrupted", None, base.corrupted)
+        with graph_switches(model):
+            hooks = reference_hooks(model, mask) if reference else mask.hooks(model)
+            with model.hooks(fwd_hooks=hooks):
+                logits = model(**clean)
+        (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+        results.append((logits.detach(), weights.grad))
+    model.zero_grad(set_to_none=True)
+    (expected, expected_grad), (got, grad) = results
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    # float32 rounding: GPT-Neo's unscaled attention scores put the largest gap at 4e-6 of
+    # the largest gradient; in float64 the two paths agree exactly
+    scale = float(expected_grad.abs().max())
+    torch.testing.assert_close(grad, expected_grad, atol=1e-5 * scale, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", NO_GRAPH_KINDS)
+def test_families_with_normed_sublayer_outputs_say_they_have_no_graph(lms, kind):
+    with pytest.raises(InterventionError, match="no circuit graph.*no edge graph.*norm"):
+        Graph.from_model(lms[kind])
+
+
+@pytest.mark.parametrize("kind", GRAPH_KINDS)
+def test_eap_eap_ig_and_edge_pruning_run_on_every_family(lms, kind):
+    """EAP equals the gradients TransformerLens's split inputs give, on each family's graph;
+    EAP-IG and a short edge-pruning run reach their targets; the MIB export says whether the
+    blocks are parallel."""
+    model = lms[kind]
+    graph = Graph.from_model(model)
+    pairs = random_prompt_pairs(4, 6, high=2000)
+    eap = edge_attribution(model, graph, pairs)
+    expected = split_input_scores(model, graph, pairs)
+    assert expected.abs().max() > 1e-3
+    torch.testing.assert_close(eap, expected, rtol=1e-4, atol=1e-5 * float(expected.abs().max()))
+    ig = edge_attribution(model, graph, pairs, steps=2)
+    assert torch.isfinite(ig).all() and not torch.equal(ig, eap)
+    top = EdgeMask(graph, (eap.abs() >= eap.abs().median()).float())
+    mib = to_mib(graph, eap, top, method="eap")
+    assert mib["cfg"]["parallel_attn_mlp"] == graph.parallel
+    assert json.loads(json.dumps(mib))["cfg"]["n_layers"] == 3
+    config = EdgePruneSettings(sparsity=0.5, steps=4, sparsity_warmup_steps=2, batch_size=4)
+    result = prune_edges(model, pairs, config, progress=False)
+    assert result.circuit.n_kept == round(0.5 * graph.n_edges)
+    assert len(result.history) == 4 and all(h["kl"] >= 0 for h in result.history)
+
+
+@pytest.mark.parametrize("kind", CLS_KINDS)
+def test_decoder_classifiers_equal_hugging_face(tiny_checkpoints, kind):
+    """Each family's ForSequenceClassification: logits of the last non-pad token, as
+    Hugging Face pools, within 1e-4 (right padding)."""
+    model = load_model(tiny_checkpoints[kind])
+    hf, tokenizer, _ = load_hf_classifier(tiny_checkpoints[kind])
+    batch = tokenizer(
+        ["the cat sat on the mat", "a man plays"], ["a cat sat", "nobody plays"],
+        padding=True, return_tensors="pt", return_token_type_ids=False,
+    )  # fmt: skip
+    assert (batch["attention_mask"] == 0).any()
+    with torch.no_grad():
+        theirs = hf(**batch).logits
+        ours = model(**batch)
+    assert ours.shape == (2, 3) and (ours - theirs).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["qwen2-lm", "gemma-lm", "gpt-neox-lm"])
+def test_a_causal_lm_with_a_task_gets_a_seeded_head(tiny_checkpoints, kind):
+    model = load_model(tiny_checkpoints[kind], task="mnli", seed=3)
+    again = load_model(tiny_checkpoints[kind], task="mnli", seed=3)
+    other = load_model(tiny_checkpoints[kind], task="mnli", seed=4)
+    assert model.task == "mnli" and not model.head_from_checkpoint
+    torch.testing.assert_close(model.head.score.weight, again.head.score.weight)
+    assert not torch.equal(model.head.score.weight, other.head.score.weight)
+    ids = random_tokens(2, 7, seed=0, low=1000, high=2000)
+    assert model(input_ids=ids, attention_mask=torch.ones_like(ids)).shape == (2, 3)
+
+
+def test_an_unsupported_family_names_the_supported_architectures(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]})
+    )
+    with pytest.raises(ModelLoadError, match="not supported; supported: .*Qwen2ForCausalLM"):
+        load_model(tmp_path)
+
+
+def test_the_docs_table_is_the_registry():
+    """docs/models.md carries the families table as the registry makes it."""
+    from helpers import REPO
+
+    from mi_core.models.families import families_table
+
+    assert families_table() in (REPO / "docs" / "models.md").read_text(encoding="utf-8")
