@@ -18,9 +18,9 @@ import contextlib
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from mi_core.config import Config
+from mi_core.config import Config, option
 from mi_core.errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported where a device is used: a job's config stays light
@@ -160,3 +160,31 @@ class DeviceOption(Config):
     def torch_device(self) -> torch.device:
         """The resolved device (:func:`resolve_device`)."""
         return resolve_device(self.device)
+
+
+#: The dtypes a job may load a model's weights in (:class:`ModelPlacement`).
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(kw_only=True)
+class ModelPlacement(DeviceOption):
+    """``device``, and how a model too large for one GPU is held: the dtype of its weights and
+    the GPUs of this machine its layers are split over. Taken by the jobs that load language
+    models or large classifiers to read them (eval, means, ablation table, separability,
+    circuit); what they compute from the model (masks, scores, means, statistics) stays in
+    float32 or float64 whatever the weights are."""
+
+    weights: str = option("float32", choices=WEIGHT_DTYPES)
+    """The dtype the model's weights are loaded in: bfloat16 / float16 halve the memory a model
+    takes (its activations and logits are then of that dtype too)."""
+    n_devices: int = option(1, ge=1)
+    """Split a causal LM's layers over this many GPUs of this machine (cuda:0 ... cuda:N-1,
+    TransformerLens's ``n_devices``); 1 keeps it on ``device``."""
+
+    def load_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~mi_core.models.load_model` for this placement."""
+        return {
+            "device": str(self.torch_device()),
+            "dtype": self.weights,
+            "n_devices": self.n_devices,
+        }

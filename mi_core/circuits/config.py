@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mi_core.config import Config, option
-from mi_core.devices import DeviceOption
+from mi_core.devices import ModelPlacement
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import FILLS
 from mi_core.pruning.jobs import EXECUTION_FIELDS, SweepExecution
@@ -133,7 +133,7 @@ def _parse_fractions(value: Any, where: str) -> tuple[float, ...]:
 
 
 @dataclass(kw_only=True)
-class CircuitData(DeviceOption):
+class CircuitData(ModelPlacement):
     """Which model and which clean / corrupted pairs a circuit job works on."""
 
     model: str

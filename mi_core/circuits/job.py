@@ -104,7 +104,7 @@ def _prepare(config: CircuitData) -> tuple[Any, PromptPairs, PromptPairs, torch.
     from mi_core.models.loading import loads_as_classifier
 
     _check_fits(config.data, config.model, loads_as_classifier(config.model, config.task))
-    model = load_model(config.model, task=config.task, device=str(config.torch_device()))
+    model = load_model(config.model, task=config.task, **config.load_options())
     pairs = load_circuit_pairs(model, config.data, config.n_examples, data_seed=config.data_seed)
     pairs = pairs.to(next(model.parameters()).device)
     if len(pairs) < 2:

@@ -204,9 +204,7 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
         parse_components(config.ablate)
     if config.means and not Path(config.means).is_file():
         raise ConfigError(f"means file {config.means} does not exist; make one with mi-core means")
-    model = load_model(
-        config.model, task=config.task or datasets[0].task, device=str(config.torch_device())
-    )
+    model = load_model(config.model, task=config.task or datasets[0].task, **config.load_options())
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")

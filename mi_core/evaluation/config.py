@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mi_core.config import option
-from mi_core.devices import DeviceOption
+from mi_core.devices import ModelPlacement
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import UNIT_FILLS
 from mi_core.tasks import TASKS
@@ -16,7 +16,7 @@ __all__ = ["EvalConfig"]
 
 
 @dataclass(kw_only=True)
-class EvalConfig(DeviceOption):
+class EvalConfig(ModelPlacement):
     """The evaluation job (``mi-core eval``): accuracy on data sets, optionally of a
     subnetwork (components ablated by a mask file or by name)."""
 

@@ -494,9 +494,7 @@ def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) ->
     check_replaceable(out.parent, [out.name, out.with_suffix(".md").name,
                                    out.with_suffix(".html").name])  # fmt: skip
     datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
-    model = load_model(
-        config.model, task=config.task or datasets[0].task, device=str(config.torch_device())
-    )
+    model = load_model(config.model, task=config.task or datasets[0].task, **config.load_options())
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")

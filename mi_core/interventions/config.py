@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mi_core.config import Config, option
-from mi_core.devices import DeviceOption
+from mi_core.devices import ModelPlacement
 from mi_core.errors import ConfigError
 from mi_core.tasks import TASKS
 
@@ -39,7 +39,7 @@ class MeansSettings(Config):
 
 
 @dataclass(kw_only=True)
-class MeansConfig(MeansSettings, DeviceOption):
+class MeansConfig(MeansSettings, ModelPlacement):
     """The means job (``mi-core means``): a model's mean activations written to a file."""
 
     model: str
@@ -56,7 +56,7 @@ class MeansConfig(MeansSettings, DeviceOption):
 
 
 @dataclass(kw_only=True)
-class AblationTableConfig(DeviceOption):
+class AblationTableConfig(ModelPlacement):
     """The ablation-table job (``mi-core ablate``; the paper's Tables 3, 4 and 8)."""
 
     model: str

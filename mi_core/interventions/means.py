@@ -278,7 +278,7 @@ def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
 
     if config.data:  # a typo'd spec is found before the model loads
         check_pair_spec(config.data)
-    model = load_model(config.model, task=config.task, device=str(config.torch_device()))
+    model = load_model(config.model, task=config.task, **config.load_options())
     task = getattr(model, "task", None)
     if not config.data and not task:
         raise ConfigError(

@@ -82,7 +82,8 @@ class ModelSource:
 
 
 def resolve_source(name_or_path: str | os.PathLike[str]) -> ModelSource:
-    """Find a model's files: an embedded name, a local directory, or else a hub id."""
+    """Find a model's files: an embedded name, a local directory, a local ``.gguf`` file (its
+    config, tokenizer and de-quantised weights read from it by transformers), or a hub id."""
     name = str(name_or_path)
     if name == embedded.MINILM:
         return ModelSource(name, str(embedded.minilm_path()), local=True)
@@ -90,6 +91,8 @@ def resolve_source(name_or_path: str | os.PathLike[str]) -> ModelSource:
         folder, gguf = embedded.smollm2_gguf()
         return ModelSource(name, str(folder), local=True, gguf_file=gguf)
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":  # transformers reads config, tokenizer, weights
+        return ModelSource(name, str(path.parent), local=True, gguf_file=path.name)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(
@@ -459,6 +462,7 @@ def hooked_causal_lm_from_hf(
     dtype=torch.float32,
     fold_ln: bool = True,
     fold_value_biases: bool | None = None,
+    n_devices: int = 1,
 ) -> HookedTransformer:
     """Convert a Hugging Face causal LM (any family of
     :data:`~mi_core.models.families.FAMILIES`) to a ``HookedTransformer``.
@@ -468,7 +472,13 @@ def hooked_causal_lm_from_hf(
     nonzero bias (``hook_z`` then leaves it out)."""
     fold_ln = fold_ln and families.foldable(hf_model.config)
     fold_v = fold_ln if fold_value_biases is None else fold_value_biases
-    cfg = families.tl_config(hf_model.config, device=device, dtype=dtype, fold_ln=fold_ln)
+    # fold and centre at float32, then cast: the same weights as processing at bfloat16 /
+    # float16, without TransformerLens's warning that processing in reduced precision loses
+    # accuracy
+    work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    cfg = families.tl_config(
+        hf_model.config, device=device, dtype=work, fold_ln=fold_ln, n_devices=n_devices
+    )
     state = families.causal_lm_state_dict(hf_model, cfg)
     moved = fold_v and any(
         bool(v.detach().abs().max() > 0)
@@ -483,6 +493,8 @@ def hooked_causal_lm_from_hf(
         center_unembed=fold_ln and not softcap_enabled(cfg.output_logits_soft_cap),
         fold_value_biases=fold_v,
     )
+    if dtype != work:
+        model.to(dtype, print_details=False)
     model.value_biases_folded = moved
     _zero_unused_positions(model)
     attach_tokenizer(model, tokenizer)
@@ -532,12 +544,19 @@ def _to_str_tokens_via_ids(
 
 
 def _load_cached(
-    cache: Path, source: ModelSource, device: str, dtype: torch.dtype, fold_ln: bool
+    cache: Path,
+    source: ModelSource,
+    device: str,
+    dtype: torch.dtype,
+    fold_ln: bool,
+    n_devices: int = 1,
 ) -> HookedTransformer:
     cached = ModelSource(source.name, str(cache), local=True)
     hf_config = load_hf_config(cached)
     fold_ln = fold_ln and families.foldable(hf_config)
-    cfg = families.tl_config(hf_config, device=device, dtype=dtype, fold_ln=fold_ln)
+    cfg = families.tl_config(
+        hf_config, device=device, dtype=dtype, fold_ln=fold_ln, n_devices=n_devices
+    )
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
     weights, metadata = read_safetensors(cache / CACHED_WEIGHTS)
     if "value_biases_folded" not in metadata:
@@ -554,13 +573,16 @@ def _load_causal_lm(
     dtype: torch.dtype,
     fold_ln: bool,
     fold_value_biases: bool | None = None,
+    n_devices: int = 1,
 ) -> HookedTransformer:
     """A hooked causal LM; processed weights of local checkpoints are cached on first load
     (:mod:`mi_core.models.weight_cache`: one folder per model and processing option)."""
     fold_v = fold_ln if fold_value_biases is None else fold_value_biases
     if not source.local:  # a hub model: nothing to key a cache folder by
         hf_model, tokenizer = load_hf_causal_lm(source.name)
-        return hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln, fold_v)
+        return hooked_causal_lm_from_hf(
+            hf_model, tokenizer, device, dtype, fold_ln, fold_v, n_devices
+        )
     folder = Path(source.path)  # one cache folder per model and options (weight_cache)
     cache = weight_cache.cache_dir(folder, source.gguf_file, (fold_ln, fold_v), dtype)
     digest = weight_cache.source_digest(folder, source.gguf_file)
@@ -568,7 +590,7 @@ def _load_causal_lm(
     if weights.is_file():
         try:  # the header alone says whether the folder is of the checkpoint as it is now
             if weight_cache.cached_source(weights) == digest:
-                return _load_cached(cache, source, device, dtype, fold_ln)
+                return _load_cached(cache, source, device, dtype, fold_ln, n_devices)
             log.info("%s changed on disk: its processed-weight cache is rebuilt", source.name)
         except (*_DAMAGED, ModelLoadError) as exc:
             log.warning(
@@ -578,7 +600,7 @@ def _load_causal_lm(
                 source.name,
             )
     hf_model, tokenizer = load_hf_causal_lm(source.name)
-    model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln, fold_v)
+    model = hooked_causal_lm_from_hf(hf_model, tokenizer, device, dtype, fold_ln, fold_v, n_devices)
     try:
         cache.mkdir(parents=True, exist_ok=True)
         hf_model.config.save_pretrained(cache)
@@ -647,10 +669,13 @@ def load_model(
     fold_ln: bool = True,
     fold_value_biases: bool | None = None,
     fast_paths: bool = True,
+    n_devices: int = 1,
 ) -> HookedModel:
     """Load a checkpoint as a hooked model with the standard TransformerLens hook names.
 
-    :param name_or_path: a local Hugging Face checkpoint directory, a hub name, ``"minilm"``
+    :param name_or_path: a local Hugging Face checkpoint directory, a local ``.gguf`` file of
+        a family transformers reads GGUF for (Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-NeoX,
+        BLOOM, Gemma 2 / 3, ...), a hub name, ``"minilm"``
         (all-MiniLM-L6-v2 as a BERT classifier, task ``mnli`` unless named) or ``"smollm2"``
         (SmolLM2-135M-Instruct as a causal LM).
     :param task: ``"mnli"`` or ``"qqp"``: load as a sequence classifier for that task. Classifier
@@ -666,17 +691,22 @@ def load_model(
         through attention (see :func:`~mi_core.models.fast_paths.disable_fast_paths`).
     :param device: ``cpu``, ``cuda``, ``cuda:1``, ``mps`` or ``auto`` (CUDA when torch sees one).
     :param dtype: a torch dtype or its name (``float32``, ``"bfloat16"``, ...).
+    :param n_devices: causal LMs only: split the layers over this many CUDA devices of this
+        machine (``cuda:0`` ... ``cuda:N-1``, TransformerLens's ``n_devices``) for a model too
+        large for one.
     """
     device = str(resolve_device(str(device)))  # a device this machine lacks: one clear line
     dtype = _as_dtype(dtype)
     source = resolve_source(name_or_path)
     arch = _architecture(source)
-    if _classifier_arch(arch, task, num_labels):
+    classifier = _classifier_arch(arch, task, num_labels)
+    _check_n_devices(n_devices, device, classifier)
+    if classifier:
         hf_model, tokenizer, task = load_hf_classifier(source.name, task, num_labels, seed)
         model = hooked_classifier_from_hf(hf_model, tokenizer, task, device=device, dtype=dtype)
         model.head_from_checkpoint = arch in CLASSIFIER_ARCHITECTURES
     else:
-        model = _load_causal_lm(source, device, dtype, fold_ln, fold_value_biases)
+        model = _load_causal_lm(source, device, dtype, fold_ln, fold_value_biases, n_devices)
         enable_lm_fast_paths(model)  # no per-call weight copies in the MLPs and unembedding
     _check_finite(model, source.name)
     if not fast_paths:
@@ -688,6 +718,25 @@ def load_model(
     model.cfg.model_name = source.name  # the name the user gave, not a site-packages path
     log.info("loaded %s as %s", source.name, type(model).__name__)
     return model
+
+
+def _check_n_devices(n_devices: int, device: str, classifier: bool) -> None:
+    """Refuse a split mi_core cannot make, with one line each."""
+    if not isinstance(n_devices, int) or isinstance(n_devices, bool) or n_devices < 1:
+        raise ConfigError(f"n_devices must be a positive integer, got {n_devices!r}")
+    if n_devices == 1:
+        return
+    if classifier:
+        raise ModelLoadError(
+            "n_devices > 1 splits causal language models; a sequence classifier loads on one "
+            "device (load its weights in bfloat16 to halve its memory)"
+        )
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not device.startswith("cuda") or have < n_devices:
+        raise ModelLoadError(
+            f"n_devices={n_devices} splits the model over {n_devices} CUDA devices; this "
+            f"machine has {have} and the device asked for is {device}"
+        )
 
 
 def warn_if_random_head(model: HookedModel, source: str, what: str = "these accuracies") -> None:

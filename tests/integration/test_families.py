@@ -277,3 +277,59 @@ def test_the_docs_table_is_the_registry():
     from mi_core.models.families import families_table
 
     assert families_table() in (REPO / "docs" / "models.md").read_text(encoding="utf-8")
+
+
+def test_bfloat16_weights_keep_masks_scores_and_statistics_in_float32(tiny_checkpoints, lms):
+    """A model loaded in bfloat16 (half the memory of float32) runs every method; what they
+    compute from it stays float32 (EAP scores, edge-pruning gates) or float64 (means,
+    statistics), and the EAP scores rank the edges as the float32 model's do."""
+    from scipy.stats import spearmanr
+
+    half = load_model(tiny_checkpoints["llama-lm"], dtype="bfloat16")
+    full = lms["llama-lm"]
+    ids, mask = _padded()
+    with torch.no_grad():
+        logits = half(ids, attention_mask=mask)
+        assert logits.dtype == torch.bfloat16
+        gap = (logits.float().log_softmax(-1) - full(ids, attention_mask=mask).log_softmax(-1))
+    assert 0 < gap[mask.bool()].abs().max() < 0.5  # bfloat16 rounding, no more
+    removed = ComponentMask.from_removed(half, ["L1.H2", "L2.MLP"])
+    means = compute_means(half, [{"input_ids": ids, "attention_mask": mask}])
+    assert means.z.dtype == torch.float64
+    with torch.no_grad(), ablate(half, removed, means, fill="mean"):
+        assert (half(ids, attention_mask=mask) - logits).abs().max() > 0
+    stats = collect_activation_stats(half, ids, mask.bool())
+    assert stats.mlp is not None and stats.mlp.running_mean.dtype == torch.float64
+    graph = Graph.from_model(half)
+    pairs = random_prompt_pairs(4, 6, high=2000)
+    scores = edge_attribution(half, graph, pairs)
+    assert scores.dtype == torch.float32
+    rho = spearmanr(scores.numpy(), edge_attribution(full, graph, pairs).numpy()).statistic
+    assert rho > 0.9
+    config = EdgePruneSettings(sparsity=0.5, steps=2, sparsity_warmup_steps=1, batch_size=4)
+    assert prune_edges(half, pairs, config, progress=False).log_alpha.dtype == torch.float32
+
+
+def test_a_split_over_devices_this_machine_lacks_is_one_clear_error(tiny_checkpoints):
+    with pytest.raises(ModelLoadError, match="n_devices=2 splits the model over 2 CUDA devices"):
+        load_model(tiny_checkpoints["llama-lm"], n_devices=2)
+    with pytest.raises(ModelLoadError, match="splits causal language models"):
+        load_model(tiny_checkpoints["llama-cls"], n_devices=2)
+    with pytest.raises(ConfigError, match="n_devices must be a positive integer"):
+        load_model(tiny_checkpoints["llama-lm"], n_devices=0)
+
+
+def test_jobs_that_read_large_models_take_their_weights_dtype_and_split():
+    from mi_core.circuits.config import CircuitData
+    from mi_core.devices import ModelPlacement
+    from mi_core.evaluation.config import EvalConfig
+    from mi_core.interventions.config import AblationTableConfig, MeansConfig
+    from mi_core.methods.separability.config import SeparabilityConfig
+
+    for job in (CircuitData, EvalConfig, AblationTableConfig, MeansConfig, SeparabilityConfig):
+        assert issubclass(job, ModelPlacement)
+    placement = ModelPlacement(device="cpu", weights="bfloat16")
+    assert placement.load_options() == {"device": "cpu", "dtype": "bfloat16", "n_devices": 1}
+    for bad in ({"weights": "int8"}, {"n_devices": 0}):
+        with pytest.raises(ConfigError):
+            ModelPlacement(device="cpu", **bad).validate()

@@ -130,6 +130,20 @@ def test_smollm2_logprobs_equal_hugging_face(smollm2):
 
 
 @pytest.mark.slow
+def test_a_gguf_file_loads_as_its_folder_and_name_do(smollm2):
+    """A path to a .gguf file: config, tokenizer and weights come from the file (here the
+    embedded SmolLM2's), and the model is the one the embedded name loads."""
+    from mi_core.models.embedded import smollm2_gguf
+
+    folder, name = smollm2_gguf()
+    model = load_model(folder / name)
+    ids = torch.tensor([[1, 504, 3458, 314, 253, 10]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), smollm2(ids), atol=1e-5, rtol=1e-5)
+    assert model.cfg.n_layers == 30 and model.to_str_tokens("def")[-1] == "def"
+
+
+@pytest.mark.slow
 def test_smollm2_takes_strings_as_transformer_lens_models_do(smollm2):
     assert smollm2.cfg.model_name == "smollm2" and smollm2.cfg.tokenizer_prepends_bos is False
     tokens = smollm2.to_tokens("def add(a, b):")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from mi_core.analysis.constants import MODES
 from mi_core.config import option
-from mi_core.devices import DeviceOption
+from mi_core.devices import ModelPlacement
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import UNIT_FILLS
 from mi_core.statistics.constants import HEAD_AGGREGATIONS, SCHEDULES, SCORINGS
@@ -36,7 +36,7 @@ JOB_FIELDS = (
 
 
 @dataclass
-class SeparabilityConfig(DeviceOption):
+class SeparabilityConfig(ModelPlacement):
     """A separability run: what to prune, on which data, and how; defaults are the report's.
 
     :func:`run_separability` reads the pruning options; :func:`run_separability_job` also loads

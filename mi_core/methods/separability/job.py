@@ -134,7 +134,7 @@ def run_separability_job(
     if done >= 0:
         log.info("resuming %s after step %d of %d", out, done, config.steps)
     # value biases stay in hook_z: a pre-out neuron is the report's, bias included
-    model = load_model(config.model, device=str(config.torch_device()), fold_value_biases=False)
+    model = load_model(config.model, fold_value_biases=False, **config.load_options())
     if not hasattr(model, "unembed") or getattr(model, "tokenizer", None) is None:
         raise ConfigError(f"{config.model} is not a causal language model with a tokenizer")
     from mi_core.models.fingerprint import weights_fingerprint

@@ -149,10 +149,15 @@ def foldable(hf_config: Any) -> bool:
 
 
 def tl_config(
-    hf_config: Any, device: str = "cpu", dtype: torch.dtype = torch.float32, fold_ln: bool = False
+    hf_config: Any,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    fold_ln: bool = False,
+    n_devices: int = 1,
 ) -> HookedTransformerConfig:
     """The TransformerLens config of a Hugging Face config; ``fold_ln`` selects TL's
-    pre-folded norms where :func:`foldable`."""
+    pre-folded norms where :func:`foldable`; ``n_devices`` splits the layers over that many
+    CUDA devices (TransformerLens's own placement)."""
     fam = family_for_config(hf_config)
     fields = fam.config(hf_config)
     if fold_ln and foldable(hf_config):
@@ -164,6 +169,7 @@ def tl_config(
         original_architecture=fam.tl_architecture,
         model_name=str(name),
         device=device,
+        n_devices=n_devices,
         dtype=dtype,
         init_weights=False,
     )
