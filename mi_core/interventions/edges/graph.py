@@ -66,8 +66,8 @@ __all__ = [
 #: The model families that have a computational graph, in words (error messages).
 SUPPORTED_GRAPHS = (
     "pre-LayerNorm decoders, sequential or parallel (GPT-2, OPT, Llama, Mistral, Mixtral, "
-    "Qwen2 / 3, Phi, Phi-3, Gemma, GPT-NeoX, GPT-J, GPT-Neo, OLMo, OLMoE, BLOOM; their "
-    "classifiers) and post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"
+    "Qwen2 / 3, Phi, Phi-3, Gemma, GPT-NeoX, GPT-J, GPT-Neo, OLMo, OLMoE, Apertus, GPT-OSS, "
+    "BLOOM; their classifiers) and post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"
 )
 
 

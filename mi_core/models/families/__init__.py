@@ -33,6 +33,7 @@ from mi_core.models.families import (
     phi3,
     qwen2,
     qwen3,
+    recent,
     roberta,
 )
 from mi_core.models.families._base import Family, GraphKind
@@ -74,6 +75,9 @@ FAMILIES: tuple[Family, ...] = (
     olmo.FAMILY,
     olmo.FAMILY2,
     olmo.FAMILY_MOE,
+    recent.OLMO3,
+    recent.APERTUS,
+    recent.GPT_OSS,
     bloom.FAMILY,
 )
 _BY_NAME = {f.name: f for f in FAMILIES}

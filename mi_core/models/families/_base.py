@@ -9,8 +9,10 @@ families is :data:`mi_core.models.families.FAMILIES`; every other module asks it
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -148,6 +150,42 @@ def sliding_layers(hf: Any) -> dict[str, Any]:
         if "local" in kinds:
             return {"use_local_attn": True, "window_size": int(window), "attn_types": kinds}
     return {}
+
+
+#: What TransformerLens's config mapping adds that mi_core sets itself (or that would load the
+#: weights in another dtype than asked for).
+_TL_OWN_FIELDS = ("original_architecture", "tokenizer_name", "quantization_method",
+                  "trust_remote_code", "dtype")  # fmt: skip
+
+
+def tl_mapping(hf: Any, architecture: str) -> dict[str, Any]:
+    """TransformerLens's own mapping of this Hugging Face config (the branch of its loader
+    keyed by the architecture), for families whose branch reads every field from the config.
+
+    The config is written to a fresh temporary folder under the family's causal-LM
+    ``architecture`` (the branch a sequence classifier of the family needs too) and read from
+    there, as TransformerLens reads a local folder. A folder whose path named a model family
+    (``llama``, ``gemma``) would send TransformerLens down a branch keyed by that name, so
+    such a path is refused."""
+    from transformer_lens.loading_from_pretrained import convert_hf_model_config
+
+    with tempfile.TemporaryDirectory(prefix="mi_core_config_") as folder:
+        if any(word in folder.lower() for word in ("llama", "gemma")):
+            raise ModelLoadError(
+                f"the temporary folder {folder} names a model family, which TransformerLens's "
+                "config reader takes for the model's name; set TMPDIR to another folder"
+            )
+        saved = hf.architectures
+        hf.architectures = [architecture]
+        try:
+            hf.to_json_file(str(Path(folder) / "config.json"))
+        finally:
+            hf.architectures = saved
+        fields = convert_hf_model_config(folder)
+    for name in _TL_OWN_FIELDS:
+        fields.pop(name, None)
+    fields["n_ctx"] = min(int(fields["n_ctx"]), 8192)  # rotary tables for 8k positions
+    return fields
 
 
 #: A tiny config's shared fields: small enough for a test, big enough to have GQA (4 query
