@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     )
     from mi_core.circuits.job import pair_sender_means
     from mi_core.circuits.metrics import (
+        answer_accuracy,
         answer_logits,
         kl_divergence,
         logit_difference,
@@ -79,6 +80,7 @@ _NAMES = {
     "to_mib": "mi_core.circuits.evaluate",
     "write_mib": "mi_core.circuits.evaluate",
     "answer_logits": "mi_core.circuits.metrics",
+    "answer_accuracy": "mi_core.circuits.metrics",
     "kl_divergence": "mi_core.circuits.metrics",
     "logit_difference": "mi_core.circuits.metrics",
     "metric_logits": "mi_core.circuits.metrics",
@@ -126,6 +128,7 @@ __all__ = [
     "exact_patching",
     "select_circuit",
     "graph_error",
+    "answer_accuracy",
     "kl_divergence",
     "logit_difference",
     "metric_logits",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
 __all__ = [
+    "answer_accuracy",
     "METRICS",
     "Metric",
     "answer_logits",
@@ -99,6 +100,21 @@ def logit_difference(
     distractor = scores[rows, given.clamp(min=0)]
     others = (scores.sum(-1) - answer) / (scores.shape[-1] - 1)
     return answer - torch.where(given >= 0, distractor, others)
+
+
+@reads_answer_logits
+def answer_accuracy(
+    logits: Float[torch.Tensor, "batch *pos vocab"], pairs: PromptPairs
+) -> Float[torch.Tensor, " batch"]:
+    """1 where the answer wins, per example: its logit above the distractor's, or (no
+    distractor, a negative ``distractor``) the highest of all; 0 otherwise."""
+    scores = answer_logits(logits, pairs).float()
+    rows = torch.arange(scores.shape[0], device=scores.device)
+    answer = scores[rows, pairs.answer.to(scores.device)]
+    given = pairs.distractor.to(scores.device)
+    beats_rival = answer > scores[rows, given.clamp(min=0)]
+    top = scores.argmax(-1) == pairs.answer.to(scores.device)
+    return torch.where(given >= 0, beats_rival, top).float()
 
 
 def kl_divergence(

@@ -86,8 +86,13 @@ def _single_token_names(tokenizer: Any) -> list[str]:
     ]
 
 
-def ioi_prompts(n: int, seed: int = 0, tokenizer: Any = None) -> list[IOIPrompt]:
-    """``n`` IOI prompts (seeded), names restricted to one-token names of ``tokenizer``."""
+def ioi_prompts(
+    n: int, seed: int = 0, tokenizer: Any = None, templates: Sequence[str] = IOI_TEMPLATES
+) -> list[IOIPrompt]:
+    """``n`` IOI prompts (seeded), names restricted to one-token names of ``tokenizer``,
+    templates drawn from ``templates`` (all of :data:`IOI_TEMPLATES` by default)."""
+    if not templates:
+        raise DataError("no IOI templates to draw prompts from")
     if n <= 0:
         raise DataError(f"need a positive number of IOI prompts, not {n}")
     names = _single_token_names(tokenizer)
@@ -98,7 +103,7 @@ def ioi_prompts(n: int, seed: int = 0, tokenizer: Any = None) -> list[IOIPrompt]
     rng = random.Random(seed)
     prompts = []
     for _ in range(n):
-        template = rng.choice(IOI_TEMPLATES)
+        template = rng.choice(list(templates))
         place, obj = rng.choice(_PLACES), rng.choice(_OBJECTS)
         a, b, c, d, e = rng.sample(names, 5)
         clean = template.format(A=a, B=b, PLACE=place, OBJECT=obj)
