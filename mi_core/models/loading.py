@@ -380,6 +380,8 @@ def _from_pretrained(
             )
         except _DAMAGED as exc:
             raise _hub_error(source, exc) from exc
+    if source.gguf_file:
+        _forget_gguf(model)
     missing = sorted(k for k in info.get("missing_keys") or () if not k.startswith(new_heads))
     if missing:
         shown = ", ".join(missing[:3]) + (
@@ -391,6 +393,15 @@ def _from_pretrained(
             "save the checkpoint again"
         )
     return model
+
+
+def _forget_gguf(model: Any) -> None:
+    """A model read from a GGUF file holds de-quantised float weights, but transformers keeps
+    its GGUF "quantizer" and refuses to save it (so a fine-tuned SmolLM2 could not be written);
+    drop the marker: the model is then an ordinary checkpoint and saves as one."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 def _check_finite(model: torch.nn.Module, name: str) -> None:
@@ -441,7 +452,7 @@ def _load_exact(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     zeros; anything else missing or extra is a conversion error."""
     own = model.state_dict()
     made = ("IGNORE", ".mask", ".rotary_sin", ".rotary_cos")  # buffers the model makes itself
-    zero = re.compile(r"(\.b_?[A-Za-z]*|pos_embed\.W_pos)$")
+    zero = re.compile(r"(\.b|\.b_[A-Za-z]+|pos_embed\.W_pos)$")  # TL's bias names, not ".bias"
     missing = [k for k in own if k not in state and not k.endswith(made)]
     unexpected = [k for k in state if k not in own and bool(state[k].detach().abs().max() > 0)]
     zeros = [k for k in missing if zero.search(k)]

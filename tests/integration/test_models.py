@@ -144,6 +144,28 @@ def test_a_gguf_file_loads_as_its_folder_and_name_do(smollm2):
 
 
 @pytest.mark.slow
+def test_a_classifier_made_from_a_gguf_file_saves_as_a_checkpoint(tmp_path):
+    """SmolLM2 (a GGUF file) + a task: a Llama sequence classifier with a seeded head, equal
+    to Hugging Face's, which saves as an ordinary checkpoint (what mi-core finetune writes) and
+    loads back as the same hooked classifier."""
+    hf, tokenizer, task = load_hf_classifier("smollm2", task="mnli", seed=0)
+    model = load_model("smollm2", task="mnli", seed=0)
+    batch = tokenizer(["A man plays a guitar."], ["Nobody plays."], return_tensors="pt")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask), expected,
+                                   atol=1e-4, rtol=0)  # fmt: skip
+    hf.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    again = load_model(tmp_path)
+    assert again.task == "mnli" and type(again).__name__ == "HookedDecoderClassifier"
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids, attention_mask=mask), expected,
+                                   atol=1e-4, rtol=0)  # fmt: skip
+
+
+@pytest.mark.slow
 def test_smollm2_takes_strings_as_transformer_lens_models_do(smollm2):
     assert smollm2.cfg.model_name == "smollm2" and smollm2.cfg.tokenizer_prepends_bos is False
     tokens = smollm2.to_tokens("def add(a, b):")

@@ -95,11 +95,14 @@ def test_a_model_without_a_graph_names_the_supported_families():
         n_ctx=8,
         d_vocab=10,
         act_fn="gelu",
-        parallel_attn_mlp=True,
+        attn_only=True,
         normalization_type="LN",
     )
     with pytest.raises(InterventionError, match="supported are pre-LayerNorm decoders"):
         Graph.from_model(HookedTransformer(cfg))
+    # a parallel block built by hand (no family) has the parallel graph
+    cfg.attn_only, cfg.parallel_attn_mlp = False, True
+    assert Graph.from_model(HookedTransformer(cfg)).parallel
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])

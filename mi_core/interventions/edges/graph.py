@@ -118,7 +118,7 @@ def _family(model: HookedModel) -> str:
             "the grouped heads, so TransformerLens cannot give each query head its own key "
             "input; supported are " + SUPPORTED_GRAPHS
         )
-    if decoder and (family is not None or not cfg.parallel_attn_mlp):
+    if decoder:
         return "parallel" if cfg.parallel_attn_mlp else "sequential"
     raise InterventionError(f"no circuit graph for {name}: supported are {SUPPORTED_GRAPHS}")
 
