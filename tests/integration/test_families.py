@@ -39,10 +39,8 @@ LM_KINDS = [f"{f.name}-lm" for f in FAMILIES if f.causal_lm]
 CLS_KINDS = [f"{f.name}-cls" for f in FAMILIES if f.classifier and not f.encoder]
 #: Families whose every sublayer output is added to the residual stream as it is: a graph
 #: whose edges are exact, all kept or all removed.
-GRAPH_KINDS = [
-    f"{f.name}-lm" for f in FAMILIES if f.causal_lm and f.graph in ("sequential", "parallel")
-]
-NO_GRAPH_KINDS = [f"{f.name}-lm" for f in FAMILIES if f.causal_lm and f.graph == "post_norm_out"]
+GRAPH_KINDS = [f"{f.name}-lm" for f in FAMILIES if f.causal_lm and f.graph is not None]
+NO_GRAPH_KINDS = [f"{f.name}-lm" for f in FAMILIES if f.causal_lm and f.graph is None]
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +169,11 @@ def test_edge_graphs_are_exact_and_the_fused_forward_is_the_reference(lms, kind)
     graph = Graph.from_model(model)
     family = family_of_model(model)
     assert graph.parallel == (family.graph == "parallel") and not graph.post_ln
+    if family.graph == "post_norm_out":  # the norm's frozen scale leaves the weights as they were
+        w_o = model.blocks[0].attn.W_O
+        with graph_switches(model):
+            assert model.blocks[0].attn.W_O is not w_o
+        assert model.blocks[0].attn.W_O is w_o
     if graph.parallel:  # a layer's heads do not feed its own MLP
         assert graph.edge_index("L0.H1->L1.MLP") >= 0
         with pytest.raises(InterventionError, match="does not come before"):
@@ -204,8 +207,8 @@ def test_edge_graphs_are_exact_and_the_fused_forward_is_the_reference(lms, kind)
 
 
 @pytest.mark.parametrize("kind", NO_GRAPH_KINDS)
-def test_families_with_normed_sublayer_outputs_say_they_have_no_graph(lms, kind):
-    with pytest.raises(InterventionError, match="no circuit graph.*no edge graph.*norm"):
+def test_families_whose_sublayers_read_the_stream_unnormalised_have_no_graph(lms, kind):
+    with pytest.raises(InterventionError, match="no circuit graph.*unnormalised"):
         Graph.from_model(lms[kind])
 
 
@@ -230,7 +233,8 @@ def test_eap_eap_ig_and_edge_pruning_run_on_every_family(lms, kind):
     config = EdgePruneSettings(sparsity=0.5, steps=4, sparsity_warmup_steps=2, batch_size=4)
     result = prune_edges(model, pairs, config, progress=False)
     assert result.circuit.n_kept == round(0.5 * graph.n_edges)
-    assert len(result.history) == 4 and all(h["kl"] >= 0 for h in result.history)
+    # KL of a distribution with itself rounds to about -4e-8 at the first steps
+    assert len(result.history) == 4 and all(h["kl"] > -1e-6 for h in result.history)
 
 
 @pytest.mark.parametrize("kind", CLS_KINDS)
@@ -291,7 +295,7 @@ def test_bfloat16_weights_keep_masks_scores_and_statistics_in_float32(tiny_check
     with torch.no_grad():
         logits = half(ids, attention_mask=mask)
         assert logits.dtype == torch.bfloat16
-        gap = (logits.float().log_softmax(-1) - full(ids, attention_mask=mask).log_softmax(-1))
+        gap = logits.float().log_softmax(-1) - full(ids, attention_mask=mask).log_softmax(-1)
     assert 0 < gap[mask.bool()].abs().max() < 0.5  # bfloat16 rounding, no more
     removed = ComponentMask.from_removed(half, ["L1.H2", "L2.MLP"])
     means = compute_means(half, [{"input_ids": ids, "attention_mask": mask}])

@@ -43,6 +43,7 @@ def test_ioi_splits_are_template_families(tokenizer):
     for example in baba.examples:  # the subject first
         first, second = example.answer.strip(), example.distractor.strip()
         assert example.prompt.index(second) < example.prompt.index(first)
+
     def answer_first(example: PromptExample) -> bool:
         return example.prompt.index(example.answer.strip()) < example.prompt.index(
             example.distractor.strip()
@@ -85,9 +86,11 @@ def test_jsonl_tasks_are_read_and_checked_line_by_line(tmp_path, tokenizer):
     assert task.name == "capitals" and task.examples[1] == PromptExample(**rows[1])
     pairs = task.to_pairs(tokenizer)
     assert torch.equal(pairs.clean_ids, pairs.corrupted_ids)  # no corruption: itself
-    assert pairs.answer.tolist() == tokenizer([" paris", " rome"], add_special_tokens=False)[
-        "input_ids"
-    ][0] + tokenizer(" rome", add_special_tokens=False)["input_ids"]
+    assert (
+        pairs.answer.tolist()
+        == tokenizer([" paris", " rome"], add_special_tokens=False)["input_ids"][0]
+        + tokenizer(" rome", add_special_tokens=False)["input_ids"]
+    )
     for text, message in [
         ('{"prompt": "x"}', "line 1 lacks answer"),
         ('{"prompt": "x", "answer": " y", "label": 1}', "line 1 has unknown \\['label'\\]"),

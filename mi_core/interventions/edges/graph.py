@@ -15,6 +15,10 @@ stream at a receiver is the sum of the outputs of the senders before it plus con
 (attention's ``b_O``), so an edge is exact. Grouped-query models are ungrouped while a graph
 acts: each query head gets its own key and value input (``L2.H5.k``).
 
+*Normed attention outputs* (Gemma 2 / 3): a layer's attention output passes an RMSNorm before
+the residual add; with its scale frozen at the run's own value (:func:`frozen_output_norms`,
+part of :func:`graph_switches`) each head's share of it is a sender as above.
+
 *Post-LayerNorm encoders* (BERT, RoBERTa, MiniLM): LayerNorm acts on the residual stream after
 every sublayer, ``LN(x) = (x - mean x) / sigma(x) * w + b``. With each token's scale ``sigma``
 frozen at its value in the run, LayerNorm is affine, so the stream at a receiver is again a
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -48,6 +53,7 @@ from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 from mi_core.errors import InterventionError
 from mi_core.interventions.components import Component
 from mi_core.models.families import family_of_model
+from mi_core.models.hooks import act_name
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
@@ -66,8 +72,9 @@ __all__ = [
 #: The model families that have a computational graph, in words (error messages).
 SUPPORTED_GRAPHS = (
     "pre-LayerNorm decoders, sequential or parallel (GPT-2, OPT, Llama, Mistral, Mixtral, "
-    "Qwen2 / 3, Phi, Phi-3, Gemma, GPT-NeoX, GPT-J, GPT-Neo, OLMo, OLMoE, Apertus, GPT-OSS, "
-    "BLOOM; their classifiers) and post-LayerNorm encoders (BERT, RoBERTa, MiniLM classifiers)"
+    "Qwen2 / 3, Phi, Phi-3, Gemma 1 / 2 / 3, GPT-NeoX, GPT-J, GPT-Neo, OLMo, OLMoE, Apertus, "
+    "GPT-OSS, BLOOM; their classifiers) and post-LayerNorm encoders (BERT, RoBERTa, MiniLM "
+    "classifiers)"
 )
 
 
@@ -100,16 +107,19 @@ def _family(model: HookedModel) -> str:
     if all(type(b) is BertBlock for b in blocks):
         return "encoder"
     family = family_of_model(model)
-    if family is not None and family.graph not in ("sequential", "parallel"):
+    if family is not None and family.graph not in ("sequential", "parallel", "post_norm_out"):
         raise InterventionError(
             f"no circuit graph for {name} ({family.exact}): supported are {SUPPORTED_GRAPHS}"
+        )
+    if name in POST_NORM_ARCHITECTURES:  # no norm on a sublayer's input: the fused engine
+        raise InterventionError(  # normalises the heads' inputs as the pre-norm families do
+            f"no circuit graph for {name}: its sublayers read the residual stream unnormalised "
+            f"and normalise their outputs (OLMo-2 / 3); supported are {SUPPORTED_GRAPHS}"
         )
     decoder = (
         all(type(b) is TransformerBlock for b in blocks)
         and cfg.normalization_type in ("LN", "LNPre", "RMS", "RMSPre")
         and not cfg.attn_only
-        and not cfg.use_normalization_before_and_after
-        and name not in POST_NORM_ARCHITECTURES
     )
     grouped = cfg.n_key_value_heads is not None and cfg.n_key_value_heads != cfg.n_heads
     if grouped and name in _NORMED_ACROSS_HEADS:
@@ -397,17 +407,97 @@ def _config_flags(model: HookedModel, **values: bool) -> Iterator[Any]:
             setattr(cfg, name, value)
 
 
-def graph_switches(
-    model: HookedModel, split_inputs: bool = True
-) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def graph_switches(model: HookedModel, split_inputs: bool = True) -> Iterator[Any]:
     """Switch on what a graph needs for the span of a block: per-head query / key / value
     inputs (``split_inputs``; methods that take per-head gradients by hand run without them)
-    with ``use_attn_in`` off, the MLP-input hook (decoders) and ungrouped key / value heads
-    (grouped-query models). The switches are restored on leaving."""
+    with ``use_attn_in`` off, the MLP-input hook (decoders), ungrouped key / value heads
+    (grouped-query models), and for families whose attention output passes a norm before the
+    residual add, that norm at a frozen scale (:func:`frozen_output_norms`). The switches are
+    restored on leaving."""
     flags = {"use_split_qkv_input": split_inputs, "use_attn_in": False, "use_hook_mlp_in": True}
     if model.cfg.n_key_value_heads is not None:
         flags["ungroup_grouped_query_attention"] = True
-    return _config_flags(model, **flags)
+    with _config_flags(model, **flags), frozen_output_norms(model):
+        yield model
+
+
+def _output_norms(model: HookedModel) -> list[tuple[Any, Any]]:
+    """``(attention, norm)`` of every layer whose attention output passes a norm before it is
+    added to the residual stream (Gemma 2 / 3's ``ln1_post``, OLMo-2 / 3's ``ln1``); empty for
+    every other model."""
+    cfg = getattr(model, "cfg", None)
+    blocks = getattr(model, "blocks", None)
+    if cfg is None or blocks is None:
+        return []
+    if cfg.use_normalization_before_and_after:
+        return [(b.attn, b.ln1_post) for b in blocks]
+    if cfg.original_architecture in POST_NORM_ARCHITECTURES:
+        return [(b.attn, b.ln1) for b in blocks]
+    return []
+
+
+#: Models inside a :func:`frozen_output_norms` block (a nested block does nothing).
+_NORMS_FROZEN: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def frozen_output_norms(model: HookedModel) -> Iterator[Any]:
+    """For the span of a block, write a normed attention output as a sum over heads.
+
+    In Gemma 2 / 3 and OLMo-2 / 3 a layer's attention output is ``N(sum_h z_h W_O)`` with
+    ``N(x) = x / s(x) * w`` (RMSNorm; these families have no attention bias): not a sum of
+    head terms, so a head is no sender of its own. With the scale ``s`` frozen at its value in
+    the run being computed (as a post-LN encoder's LayerNorm scales are), ``N`` is linear and
+    the output is ``sum_h (z_h / s) (W_O w)``: here ``hook_z`` carries ``z / s`` (``s``
+    computed from the heads' own sum, detached), ``W_O`` holds ``W_O w`` and the norm is the
+    identity. Every value the model computes is unchanged (to rounding); each head's output
+    is its share of what is added to the stream; gradients treat ``s`` as fixed. Nested
+    blocks apply it once. Weights are restored on leaving."""
+    norms = _output_norms(model)
+    if not norms or model in _NORMS_FROZEN:
+        yield model
+        return
+    from mi_core.models.hook_context import prepended_hooks
+
+    for attn, _ in norms:
+        if bool(attn.b_O.detach().abs().max() > 0):
+            raise InterventionError(
+                "an attention output bias before a normed output is not a sum of head terms; "
+                "this model's graph is not defined"
+            )
+
+    def rescale(w_o: torch.Tensor, eps: float) -> Any:
+        def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:
+            with torch.no_grad():
+                out = torch.einsum("bphd,hdm->bpm", z.float(), w_o.to(z.device).float())
+                scale = (out.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+            return z / scale[..., None].to(z.dtype)
+
+        return hook
+
+    def unit(scale: torch.Tensor, hook: Any) -> torch.Tensor:
+        return torch.ones_like(scale)
+
+    # new parameters in place of W_O and w (the originals are not written: a backward pass
+    # after the block still finds the tensors its forward saved)
+    originals = [(attn.W_O, norm.w) for attn, norm in norms]
+    hooks = []
+    for layer, ((_, norm), (w_o, _)) in enumerate(zip(norms, originals, strict=True)):
+        hooks.append((act_name("z", layer), rescale(w_o.detach(), norm.eps)))
+        hooks.append((norm.hook_scale.name, unit))
+    _NORMS_FROZEN.add(model)
+    try:
+        for (attn, norm), (w_o, w) in zip(norms, originals, strict=True):
+            folded = (w_o.detach() * w.detach().to(w_o.dtype)).requires_grad_(w_o.requires_grad)
+            attn.W_O = torch.nn.Parameter(folded, requires_grad=w_o.requires_grad)
+            norm.w = torch.nn.Parameter(torch.ones_like(w.detach()), requires_grad=w.requires_grad)
+        with prepended_hooks(model, hooks):
+            yield model
+    finally:
+        for (attn, norm), (w_o, w) in zip(norms, originals, strict=True):
+            attn.W_O, norm.w = w_o, w
+        _NORMS_FROZEN.discard(model)
 
 
 def top_k_order(scores: Float[torch.Tensor, " edge"], absolute: bool = True) -> torch.Tensor:

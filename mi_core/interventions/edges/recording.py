@@ -15,7 +15,12 @@ from jaxtyping import Float
 
 from mi_core.buffers import scratch
 from mi_core.errors import InterventionError
-from mi_core.interventions.edges.graph import Graph, NodeOutputs, _config_flags
+from mi_core.interventions.edges.graph import (
+    Graph,
+    NodeOutputs,
+    _config_flags,
+    frozen_output_norms,
+)
 from mi_core.models.classifier import batch_inputs
 from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
@@ -138,6 +143,7 @@ def _record_senders(
         flags["ungroup_grouped_query_attention"] = False
     with (
         _config_flags(model, **flags),
+        frozen_output_norms(model),
         torch.no_grad(),
         hooked(model, _recorder_hooks(model, graph, store, head_z)),
     ):

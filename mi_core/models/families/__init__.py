@@ -214,6 +214,7 @@ _GRAPH_WORDS = {
     "sequential": "sequential",
     "parallel": "parallel (no head -> own MLP)",
     "encoder": "post-LN encoder",
+    "post_norm_out": "sequential, output norm at a frozen scale",
 }
 
 

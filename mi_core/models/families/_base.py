@@ -22,8 +22,9 @@ from mi_core.errors import ModelLoadError
 #: How a family's blocks wire their sublayers, which decides its circuit graph:
 #: ``sequential`` pre-norm blocks (attention, then the MLP reads its output), ``parallel``
 #: blocks (attention and MLP both read the block's input), ``post_norm_out`` pre-norm blocks
-#: whose sublayer outputs pass a norm before the residual add (Gemma 2 / 3, OLMo-2), and
-#: ``encoder`` post-LayerNorm encoders (BERT, RoBERTa). ``None``: no graph.
+#: whose sublayer outputs also pass a norm before the residual add (Gemma 2 / 3: edges through
+#: that norm at a frozen scale, :func:`~mi_core.interventions.edges.frozen_output_norms`),
+#: and ``encoder`` post-LayerNorm encoders (BERT, RoBERTa). ``None``: no graph.
 GraphKind = Literal["sequential", "parallel", "post_norm_out", "encoder"]
 
 #: Hugging Face config -> the fields of a ``HookedTransformerConfig`` (without device, dtype

@@ -18,8 +18,9 @@ from mi_core.models.families._base import (
 from mi_core.models.families.llama import rotary_decoder
 
 _POST_NORM = (
-    "logits and node interventions exact; no edge graph (each sublayer's output passes a "
-    "norm before the residual add, so a head's contribution is not a sum term)"
+    "logits and node interventions exact; edges through the attention output's norm at a "
+    "frozen scale (each head's share at the run's own scale; all edges kept or all removed "
+    "exact)"
 )
 
 

@@ -87,10 +87,10 @@ FAMILY2 = Family(
     config=config2,
     convert=convert_olmo2_weights,
     tiny=tiny2,
-    graph="post_norm_out",
+    graph=None,
     fast_paths=False,
-    exact="logits and node interventions exact; no edge graph (each sublayer's output passes "
-    "a norm before the residual add, so a head's contribution is not a sum term)",
+    exact="logits and node interventions exact; no edge graph (sublayers read the residual "
+    "stream unnormalised and normalise their outputs)",
 )
 FAMILY_MOE = Family(
     name="olmoe",

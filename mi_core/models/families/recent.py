@@ -15,8 +15,8 @@ from transformer_lens.pretrained.weight_conversions.openai import convert_gpt_os
 from mi_core.models.families._base import TINY, Family, tl_mapping
 
 _NORMED = (
-    "logits and node interventions exact; no edge graph (each sublayer's output passes a "
-    "norm before the residual add, so a head's contribution is not a sum term)"
+    "logits and node interventions exact; no edge graph (sublayers read the residual stream "
+    "unnormalised and normalise their outputs)"
 )
 
 
@@ -68,7 +68,7 @@ OLMO3 = Family(
     config=config_olmo3,
     convert=convert_olmo3_weights,
     tiny=tiny_olmo3,
-    graph="post_norm_out",
+    graph=None,
     fast_paths=False,
     exact=_NORMED,
 )
