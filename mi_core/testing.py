@@ -52,6 +52,12 @@ def make_tiny_checkpoint(
             if param.dim() > 1 and "embed" not in name and "wte" not in name:
                 param.normal_(0.0, 0.2)
     path = Path(path)
-    model.save_pretrained(path)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # no bar on stderr for a tiny write
+    try:
+        model.save_pretrained(path)
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     tokenizer.save_pretrained(path)
     return path

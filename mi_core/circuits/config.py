@@ -141,7 +141,9 @@ class CircuitData(ModelPlacement):
     task: str | None = option(None, choices=TASKS)
     """Task head to load for a classifier (default: the checkpoint's own)."""
     data: str = "ioi"
-    """Circuit data: ioi (language models) or hans-pairs:<subcase> (NLI classifiers)."""
+    """Circuit data: for language models ioi, ioi:abba, ioi:baba or a prompt file (.jsonl with
+    prompt, answer, corrupted and optionally distractor); for NLI classifiers
+    hans-pairs:<subcase>."""
     n_examples: int = 128
     """Pairs in all (found on the first part, judged on the held-out rest)."""
     held_out: float = 0.5
@@ -172,10 +174,16 @@ class CircuitData(ModelPlacement):
             raise ConfigError("batch_size and mean_examples must be at least 1")
         if self.means_data is not None and self.fill != "mean":
             raise ConfigError(f"means_data is read with fill mean only, not {self.fill}")
-        if self.data != "ioi" and not self.data.startswith("hans-pairs:"):
+        if not (lm_circuit_data(self.data) or self.data.startswith("hans-pairs:")):
             raise ConfigError(
-                f"unknown circuit data {self.data!r}; expected ioi or hans-pairs:<subcase>"
+                f"unknown circuit data {self.data!r}; expected ioi, ioi:abba, ioi:baba, a "
+                ".jsonl prompt file or hans-pairs:<subcase>"
             )
+
+
+def lm_circuit_data(data: str) -> bool:
+    """Whether ``data`` is a language model's circuit data: an IOI split or a prompt file."""
+    return data == "ioi" or data.startswith("ioi:") or data.endswith(".jsonl")
 
 
 @dataclass(kw_only=True)

@@ -33,6 +33,7 @@ from mi_core.circuits.config import (  # noqa: F401 (re-exported)
     CircuitPruneConfig,
     CircuitSweepConfig,
     _edge_prune_settings,
+    lm_circuit_data,
 )
 from mi_core.circuits.evaluate import (
     CircuitScore,
@@ -47,6 +48,7 @@ from mi_core.circuits.metrics import get_metric
 from mi_core.circuits.prune import PROGRESS_FILE, STATE_FILE, prune_edges
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
+from mi_core.data.prompt_tasks import load_prompt_task
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, sender_means
 from mi_core.io import check_replaceable, read_json, write_csv, write_json, write_text
@@ -80,6 +82,14 @@ def load_circuit_pairs(
     _check_fits(data, getattr(model, "model_name", None) or "the model", classifier)
     if data == "ioi":
         return ioi_pairs(model.tokenizer, n=n_examples, seed=data_seed)
+    if lm_circuit_data(data):  # an IOI split or a prompt file (mi_core.data.prompt_tasks)
+        task = load_prompt_task(data, n_examples, seed=data_seed, tokenizer=model.tokenizer)
+        if not task.has_corrupted:
+            raise DataError(
+                f"{data}: a circuit needs a corrupted prompt for every example (the "
+                "'corrupted' key, token-aligned with the prompt)"
+            )
+        return task.to_pairs(model.tokenizer)
     subcase = data.removeprefix("hans-pairs:")
     names = list(model.label_names)
     if "entailment" not in [n.lower() for n in names] and model.task == "mnli":
@@ -90,9 +100,9 @@ def load_circuit_pairs(
 def _check_fits(data: str, model: str, classifier: bool) -> None:
     """ioi needs a language model and hans-pairs an NLI classifier. Checked from the
     checkpoint's config before the model loads (a minute for a large one), and on the model."""
-    if data == "ioi" and classifier:
-        raise DataError("ioi is a language-model task; classifiers take hans-pairs:<subcase>")
-    if data != "ioi" and not classifier:
+    if lm_circuit_data(data) and classifier:
+        raise DataError(f"{data} is a language-model task; classifiers take hans-pairs:<subcase>")
+    if not lm_circuit_data(data) and not classifier:
         raise DataError(
             f"{data} needs an NLI classifier; {model} loads as a language model "
             "(give --task mnli for a classifier checkpoint or a pretrained body)"

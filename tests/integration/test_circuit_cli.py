@@ -382,3 +382,30 @@ def test_a_circuit_sweep_offers_only_the_executors_it_runs(tmp_path, capsys):
         CircuitSweepConfig(
             model="m", out="o", sparsities=[0.9], seeds=[1], executor="batched"
         ).validate()
+
+
+def test_a_circuit_of_a_prompt_file_or_an_ioi_split(tmp_path, capsys, tiny_checkpoints):
+    """Language-model circuit data beyond ioi: its template families (ioi:abba / ioi:baba)
+    and a .jsonl prompt file with corrupted prompts; a file without them is one line."""
+    model = str(tiny_checkpoints["llama-lm"])
+    common = ["circuit", "attribute", "--model", model, "--method", "eap", "--n-examples", "8",
+              "--fractions", "0,1", "--no-progress"]  # fmt: skip
+    assert main([*common, "--data", "ioi:baba", "--out", str(tmp_path / "baba")]) == 0
+    summary = json.loads((tmp_path / "baba" / "summary.json").read_text())
+    assert summary["config"]["data"] == "ioi:baba" and summary["n_find"] == 4
+    rows = [
+        {"prompt": f"the {a} saw the {b} and the", "answer": f" {a}", "distractor": f" {b}",
+         "corrupted": f"the {c} saw the {d} and the"}
+        for a, b, c, d in [("cat", "dog", "man", "car"), ("sun", "sky", "sea", "day")] * 4
+    ]  # fmt: skip
+    prompts = tmp_path / "animals.jsonl"
+    prompts.write_text("\n".join(json.dumps(r) for r in rows))
+    assert main([*common, "--data", str(prompts), "--out", str(tmp_path / "file")]) == 0
+    scores = EdgeScores.load(tmp_path / "file" / "scores.safetensors")
+    assert scores.n_examples == 4 and bool(scores.scores.abs().max() > 0)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"prompt": "the cat saw the", "answer": " dog"}))
+    capsys.readouterr()
+    assert main([*common, "--data", str(plain), "--out", str(tmp_path / "plain")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "needs a corrupted prompt for every example" in err and len(err.splitlines()) == 1
