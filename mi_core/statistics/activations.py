@@ -331,8 +331,9 @@ def collect_activation_stats(
     if "mlp" in sites and cfg.num_experts:
         raise ConfigError(
             "MLP neuron statistics are not defined for a mixture-of-experts MLP (Mixtral, "
-            "OLMoE): each expert has its own neurons and sees only the tokens routed to it; "
-            "score attention neurons only (sites=('attn',), mi-core separability --sites attn)"
+            "OLMoE, GPT-OSS): each expert has its own neurons and sees only the tokens routed "
+            "to it; score attention neurons only (sites=('attn',); in mi-core separability, "
+            "--ff-frac 0 --attn-frac F)"
         )
     device = cfg.device
     per_layer = {"mlp": (cfg.d_mlp,), "attn": (cfg.n_heads, cfg.d_head)}

@@ -357,3 +357,19 @@ def test_jobs_that_read_large_models_take_their_weights_dtype_and_split():
     for bad in ({"weights": "int8"}, {"n_devices": 0}):
         with pytest.raises(ConfigError):
             ModelPlacement(device="cpu", **bad).validate()
+
+
+def test_separability_on_a_mixture_of_experts_prunes_attention_neurons_only(tiny_checkpoints):
+    from helpers import tasks
+
+    from mi_core.methods.separability.run import SeparabilityConfig, run_separability
+
+    model = load_model(tiny_checkpoints["mixtral-lm"], fold_value_biases=False)
+    focus, cripple = tasks()
+    with pytest.raises(ConfigError, match="no MLP neurons to score"):
+        run_separability(model, focus, cripple, SeparabilityConfig(steps=1, batch_size=4))
+    config = SeparabilityConfig(steps=2, ff_frac=0.0, attn_frac=0.1, batch_size=4)
+    result = run_separability(model, focus, cripple, config)
+    frame = result.run_frame()
+    assert frame["ff_pruned"].tolist() == [0, 0, 0]
+    assert frame["attn_pruned"].iloc[-1] > frame["attn_pruned"].iloc[0] == 0

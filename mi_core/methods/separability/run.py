@@ -429,7 +429,7 @@ def run_separability(
     moe = bool(model.cfg.num_experts)
     if moe and config.ff_frac > 0:
         raise ConfigError(
-            "a mixture-of-experts MLP (Mixtral, OLMoE) has no MLP neurons to score (each "
+            "a mixture-of-experts MLP (Mixtral, OLMoE, GPT-OSS) has no MLP neurons to score (each "
             "expert has its own and sees only the tokens routed to it): prune attention only "
             "(ff_frac 0 and attn_frac > 0; mi-core separability --ff-frac 0 --attn-frac F)"
         )
