@@ -17,6 +17,7 @@ import transformers
 
 from mi_core.models.embedded import minilm_path
 from mi_core.models.families import FAMILIES, Family, family
+from mi_core.models.loading import quiet_transformers
 
 #: Every kind :func:`make_tiny_checkpoint` makes: ``<family>-lm`` for each family with a causal
 #: LM, ``<family>-cls`` for each with a sequence classifier.
@@ -52,12 +53,7 @@ def make_tiny_checkpoint(
             if param.dim() > 1 and "embed" not in name and "wte" not in name:
                 param.normal_(0.0, 0.2)
     path = Path(path)
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()  # no bar on stderr for a tiny write
-    try:
+    with quiet_transformers():  # no bar on stderr for a tiny write
         model.save_pretrained(path)
-    finally:
-        if bars:
-            transformers.utils.logging.enable_progress_bar()
     tokenizer.save_pretrained(path)
     return path

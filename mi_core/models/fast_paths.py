@@ -214,16 +214,12 @@ def fast_unembed(self: Unembed, residual: torch.Tensor) -> torch.Tensor:
     return self.hook_out(F.linear(residual, self.W_U.T, self.b_U))
 
 
-#: Architectures whose attention TransformerLens changes in ways the fast path does not copy
-#: (for a model of no family mi_core knows; a known family says so in its ``fast_paths``).
-_OLMO = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
-
-
 def _plain_lm_attention(cfg: Any) -> bool:
     """Whether a causal LM's attention is one :func:`_fast_lm_attention` computes exactly as
     TransformerLens does (no soft cap, local window, sinks, ALiBi or relative biases, log-n
-    scaling, clipping, OLMo's norms or 4-bit weights), and whose family
-    (:mod:`mi_core.models.families`) says its fused forward is exact."""
+    scaling, clipping or 4-bit weights), and whose family (:mod:`mi_core.models.families`)
+    says its fused forward is exact (OLMoE's and OLMo-2 / 3's query / key norms across heads:
+    not)."""
     family = family_of_model(cfg)
     return (
         (family is None or family.fast_paths)
@@ -234,7 +230,6 @@ def _plain_lm_attention(cfg: Any) -> bool:
         and not cfg.use_logn_attn
         and cfg.clip_qkv is None
         and not cfg.load_in_4bit
-        and cfg.original_architecture not in _OLMO
     )
 
 

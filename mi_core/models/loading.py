@@ -14,6 +14,7 @@ import os
 import pickle
 import re
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -196,7 +197,9 @@ def load_tokenizer(source: ModelSource):
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def quiet_transformers() -> Iterator[None]:
+    """Within the block, transformers logs errors only and shows no progress bar (loading and
+    saving checkpoints mi_core reports on itself)."""
     level = transformers.logging.get_verbosity()
     bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
@@ -373,7 +376,7 @@ def _from_pretrained(
     initialises missing tensors at random and only logs it, so a weight file missing some or
     all of them loaded as a partly or wholly random model. ``new_heads``: the parameter
     prefixes that may be missing (a task head made for a pretrained body)."""
-    with _quiet_transformers():
+    with quiet_transformers():
         try:
             model, info = auto_class.from_pretrained(
                 source.path, output_loading_info=True, **kwargs
@@ -395,13 +398,13 @@ def _from_pretrained(
     return model
 
 
-def _forget_gguf(model: Any) -> None:
+def _forget_gguf(model: transformers.PreTrainedModel) -> None:
     """A model read from a GGUF file holds de-quantised float weights, but transformers keeps
     its GGUF "quantizer" and refuses to save it (so a fine-tuned SmolLM2 could not be written);
     drop the marker: the model is then an ordinary checkpoint and saves as one."""
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 (an attribute torch's stubs do not know)
     if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+        delattr(model.config, "quantization_config")
 
 
 def _check_finite(model: torch.nn.Module, name: str) -> None:

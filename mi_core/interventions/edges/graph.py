@@ -111,11 +111,6 @@ def _family(model: HookedModel) -> str:
         raise InterventionError(
             f"no circuit graph for {name} ({family.exact}): supported are {SUPPORTED_GRAPHS}"
         )
-    if name in POST_NORM_ARCHITECTURES:  # no norm on a sublayer's input: the fused engine
-        raise InterventionError(  # normalises the heads' inputs as the pre-norm families do
-            f"no circuit graph for {name}: its sublayers read the residual stream unnormalised "
-            f"and normalise their outputs (OLMo-2 / 3); supported are {SUPPORTED_GRAPHS}"
-        )
     decoder = (
         all(type(b) is TransformerBlock for b in blocks)
         and cfg.normalization_type in ("LN", "LNPre", "RMS", "RMSPre")

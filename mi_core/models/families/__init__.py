@@ -127,7 +127,7 @@ def family_for_config(hf_config: Any) -> Family:
     return _BY_MODEL_TYPE[kind]
 
 
-def family_of_model(model: Any) -> Family | None:
+def family_of_model(model: torch.nn.Module | HookedTransformerConfig) -> Family | None:
     """The family a hooked model (or its ``cfg``) was loaded from, by the architecture its
     config carries (None for a model of no family mi_core knows)."""
     cfg = model if hasattr(model, "original_architecture") else getattr(model, "cfg", None)
