@@ -22,3 +22,8 @@ TASK_SPLITS: dict[str, tuple[str, ...]] = {
     "mnli": ("train", "validation_matched", "validation_mismatched", "heldout"),
     "qqp": ("train", "validation"),
 }
+
+#: The task of a language model on a prompt task: predict the next token, its classes the
+#: model's vocabulary, read at the prompt's last token (the answer position); see
+#: :mod:`mi_core.data.prompt_tasks` and :class:`~mi_core.models.HookedAnswerModel`.
+NEXT_TOKEN = "next_token"

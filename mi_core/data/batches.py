@@ -16,15 +16,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+from jaxtyping import Float
 
 from mi_core.data.pairs import PairDataset
+from mi_core.data.prompt_tasks import PromptTask
 from mi_core.errors import DataError
-from mi_core.models.text import encode_pairs, pad_token_id
+from mi_core.models.text import encode_pairs, encode_prompts, pad_token_id
 from mi_core.seeding import derive_seed
 
 logger = logging.getLogger(__name__)
@@ -107,8 +110,128 @@ class TokenizedPairs:
         return self._packed
 
 
-def tokenize_pairs(dataset: PairDataset, tokenizer, max_length: int = 128) -> TokenizedPairs:
-    """Tokenise every pair of ``dataset`` once (batched calls on the fast tokenizer)."""
+@dataclass
+class TokenizedPrompts(TokenizedPairs):
+    """Per-example token ids of a :class:`~mi_core.data.prompt_tasks.PromptTask`: ``labels``
+    are the answer tokens' ids (the classes of a language model are its vocabulary) and
+    ``distractors`` the rival tokens' ids (None when the task has none)."""
+
+    distractors: list[int] | None = None
+
+    def accuracy(self, logits: Float[torch.Tensor, "n vocab"]) -> Float[torch.Tensor, " n"]:
+        """1 where the answer wins, per example: its logit above the distractor's, or (no
+        distractor) the highest of all (as :func:`~mi_core.circuits.answer_accuracy`)."""
+        logits = logits.detach().float().cpu()
+        if logits.shape[0] != len(self):
+            raise DataError(
+                f"{self.name}: {logits.shape[0]} rows of logits for {len(self)} prompts"
+            )
+        rows = torch.arange(len(self))
+        answer = torch.tensor(self.labels)
+        if self.distractors is None:
+            return (logits.argmax(-1) == answer).float()
+        return (logits[rows, answer] > logits[rows, torch.tensor(self.distractors)]).float()
+
+    def answer_vs_rival(
+        self, logits: Float[torch.Tensor, "batch vocab"], index: torch.Tensor
+    ) -> Float[torch.Tensor, "batch 2"]:
+        """Each row's answer logit and its rival's: the distractor's, or (none) the highest
+        other token's. The answer wins (:meth:`accuracy`) exactly when the first is larger, so
+        a table of many ablations keeps these two columns instead of the vocabulary."""
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        index = index.to(logits.device)
+        answer_ids = torch.tensor(self.labels, device=logits.device)[index]
+        answer = logits[rows, answer_ids]
+        if self.distractors is None:
+            rival = logits.scatter(1, answer_ids[:, None], float("-inf")).amax(-1)
+        else:
+            rival = logits[rows, torch.tensor(self.distractors, device=logits.device)[index]]
+        return torch.stack([answer, rival], dim=-1)
+
+    def logit_difference(self, logits: Float[torch.Tensor, "n vocab"]) -> Float[torch.Tensor, " n"]:
+        """The answer's logit minus the distractor's (no distractor: minus the mean logit)."""
+        logits = logits.detach().float().cpu()
+        rows = torch.arange(len(self))
+        answer = logits[rows, torch.tensor(self.labels)]
+        if self.distractors is None:
+            return answer - logits.mean(-1)
+        return answer - logits[rows, torch.tensor(self.distractors)]
+
+
+def tokenize_prompts(
+    task: PromptTask,
+    tokenizer: Any,
+    max_length: int = 128,
+    prepend_bos: bool | None = None,
+) -> TokenizedPrompts:
+    """Tokenise every prompt of ``task`` once: a BOS token first (``prepend_bos``; default:
+    when the tokenizer has one, as TransformerLens's ``to_tokens`` puts it), then the prompt
+    without special tokens. A prompt longer than ``max_length`` loses tokens from its start
+    (after the BOS), so the tokens before the answer position are kept; how many were cut is
+    logged once. Answers and distractors must be one token each."""
+    ids, truncated = encode_prompts(
+        tokenizer, [e.prompt for e in task.examples], max_length, prepend_bos
+    )
+    if truncated:
+        logger.warning(
+            "%s: %d of %d prompts are longer than max_length=%d tokens and lost their first "
+            "tokens",
+            task.name, len(truncated), len(task), max_length,
+        )  # fmt: skip
+
+    def single(text: str, i: int, role: str) -> int:
+        got = tokenizer(text, add_special_tokens=False).input_ids
+        if len(got) != 1:
+            raise DataError(
+                f"{task.name}, prompt {i}: the {role} {text!r} is {len(got)} tokens; a prompt "
+                "task reads one (a leading space is often part of the token: ' Mary')"
+            )
+        return int(got[0])
+
+    examples = task.examples
+    distractors = None
+    labels = [single(e.answer, i, "answer") for i, e in enumerate(examples)]
+    if examples[0].distractor is not None:
+        distractors = [single(e.distractor or "", i, "distractor") for i, e in enumerate(examples)]
+    return TokenizedPrompts(
+        input_ids=ids,
+        token_type_ids=[[0] * len(row) for row in ids],
+        labels=labels,
+        max_length=int(max_length),
+        pad_token_id=pad_token_id(tokenizer),
+        n_truncated=len(truncated),
+        truncated=truncated,
+        name=task.name,
+        distractors=distractors,
+    )
+
+
+def task_scorer(
+    dataset: PairDataset | PromptTask, tokenizer: Any, max_length: int = 128
+) -> Callable[[Float[torch.Tensor, "n label"]], float]:
+    """``score(logits)``: the accuracy of a model's logits on ``dataset`` (in data-set
+    order): :meth:`PairDataset.score`, or a prompt task's (tokenised once here) answer beating
+    its distractor (:meth:`TokenizedPrompts.accuracy`; two columns are
+    :meth:`TokenizedPrompts.answer_vs_rival`'s)."""
+    if isinstance(dataset, PromptTask):
+        tokenized = tokenize_prompts(dataset, tokenizer, max_length)
+
+        def score(logits: torch.Tensor) -> float:
+            if logits.shape[-1] == 2:  # answer_vs_rival's columns
+                return float((logits[:, 0] > logits[:, 1]).float().mean())
+            return float(tokenized.accuracy(logits).mean())
+
+        return score
+    return dataset.score
+
+
+def tokenize_pairs(
+    dataset: PairDataset | PromptTask, tokenizer, max_length: int = 128
+) -> TokenizedPairs:
+    """Tokenise every pair of ``dataset`` once (batched calls on the fast tokenizer); a prompt
+    task's prompts with :func:`tokenize_prompts`."""
+    if isinstance(dataset, PromptTask):
+        return tokenize_prompts(dataset, tokenizer, max_length)
     n = len(dataset)
     pad = pad_token_id(tokenizer)
     ids, types, truncated = encode_pairs(tokenizer, dataset.text_a, dataset.text_b, max_length)
@@ -228,7 +351,7 @@ class PairBatches:
 
 
 def pair_batches(
-    dataset: PairDataset | TokenizedPairs,
+    dataset: PairDataset | PromptTask | TokenizedPairs,
     tokenizer=None,
     batch_size: int = 32,
     max_length: int = 128,

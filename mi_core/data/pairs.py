@@ -273,6 +273,11 @@ class PairDataset:
         """Output classes of the model that scores this data set."""
         return len(self.prediction_map)
 
+    @property
+    def chance_accuracy(self) -> float:
+        """The accuracy of a guess: one over the data set's labels."""
+        return 1.0 / self.num_labels
+
     def label_tensor(self) -> torch.Tensor:
         """The labels as a LongTensor."""
         return torch.tensor(self.labels, dtype=torch.long)

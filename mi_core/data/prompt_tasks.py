@@ -22,6 +22,7 @@ Specs (:func:`load_prompt_task`):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from mi_core.data.circuit_pairs import IOI_TEMPLATES, PromptPairs, ioi_prompts
+from mi_core.data.pairs import PairDataset
 from mi_core.errors import DataError
+from mi_core.tasks import NEXT_TOKEN
 
 __all__ = [
     "NLI_TEMPLATE",
@@ -38,10 +41,21 @@ __all__ = [
     "PROMPT_TASKS",
     "PromptExample",
     "PromptTask",
+    "EVAL_SEED",
+    "TRAIN_SEED",
+    "TaskData",
+    "check_prompt_spec",
+    "check_task_specs",
+    "load_task_data",
+    "is_prompt_spec",
     "load_prompt_task",
     "parse_nli_prompt",
     "render_nli_prompt",
 ]
+
+#: The seed IOI prompts of a job's training set are drawn from, and that of its eval sets (so
+#: an eval set of the training templates holds other prompts than the training set).
+TRAIN_SEED, EVAL_SEED = 0, 1
 
 #: The built-in prompt-task specs (besides a ``.jsonl`` file).
 PROMPT_TASKS = ("ioi", "ioi:abba", "ioi:baba", "nli:<pair spec>")
@@ -95,6 +109,49 @@ class PromptTask:
         return len(self.examples)
 
     @property
+    def task(self) -> str:
+        """The task of the model that scores it: next-token prediction
+        (:data:`~mi_core.tasks.NEXT_TOKEN`, a language model whose classes are its vocabulary)."""
+        return NEXT_TOKEN
+
+    @property
+    def chance_accuracy(self) -> float:
+        """The accuracy of a guess: 1/2 with a distractor (the answer's logit above its
+        rival's), 0 without (top-1 over a vocabulary)."""
+        return 0.5 if self.examples[0].distractor is not None else 0.0
+
+    @property
+    def meta(self) -> dict[str, list[Any]]:
+        """Per-example identifiers (none: a prompt is its own identifier)."""
+        return {}
+
+    def subset(self, indices: Any, name: str | None = None) -> PromptTask:
+        """The examples at ``indices`` (ints, in the order given)."""
+        picked = [self.examples[int(i)] for i in indices]
+        return PromptTask(name or self.name, tuple(picked))
+
+    def head(self, n: int) -> PromptTask:
+        """The first ``n`` examples (all of them if there are fewer)."""
+        return self.subset(range(min(max(int(n), 0), len(self))))
+
+    def spread(self, n: int, key: str = "subcase") -> PromptTask:
+        """The first ``n`` examples (the pair sets' spread over subcases has no counterpart:
+        IOI prompts are drawn at random, NLI prompts keep their set's own order)."""
+        return self.head(n)
+
+    def selection(self) -> str:
+        """``"<n>:<digest>"`` of the examples themselves, as
+        :meth:`~mi_core.data.PairDataset.selection`."""
+        digest = hashlib.sha256()
+        for e in self.examples:
+            digest.update(f"{e.prompt}\x1f{e.answer}\x1f{e.distractor}\x1e".encode())
+        return f"{len(self)}:{digest.hexdigest()[:16]}"
+
+    def matches(self, recorded: Any) -> bool:
+        """Whether a cache's record of a set (its :meth:`selection`) names these examples."""
+        return recorded == self.selection()
+
+    @property
     def has_corrupted(self) -> bool:
         """Whether every example has a corrupted prompt (what a circuit needs)."""
         return all(e.corrupted is not None for e in self.examples)
@@ -113,6 +170,47 @@ class PromptTask:
             distractors,  # type: ignore[arg-type]
             prepend_bos=prepend_bos,
         )
+
+
+#: A data set of a node-level job: sentence pairs (a classifier's) or a prompt task (a
+#: language model's, :data:`~mi_core.tasks.NEXT_TOKEN`).
+TaskData = PairDataset | PromptTask
+
+
+def load_task_data(
+    spec: str | os.PathLike[str],
+    max_examples: int | None = None,
+    *,
+    tokenizer: Any = None,
+    seed: int = EVAL_SEED,
+) -> TaskData:
+    """A sentence-pair set or a prompt task by its spec (:func:`is_prompt_spec`); IOI prompts
+    are drawn from ``seed`` (default: an eval set's, :data:`EVAL_SEED`)."""
+    if is_prompt_spec(spec):
+        return load_prompt_task(spec, max_examples, seed=seed, tokenizer=tokenizer)
+    from mi_core.data.pairs import load_pairs
+
+    return load_pairs(os.fspath(spec), max_examples=max_examples)
+
+
+def check_task_specs(specs: Any) -> bool:
+    """Check every spec of ``specs`` names data (before a model loads) and that they are all
+    sentence pairs or all prompt tasks; return whether they are prompt tasks."""
+    from mi_core.data.pairs import check_pair_spec
+
+    specs = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
+    kinds = {is_prompt_spec(s) for s in specs}
+    if len(kinds) > 1:
+        raise DataError(
+            "data sets must all be sentence pairs (a classifier's) or all prompt tasks (a "
+            "language model's: ioi, ioi:abba, nli:<pair spec>, a .jsonl file)"
+        )
+    for spec in specs:
+        if is_prompt_spec(spec):
+            check_prompt_spec(spec)
+        else:
+            check_pair_spec(spec)
+    return kinds == {True}
 
 
 def render_nli_prompt(premise: str, hypothesis: str) -> str:
@@ -188,6 +286,27 @@ def _jsonl_task(path: Path, n: int | None) -> PromptTask:
     if not examples:
         raise DataError(f"prompt file {path} has no examples")
     return PromptTask(path.stem, tuple(examples))
+
+
+def is_prompt_spec(spec: str | os.PathLike[str]) -> bool:
+    """Whether ``spec`` names a prompt task (``ioi``, ``ioi:*``, ``nli:*``, a ``.jsonl`` file)
+    rather than a sentence-pair set."""
+    text = os.fspath(spec)
+    return text == "ioi" or text.startswith(("ioi:", "nli:")) or text.endswith(".jsonl")
+
+
+def check_prompt_spec(spec: str | os.PathLike[str]) -> None:
+    """Refuse a prompt-task spec that names nothing (an unknown IOI split, a missing file)
+    before any model loads; :func:`load_prompt_task` checks the rest."""
+    text = os.fspath(spec)
+    if text.startswith("ioi:") and text.partition(":")[2] not in _IOI_ORDERS:
+        raise DataError(f"unknown IOI split {text!r}; expected ioi, ioi:abba or ioi:baba")
+    if text.startswith("nli:"):
+        from mi_core.data.pairs import check_pair_spec
+
+        check_pair_spec(text.removeprefix("nli:"))
+    elif text.endswith(".jsonl") and not Path(text).expanduser().is_file():
+        raise DataError(f"prompt file {text} does not exist")
 
 
 def load_prompt_task(

@@ -14,8 +14,11 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, pair_batches
+from mi_core.data.batches import tokenize_prompts
+from mi_core.data.prompt_tasks import PromptTask
 from mi_core.errors import ConfigError, DataError
 from mi_core.evaluation.config import EvalConfig
+from mi_core.tasks import NEXT_TOKEN
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +118,7 @@ def predict_logits(
 
 def evaluate(
     model: torch.nn.Module,
-    dataset: PairDataset,
+    dataset: PairDataset | PromptTask,
     tokenizer=None,
     batch_size: int = 64,
     max_length: int = 128,
@@ -147,6 +150,9 @@ def evaluate(
             )
     if len(dataset) == 0:
         raise DataError(f"{dataset.name} is empty; nothing to evaluate")
+    if isinstance(dataset, PromptTask):
+        return _evaluate_prompts(model, dataset, tokenizer, batch_size, max_length, progress,
+                                 batches)  # fmt: skip
     n_labels = getattr(model, "num_labels", None)
     if n_labels is not None and n_labels != len(dataset.prediction_map):
         raise DataError(  # else a 2-class QQP model would score MNLI pairs without a word
@@ -172,6 +178,37 @@ def evaluate(
     labels = dataset.label_tensor()
     ids = {k: list(v) for k, v in dataset.meta.items() if k in _IDENTIFIERS}
     return EvalResult(dataset.name, accuracy, labels, predictions, logits, ids)
+
+
+def _evaluate_prompts(
+    model: torch.nn.Module,
+    task: PromptTask,
+    tokenizer: Any,
+    batch_size: int,
+    max_length: int,
+    progress: bool,
+    batches: Iterable[dict[str, torch.Tensor]] | None,
+) -> EvalResult:
+    """:func:`evaluate` on a prompt task: ``model`` reads next-token logits at the answer
+    position (:class:`~mi_core.models.HookedAnswerModel`); accuracy is the answer beating its
+    distractor (or top-1 without one), predictions the top tokens."""
+    if getattr(model, "task", None) != NEXT_TOKEN:
+        raise DataError(
+            f"{task.name} is a prompt task: evaluate it with a language model loaded with "
+            f"task='{NEXT_TOKEN}' (load_model(path, task='{NEXT_TOKEN}'))"
+        )
+    tokenized = tokenize_prompts(task, tokenizer or model.tokenizer, max_length)
+    was_training = model.training
+    model.eval()
+    if batches is None:
+        batches = pair_batches(tokenized, batch_size=batch_size, sort_by_length=True)
+    try:
+        logits = predict_logits(model, batches, len(task), task.name if progress else None)
+    finally:
+        model.train(was_training)
+    accuracy = float(tokenized.accuracy(logits).mean())
+    labels = torch.tensor(tokenized.labels)
+    return EvalResult(task.name, accuracy, labels, logits.argmax(-1), logits, {})
 
 
 def results_frame(results: Iterable[EvalResult]) -> pd.DataFrame:

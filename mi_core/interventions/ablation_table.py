@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,11 +120,16 @@ def ablation_logits(
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     progress: bool = False,
+    readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> AblationLogits:
     """Logits of the full model, of each single-head ablation and of each head set, fast.
 
     ``model`` is a hooked classifier run in stages (:class:`StagedClassifier`).
+    ``readout(logits, index)`` keeps what the table needs of each batch's logits (a language
+    model's: :meth:`~mi_core.data.TokenizedPrompts.answer_vs_rival`, two columns instead of
+    its vocabulary, for every one of hundreds of ablations).
     """
+    keep = (lambda logits, index: logits) if readout is None else readout
     fill = Fill.parse(fill)
     _check_heads(model, list(heads) + [c for s in joints for c in s])
     if fill is Fill.MEAN:
@@ -141,12 +146,13 @@ def ablation_logits(
     for batch in tqdm(batches, desc="ablations", disable=not progress, unit="batch"):
         ids, mask, types = batch_inputs(model, batch, device)
         out.add_batch(batch, ids.shape[0])
+        index = batch.get("index", torch.arange(ids.shape[0]))
         resid = model.embed_input(ids, mask, types)
         resid_pre = []
         for layer in range(cfg.n_layers):
             resid_pre.append(resid)
             resid = model.run_blocks(resid, mask, start=layer, stop=layer + 1)
-        out.add("full", model.classify(resid, mask))
+        out.add("full", keep(model.classify(resid, mask), index))
         chunk = max(1, max_tokens // ids.numel())
         for layer, layer_heads in by_layer.items():
             for start in range(0, len(layer_heads), chunk):
@@ -155,12 +161,12 @@ def ablation_logits(
                     model, resid_pre[layer], mask, layer, group, means, fill
                 )
                 for head, copy in zip(group, logits, strict=True):
-                    out.add(Component(layer, head), copy)
+                    out.add(Component(layer, head), keep(copy, index))
         for head_set, joint_mask in joint_masks:
             first = min(c.layer for c in head_set)
             with ablate(model, joint_mask, means, fill):
                 resid = model.run_blocks(resid_pre[first], mask, start=first)
-                out.add(head_set, model.classify(resid, mask))
+                out.add(head_set, keep(model.classify(resid, mask), index))
     return out.result()
 
 
@@ -440,6 +446,7 @@ def ablation_table(
         heads = parse_components(heads, model)
     joints = [parse_head_set(j, model) for j in joints]
     from mi_core.data import pair_batches
+    from mi_core.data.batches import TokenizedPrompts, task_scorer, tokenize_pairs
 
     every = all_heads(model)
     listed = every if heads is None else sorted(set(heads))
@@ -464,19 +471,21 @@ def ablation_table(
     for ds in datasets:
         if len(ds) == 0:
             raise InterventionError(f"data set {ds.name} is empty; nothing to ablate on")
-        batches = pair_batches(
-            ds, model.tokenizer, batch_size=batch_size, max_length=max_length, sort_by_length=True
-        )
+        tokenized = tokenize_pairs(ds, model.tokenizer, max_length)
+        batches = pair_batches(tokenized, batch_size=batch_size, sort_by_length=True)
+        readout = tokenized.answer_vs_rival if isinstance(tokenized, TokenizedPrompts) else None
         logits = ablation_logits(
-            model, batches, sorted(ablated), joints, means, fill, progress=progress
-        )
+            model, batches, sorted(ablated), joints, means, fill, progress=progress,
+            readout=readout,
+        )  # fmt: skip
         table.logits[ds.name] = logits
         table.n_examples[ds.name] = len(ds)
-        table.full[ds.name] = ds.score(logits.full)
+        score = task_scorer(ds, model.tokenizer, max_length)
+        table.full[ds.name] = score(logits.full)
         for c, values in logits.singles.items():
-            table.singles[c][ds.name] = ds.score(values)
+            table.singles[c][ds.name] = score(values)
         for s, values in logits.joints.items():
-            table.joints[s][ds.name] = ds.score(values)
+            table.joints[s][ds.name] = score(values)
     return table
 
 
@@ -484,17 +493,27 @@ def run_ablation_table(config: AblationTableConfig, *, progress: bool = True) ->
     """Load the model and data of ``config``, build the table, write its CSV, Markdown and
     HTML (beside ``config.out``)."""
     from mi_core.data import load_pairs
+    from mi_core.data.prompt_tasks import check_task_specs, load_task_data
     from mi_core.interventions.components import parse_components
     from mi_core.interventions.means import load_means
     from mi_core.io import check_replaceable, write_csv, write_text
     from mi_core.models import load_model
     from mi_core.models.loading import warn_if_random_head
+    from mi_core.tasks import NEXT_TOKEN
 
     out = Path(config.out)  # the table's three files, before any work (not only the .csv)
     check_replaceable(out.parent, [out.name, out.with_suffix(".md").name,
                                    out.with_suffix(".html").name])  # fmt: skip
-    datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
-    model = load_model(config.model, task=config.task or datasets[0].task, **config.load_options())
+    if check_task_specs(config.data):  # a language model on prompt tasks
+        model = load_model(config.model, task=NEXT_TOKEN, **config.load_options())
+        datasets = [
+            load_task_data(spec, config.max_examples, tokenizer=model.tokenizer)
+            for spec in config.data
+        ]
+    else:
+        datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
+        task = config.task or datasets[0].task
+        model = load_model(config.model, task=task, **config.load_options())
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")

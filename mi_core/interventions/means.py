@@ -274,17 +274,33 @@ def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
     """Load the model and data of ``config``, compute the means, write them to ``config.out``."""
     from mi_core.data import load_pairs, pair_batches
     from mi_core.data.pairs import check_pair_spec
+    from mi_core.data.prompt_tasks import (
+        TRAIN_SEED,
+        check_prompt_spec,
+        is_prompt_spec,
+        load_prompt_task,
+    )
     from mi_core.models import load_model
+    from mi_core.tasks import NEXT_TOKEN
 
-    if config.data:  # a typo'd spec is found before the model loads
+    prompts = config.data is not None and is_prompt_spec(config.data)
+    if config.data is not None and prompts:  # a typo'd spec is found before the model loads
+        check_prompt_spec(config.data)
+    elif config.data:
         check_pair_spec(config.data)
-    model = load_model(config.model, task=config.task, **config.load_options())
+    task = NEXT_TOKEN if prompts and config.task is None else config.task
+    model = load_model(config.model, task=task, **config.load_options())
     task = getattr(model, "task", None)
-    if not config.data and not task:
+    if not config.data and (not task or task == NEXT_TOKEN):
         raise ConfigError(
             f"{config.model} has no task, so there is no default data set: give --data"
         )
-    dataset = load_pairs(config.data or f"{task}:train", max_examples=config.max_examples)
+    if config.data is not None and prompts:  # the training prompts a pruning job draws
+        dataset = load_prompt_task(
+            config.data, config.max_examples, seed=TRAIN_SEED, tokenizer=model.tokenizer
+        )
+    else:
+        dataset = load_pairs(config.data or f"{task}:train", max_examples=config.max_examples)
     if len(dataset) == 0:
         raise DataError(f"cannot compute means: the data set {dataset.name} is empty")
     batches = pair_batches(

@@ -6,6 +6,7 @@ from mi_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from mi_core.models.classifier import (
+        HookedAnswerModel,
         HookedClassifier,
         HookedDecoderClassifier,
         HookedEncoderClassifier,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it (imported on first use).
 _NAMES = {
+    "HookedAnswerModel": "mi_core.models.classifier",
     "HookedClassifier": "mi_core.models.classifier",
     "HookedDecoderClassifier": "mi_core.models.classifier",
     "HookedEncoderClassifier": "mi_core.models.classifier",
@@ -52,6 +54,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
 
 __all__ = [
     "EMBEDDED_MODELS",
+    "HookedAnswerModel",
     "HookedClassifier",
     "HookedDecoderClassifier",
     "HookedEncoderClassifier",

@@ -30,10 +30,11 @@ from transformer_lens.utilities import Slice
 
 from mi_core.errors import ConfigError, DataError, ModelInputError
 from mi_core.models.dropout import DropoutRates
-from mi_core.models.fast_paths import enable_fast_paths
+from mi_core.models.fast_paths import enable_fast_paths, enable_lm_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
 from mi_core.models.hooks import act_name
-from mi_core.models.text import encode_pairs, pad_token_id
+from mi_core.models.text import encode_pairs, encode_prompts, pad_token_id
+from mi_core.tasks import NEXT_TOKEN
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
@@ -718,6 +719,113 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         else:
             last = attention_mask.sum(dim=1) - 1
         return self.head(resid[torch.arange(resid.shape[0], device=resid.device), last])
+
+
+class AnswerHead(nn.Module):
+    """A language model's own unembedding on one token (``W_U``, ``b_U``, and the final
+    logit soft-cap where the family has one, as TransformerLens's forward applies it): the
+    head of a :class:`HookedAnswerModel`, whose classes are the vocabulary."""
+
+    def __init__(self, cfg: HookedTransformerConfig):
+        super().__init__()
+        self.W_U = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_vocab_out, dtype=cfg.dtype))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab_out, dtype=cfg.dtype))
+        self.soft_cap = float(cfg.output_logits_soft_cap)
+
+    def forward(
+        self, x: Float[torch.Tensor, "batch d_model"]
+    ) -> Float[torch.Tensor, "batch vocab"]:
+        logits = x @ self.W_U + self.b_U
+        if self.soft_cap > 0:
+            logits = self.soft_cap * torch.tanh(logits / self.soft_cap)
+        return logits
+
+
+class HookedAnswerModel(HookedDecoderClassifier):
+    """A causal language model on a prompt task, as a classifier over its vocabulary: the
+    LM's next-token logits at each prompt's last token (the answer position), so every node
+    method made for classifiers (pruning against the full model's distribution, means, the
+    ablation table, attention classes) runs on it unchanged.
+
+    Made from a loaded ``HookedTransformer`` by :meth:`from_lm` (sharing its weights) or by
+    ``load_model(..., task="next_token")``. Its ``task`` is
+    :data:`~mi_core.tasks.NEXT_TOKEN`; its ``forward`` on right-padded ids equals the LM's
+    logits at each row's last real token; ``to_tokens`` on text puts a BOS token first where
+    the tokenizer has one, as TransformerLens does (and as :func:`~mi_core.data.tokenize_prompts`
+    tokenises prompt tasks).
+    """
+
+    def __init__(self, cfg: HookedTransformerConfig, tokenizer=None):
+        HookedTransformer.__init__(self, cfg, tokenizer=None, move_to_device=False)
+        self.tokenizer = tokenizer
+        if tokenizer is not None:
+            cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
+        del self.unembed
+        self._init_classifier(AnswerHead(cfg), cfg.d_vocab_out, NEXT_TOKEN, [])
+        enable_lm_fast_paths(self)
+
+    @classmethod
+    def from_lm(cls, lm: HookedTransformer) -> HookedAnswerModel:
+        """``lm`` (TransformerLens's causal LM) as an answer model sharing its parameters:
+        blocks, embeddings and final norm as they are, the unembedding as the head."""
+        if getattr(lm.cfg, "n_devices", 1) > 1:
+            raise ConfigError(
+                "a language model split over several devices cannot be a prompt-task model; "
+                "load it on one device (in bfloat16 to halve its memory)"
+            )
+        model = cls(lm.cfg, lm.tokenizer)
+        state = {k: v for k, v in lm.state_dict().items() if not k.startswith("unembed.")}
+        state["head.W_U"], state["head.b_U"] = lm.unembed.W_U, lm.unembed.b_U
+        model.load_state_dict(state, strict=True, assign=True)
+        if lm.cfg.device is not None:
+            model.to(lm.cfg.device, print_details=False)
+        for name in ("value_biases_folded", "model_name"):
+            if hasattr(lm, name):
+                setattr(model, name, getattr(lm, name))
+        model.head_from_checkpoint = True
+        model.dropout_rates = getattr(lm, "dropout_rates", model.dropout_rates)
+        return model.eval()
+
+    @property
+    def label_names(self) -> list[str]:
+        """The vocabulary's tokens, by id (the classes of a next-token predictor)."""
+        if self.tokenizer is None:
+            return [f"LABEL_{i}" for i in range(self.num_labels)]
+        tokens = self.tokenizer.convert_ids_to_tokens(list(range(self.num_labels)))
+        return [t if t is not None else f"<{i}>" for i, t in enumerate(tokens)]
+
+    @label_names.setter
+    def label_names(self, value: list[str]) -> None:  # set (empty) by _init_classifier
+        pass
+
+    def to_tokens(
+        self,
+        premise: str | list[str],
+        hypothesis: str | list[str] | None = None,
+        max_length: int = 128,
+        **tl_keywords: object,
+    ) -> PairTokens:
+        """Token ids and attention mask of prompts (right-padded), a BOS token first as
+        :func:`~mi_core.data.tokenize_prompts` makes them; TransformerLens's keywords give TL's
+        ``to_tokens``. A prompt task has no second text."""
+        if tl_keywords:
+            return HookedTransformer.to_tokens(self, premise, **tl_keywords)  # type: ignore[arg-type]
+        if hypothesis is not None:
+            raise DataError("a language model's prompt is one text; join the pair into it")
+        if self.tokenizer is None:
+            raise ConfigError("this model has no tokenizer; pass token ids instead")
+        prompts = [premise] if isinstance(premise, str) else list(premise)
+        ids, _ = encode_prompts(self.tokenizer, prompts, max_length)
+        width = max(len(row) for row in ids)
+        pad = pad_token_id(self.tokenizer)
+        device = self.cfg.device
+        return PairTokens({
+            "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in ids], device=device),
+            "attention_mask": torch.tensor(
+                [[1] * len(r) + [0] * (width - len(r)) for r in ids], device=device
+            ),
+            "token_type_ids": torch.zeros(len(ids), width, dtype=torch.long, device=device),
+        })  # fmt: skip
 
 
 def _check_right_padded(attention_mask: Int[torch.Tensor, "batch pos"]) -> None:

@@ -32,6 +32,7 @@ from mi_core.devices import resolve_device
 from mi_core.errors import ConfigError, ModelLoadError, OutputError
 from mi_core.io import read_safetensors, write_safetensors, write_text
 from mi_core.models.classifier import (
+    HookedAnswerModel,
     HookedClassifier,
     HookedDecoderClassifier,
     HookedEncoderClassifier,
@@ -39,7 +40,7 @@ from mi_core.models.classifier import (
 from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import disable_fast_paths, enable_lm_fast_paths
 from mi_core.models.weight_cache import CACHED_WEIGHTS
-from mi_core.tasks import TASK_LABELS, TASK_NUM_LABELS
+from mi_core.tasks import NEXT_TOKEN, TASK_LABELS, TASK_NUM_LABELS
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
@@ -214,7 +215,9 @@ def quiet_transformers() -> Iterator[None]:
 
 def _expected_num_labels(task: str | None, num_labels: int | None) -> int | None:
     if task is not None and task not in TASK_NUM_LABELS:
-        raise ModelLoadError(f"unknown task {task!r}; expected one of {sorted(TASK_NUM_LABELS)}")
+        raise ModelLoadError(
+            f"unknown task {task!r}; expected one of {[*sorted(TASK_NUM_LABELS), NEXT_TOKEN]}"
+        )
     expected = TASK_NUM_LABELS.get(task) if task else None
     if num_labels is not None and expected is not None and num_labels != expected:
         raise ModelLoadError(f"task {task} has {expected} labels, not {num_labels}")
@@ -659,6 +662,8 @@ def loads_as_classifier(
 
 
 def _classifier_arch(arch: str, task: str | None, num_labels: int | None) -> bool:
+    if task == NEXT_TOKEN:  # a causal LM read as a classifier over its vocabulary
+        return arch in CAUSAL_LM_ARCHITECTURES
     return (
         task is not None
         or num_labels is not None
@@ -694,6 +699,9 @@ def load_model(
         (SmolLM2-135M-Instruct as a causal LM).
     :param task: ``"mnli"`` or ``"qqp"``: load as a sequence classifier for that task. Classifier
         checkpoints are classifiers anyway; causal LM checkpoints without a task are LMs.
+        ``"next_token"`` (:data:`~mi_core.tasks.NEXT_TOKEN`): a causal LM as a
+        :class:`~mi_core.models.classifier.HookedAnswerModel`, its next-token logits at the
+        prompt's last token, for the node methods on prompt tasks.
     :param num_labels: the head size, when no task is named.
     :param seed: seeds a freshly initialised classification head.
     :param fold_ln: causal LMs only: fold norms and centre weights as TL does.
@@ -713,9 +721,25 @@ def load_model(
     dtype = _as_dtype(dtype)
     source = resolve_source(name_or_path)
     arch = _architecture(source)
-    classifier = _classifier_arch(arch, task, num_labels)
+    if task == NEXT_TOKEN:
+        if arch not in CAUSAL_LM_ARCHITECTURES or num_labels is not None:
+            raise ModelLoadError(
+                f"task {NEXT_TOKEN} reads a causal language model's next-token logits; "
+                f"{source.name} is a {arch}"
+                + (" and num_labels does not apply" if num_labels is not None else "")
+            )
+        if n_devices > 1:
+            raise ModelLoadError(
+                f"task {NEXT_TOKEN} runs the model on one device; load it in bfloat16 to halve "
+                "its memory"
+            )
+    classifier = task != NEXT_TOKEN and _classifier_arch(arch, task, num_labels)
     _check_n_devices(n_devices, device, classifier)
-    if classifier:
+    if task == NEXT_TOKEN:
+        lm = _load_causal_lm(source, device, dtype, fold_ln, fold_value_biases)
+        model = HookedAnswerModel.from_lm(lm)
+        del lm
+    elif classifier:
         hf_model, tokenizer, task = load_hf_classifier(source.name, task, num_labels, seed)
         model = hooked_classifier_from_hf(hf_model, tokenizer, task, device=device, dtype=dtype)
         model.head_from_checkpoint = arch in CLASSIFIER_ARCHITECTURES

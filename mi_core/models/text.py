@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from mi_core.errors import DataError
 
@@ -132,3 +133,29 @@ def encode_pairs(
             ids.append(list(xa) + [int(eos)] + list(xb))
         types = [[0] * len(x) for x in ids]
     return [list(x) for x in ids], [list(t) for t in types], truncated
+
+
+def encode_prompts(
+    tokenizer: Any, prompts: Sequence[str], max_length: int = 128, prepend_bos: bool | None = None
+) -> tuple[list[list[int]], list[int]]:
+    """Token ids of each prompt of a language model (unpadded) and the indices of those cut:
+    a BOS token first (``prepend_bos``; default: when the tokenizer has one, as
+    TransformerLens's ``to_tokens`` puts it), then the prompt without special tokens. A prompt
+    longer than ``max_length`` loses tokens from its start (after the BOS), so the tokens
+    before the answer position are kept."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if prepend_bos is None:
+        prepend_bos = bos is not None
+    if prepend_bos and bos is None:
+        raise DataError("prepend_bos=True, but the tokenizer has no BOS token")
+    head = [bos] if prepend_bos else []
+    keep = int(max_length) - len(head)
+    if keep < 1:
+        raise DataError(f"max_length {max_length} leaves no room for a prompt")
+    ids, truncated = [], []
+    for i, row in enumerate(tokenizer(list(prompts), add_special_tokens=False).input_ids):
+        if len(row) > keep:
+            truncated.append(i)
+            row = row[len(row) - keep :]
+        ids.append(head + list(row))
+    return ids, truncated

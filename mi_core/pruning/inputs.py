@@ -16,6 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from mi_core.data import PairDataset, load_pairs
 from mi_core.data.pairs import check_pair_spec
+from mi_core.data.prompt_tasks import (
+    EVAL_SEED,
+    TRAIN_SEED,
+    PromptTask,
+    TaskData,
+    check_prompt_spec,
+    is_prompt_spec,
+    load_prompt_task,
+)
 from mi_core.errors import (
     ConfigError,
     DataError,
@@ -24,6 +33,7 @@ from mi_core.errors import (
 from mi_core.interventions import ComponentMeans, load_means
 from mi_core.models.classifier import StagedClassifier
 from mi_core.models.fingerprint import fingerprint_held
+from mi_core.tasks import NEXT_TOKEN
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
@@ -32,11 +42,36 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def is_prompt_data(data: Any) -> bool:
+    """Whether ``data`` (a spec or a loaded set) is a prompt task, which a language model
+    scores (:data:`~mi_core.tasks.NEXT_TOKEN`), rather than sentence pairs."""
+    if isinstance(data, PromptTask):
+        return True
+    return isinstance(data, (str, os.PathLike)) and is_prompt_spec(data)
+
+
+def data_task(train: Any, task: str | None) -> str | None:
+    """The task a job's model is loaded for: ``task`` as given, else next-token prediction
+    when the training data is a prompt task."""
+    if task is None and is_prompt_data(train):
+        return NEXT_TOKEN
+    return task
+
+
 def check_named_inputs(train: Any, eval_sets: Sequence[Any], means: Any) -> None:
     """The data specs and means file a job names exist, checked before the model loads (so a
-    typo'd spec fails at once, not after the load)."""
+    typo'd spec fails at once, not after the load). Training and eval sets are all sentence
+    pairs or all prompt tasks."""
+    kinds = {is_prompt_data(d) for d in (train, *eval_sets)}
+    if len(kinds) > 1:
+        raise DataError(
+            "training and eval sets must all be sentence pairs (a classifier's) or all prompt "
+            "tasks (a language model's: ioi, ioi:abba, nli:<pair spec>, a .jsonl file)"
+        )
     for spec in (train, *eval_sets):
-        if isinstance(spec, (str, os.PathLike)):
+        if isinstance(spec, (str, os.PathLike)) and is_prompt_spec(spec):
+            check_prompt_spec(spec)
+        elif isinstance(spec, (str, os.PathLike)):
             check_pair_spec(spec)
     if isinstance(means, (str, os.PathLike)) and not Path(means).is_file():
         raise InterventionError(f"means file {means} does not exist; make one with mi-core means")
@@ -53,9 +88,10 @@ def load_model_input(
 
         if not loads_as_classifier(model, task):
             raise ConfigError(
-                f"{os.fspath(model)} is a causal language model: node pruning runs on "
-                "sentence-pair classifiers (name a --task to give a GPT-2 body a classifier "
-                "head); for a language model's circuits use mi-core circuit"
+                f"{os.fspath(model)} is a causal language model: node pruning runs on a "
+                "sentence-pair classifier (name a --task to give it a classifier head) or, for "
+                "a language model, on a prompt task (ioi, ioi:abba, nli:<pair spec>, a .jsonl "
+                "file)"
             )
         return load_model(model, task=task, device=str(resolve_device(device))), os.fspath(model)
     check_model(model)
@@ -68,7 +104,7 @@ def check_model(model: object) -> None:
         raise ConfigError("model must be a hooked classifier or a checkpoint path / model name")
 
 
-def check_eval_names(evals: Sequence[PairDataset]) -> list[str]:
+def check_eval_names(evals: Sequence[TaskData]) -> list[str]:
     """The eval sets' names, which must differ (they key the accuracies)."""
     names = [d.name for d in evals]
     if len(set(names)) != len(names):
@@ -77,16 +113,27 @@ def check_eval_names(evals: Sequence[PairDataset]) -> list[str]:
 
 
 def load_data_input(
-    data: Any, task: str | None, max_examples: int | None, role: str
-) -> PairDataset:
-    if isinstance(data, PairDataset):
+    data: Any,
+    task: str | None,
+    max_examples: int | None,
+    role: str,
+    tokenizer: Any = None,
+    seed: int = TRAIN_SEED,
+) -> TaskData:
+    """A job's data set as loaded (``max_examples`` of it): sentence pairs, or a prompt task
+    (IOI prompts generated from ``seed`` with ``tokenizer``'s one-token names)."""
+    if isinstance(data, (PairDataset, PromptTask)):
         dataset = data.spread(max_examples) if max_examples is not None else data
+    elif is_prompt_spec(data):
+        dataset = load_prompt_task(data, max_examples, seed=seed, tokenizer=tokenizer)
     else:
         dataset = load_pairs(os.fspath(data), max_examples=max_examples, task=task)
     if task is not None and dataset.task != task:
+        what = "a language model" if task == NEXT_TOKEN else f"a {task} classifier"
+        kind = "prompt-task" if dataset.task == NEXT_TOKEN else f"{dataset.task}"
         raise DataError(
-            f"{role} set {dataset.name} is {dataset.task} data, but the model is a {task} "
-            "classifier; use data of the model's task"
+            f"{role} set {dataset.name} is {kind} data, but the model is {what}; use data of "
+            "the model's task"
         )
     if len(dataset) == 0:
         raise DataError(f"{role} set {dataset.name} is empty")
@@ -115,13 +162,16 @@ def load_inputs(
     max_train_examples: int | None,
     eval_sets: Sequence[Any],
     max_eval_examples: int | None,
-) -> tuple[str | None, ComponentMeans | None, PairDataset, list[PairDataset], list[str]]:
+) -> tuple[str | None, ComponentMeans | None, TaskData, list[TaskData], list[str]]:
     """A job's task, means, training set and eval sets (whose names must differ), for a loaded
     ``model``: inside the job's :func:`fingerprint_held`, as means files check the weights."""
     task = getattr(model, "task", None) or task
     means_obj = load_means_input(means, model, fill)
-    train_set = load_data_input(train, task, max_train_examples, "training")
-    evals = [load_data_input(d, task, max_eval_examples, "eval") for d in eval_sets]
+    tokenizer = getattr(model, "tokenizer", None)
+    train_set = load_data_input(train, task, max_train_examples, "training", tokenizer, TRAIN_SEED)
+    evals = [
+        load_data_input(d, task, max_eval_examples, "eval", tokenizer, EVAL_SEED) for d in eval_sets
+    ]
     return task, means_obj, train_set, evals, check_eval_names(evals)
 
 
@@ -151,9 +201,9 @@ class PruneInputs:
     """A pruning job's inputs, loaded: what :func:`~mi_core.pruning.prune` takes."""
 
     model: HookedModel
-    train: PairDataset
+    train: TaskData
     means: ComponentMeans | None
-    eval_sets: list[PairDataset]
+    eval_sets: list[TaskData]
     sources: RunSources
 
 
@@ -176,6 +226,7 @@ def resolve_inputs(
     it the weights are held fixed, so their fingerprint is computed once for every check the
     caller then makes (:func:`~mi_core.models.fingerprint.fingerprint_held`)."""
     check_named_inputs(train, eval_sets, means)
+    task = data_task(train, task)
     loaded, spec = load_model_input(model, task, device)
     with fingerprint_held(loaded):
         task, means_obj, train_set, evals, _ = load_inputs(
@@ -214,7 +265,7 @@ def check_inputs(
     eval_sets: Sequence[Any],
     config: PruneConfig,
     sources: RunSources | None,
-) -> tuple[list[PairDataset], list[str], RunSources]:
+) -> tuple[list[TaskData], list[str], RunSources]:
     """What :func:`~mi_core.pruning.prune` checks of its loaded inputs: no paths, a hooked
     classifier, data sets of the model's task that are not empty, eval sets of distinct names,
     means that fit the model (or none, with the zero fill); returns the eval sets, their names

@@ -14,8 +14,9 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from mi_core.data import PairDataset, pair_batches
+from mi_core.data import pair_batches
 from mi_core.data.batches import TokenizedPairs
+from mi_core.data.prompt_tasks import TaskData
 from mi_core.devices import grad_scaler, matmul_precision
 from mi_core.errors import (
     ConfigError,
@@ -171,7 +172,7 @@ def train_group(
     runs: Sequence[RunState],
     progress: bool,
     max_chunk: int | None = None,
-    evals: Sequence[PairDataset] = (),
+    evals: Sequence[TaskData] = (),
 ) -> None:
     """Train ``runs`` together, each from its own start step to its own last step (see
     :func:`group_pruning_step`); each run's state, log and checkpoints are updated in place.
@@ -374,7 +375,7 @@ def discrete_mask(
 def _subnetwork_probe(
     model: HookedModel,
     mask: ComponentMask,
-    dataset: PairDataset,
+    dataset: TaskData,
     weights: torch.Tensor | None,
     cfg: PruneConfig,
 ) -> Callable[[RunState, float], dict[str, float]]:
@@ -414,7 +415,7 @@ def train_run(
     run_dir: Path | None,
     progress: bool,
     callback: StepCallback | None,
-    evals: Sequence[PairDataset] = (),
+    evals: Sequence[TaskData] = (),
 ) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
     state = start_run(model, tokenized, cfg, run_dir, callback)
     train_group(model, means, tokenized, targets, [state], progress, evals=evals)
@@ -433,7 +434,7 @@ def evaluate_sets(
     mask: ComponentMask,
     means: ComponentMeans | None,
     cfg: PruneConfig,
-    eval_sets: Sequence[PairDataset],
+    eval_sets: Sequence[TaskData],
     full_accuracy: Mapping[str, float] | None,
 ) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
     accuracy: dict[str, float] = {}

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mi_core.data import PairDataset
 from mi_core.data.batches import tokenize_pairs
+from mi_core.data.prompt_tasks import TaskData
 from mi_core.errors import (
     ConfigError,
     TrainingError,
@@ -62,12 +62,12 @@ logger = logging.getLogger(__name__)
 # -------------------------------------------------------------------------------------- run
 def prune(
     model: HookedModel,
-    task_data: PairDataset,
+    task_data: TaskData,
     means: ComponentMeans | None,
     config: PruneConfig,
     *,
     out: str | os.PathLike[str] | None = None,
-    eval_sets: Sequence[PairDataset] = (),
+    eval_sets: Sequence[TaskData] = (),
     reference_logits_path: str | os.PathLike[str] | None = None,
     reference: torch.Tensor | None = None,
     full_accuracy: Mapping[str, float] | None = None,
@@ -142,12 +142,12 @@ def prune(
 
 def prune_group(
     model: HookedModel,
-    task_data: PairDataset,
+    task_data: TaskData,
     means: ComponentMeans | None,
     configs: Sequence[PruneConfig],
     outs: Sequence[str | os.PathLike[str]],
     *,
-    eval_sets: Sequence[PairDataset] = (),
+    eval_sets: Sequence[TaskData] = (),
     reference_logits_path: str | os.PathLike[str] | None = None,
     full_accuracy: Mapping[str, float] | None = None,
     progress: bool = True,
@@ -234,12 +234,12 @@ def prune_group(
 
 def prune_run(
     model: HookedModel | str | os.PathLike[str],
-    train: str | os.PathLike[str] | PairDataset,
+    train: str | os.PathLike[str] | TaskData,
     out: str | os.PathLike[str],
     config: PruneConfig,
     *,
     means: str | os.PathLike[str] | ComponentMeans | None = None,
-    eval_sets: Sequence[str | PairDataset] = (),
+    eval_sets: Sequence[str | TaskData] = (),
     task: str | None = None,
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
@@ -264,8 +264,8 @@ def _prune_in_memory(
     model: HookedModel,
     means: ComponentMeans | None,
     config: PruneConfig,
-    train_set: PairDataset,
-    evals: Sequence[PairDataset],
+    train_set: TaskData,
+    evals: Sequence[TaskData],
     full_accuracy: Mapping[str, float] | None,
     progress: bool,
     callback: StepCallback | None,

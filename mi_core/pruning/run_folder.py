@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from mi_core.data import PairDataset
 from mi_core.data.batches import TokenizedPairs
+from mi_core.data.prompt_tasks import TaskData
 from mi_core.errors import (
     ConfigError,
     DamagedFileError,
@@ -85,7 +85,7 @@ def claim_run_dir(
     config: PruneConfig,
     model: HookedModel,
     sources: RunSources,
-    train_set: PairDataset,
+    train_set: TaskData,
     means_obj: ComponentMeans | None,
     names: Sequence[str],
     reference_logits_path: str | os.PathLike[str] | None,
@@ -183,7 +183,7 @@ def finish_run(
     run_dir: Path | None,
     log_alpha: torch.Tensor,
     log: pd.DataFrame,
-    evals: Sequence[PairDataset],
+    evals: Sequence[TaskData],
     full_accuracy: Mapping[str, float] | None,
     seconds: float,
 ) -> PruneResult:
@@ -229,7 +229,7 @@ def finish_run(
         "full_accuracy": full,
         "eval_examples": sizes,
         "eval_selection": {d.name: d.selection() for d in evals},
-        "chance_accuracy": {d.name: 1.0 / d.num_labels for d in evals},
+        "chance_accuracy": {d.name: d.chance_accuracy for d in evals},
         "seconds": round(seconds, 2),
     }
     if run_dir is not None:
@@ -300,7 +300,7 @@ def refresh_run_metrics(
     means: ComponentMeans | None,
     cfg: PruneConfig,
     run_dir: Path,
-    evals: Sequence[PairDataset],
+    evals: Sequence[TaskData],
     full_accuracy: Mapping[str, float] | None,
 ) -> dict[str, Any]:
     """A finished run's ``metrics.json``, with every eval set it lacks, or measured on other
@@ -329,7 +329,7 @@ def refresh_run_metrics(
         metrics.setdefault("eval_examples", {}).update(new_sizes)
         metrics["eval_selection"] = {**chosen, **{d.name: d.selection() for d in missing}}
         metrics.setdefault("chance_accuracy", {}).update(
-            {d.name: 1.0 / d.num_labels for d in missing}
+            {d.name: d.chance_accuracy for d in missing}
         )
         try:
             write_json(run_dir / "metrics.json", metrics)
@@ -340,7 +340,7 @@ def refresh_run_metrics(
 
 def report_complete(
     model: HookedModel, means: ComponentMeans | None, cfg: PruneConfig, run_dir: Path,
-    evals: Sequence[PairDataset], full_accuracy: Mapping[str, float] | None,
+    evals: Sequence[TaskData], full_accuracy: Mapping[str, float] | None,
 ) -> PruneResult:  # fmt: skip
     """A finished run's result, read from its folder (eval sets it lacks measured now)."""
     mask = finished_mask(run_dir, read_json(run_dir / "metrics.json"), means, cfg)

@@ -36,8 +36,8 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from mi_core.data import PairDataset
 from mi_core.data.batches import tokenize_pairs
+from mi_core.data.prompt_tasks import TaskData
 from mi_core.errors import ConfigError, MiCoreError, TrainingError
 from mi_core.evaluation import evaluate
 from mi_core.interventions import ComponentMask, ComponentMeans
@@ -260,14 +260,14 @@ class SweepRun:
 
 def sweep(
     model: HookedModel | str | os.PathLike[str],
-    train: str | os.PathLike[str] | PairDataset,
+    train: str | os.PathLike[str] | TaskData,
     means: str | os.PathLike[str] | ComponentMeans | None,
     sparsities: Sequence[float],
     seeds: Sequence[int],
     *,
     profile: str = "paper",
     overrides: Mapping[str, Any] | None = None,
-    eval_sets: Sequence[str | PairDataset] = (),
+    eval_sets: Sequence[str | TaskData] = (),
     out: str | os.PathLike[str] | None = None,
     executor: str = "local",
     group_size: int | None = None,
@@ -516,7 +516,7 @@ def auto_group_size(
 
 
 def _full_model_accuracy(
-    model: HookedModel, evals: Sequence[PairDataset], cfg: PruneConfig, path: Path | None = None
+    model: HookedModel, evals: Sequence[TaskData], cfg: PruneConfig, path: Path | None = None
 ) -> dict[str, float]:
     """The full model's accuracy per eval set (cached in ``path`` when given, with each set's
     selection (:meth:`PairDataset.selection`: its size and a digest of its examples) beside it
@@ -575,13 +575,13 @@ def collect_subnetworks(runs: Sequence[SweepRun], eval_names: Sequence[str]) -> 
 
 def run_sweep(
     model: HookedModel | str | os.PathLike[str],
-    train: str | os.PathLike[str] | PairDataset,
+    train: str | os.PathLike[str] | TaskData,
     out: str | os.PathLike[str],
     sparsities: Sequence[float],
     seeds: Sequence[int],
     *,
     means: str | os.PathLike[str] | ComponentMeans | None = None,
-    eval_sets: Sequence[str | PairDataset] = (),
+    eval_sets: Sequence[str | TaskData] = (),
     profile: str = "paper",
     overrides: Mapping[str, Any] | None = None,
     task: str | None = None,
@@ -718,7 +718,7 @@ def run_sweep(
             eval_names,
             full,
             n={d.name: len(d) for d in evals},
-            chance={d.name: 1.0 / d.num_labels for d in evals},
+            chance={d.name: d.chance_accuracy for d in evals},
         )
         write_figure_html(figure, sweep_dir / "subnetworks.html")
         incomplete = [str(r.run_dir) for r in runs if not is_complete(r.run_dir)]

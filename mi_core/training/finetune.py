@@ -366,6 +366,6 @@ def _write_metrics(out: Path, metrics: pd.DataFrame, in_domain: list[str], evals
         metrics,
         id_datasets=in_domain,
         n={d.name: len(d) for d in evals},
-        chance={d.name: 1.0 / d.num_labels for d in evals},
+        chance={d.name: d.chance_accuracy for d in evals},
     )
     write_figure_html(figure, out / "training_dynamics.html")
