@@ -18,6 +18,22 @@ For every head and every (valid) query token we measure the attention mass on si
 ``self``
     the query's own position.
 
+Language models on prompt tasks (``causal=True``) are scored on :data:`DECODER_CLASSES`:
+``prev``, ``first`` (the BOS / attention sink) and ``self`` as above, and
+
+``duplicate``
+    earlier keys (``k < q``) holding the query's own token id (a duplicate-token head).
+``induction``
+    keys right after an earlier occurrence of the query's token (``ids[k - 1] == ids[q]``,
+    ``k <= q``): where an induction head looks, to copy what followed last time.
+``to_answer`` / ``to_distractor``
+    from the prompt's last token (the answer position) only: keys holding the answer's /
+    distractor's token id (for IOI: the indirect object's name and the subject's, the name
+    mover's and the S-inhibition story's classes). Averaged over prompts where such a key
+    exists.
+
+The first token and separators are never duplicate, induction or answer keys.
+
 Every mass is compared with the mass a *uniform* pattern over the same query's valid keys would
 give (1/number of valid keys per key; for decoders the valid keys are the non-padding keys at or
 before the query). Padding never counts: padded queries are skipped and padded keys are neither
@@ -43,6 +59,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mi_core.analysis.subnetworks import head_label, parse_head_label
+from mi_core.data.batches import TokenizedPrompts
 from mi_core.errors import ConfigError
 from mi_core.models.classifier import StagedClassifier, batch_inputs
 from mi_core.models.hook_context import hooked as hooks_held
@@ -51,6 +68,8 @@ if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
 __all__ = [
+    "ALL_CLASSES",
+    "DECODER_CLASSES",
     "PATTERN_CLASSES",
     "PatternMassSums",
     "segment_ids_from_sep",
@@ -64,6 +83,14 @@ __all__ = [
 #: The attention-pattern classes a head is scored on (the paper's): to the same token in
 #: the other sentence (overlap), the previous and next token, [SEP], the first token, itself.
 PATTERN_CLASSES: tuple[str, ...] = ("overlap", "prev", "next", "sep", "first", "self")
+#: The classes of a language model's head on prompts: previous token, duplicate token,
+#: induction, the first token (BOS, the attention sink), itself, and from the answer position
+#: to the answer's and the distractor's tokens (IOI: the indirect object and the subject).
+DECODER_CLASSES: tuple[str, ...] = (
+    "prev", "duplicate", "induction", "first", "self", "to_answer", "to_distractor",
+)  # fmt: skip
+#: Every class :func:`class_key_masks` knows.
+ALL_CLASSES: tuple[str, ...] = PATTERN_CLASSES + DECODER_CLASSES[1:3] + DECODER_CLASSES[5:]
 
 
 @dataclass
@@ -128,9 +155,13 @@ def class_key_masks(
     first_is_special: bool = True,
     causal: bool = False,
     classes: Sequence[str] = PATTERN_CLASSES,
+    answer_ids: Int[Tensor, " batch"] | None = None,
+    distractor_ids: Int[Tensor, " batch"] | None = None,
 ) -> tuple[Bool[Tensor, "cls batch q k"], Bool[Tensor, "batch q k"]]:
     """Boolean (class, batch, query, key) membership, restricted to valid query/key pairs, and
-    the valid pairs themselves (``allowed``: both non-padding, and ``k <= q`` when causal)."""
+    the valid pairs themselves (``allowed``: both non-padding, and ``k <= q`` when causal).
+    ``answer_ids`` / ``distractor_ids``: each row's answer and distractor token, for the
+    ``to_answer`` / ``to_distractor`` classes (rows without one have no such keys)."""
     ids = torch.as_tensor(input_ids)
     b, n = ids.shape
     device = ids.device
@@ -169,8 +200,26 @@ def class_key_masks(
             m = is_first[:, None, :].expand(b, n, n)
         elif name == "self":
             m = torch.eye(n, dtype=torch.bool, device=device).expand(b, n, n)
+        elif name == "duplicate":
+            earlier = pos[:, None] > pos[None, :]
+            m = (ids[:, :, None] == ids[:, None, :]) & earlier & ~special[:, None, :]
+        elif name == "induction":
+            before = torch.cat([ids.new_full((b, 1), -1), ids[:, :-1]], dim=1)  # ids[k - 1]
+            had = torch.cat([special.new_ones((b, 1)), special[:, :-1]], dim=1)
+            m = (ids[:, :, None] == before[:, None, :]) & ~had[:, None, :] & ~special[:, :, None]
+            m = m & ~special[:, None, :] & (pos[:, None] >= pos[None, :])
+        elif name in ("to_answer", "to_distractor"):
+            target = answer_ids if name == "to_answer" else distractor_ids
+            last = valid.long().cumsum(-1).argmax(-1)  # each row's last real position
+            is_last = pos[None, :] == last[:, None]  # [b, q]
+            if target is None:
+                m = torch.zeros(b, n, n, dtype=torch.bool, device=device)
+            else:
+                t = torch.as_tensor(target, device=device).long()
+                holds = (ids == t[:, None]) & (t[:, None] >= 0) & ~special  # [b, k]
+                m = is_last[:, :, None] & holds[:, None, :]
         else:
-            raise ConfigError(f"unknown attention-pattern class {name!r}; use {PATTERN_CLASSES}")
+            raise ConfigError(f"unknown attention-pattern class {name!r}; use {ALL_CLASSES}")
         masks.append(m & allowed)
     return torch.stack(masks), allowed
 
@@ -271,6 +320,8 @@ class AttentionPatternScores:
         input_ids: Int[Tensor, "batch pos"],
         attention_mask: Int[Tensor, "batch pos"] | None = None,
         segment_ids: Int[Tensor, "batch pos"] | None = None,
+        answer_ids: Int[Tensor, " batch"] | None = None,
+        distractor_ids: Int[Tensor, " batch"] | None = None,
     ) -> tuple[Bool[Tensor, "cls batch q k"], Bool[Tensor, "batch q k"]]:
         """:func:`class_key_masks` with this scorer's settings; compute once per batch and pass
         to :meth:`add` for every layer."""
@@ -282,6 +333,8 @@ class AttentionPatternScores:
             first_is_special=self.first_is_special,
             causal=self.causal,
             classes=self.classes,
+            answer_ids=answer_ids,
+            distractor_ids=distractor_ids,
         )
 
     def add(
@@ -381,7 +434,7 @@ def classify_heads(
             labels = [h if isinstance(h, str) else head_label(*h) for h in heads]
             frame = frame[frame["label"].isin(labels)].reset_index(drop=True)
     if classes is None:
-        classes = [c for c in PATTERN_CLASSES if f"{c}_excess" in frame.columns]
+        classes = [c for c in ALL_CLASSES if f"{c}_excess" in frame.columns]
     if not classes:
         raise ConfigError("no '<class>_excess' columns to classify by")
     excess = frame[[f"{c}_excess" for c in classes]].to_numpy(dtype=float)
@@ -452,6 +505,8 @@ def score_attention_patterns(
     first_is_special: bool = True,
     forward: Callable[[Mapping[str, Any]], Any] | None = None,
     max_batches: int | None = None,
+    prompts: TokenizedPrompts | None = None,
+    classes: Sequence[str] | None = None,
 ) -> AttentionPatternScores:
     """Run ``model`` over ``batches`` with hooks on ``blocks.{l}.attn.hook_pattern`` and
     accumulate per-class attention masses (nothing but per-head sums is kept).
@@ -462,6 +517,9 @@ def score_attention_patterns(
     token_type_ids=...)`` (keys that are absent or None are left out) unless ``forward(batch)``
     is given. ``heads`` restricts the hooked layers (and the rows later read from the result).
     ``causal`` defaults to ``not model.is_encoder``, else ``cfg.attention_dir != "bidirectional"``.
+    ``prompts``: the tokenised prompt task the batches come from (their ``index`` rows), whose
+    answer and distractor tokens the ``to_answer`` / ``to_distractor`` classes read; the
+    classes default to :data:`DECODER_CLASSES` with prompts, :data:`PATTERN_CLASSES` without.
     """
     hooked = _find_hooked(model)
     cfg = hooked.cfg
@@ -469,9 +527,16 @@ def score_attention_patterns(
         causal = _is_causal(model, hooked)
     wanted = _head_index(heads)
     layers = sorted({lay for lay, _ in wanted}) if wanted else list(range(cfg.n_layers))
+    if classes is None:
+        classes = DECODER_CLASSES if prompts is not None else PATTERN_CLASSES
     scores = AttentionPatternScores(
-        cfg.n_layers, cfg.n_heads, sep_ids=sep_ids, causal=causal, first_is_special=first_is_special
-    )
+        cfg.n_layers, cfg.n_heads, sep_ids=sep_ids, causal=causal,
+        first_is_special=first_is_special, classes=classes,
+    )  # fmt: skip
+    answers = None if prompts is None else torch.tensor(prompts.labels)
+    rivals = None
+    if prompts is not None and prompts.distractors is not None:
+        rivals = torch.tensor(prompts.distractors)
     try:
         device = next(hooked.parameters()).device
     except (StopIteration, AttributeError):
@@ -481,10 +546,13 @@ def score_attention_patterns(
     def make_hook(layer: int) -> Callable[..., None]:
         def hook(pattern: Tensor, hook: Any) -> None:
             if current.get("key_masks") is None:  # once per batch, shared by every layer
+                index = current["index"]
                 current["key_masks"] = scores.key_masks(
                     current["input_ids"].to(pattern.device),
                     None if current["mask"] is None else current["mask"].to(pattern.device),
                     current["segment_ids"].to(pattern.device),
+                    None if answers is None else answers[index].to(pattern.device),
+                    None if rivals is None else rivals[index].to(pattern.device),
                 )
             scores.add(layer, pattern, key_masks=current["key_masks"])
 
@@ -511,6 +579,9 @@ def score_attention_patterns(
                 current["mask"] = batch.get("attention_mask")
                 current["segment_ids"] = _segments(batch, scores.sep_ids)
                 current["key_masks"] = None
+                if prompts is not None and "index" not in batch:
+                    raise ConfigError("with prompts, each batch needs its rows' index")
+                current["index"] = None if prompts is None else batch["index"].cpu()
                 if forward is not None:
                     forward(batch)
                 else:

@@ -383,3 +383,94 @@ def test_score_attention_patterns_on_project_classifiers(
     # Masses are probabilities: between 0 and 1, uniform baselines too.
     masses = table.filter(regex="_(mass|uniform)$").to_numpy(dtype=float)
     assert ((masses[~np.isnan(masses)] >= 0) & (masses[~np.isnan(masses)] <= 1 + 1e-6)).all()
+
+
+# A language model's prompt: BOS, then A B C twice, then D; the answer token is B, the
+# distractor C. Induction keys of the second A B C are the tokens after the first one's.
+BOS, EOS = 1, 2
+LM_IDS = torch.tensor([[BOS, 5, 6, 7, 5, 6, 7, 8, EOS]])
+LM_MASK = torch.tensor([[1] * 8 + [0]])  # EOS pads
+
+
+def _lm_head(targets: dict[int, list[int]], n: int = 9, valid: int = 8) -> torch.Tensor:
+    """A causal [q, k] pattern: query q spreads its mass over targets[q] (default: BOS)."""
+    rows = torch.zeros(n, n)
+    for q in range(n):
+        keys = targets.get(q, [0]) if q < valid else [0]
+        rows[q, keys] = 1.0 / len(keys)
+    return rows
+
+
+def test_decoder_classes_on_hand_made_patterns():
+    """A pure previous-token head scores 1 on prev and 0 on induction; a pure induction head
+    the reverse; duplicate, first-token (BOS), self and the answer-position classes each find
+    their own head (the DECODER_CLASSES of a language model on a prompt task)."""
+    from mi_core.analysis.attention_patterns import DECODER_CLASSES
+
+    heads = {
+        "prev": _lm_head({q: [max(q - 1, 0)] for q in range(8)}),
+        "induction": _lm_head({4: [2], 5: [3], 6: [4]}),
+        "duplicate": _lm_head({4: [1], 5: [2], 6: [3]}),
+        "first": _lm_head({}),
+        "self": _lm_head({q: [q] for q in range(8)}),
+        "to_answer": _lm_head({7: [2, 5]}),
+        "to_distractor": _lm_head({7: [3, 6]}),
+    }
+    pattern = torch.stack(list(heads.values()))[None]
+    scores = AttentionPatternScores(1, len(heads), sep_ids={EOS}, causal=True,
+                                    classes=DECODER_CLASSES)  # fmt: skip
+    masks = scores.key_masks(LM_IDS, LM_MASK, None, torch.tensor([6]), torch.tensor([7]))
+    scores.add(0, pattern, key_masks=masks)
+    frame = scores.to_frame().set_index("head")
+    prev, induction = 0, 1
+    assert frame.loc[prev, "prev_mass"] == pytest.approx(1.0)
+    assert frame.loc[prev, "induction_mass"] == pytest.approx(0.0)
+    assert frame.loc[induction, "induction_mass"] == pytest.approx(1.0)
+    # its other queries rest on BOS, which is the previous token of position 1 only
+    assert frame.loc[induction, "prev_mass"] == pytest.approx(1 / 7)
+    # contributing queries: induction and duplicate keys exist for the second A B C only
+    assert frame.loc[prev, "induction_n"] == 3 and frame.loc[prev, "duplicate_n"] == 3
+    # the answer classes read the last real query only (position 7, D)
+    assert frame.loc[prev, "to_answer_n"] == 1 and frame.loc[5, "to_answer_mass"] == 1.0
+    assert frame.loc[6, "to_distractor_mass"] == 1.0 and frame.loc[5, "to_distractor_mass"] == 0
+    # uniform baseline of to_answer: two of the last query's eight keys
+    assert frame.loc[prev, "to_answer_uniform"] == pytest.approx(2 / 8)
+    table = classify_heads(scores)
+    assert list(table["pattern_class"]) == list(heads)
+    # no answer ids given: the answer classes have no query, and no head is put in them
+    plain = AttentionPatternScores(1, len(heads), sep_ids={EOS}, causal=True,
+                                   classes=DECODER_CLASSES)  # fmt: skip
+    plain.add(0, pattern, LM_IDS, LM_MASK)
+    assert (plain.to_frame()["to_answer_n"] == 0).all()
+    assert classify_heads(plain)["pattern_class"].tolist()[5:] == ["first", "first"]
+
+
+def test_decoder_classes_of_a_language_model_on_ioi(tiny_checkpoints):
+    """score_attention_patterns on an answer model and tokenised IOI prompts equals the same
+    sums written out from run_with_cache's patterns."""
+    from mi_core.analysis.attention_patterns import DECODER_CLASSES, class_key_masks
+    from mi_core.data import load_prompt_task, pair_batches, tokenize_pairs
+    from mi_core.models import load_model
+    from mi_core.tasks import NEXT_TOKEN
+
+    model = load_model(tiny_checkpoints["llama-lm"], task=NEXT_TOKEN)
+    task = load_prompt_task("ioi", 8, tokenizer=model.tokenizer)
+    tokens = tokenize_pairs(task, model.tokenizer)
+    scores = score_attention_patterns(
+        model, pair_batches(tokens, batch_size=3), sep_ids=[model.tokenizer.sep_token_id],
+        prompts=tokens,
+    )  # fmt: skip
+    assert scores.classes == DECODER_CLASSES
+    batch = tokens.collate(range(8))
+    _, cache = model.run_with_cache(batch["input_ids"], batch["attention_mask"])
+    members, allowed = class_key_masks(
+        batch["input_ids"], batch["attention_mask"], None, [model.tokenizer.sep_token_id],
+        causal=True, classes=DECODER_CLASSES, answer_ids=torch.tensor(tokens.labels),
+        distractor_ids=torch.tensor(tokens.distractors),
+    )  # fmt: skip
+    k = DECODER_CLASSES.index("to_answer")
+    assert int(members[k].any(-1).sum()) == 8  # every prompt names its indirect object
+    for layer in range(model.cfg.n_layers):
+        pattern = cache["pattern", layer]
+        want = torch.einsum("bhqk,cbqk->ch", pattern.double(), members.double())
+        torch.testing.assert_close(scores.mass[:, layer], want, rtol=1e-5, atol=1e-6)

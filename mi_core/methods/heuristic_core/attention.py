@@ -19,8 +19,9 @@ import torch
 
 from mi_core.analysis.attention_patterns import classify_heads, score_attention_patterns
 from mi_core.analysis.subnetworks import parse_head_label
-from mi_core.data import PairDataset, pair_batches
-from mi_core.data.batches import tokenize_pairs
+from mi_core.data import pair_batches
+from mi_core.data.batches import TokenizedPrompts, tokenize_pairs
+from mi_core.data.prompt_tasks import PromptTask, TaskData
 from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_json
 from mi_core.methods.heuristic_core.layout import ATTENTION_VIEWS
@@ -70,7 +71,7 @@ def separator_ids(tokenizer: Any) -> list[int]:
 
 def attention_classes(
     model: HookedModel,
-    dataset: PairDataset,
+    dataset: TaskData,
     heads: Sequence[str],
     *,
     batch_size: int = 32,
@@ -79,12 +80,16 @@ def attention_classes(
     min_excess: float = 0.1,
 ) -> pd.DataFrame:
     """One row per head of ``heads``: mean attention mass per class, its uniform baseline and
-    the head's ``pattern_class`` (:func:`mi_core.analysis.classify_heads`)."""
+    the head's ``pattern_class`` (:func:`mi_core.analysis.classify_heads`); a prompt task's
+    heads on the decoder classes (previous token, duplicate, induction, first token, self, to
+    the answer / distractor: :data:`~mi_core.analysis.attention_patterns.DECODER_CLASSES`)."""
     if not heads:
         raise ConfigError("no heads to classify")
-    batches = pair_batches(dataset, model.tokenizer, batch_size=batch_size, max_length=max_length)
+    tokenized = tokenize_pairs(dataset, model.tokenizer, max_length)
+    batches = pair_batches(tokenized, batch_size=batch_size)
+    prompts = tokenized if isinstance(tokenized, TokenizedPrompts) else None
     scores = score_attention_patterns(
-        model, batches, sep_ids=separator_ids(model.tokenizer), heads=list(heads)
+        model, batches, sep_ids=separator_ids(model.tokenizer), heads=list(heads), prompts=prompts
     )
     table = classify_heads(scores, threshold, min_excess=min_excess, heads=list(heads))
     table.insert(0, "dataset", dataset.name)
@@ -101,7 +106,7 @@ def _grab(store: dict[int, torch.Tensor], layer: int):
 @torch.no_grad()
 def attention_views(
     model: HookedModel,
-    dataset: PairDataset,
+    dataset: TaskData,
     heads: Sequence[str],
     n_views: int = 2,
     *,
@@ -132,14 +137,19 @@ def attention_views(
             model.train(was_training)
         pattern = torch.stack([captured[layer][head] for layer, head in index])
         tokens = model.tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist())
-        example = dataset[i]
-        label = dataset.label_names[example["label"]]
+        if isinstance(dataset, PromptTask):
+            example = dataset.examples[i]
+            rival = f" vs {example.distractor!r}" if example.distractor is not None else ""
+            title = f"{dataset.name} #{i} (answer {example.answer!r}{rival}): {example.prompt}"
+        else:
+            pair = dataset[i]
+            label = dataset.label_names[pair["label"]]
+            title = f"{dataset.name} #{i} ({label}): {pair['text_a']} | {pair['text_b']}"
         views.append(
             {
                 "dataset": dataset.name,
                 "index": i,
-                "title": f"{dataset.name} #{i} ({label}): {example['text_a']} | "
-                f"{example['text_b']}",
+                "title": title,
                 "tokens": [str(t) for t in tokens],
                 "heads": list(heads),
                 "causal": causal,
