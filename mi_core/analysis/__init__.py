@@ -16,6 +16,8 @@ from mi_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from mi_core.analysis.attention_patterns import (
+        ALL_CLASSES,
+        DECODER_CLASSES,
         PATTERN_CLASSES,
         AttentionPatternScores,
         PatternMassSums,
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it (imported on first use).
 _NAMES = {
+    "ALL_CLASSES": "mi_core.analysis.attention_patterns",
+    "DECODER_CLASSES": "mi_core.analysis.attention_patterns",
     "PATTERN_CLASSES": "mi_core.analysis.attention_patterns",
     "AttentionPatternScores": "mi_core.analysis.attention_patterns",
     "PatternMassSums": "mi_core.analysis.attention_patterns",
@@ -90,6 +94,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
 
 __all__ = [
     "MODES",
+    "ALL_CLASSES",
+    "DECODER_CLASSES",
     "PATTERN_CLASSES",
     "TARGETS",
     "AttentionPatternScores",

@@ -153,7 +153,13 @@ _SCHEMES: dict[str, tuple[str, tuple[str, ...], list[int]]] = {
 
 def same_data_set(spec: str, train: str) -> bool:
     """Whether the data spec ``spec`` names a split of ``train``'s data set (``mnli:...`` for
-    ``mnli:train``: in-domain for a model trained on it); never for a local file."""
+    ``mnli:train``: in-domain for a model trained on it); never for a local file. Prompt
+    tasks: an IOI split is its own data set (``ioi:baba`` is out-of-domain for ``ioi:abba``),
+    an NLI prompt set is of the data set of the pairs it renders."""
+    if spec.startswith("nli:") and train.startswith("nli:"):
+        return same_data_set(spec.removeprefix("nli:"), train.removeprefix("nli:"))
+    if spec.startswith("ioi") or train.startswith("ioi"):
+        return spec == train
     family = train.split(":")[0] if ":" in train else None
     return family is not None and spec.split(":")[0] == family
 

@@ -44,6 +44,7 @@ class EvalResult:
     labels: Int[torch.Tensor, " n"]
     predictions: Int[torch.Tensor, " n"]
     logits: Float[torch.Tensor, "n label"]
+    """Class logits; on a prompt task two columns, the answer's logit and its rival's."""
     meta: dict[str, list] = field(default_factory=dict)
     """The data set's per-example identifiers (HANS: ``pairID``, ``subcase``; GLUE: ``idx``;
     PAWS: ``id``), so a row maps back to its source when a selection is not the file's first
@@ -191,7 +192,9 @@ def _evaluate_prompts(
 ) -> EvalResult:
     """:func:`evaluate` on a prompt task: ``model`` reads next-token logits at the answer
     position (:class:`~mi_core.models.HookedAnswerModel`); accuracy is the answer beating its
-    distractor (or top-1 without one), predictions the top tokens."""
+    distractor (or top-1 without one); ``labels`` are the answer tokens, ``predictions`` the
+    top tokens and ``logits`` two columns, the answer's logit and its rival's
+    (:meth:`~mi_core.data.TokenizedPrompts.answer_vs_rival`), not the vocabulary's."""
     if getattr(model, "task", None) != NEXT_TOKEN:
         raise DataError(
             f"{task.name} is a prompt task: evaluate it with a language model loaded with "
@@ -208,7 +211,8 @@ def _evaluate_prompts(
         model.train(was_training)
     accuracy = float(tokenized.accuracy(logits).mean())
     labels = torch.tensor(tokenized.labels)
-    return EvalResult(task.name, accuracy, labels, logits.argmax(-1), logits, {})
+    contest = tokenized.answer_vs_rival(logits, torch.arange(len(task)))
+    return EvalResult(task.name, accuracy, labels, logits.argmax(-1), contest, {})
 
 
 def results_frame(results: Iterable[EvalResult]) -> pd.DataFrame:
@@ -228,20 +232,31 @@ def run_eval(config: EvalConfig, *, progress: bool = True) -> list[EvalResult]:
     import json
 
     from mi_core.data import load_pairs
+    from mi_core.data.prompt_tasks import check_task_specs, load_task_data
     from mi_core.interventions import ComponentMask, ablate, load_means
     from mi_core.interventions.components import parse_components
     from mi_core.io import atomic_path, write_csv
     from mi_core.models import load_model
     from mi_core.models.loading import warn_if_random_head
 
-    datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
+    prompts = check_task_specs(config.data)
+    if not prompts:
+        datasets = [load_pairs(spec, max_examples=config.max_examples) for spec in config.data]
     # the files and names the intervention reads, before the model loads
     mask = ComponentMask.load(config.mask) if config.mask else None
     if config.ablate:
         parse_components(config.ablate)
     if config.means and not Path(config.means).is_file():
         raise ConfigError(f"means file {config.means} does not exist; make one with mi-core means")
-    model = load_model(config.model, task=config.task or datasets[0].task, **config.load_options())
+    if prompts:  # a language model on prompt tasks
+        model = load_model(config.model, task=NEXT_TOKEN, **config.load_options())
+        datasets = [
+            load_task_data(spec, config.max_examples, tokenizer=model.tokenizer)
+            for spec in config.data
+        ]
+    else:
+        task = config.task or datasets[0].task
+        model = load_model(config.model, task=task, **config.load_options())
     for ds in datasets:
         if ds.task != model.task:
             raise ConfigError(f"{ds.name} is {ds.task} data but the model is a {model.task} model")

@@ -386,11 +386,11 @@ def attention_class_chart(
     """Figure 9: grouped bars, x = head label, one bar trace per class with the mean attention
     mass (``df`` from :func:`mi_core.analysis.classify_heads`). ``show_uniform`` adds the uniform
     baseline of each class as markers."""
-    from mi_core.analysis.attention_patterns import PATTERN_CLASSES
+    from mi_core.analysis.attention_patterns import ALL_CLASSES
 
     _need(df, ["label"], "attention_class_chart")
     if classes is None:
-        classes = [c for c in PATTERN_CLASSES if f"{c}_mass" in df.columns]
+        classes = [c for c in ALL_CLASSES if f"{c}_mass" in df.columns]
     _need(df, [f"{c}_mass" for c in classes], "attention_class_chart")
     rows = df.set_index("label")
     if heads is not None:

@@ -231,3 +231,23 @@ def test_evaluation_and_the_ablation_table_on_a_prompt_task(answer, ioi, lm_mean
     assert table.full["ioi:abba"] == pytest.approx(score(naive.full))
     for head in heads:
         assert table.singles[head]["ioi:abba"] == pytest.approx(score(naive.singles[head]))
+
+
+def test_the_batched_executor_writes_the_local_executors_sweep_on_prompts(
+    answer, lm_means, tmp_path
+):
+    from mi_core.pruning.sweeps import run_dir_for, run_sweep
+
+    common = dict(
+        means=lm_means, eval_sets=["ioi:abba", "ioi:baba"], profile="cofi",
+        overrides={"steps": 8, "batch_size": 8, "lr_log_alpha": 0.5, "eval_every": 0},
+        max_train_examples=24, max_eval_examples=16, progress=False,
+    )  # fmt: skip
+    local = run_sweep(answer, "ioi:abba", tmp_path / "local", [0.3, 0.6], [1], **common)
+    batched = run_sweep(answer, "ioi:abba", tmp_path / "batched", [0.3, 0.6], [1],
+                        executor="batched", group_size=2, **common)  # fmt: skip
+    for s in (0.3, 0.6):
+        a = ComponentMask.load(run_dir_for(tmp_path / "local", s, 1) / "mask.safetensors")
+        b = ComponentMask.load(run_dir_for(tmp_path / "batched", s, 1) / "mask.safetensors")
+        assert a == b and len(a.removed()) == round(s * 15)
+    assert batched.drop(columns="run_dir").equals(local.drop(columns="run_dir"))

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mi_core.config import Config, option, read_config_json, resolve_shipped, shipped_names
+from mi_core.data.prompt_tasks import is_prompt_spec
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import FILLS, UNIT_FILLS, MeansSettings
@@ -46,7 +47,7 @@ from mi_core.pruning.profiles import (
     parse_sparsities,
     parse_sparsity_spec,
 )
-from mi_core.tasks import TASKS
+from mi_core.tasks import NEXT_TOKEN, TASKS
 from mi_core.training.config import FinetuneSettings
 
 __all__ = [
@@ -428,9 +429,12 @@ class ExperimentConfig(DeviceOption):
     model: str | None = None
     """The model to fine-tune (checkpoint dir, hub name or ``minilm``)."""
     task: str = "mnli"
-    """The task (``mnli`` or ``qqp``): the classifier's head and the labels."""
+    """The task (``mnli`` or ``qqp``): the classifier's head and the labels; or
+    ``next_token``: a language model (``checkpoint``) on prompt tasks (``data``: ``ioi:abba``,
+    ``nli:hans:so_swap``, a ``.jsonl`` file), read at the answer position."""
     checkpoint: str | None = None
-    """An already fine-tuned checkpoint: no fine-tuning stage."""
+    """An already fine-tuned checkpoint (or, for ``next_token``, the language model): no
+    fine-tuning stage."""
     finetune: FinetuneSettings | None = None
     means: ExperimentMeansSettings = field(default_factory=ExperimentMeansSettings)
     attention: AttentionSettings = field(default_factory=AttentionSettings)
@@ -442,8 +446,10 @@ class ExperimentConfig(DeviceOption):
 
     def validate(self) -> None:
         super().validate()
-        if self.task not in TASKS:
-            raise ConfigError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.task not in (*TASKS, NEXT_TOKEN):
+            raise ConfigError(f"task must be one of {[*TASKS, NEXT_TOKEN]}, got {self.task!r}")
+        if self.task == NEXT_TOKEN:
+            self._validate_language_model()
         if (self.checkpoint is None) == (self.finetune is None):
             raise ConfigError(
                 "give either 'finetune' (to fine-tune 'model') or 'checkpoint' (an already "
@@ -474,6 +480,38 @@ class ExperimentConfig(DeviceOption):
         if self.core_before.enabled and self.finetune is None:
             raise ConfigError(
                 "core_before needs the fine-tuning stage (its metrics and checkpoints)"
+            )
+
+    def _validate_language_model(self) -> None:
+        """A language model on prompt tasks: its data are prompt tasks, the model is given as
+        ``checkpoint`` (nothing to fine-tune), and the stages that need a fine-tuning run or
+        sentence pairs are off."""
+        specs = [self.data.train, *self.data.eval]
+        if self.attention.data is not None:
+            specs.append(self.attention.data)
+        pairs = [s for s in specs if not is_prompt_spec(s)]
+        if pairs:
+            raise ConfigError(
+                f"task {NEXT_TOKEN} reads prompt tasks (ioi, ioi:abba, nli:<pair spec>, a .jsonl "
+                f"file), not sentence pairs such as {pairs[0]!r}"
+            )
+        if self.finetune is not None:
+            raise ConfigError(
+                f"task {NEXT_TOKEN} prunes a language model as it is: give it as 'checkpoint', "
+                "with no 'finetune'"
+            )
+        off = [
+            name
+            for name, enabled in (
+                ("core_before", self.core_before.enabled),
+                ("core_edges", self.core_edges.enabled),
+            )  # fmt: skip
+            if enabled
+        ]
+        if off:
+            raise ConfigError(
+                f"{', '.join(off)} read a fine-tuning run's evaluations and HANS pairs; turn "
+                f"them off for task {NEXT_TOKEN} (a language model's circuits: mi-core circuit)"
             )
 
     @property

@@ -17,6 +17,7 @@ from mi_core.methods.heuristic_core.comparison import SubnetworkComparison
 from mi_core.methods.heuristic_core.config import ExperimentConfig
 from mi_core.methods.heuristic_core.layout import ExperimentLayout
 from mi_core.pruning.sweeps import SweepResult, load_sweep
+from mi_core.tasks import NEXT_TOKEN
 
 if TYPE_CHECKING:
     from mi_core.interventions import ComponentMeans
@@ -42,7 +43,8 @@ class ExperimentContext:
 
     @property
     def model_path(self) -> str:
-        """The fine-tuned model: the given checkpoint or the fine-tuning run's last one."""
+        """The fine-tuned model: the given checkpoint or the fine-tuning run's last one (a
+        language model as it is, for a prompt task)."""
         if self.config.checkpoint is not None:
             return self.config.checkpoint
         from mi_core.training.checkpoints import list_checkpoints
@@ -92,15 +94,24 @@ class ExperimentContext:
         """Examples of each evaluation set a pruning run takes (None: all)."""
         return self.config.pruning.max_eval_examples or self.config.data.max_eval_examples
 
+    def load_data(self, spec: str, max_examples: int | None, *, train: bool = False) -> Any:
+        """A data set of the config: sentence pairs of its task, or a prompt task (IOI prompts
+        drawn from the training or the evaluation seed, as a pruning job draws them)."""
+        from mi_core.data.prompt_tasks import EVAL_SEED, TRAIN_SEED, load_task_data
+
+        if self.config.task == NEXT_TOKEN:
+            seed = TRAIN_SEED if train else EVAL_SEED
+            return load_task_data(spec, max_examples, tokenizer=self.model.tokenizer, seed=seed)
+        from mi_core.data import load_pairs
+
+        return load_pairs(spec, max_examples=max_examples, task=self.config.task)
+
     @property
     def eval_sets(self) -> list[Any]:
         """The evaluation sets (capped as for pruning), in-domain first."""
         if self._eval_sets is None:
-            from mi_core.data import load_pairs
-
             self._eval_sets = [
-                load_pairs(spec, max_examples=self.eval_cap, task=self.config.task)
-                for spec in self.config.data.eval
+                self.load_data(spec, self.eval_cap) for spec in self.config.data.eval
             ]
         return self._eval_sets
 

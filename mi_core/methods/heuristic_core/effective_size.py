@@ -67,11 +67,19 @@ class EffectiveSizeResult:
 
 
 def find_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """The complete ``checkpoint-{step}`` directories under ``checkpoints_dir``, by step."""
+    """The complete ``checkpoint-{step}`` directories under ``checkpoints_dir``, by step: a
+    fine-tuning run's (with their trainer state), or any Hugging Face folders so named (a
+    language model's training checkpoints, saved with ``save_pretrained``)."""
     root = Path(checkpoints_dir)
     if not root.is_dir():
         raise ConfigError(f"checkpoint directory {root} does not exist")
     found = list_checkpoints(root)
+    if not found:
+        found = sorted(
+            (int(path.name.removeprefix("checkpoint-")), path)
+            for path in root.glob("checkpoint-*")
+            if path.name.removeprefix("checkpoint-").isdigit() and (path / "config.json").is_file()
+        )
     if not found:
         raise ConfigError(
             f"no checkpoint-<step> directories in {root}; point --checkpoints at a fine-tuning "
@@ -119,11 +127,16 @@ def _means_for(template: str | None, step: int, n_checkpoints: int) -> str | Non
 def compute_checkpoint_means(
     model: HookedModel, train: str, path: Path, max_examples: int | None
 ) -> Path:
-    """Mean activations of ``model`` on ``train`` (at most ``max_examples`` pairs), saved."""
+    """Mean activations of ``model`` on ``train`` (at most ``max_examples`` pairs or prompts),
+    saved."""
     from mi_core.data import load_pairs, pair_batches
+    from mi_core.data.prompt_tasks import TRAIN_SEED, is_prompt_spec, load_prompt_task
     from mi_core.interventions import compute_means
 
-    dataset = load_pairs(train, max_examples=max_examples, task=model.task)
+    if is_prompt_spec(train):  # a language model's checkpoint: its training prompts
+        dataset = load_prompt_task(train, max_examples, seed=TRAIN_SEED, tokenizer=model.tokenizer)
+    else:
+        dataset = load_pairs(train, max_examples=max_examples, task=model.task)
     means = compute_means(
         model, pair_batches(dataset, model.tokenizer, batch_size=64), dataset=dataset.name
     )
@@ -266,8 +279,12 @@ def run_effective_size(
 def dataset_name(spec: str, known: Collection[str] = (), task: str | None = None) -> str:
     """The data set name a spec evaluates under: ``spec`` itself when it is among the ``known``
     names (specs and names agree for registered sets), else the name its loader gives it."""
-    if spec in known:
-        return spec
+    from mi_core.data.prompt_tasks import is_prompt_spec
+
+    if spec in known or (is_prompt_spec(spec) and not spec.endswith(".jsonl")):
+        return spec  # a built-in prompt task is named by its spec
+    if is_prompt_spec(spec):
+        return Path(spec).stem
     from mi_core.data import load_pairs
 
     return load_pairs(spec, max_examples=1, task=task).name

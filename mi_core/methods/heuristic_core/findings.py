@@ -368,6 +368,11 @@ def _core_findings(comparison: SubnetworkComparison | None, ev: _Evidence) -> li
     return rows
 
 
+#: A language model's head classes that match tokens by identity or position, the analogues
+#: of the paper's lexical-overlap heads in the findings table.
+SHALLOW_DECODER_CLASSES = ("prev", "duplicate", "induction")
+
+
 def _attention_finding(table: pd.DataFrame | None, ev: _Evidence) -> dict[str, str] | None:
     if table is None:
         return None
@@ -379,9 +384,18 @@ def _attention_finding(table: pd.DataFrame | None, ev: _Evidence) -> dict[str, s
             NOT_MEASURABLE,
         )  # fmt: skip
     classes = table["pattern_class"].astype(str)
-    overlap = int((classes == "overlap").sum())
     counts = ", ".join(f"{k} {v}" for k, v in classes.value_counts().items())
-    text = f"{overlap} of {len(table)} core heads are overlap heads (classes: {counts})"
+    if "duplicate_mass" in table.columns:  # a language model's heads (DECODER_CLASSES)
+        # lexical overlap's analogues in one text: matching a token by identity (duplicate
+        # token, induction) or by position (previous token), not by its role in the task
+        overlap = int(classes.isin(SHALLOW_DECODER_CLASSES).sum())
+        text = (
+            f"{overlap} of {len(table)} core heads are previous-token, duplicate-token or "
+            f"induction heads (classes: {counts})"
+        )
+    else:
+        overlap = int((classes == "overlap").sum())
+        text = f"{overlap} of {len(table)} core heads are overlap heads (classes: {counts})"
     if ev.blocked():
         return _row(name, paper, f"{text}; {ev.blocked()}", INCONCLUSIVE)
     verdict = REPRODUCED if overlap > 0 else NOT_REPRODUCED

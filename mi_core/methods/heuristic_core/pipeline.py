@@ -150,11 +150,15 @@ class HeuristicCoreExperiment(ExperimentContext):
         """Open every data set the config names (one example each), so a typo in a spec fails
         at once instead of after fine-tuning."""
         from mi_core.data import load_pairs
+        from mi_core.data.prompt_tasks import check_prompt_spec, is_prompt_spec
 
         c = self.config
         specs = [c.data.train, *c.data.eval, c.means.data, c.attention.data]
         for spec in dict.fromkeys(s for s in specs if s):
-            load_pairs(spec, max_examples=1, task=c.task)
+            if is_prompt_spec(spec):  # prompts are drawn with the model's tokenizer
+                check_prompt_spec(spec)
+            else:
+                load_pairs(spec, max_examples=1, task=c.task)
 
 
 def run_experiment(

@@ -326,7 +326,7 @@ def _pruning_section(tables: ExperimentTables) -> ReportSection | None:
 def _attention_section(tables: ExperimentTables) -> ReportSection | None:
     import torch
 
-    from mi_core.analysis.attention_patterns import PATTERN_CLASSES
+    from mi_core.analysis.attention_patterns import ALL_CLASSES
     from mi_core.methods.heuristic_core.attention import read_views
     from mi_core.viz.attention_html import attention_view_fragment
     from mi_core.viz.figures import attention_class_chart
@@ -343,7 +343,7 @@ def _attention_section(tables: ExperimentTables) -> ReportSection | None:
             "instead of a core."
         )
     columns = ["label", "pattern_class", "dominant", "dominant_mass", "dominant_excess"]
-    columns += [f"{c}_mass" for c in PATTERN_CLASSES if f"{c}_mass" in table.columns]
+    columns += [f"{c}_mass" for c in ALL_CLASSES if f"{c}_mass" in table.columns]
     section.table(
         table[[c for c in columns if c in table.columns]],
         f"Mean attention mass per key class over `{display_name(dataset)}`; a head is labelled "

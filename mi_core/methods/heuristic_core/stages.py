@@ -22,7 +22,7 @@ from mi_core.methods.heuristic_core.layout import STAGES
 from mi_core.pruning.jobs import EXECUTION_FIELDS
 
 if TYPE_CHECKING:
-    from mi_core.data import PairDataset
+    from mi_core.data.prompt_tasks import TaskData
     from mi_core.interventions import ComponentMeans
     from mi_core.methods.heuristic_core.context import ExperimentContext
     from mi_core.pruning.sweeps import SweepResult
@@ -84,16 +84,13 @@ def _run_finetune(ctx: ExperimentContext) -> None:
 
 
 def _run_means(ctx: ExperimentContext) -> None:
-    from mi_core.data import load_pairs, pair_batches
+    from mi_core.data import pair_batches
     from mi_core.interventions import compute_means
 
     m = ctx.config.means
     spec = m.data or ctx.config.data.train
-    dataset = load_pairs(
-        spec,
-        max_examples=m.max_examples or ctx.config.data.max_train_examples,
-        task=ctx.config.task,
-    )
+    cap = m.max_examples or ctx.config.data.max_train_examples
+    dataset = ctx.load_data(spec, cap, train=True)
     batches = pair_batches(
         dataset, ctx.model.tokenizer, batch_size=m.batch_size, max_length=m.max_length
     )
@@ -142,15 +139,13 @@ def _run_analysis(ctx: ExperimentContext) -> None:
     write_comparison(results, compare_subnetworks(results), ctx.layout.analysis)
 
 
-def _attention_data(ctx: ExperimentContext) -> PairDataset:
+def _attention_data(ctx: ExperimentContext) -> TaskData:
     """The attention stage's data: its own, else the first out-of-domain set, else the first
     evaluation set."""
-    from mi_core.data import load_pairs
-
     a, c = ctx.config.attention, ctx.config
     ood = c.data.out_of_domain_sets
     spec = a.data or (ood[0] if ood else c.data.eval[0])
-    return load_pairs(spec, max_examples=a.max_examples, task=c.task)
+    return ctx.load_data(spec, a.max_examples)
 
 
 def _run_attention(ctx: ExperimentContext) -> None:
@@ -185,12 +180,7 @@ def _run_ablation(ctx: ExperimentContext) -> None:
     b = ctx.config.ablation
     cap = b.max_examples or ctx.config.data.max_eval_examples
     if cap != ctx.eval_cap:
-        from mi_core.data import load_pairs
-
-        datasets = [
-            load_pairs(spec, max_examples=cap, task=ctx.config.task)
-            for spec in ctx.config.data.eval
-        ]
+        datasets = [ctx.load_data(spec, cap) for spec in ctx.config.data.eval]
     else:
         datasets = ctx.eval_sets
     run_core_ablation(
