@@ -413,7 +413,9 @@ def test_file_faults_in_arguments_are_one_line(tmp_path, capsys, tiny_checkpoint
     assert main(_eval(tiny_checkpoints["bert-cls"], tmp_path)[:-1] + [str(loop)]) == 2
     assert "a symbolic link that leads back to itself" in _one_error(capsys)
     assert main(_prune(tiny_checkpoints["llama-lm"], tmp_path / "run")) == 2
-    assert "is a causal language model: node pruning runs on sentence-pair" in _one_error(capsys)
+    err = _one_error(capsys)  # sentence pairs given to a language model: what it can prune on
+    assert "is a causal language model: node pruning runs on a sentence-pair classifier" in err
+    assert "on a prompt task (ioi, ioi:abba" in err
 
 
 def test_huge_seed_or_sparsity_lists_are_refused_at_once(tmp_path, capsys):

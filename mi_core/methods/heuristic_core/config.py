@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from mi_core.config import Config, option, read_config_json, resolve_shipped, shipped_names
-from mi_core.data.prompt_tasks import is_prompt_spec
 from mi_core.devices import DeviceOption
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import FILLS, UNIT_FILLS, MeansSettings
@@ -486,6 +485,8 @@ class ExperimentConfig(DeviceOption):
         """A language model on prompt tasks: its data are prompt tasks, the model is given as
         ``checkpoint`` (nothing to fine-tune), and the stages that need a fine-tuning run or
         sentence pairs are off."""
+        from mi_core.data.prompt_tasks import is_prompt_spec
+
         specs = [self.data.train, *self.data.eval]
         if self.attention.data is not None:
             specs.append(self.attention.data)

@@ -136,7 +136,8 @@ def compute_checkpoint_means(
     if is_prompt_spec(train):  # a language model's checkpoint: its training prompts
         dataset = load_prompt_task(train, max_examples, seed=TRAIN_SEED, tokenizer=model.tokenizer)
     else:
-        dataset = load_pairs(train, max_examples=max_examples, task=model.task)
+        task: str | None = getattr(model, "task", None)
+        dataset = load_pairs(train, max_examples=max_examples, task=task)
     means = compute_means(
         model, pair_batches(dataset, model.tokenizer, batch_size=64), dataset=dataset.name
     )

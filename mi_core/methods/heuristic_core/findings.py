@@ -388,13 +388,13 @@ def _attention_finding(table: pd.DataFrame | None, ev: _Evidence) -> dict[str, s
     if "duplicate_mass" in table.columns:  # a language model's heads (DECODER_CLASSES)
         # lexical overlap's analogues in one text: matching a token by identity (duplicate
         # token, induction) or by position (previous token), not by its role in the task
-        overlap = int(classes.isin(SHALLOW_DECODER_CLASSES).sum())
+        overlap = int(classes.isin(SHALLOW_DECODER_CLASSES).to_numpy().sum())
         text = (
             f"{overlap} of {len(table)} core heads are previous-token, duplicate-token or "
             f"induction heads (classes: {counts})"
         )
     else:
-        overlap = int((classes == "overlap").sum())
+        overlap = int((classes == "overlap").to_numpy().sum())
         text = f"{overlap} of {len(table)} core heads are overlap heads (classes: {counts})"
     if ev.blocked():
         return _row(name, paper, f"{text}; {ev.blocked()}", INCONCLUSIVE)
