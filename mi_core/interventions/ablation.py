@@ -57,20 +57,28 @@ class Fill(str, enum.Enum):
 
 def head_fill_values(
     means: ComponentMeans | None, fill: Fill, layer: int, like: torch.Tensor
-) -> Float[torch.Tensor, "n_heads d_head"] | None:
-    """Fill for the heads of ``layer`` (None for zero fill), on ``like``'s device and dtype."""
+) -> Float[torch.Tensor, "*pos n_heads d_head"] | None:
+    """Fill for the heads of ``layer`` (None for zero fill), on ``like``'s device and dtype
+    (per-position means: one row per position of ``like``, see
+    :meth:`~mi_core.interventions.ComponentMeans.fill_values`)."""
     if fill is Fill.ZERO:
         return None
-    return means.cast(like.device, like.dtype)[0][layer]
+    return _means_given(means).fill_values("z", layer, like)
 
 
 def mlp_fill_values(
     means: ComponentMeans | None, fill: Fill, layer: int, like: torch.Tensor
-) -> Float[torch.Tensor, " d_model"] | None:
-    """Fill for the MLP of ``layer`` (None for zero fill)."""
+) -> Float[torch.Tensor, "*pos d_model"] | None:
+    """Fill for the MLP of ``layer`` (None for zero fill; per position as for heads)."""
     if fill is Fill.ZERO:
         return None
-    return means.cast(like.device, like.dtype)[1][layer]
+    return _means_given(means).fill_values("mlp_out", layer, like)
+
+
+def _means_given(means: ComponentMeans | None) -> ComponentMeans:
+    if means is None:
+        raise InterventionError("mean ablation needs means: pass means or use zero ablation")
+    return means
 
 
 def interpolate(x: torch.Tensor, keep: torch.Tensor, fill: torch.Tensor | None) -> torch.Tensor:

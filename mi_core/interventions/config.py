@@ -31,6 +31,10 @@ class MeansSettings(Config):
     """Examples per forward pass."""
     max_length: int = 128
     """Token limit per example."""
+    by_position: bool = False
+    """Also average each position on its own: a removed component is then filled with its
+    mean at the token's position (for prompts of one template, where a position has one role;
+    the default, as the paper, is one mean over every token)."""
 
     def validate(self) -> None:
         super().validate()

@@ -41,6 +41,11 @@ MEANS_KIND = "mi_core.ComponentMeans"
 _FORMAT_VERSION = "1"
 #: How the means were averaged; stored in the file so a reader never has to guess.
 AVERAGING = "per-token mean over all non-padding positions"
+#: ... and with a mean per position as well (:attr:`ComponentMeans.z_by_position`).
+AVERAGING_BY_POSITION = (
+    "per-token mean over all non-padding positions, and per position over the examples that "
+    "reach it"
+)
 
 
 @dataclass(eq=False)
@@ -57,7 +62,15 @@ class ComponentMeans:
     source: str | None = field(default=None, repr=False, compare=False)
     """The file these means were read from or saved to (None: computed, never on disk); what a
     pruning run records as its ``means_path``."""
-    _cast: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(
+    z_by_position: Float[torch.Tensor, "n_layers pos n_heads d_head"] | None = None
+    """With ``compute_means(..., by_position=True)``: each head's mean at each position, over
+    the examples long enough to reach it. A removed head is then filled with its mean at the
+    token's own position (positions past the longest example: the overall mean). For prompts
+    of one template, where a position has one role; the paper's (and the default) fill is one
+    mean over every token."""
+    mlp_by_position: Float[torch.Tensor, "n_layers pos d_model"] | None = None
+    """Each MLP's mean output at each position (with :attr:`z_by_position`)."""
+    _cast: dict[tuple, tuple[torch.Tensor, ...]] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -68,7 +81,22 @@ class ComponentMeans:
                 f"{list(self.mlp_out.shape)}; expected [n_layers, n_heads, d_head] and "
                 "[n_layers, d_model]"
             )
-        for name, values in (("z", self.z), ("mlp_out", self.mlp_out)):
+        by_z, by_mlp = self.z_by_position, self.mlp_by_position
+        if (by_z is None) != (by_mlp is None) or (
+            by_z is not None
+            and by_mlp is not None
+            and (
+                tuple(by_z.shape[:1] + by_z.shape[2:]) != tuple(self.z.shape)
+                or tuple(by_mlp.shape[:1] + by_mlp.shape[2:]) != tuple(self.mlp_out.shape)
+                or by_z.shape[1] != by_mlp.shape[1]
+            )
+        ):
+            raise InterventionError(
+                "per-position means must come as z_by_position [n_layers, pos, n_heads, d_head] "
+                "and mlp_by_position [n_layers, pos, d_model], both or neither; compute them "
+                "again with mi-core means --by-position"
+            )
+        for name, values in self.tensors().items():
             if not bool(torch.isfinite(values).all()):
                 raise InterventionError(
                     f"means of {self.model_name or 'a model'} hold NaN or infinite values in "
@@ -80,12 +108,41 @@ class ComponentMeans:
     def n_layers(self) -> int:
         return int(self.z.shape[0])
 
+    @property
+    def by_position(self) -> bool:
+        """Whether these means hold a mean per position too (:attr:`z_by_position`)."""
+        return self.z_by_position is not None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor these means hold, by its name in a means file."""
+        out = {"z": self.z, "mlp_out": self.mlp_out}
+        if self.z_by_position is not None and self.mlp_by_position is not None:
+            out |= {"z_by_position": self.z_by_position, "mlp_by_position": self.mlp_by_position}
+        return out
+
+    def fill_values(
+        self, kind: str, layer: int, like: torch.Tensor
+    ) -> Float[torch.Tensor, "*pos n d"] | Float[torch.Tensor, "*pos d_model"]:
+        """What fills a removed component of ``layer`` (``kind`` ``"z"``: its heads'
+        ``[n_heads, d_head]``; ``"mlp_out"``: ``[d_model]``) in an activation like ``like``
+        (``[batch, pos, ...]``), on its device and dtype: the overall mean, or with per-position
+        means one row per position of ``like`` (``[pos, ...]``, broadcast over the batch)."""
+        cast = self.cast(like.device, like.dtype)
+        overall = cast[0 if kind == "z" else 1][layer]
+        if not self.by_position:
+            return overall
+        table = cast[2 if kind == "z" else 3][layer]
+        pos = like.shape[1]
+        if pos <= table.shape[0]:
+            return table[:pos]
+        return torch.cat([table, overall.expand(pos - table.shape[0], *overall.shape)])
+
     @functools.cached_property
     def values_digest(self) -> str:
         """A short digest of the mean values themselves (computed once): two means of one
         model over unnamed data sets differ here where their names and fingerprints agree."""
         digest = hashlib.sha256()
-        for values in (self.z, self.mlp_out):
+        for values in self.tensors().values():
             digest.update(values.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
         return digest.hexdigest()[:12]
 
@@ -94,11 +151,12 @@ class ComponentMeans:
     ) -> tuple[
         Float[torch.Tensor, "n_layers n_heads d_head"], Float[torch.Tensor, "n_layers d_model"]
     ]:
-        """``(z, mlp_out)`` on ``device`` in ``dtype``, converted once and remembered."""
+        """``(z, mlp_out)`` on ``device`` in ``dtype`` (then the per-position tables, when
+        there are some), converted once and remembered."""
         key = (str(device), dtype)
         if key not in self._cast:
-            self._cast[key] = (self.z.to(device, dtype), self.mlp_out.to(device, dtype))
-        return self._cast[key]
+            self._cast[key] = tuple(t.to(device, dtype) for t in self.tensors().values())
+        return self._cast[key]  # type: ignore[return-value]
 
     def check_model(self, model: HookedModel, *, fingerprint: bool = True) -> None:
         """Raise :class:`InterventionError` unless these means were made for ``model``."""
@@ -142,7 +200,7 @@ class ComponentMeans:
             "dataset": self.dataset,
             "n_tokens": str(self.n_tokens),
             "n_examples": str(self.n_examples),
-            "averaging": AVERAGING,
+            "averaging": AVERAGING_BY_POSITION if self.by_position else AVERAGING,
         }
 
     @classmethod
@@ -169,6 +227,8 @@ class ComponentMeans:
         return cls(
             z=tensors[f"{prefix}z"],
             mlp_out=tensors[f"{prefix}mlp_out"],
+            z_by_position=tensors.get(f"{prefix}z_by_position"),
+            mlp_by_position=tensors.get(f"{prefix}mlp_by_position"),
             model_name=metadata.get(f"{prefix}model_name", ""),
             fingerprint=metadata.get(f"{prefix}fingerprint", ""),
             dataset=metadata.get(f"{prefix}dataset", ""),
@@ -176,10 +236,11 @@ class ComponentMeans:
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write a ``.safetensors`` file (float64 tensors ``z``, ``mlp_out`` + metadata)."""
+        """Write a ``.safetensors`` file (float64 tensors ``z``, ``mlp_out``, and the
+        per-position tables when there are some, + metadata)."""
         if Path(path).suffix.lower() != ".safetensors":
             raise InterventionError(f"cannot save means as {path}: use a .safetensors name")
-        written = write_safetensors(path, {"z": self.z, "mlp_out": self.mlp_out}, self.metadata())
+        written = write_safetensors(path, self.tensors(), self.metadata())
         self.source = str(written)
         return written
 
@@ -222,52 +283,92 @@ def compute_means(
     *,
     dataset: str = "",
     progress: bool = False,
+    by_position: bool = False,
 ) -> ComponentMeans:
     """Stream ``batches`` through ``model`` and average ``hook_z`` and ``hook_mlp_out`` per token.
 
     Each batch holds ``input_ids`` and ``attention_mask`` (1 = real token), and for encoders
-    optionally ``token_type_ids``. Only the transformer blocks run (no task head).
+    optionally ``token_type_ids``. Only the transformer blocks run (no task head). With
+    ``by_position`` each position is also averaged on its own, over the examples whose real
+    tokens reach it (:attr:`ComponentMeans.z_by_position`; right padding: position ``p`` is
+    each example's ``p``-th token).
     """
     cfg = model_dims(model)
     device = next(model.parameters()).device
     n_layers, n_heads, d_head = cfg.n_layers, cfg.n_heads, cfg.d_head
     sum_z = torch.zeros(n_layers, n_heads * d_head, dtype=torch.float64, device=device)
     sum_mlp = torch.zeros(n_layers, cfg.d_model, dtype=torch.float64, device=device)
+    # per position: [n_layers, pos, features], grown to the longest batch seen
+    by_pos: dict[str, torch.Tensor] = {}
     keep: dict[str, torch.Tensor] = {}
 
-    def add(total: torch.Tensor, layer: int):
+    def add(total: torch.Tensor, layer: int, name: str):
         def hook(x: torch.Tensor, hook: Any) -> None:
             rows = x.reshape(x.shape[0] * x.shape[1], -1)[keep["index"]]
             total[layer] += rows.sum(dim=0, dtype=torch.float64)
+            if by_position:
+                real = keep["mask"][:, :, None]  # [batch, pos, 1]
+                sums = (x.reshape(x.shape[0], x.shape[1], -1).double() * real).sum(0)
+                table = _grown(by_pos, name, (n_layers, sums.shape[0], sums.shape[1]), device)
+                table[layer, : sums.shape[0]] += sums
 
         return hook
 
     hooks = []
     for layer in range(n_layers):
-        hooks.append((act_name("z", layer), add(sum_z, layer)))
-        hooks.append((act_name("mlp_out", layer), add(sum_mlp, layer)))
+        hooks.append((act_name("z", layer), add(sum_z, layer, "z")))
+        hooks.append((act_name("mlp_out", layer), add(sum_mlp, layer, "mlp_out")))
 
     n_tokens = n_examples = 0
     with hooked(model, hooks):
         for batch in tqdm(batches, desc="means", disable=not progress, unit="batch"):
             ids, attention_mask, types = batch_inputs(model, batch, device)
             keep["index"] = attention_mask.reshape(-1).nonzero().squeeze(1)
+            keep["mask"] = attention_mask.to(torch.float64)
             run_body(model, ids, attention_mask, types)
             n_tokens += int(keep["index"].numel())
             n_examples += int(ids.shape[0])
+            if by_position:
+                counts = keep["mask"].sum(0)
+                _grown(by_pos, "count", (counts.shape[0],), device)[: counts.shape[0]] += counts
     if n_tokens == 0:
         raise DataError(
             f"cannot compute means: the data set {dataset or ''} has no tokens (it is empty)"
         )
+    z_by_position = mlp_by_position = None
+    if by_position:
+        count = by_pos["count"]
+        reached = int((count > 0).sum())  # right padding: every position below it is reached
+        z_by_position = (by_pos["z"][:, :reached] / count[:reached, None]).cpu()
+        z_by_position = z_by_position.reshape(n_layers, reached, n_heads, d_head)
+        mlp_by_position = (by_pos["mlp_out"][:, :reached] / count[:reached, None]).cpu()
     return ComponentMeans(
         z=(sum_z / n_tokens).reshape(n_layers, n_heads, d_head).cpu(),
         mlp_out=(sum_mlp / n_tokens).cpu(),
+        z_by_position=z_by_position,
+        mlp_by_position=mlp_by_position,
         model_name=str(getattr(model, "model_name", None) or model.cfg.model_name),
         fingerprint=weights_fingerprint(model),
         dataset=dataset,
         n_tokens=n_tokens,
         n_examples=n_examples,
     )
+
+
+def _grown(
+    tables: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], device: torch.device
+) -> torch.Tensor:
+    """``tables[name]``, zero-padded along its position axis (the second of three, the only
+    one of one) to at least ``shape``'s length there."""
+    axis = 1 if len(shape) == 3 else 0
+    table = tables.get(name)
+    if table is None:
+        table = tables[name] = torch.zeros(shape, dtype=torch.float64, device=device)
+    elif table.shape[axis] < shape[axis]:
+        pad = list(table.shape)
+        pad[axis] = shape[axis] - table.shape[axis]
+        table = tables[name] = torch.cat([table, table.new_zeros(pad)], dim=axis)
+    return table
 
 
 def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
@@ -310,7 +411,9 @@ def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
         max_length=config.max_length,
         sort_by_length=True,
     )
-    means = compute_means(model, batches, dataset=dataset.name, progress=progress)
+    means = compute_means(
+        model, batches, dataset=dataset.name, progress=progress, by_position=config.by_position
+    )
     means.save(config.out)
     return means
 

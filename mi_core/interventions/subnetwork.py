@@ -95,7 +95,7 @@ class Subnetwork:
             "ablation": self.fill.value,
         }
         if self.means is not None:
-            tensors |= {"means.z": self.means.z, "means.mlp_out": self.means.mlp_out}
+            tensors |= {f"means.{k}": v for k, v in self.means.tensors().items()}
             metadata |= {
                 f"means.{key}": value
                 for key, value in self.means.metadata().items()
@@ -132,8 +132,11 @@ class Subnetwork:
             return self.means is other.means
         return (
             self.means.fingerprint == other.means.fingerprint
-            and torch.equal(self.means.z, other.means.z)
-            and torch.equal(self.means.mlp_out, other.means.mlp_out)
+            and self.means.tensors().keys() == other.means.tensors().keys()
+            and all(
+                torch.equal(mine, other.means.tensors()[name])
+                for name, mine in self.means.tensors().items()
+            )
         )
 
     def __eq__(self, other: object) -> bool:

@@ -178,11 +178,14 @@ def load_inputs(
 def means_identity(means: ComponentMeans | None) -> dict[str, Any] | None:
     if means is None:
         return None
-    return {
+    identity: dict[str, Any] = {
         "model_fingerprint": means.fingerprint,
         "dataset": means.dataset,
         "n_tokens": means.n_tokens,
     }
+    if means.by_position:  # filled per position: another intervention than the same data's
+        identity["by_position"] = True
+    return identity
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import shutil
 
 import pandas as pd
 import pytest
+import torch
 
 from mi_core.errors import ConfigError
 from mi_core.methods.heuristic_core.config import ExperimentConfig, load_config
@@ -134,6 +135,13 @@ def test_cli_prune_and_means_on_prompt_tasks(tiny_checkpoints, tmp_path, capsys)
     means = tmp_path / "means.safetensors"
     assert main(["means", "--model", path, "--data", "ioi:abba", "--max-examples", "24",
                  "--out", str(means)]) == 0  # fmt: skip
+    positions = tmp_path / "by-position.safetensors"
+    assert main(["means", "--model", path, "--data", "ioi:abba", "--max-examples", "24",
+                 "--by-position", "--out", str(positions)]) == 0  # fmt: skip
+    from mi_core.interventions import load_means
+
+    assert load_means(positions).by_position and not load_means(means).by_position
+    assert torch.equal(load_means(positions).z, load_means(means).z)
     run = tmp_path / "run"
     code = main(["prune", "--model", path, "--train", "ioi:abba", "--eval", "ioi:abba",
                  "ioi:baba", "--means", str(means), "--profile", "cofi", "--sparsity", "0.4",

@@ -251,3 +251,64 @@ def test_the_batched_executor_writes_the_local_executors_sweep_on_prompts(
         b = ComponentMask.load(run_dir_for(tmp_path / "batched", s, 1) / "mask.safetensors")
         assert a == b and len(a.removed()) == round(s * 15)
     assert batched.drop(columns="run_dir").equals(local.drop(columns="run_dir"))
+
+
+def test_means_by_position_are_each_positions_mean_and_fill_each_position(answer, ioi, tmp_path):
+    """The option changes the fill: per-position means equal the cache averaged by hand at
+    each position over the prompts that reach it, the overall means are unchanged, and a head
+    removed with them carries its mean at each token's own position."""
+    from mi_core.interventions import Subnetwork, load_means
+
+    tokens = tokenize_pairs(ioi, answer.tokenizer)
+    batches = list(pair_batches(tokens, batch_size=5))
+    by_pos = compute_means(answer, batches, by_position=True)
+    per_token_means = compute_means(answer, batches)
+    assert by_pos.by_position and not per_token_means.by_position
+    assert torch.equal(by_pos.z, per_token_means.z)  # the overall means are the same
+    assert torch.equal(by_pos.mlp_out, per_token_means.mlp_out)
+    batch = tokens.collate(range(len(ioi)))
+    _, cache = answer.run_with_cache(batch["input_ids"], batch["attention_mask"])
+    mask = batch["attention_mask"].double()
+    longest = int(mask.sum(1).max())
+    assert by_pos.z_by_position.shape == (3, longest, 4, answer.cfg.d_head)
+    for layer in (0, 2):
+        z = cache["z", layer].double()  # [batch, pos, head, d_head]
+        want = (z * mask[:, :, None, None]).sum(0) / mask.sum(0)[:, None, None]
+        # (float32 forwards of other batch compositions: rounding of that size)
+        torch.testing.assert_close(by_pos.z_by_position[layer], want[:longest], rtol=1e-5,
+                                   atol=1e-6)  # fmt: skip
+        out = cache["mlp_out", layer].double()
+        want_mlp = (out * mask[:, :, None]).sum(0) / mask.sum(0)[:, None]
+        torch.testing.assert_close(by_pos.mlp_by_position[layer], want_mlp[:longest], rtol=1e-5,
+                                   atol=1e-6)  # fmt: skip
+    # a removed head carries its mean at each position (hook_z read after the fill)
+    removed = ComponentMask.from_removed(answer, parse_components("L1.H2", answer))
+    with torch.no_grad(), ablate(answer, removed, by_pos):
+        _, filled = answer.run_with_cache(batch["input_ids"], batch["attention_mask"])
+        per_position = answer(batch["input_ids"], batch["attention_mask"])
+    width = batch["input_ids"].shape[1]
+    want_z = by_pos.z_by_position[1, :width, 2].float().expand(len(ioi), -1, -1)
+    torch.testing.assert_close(filled["z", 1][:, :, 2], want_z, rtol=0, atol=1e-6)
+    with torch.no_grad(), ablate(answer, removed, per_token_means):
+        per_token = answer(batch["input_ids"], batch["attention_mask"])
+    assert (per_position - per_token).abs().max() > 1e-4  # the option changes the method
+    # saved and read back, alone and inside a subnetwork
+    again = load_means(by_pos.save(tmp_path / "means.safetensors"), answer)
+    assert torch.equal(again.z_by_position, by_pos.z_by_position)
+    subnetwork = Subnetwork(removed, "mean", by_pos)
+    loaded = Subnetwork.load(subnetwork.save(tmp_path / "subnetwork.safetensors"))
+    assert loaded.same_fill(subnetwork)
+    assert not loaded.same_fill(Subnetwork(removed, "mean", per_token_means))
+
+
+def test_the_fast_ablation_table_fills_per_position_as_one_pass_per_ablation(answer, ioi):
+    tokens = tokenize_pairs(ioi, answer.tokenizer)
+    batches = list(pair_batches(tokens, batch_size=8, sort_by_length=True))
+    by_pos = compute_means(answer, batches, by_position=True)
+    heads = parse_components("L0.H0,L1.H3,L2.H1", answer)
+    fast = ablation_logits(answer, batches, heads, (), by_pos, readout=tokens.answer_vs_rival)
+    naive = naive_ablation_logits(answer, batches, heads, (), by_pos)
+    index = torch.arange(len(ioi))
+    for head in heads:
+        want = tokens.answer_vs_rival(naive.singles[head], index)
+        torch.testing.assert_close(fast.singles[head], want, atol=1e-4, rtol=0)

@@ -94,7 +94,10 @@ def _run_means(ctx: ExperimentContext) -> None:
     batches = pair_batches(
         dataset, ctx.model.tokenizer, batch_size=m.batch_size, max_length=m.max_length
     )
-    means = compute_means(ctx.model, batches, dataset=dataset.name, progress=ctx.progress)
+    means = compute_means(
+        ctx.model, batches, dataset=dataset.name, progress=ctx.progress,
+        by_position=m.by_position,
+    )  # fmt: skip
     _check_means_unchanged(ctx, means)
     means.save(ctx.means_path)
     ctx.forget_means()
@@ -115,9 +118,11 @@ def _check_means_unchanged(ctx: ExperimentContext, means: ComponentMeans) -> Non
         old = load_means(ctx.means_path)
     except MiCoreError:  # damaged: nothing to keep (the runs check the new ones)
         return
-    same = old.fingerprint == means.fingerprint and all(
-        tensor_fingerprint(getattr(old, f)) == tensor_fingerprint(getattr(means, f))
-        for f in ("z", "mlp_out")
+    mine, theirs = old.tensors(), means.tensors()
+    same = (
+        old.fingerprint == means.fingerprint
+        and mine.keys() == theirs.keys()
+        and all(tensor_fingerprint(mine[k]) == tensor_fingerprint(theirs[k]) for k in mine)
     )
     if not same:
         raise ConfigError(
