@@ -289,10 +289,25 @@ def _jsonl_task(path: Path, n: int | None) -> PromptTask:
 
 
 def is_prompt_spec(spec: str | os.PathLike[str]) -> bool:
-    """Whether ``spec`` names a prompt task (``ioi``, ``ioi:*``, ``nli:*``, a ``.jsonl`` file)
-    rather than a sentence-pair set."""
+    """Whether ``spec`` names a prompt task (``ioi``, ``ioi:*``, ``nli:*``, a ``.jsonl`` file
+    of prompts) rather than a sentence-pair set. A ``.jsonl`` file holds either: it is a prompt
+    file when its first record has a ``prompt`` key."""
     text = os.fspath(spec)
-    return text == "ioi" or text.startswith(("ioi:", "nli:")) or text.endswith(".jsonl")
+    if text == "ioi" or text.startswith(("ioi:", "nli:")):
+        return True
+    return text.endswith(".jsonl") and _first_record_has_prompt(Path(text).expanduser())
+
+
+def _first_record_has_prompt(path: Path) -> bool:
+    try:
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.strip():
+                    row = json.loads(line)
+                    return isinstance(row, dict) and "prompt" in row
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False  # the pair loader reports what is wrong with the file
+    return False
 
 
 def check_prompt_spec(spec: str | os.PathLike[str]) -> None:

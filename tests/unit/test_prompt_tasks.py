@@ -135,3 +135,18 @@ def test_answer_accuracy_logit_difference_and_kl_by_hand():
     q = torch.softmax(other[0, 2], -1)
     expected = float((p * (p / q).log()).sum())
     assert kl_divergence(other, logits, pairs)[0].item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_jsonl_file_is_a_prompt_task_only_when_it_holds_prompts(tmp_path):
+    """.jsonl holds sentence pairs (premise, hypothesis, label) or prompts (prompt, answer):
+    the first record decides, so `mi-core means --data pairs.jsonl` stays a pair job."""
+    from mi_core.data import is_prompt_spec
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"premise": "a", "hypothesis": "b", "label": 0}) + "\n")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n" + json.dumps({"prompt": "a b", "answer": " c"}) + "\n")
+    assert not is_prompt_spec(pairs) and is_prompt_spec(prompts)
+    assert not is_prompt_spec(tmp_path / "missing.jsonl")  # the pair loader says it is missing
+    assert is_prompt_spec("ioi:abba") and is_prompt_spec("nli:hans:so_swap")
+    assert not is_prompt_spec("mnli:train") and not is_prompt_spec("hans:so_swap")
