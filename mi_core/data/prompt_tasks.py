@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mi_core.data.circuit_pairs import IOI_TEMPLATES, PromptPairs, ioi_prompts
-from mi_core.data.pairs import PairDataset
+from mi_core.data.pairs import PairDataset, check_pair_spec, load_pairs
 from mi_core.errors import DataError
 from mi_core.tasks import NEXT_TOKEN
 
@@ -188,22 +188,18 @@ def load_task_data(
     are drawn from ``seed`` (default: an eval set's, :data:`EVAL_SEED`)."""
     if is_prompt_spec(spec):
         return load_prompt_task(spec, max_examples, seed=seed, tokenizer=tokenizer)
-    from mi_core.data.pairs import load_pairs
-
     return load_pairs(os.fspath(spec), max_examples=max_examples)
 
 
 def check_task_specs(specs: Any) -> bool:
     """Check every spec of ``specs`` names data (before a model loads) and that they are all
     sentence pairs or all prompt tasks; return whether they are prompt tasks."""
-    from mi_core.data.pairs import check_pair_spec
-
     specs = [specs] if isinstance(specs, (str, os.PathLike)) else list(specs)
     kinds = {is_prompt_spec(s) for s in specs}
     if len(kinds) > 1:
         raise DataError(
             "data sets must all be sentence pairs (a classifier's) or all prompt tasks (a "
-            "language model's: ioi, ioi:abba, nli:<pair spec>, a .jsonl file)"
+            "language model's: ioi, ioi:abba, nli:<pair spec>, a .jsonl file of prompts)"
         )
     for spec in specs:
         if is_prompt_spec(spec):
@@ -239,8 +235,6 @@ def _ioi_task(spec: str, n: int, seed: int, tokenizer: Any) -> PromptTask:
 
 
 def _nli_task(spec: str, n: int | None) -> PromptTask:
-    from mi_core.data.pairs import load_pairs
-
     pairs = load_pairs(spec.removeprefix("nli:"), max_examples=n)
     yes, no = NLI_VERBALISER["entailment"], NLI_VERBALISER["other"]
     examples = []
@@ -317,8 +311,6 @@ def check_prompt_spec(spec: str | os.PathLike[str]) -> None:
     if text.startswith("ioi:") and text.partition(":")[2] not in _IOI_ORDERS:
         raise DataError(f"unknown IOI split {text!r}; expected ioi, ioi:abba or ioi:baba")
     if text.startswith("nli:"):
-        from mi_core.data.pairs import check_pair_spec
-
         check_pair_spec(text.removeprefix("nli:"))
     elif text.endswith(".jsonl") and not Path(text).expanduser().is_file():
         raise DataError(f"prompt file {text} does not exist")

@@ -66,7 +66,7 @@ def check_named_inputs(train: Any, eval_sets: Sequence[Any], means: Any) -> None
     if len(kinds) > 1:
         raise DataError(
             "training and eval sets must all be sentence pairs (a classifier's) or all prompt "
-            "tasks (a language model's: ioi, ioi:abba, nli:<pair spec>, a .jsonl file)"
+            "tasks (a language model's: ioi, ioi:abba, nli:<pair spec>, a .jsonl file of prompts)"
         )
     for spec in (train, *eval_sets):
         if isinstance(spec, (str, os.PathLike)) and is_prompt_spec(spec):
