@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
+from mi_core.data.circuit_pairs import single_token_id
 from mi_core.data.pairs import PairDataset
 from mi_core.data.prompt_tasks import PromptTask
 from mi_core.errors import DataError
@@ -180,13 +181,7 @@ def tokenize_prompts(
         )  # fmt: skip
 
     def single(text: str, i: int, role: str) -> int:
-        got = tokenizer(text, add_special_tokens=False).input_ids
-        if len(got) != 1:
-            raise DataError(
-                f"{task.name}, prompt {i}: the {role} {text!r} is {len(got)} tokens; a prompt "
-                "task reads one (a leading space is often part of the token: ' Mary')"
-            )
-        return int(got[0])
+        return single_token_id(tokenizer, text, f"{task.name}, prompt {i}", role)
 
     examples = task.examples
     distractors = None
@@ -207,14 +202,15 @@ def tokenize_prompts(
 
 
 def task_scorer(
-    dataset: PairDataset | PromptTask, tokenizer: Any, max_length: int = 128
+    dataset: PairDataset | PromptTask, tokenized: TokenizedPairs
 ) -> Callable[[Float[torch.Tensor, "n label"]], float]:
     """``score(logits)``: the accuracy of a model's logits on ``dataset`` (in data-set
-    order): :meth:`PairDataset.score`, or a prompt task's (tokenised once here) answer beating
-    its distractor (:meth:`TokenizedPrompts.accuracy`; two columns are
-    :meth:`TokenizedPrompts.answer_vs_rival`'s)."""
+    order; ``tokenized`` is its :func:`tokenize_pairs`): :meth:`PairDataset.score`, or a
+    prompt task's answer beating its distractor (:meth:`TokenizedPrompts.accuracy`; two
+    columns are :meth:`TokenizedPrompts.answer_vs_rival`'s)."""
     if isinstance(dataset, PromptTask):
-        tokenized = tokenize_prompts(dataset, tokenizer, max_length)
+        if not isinstance(tokenized, TokenizedPrompts):
+            raise DataError(f"{dataset.name} is a prompt task: give its tokenize_pairs output")
 
         def score(logits: torch.Tensor) -> float:
             if logits.shape[-1] == 2:  # answer_vs_rival's columns

@@ -225,13 +225,7 @@ class PromptPairs:
                 )
 
         def single(text: str, i: int, role: str) -> int:
-            ids = tokenizer(text, add_special_tokens=False).input_ids
-            if len(ids) != 1:
-                raise DataError(
-                    f"prompt {i}: the {role} {text!r} is {len(ids)} tokens; the metric reads one "
-                    "(a leading space is often part of the token: ' Mary')"
-                )
-            return ids[0]
+            return single_token_id(tokenizer, text, f"prompt {i}", role)
 
         width = max(len(ids) for ids in clean_ids)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -252,6 +246,18 @@ class PromptPairs:
             ),
             position=lengths - 1,
         )
+
+
+def single_token_id(tokenizer: Any, text: str, where: str, role: str) -> int:
+    """The id of ``text`` (an answer or distractor) when the tokenizer makes it one token;
+    otherwise a :class:`DataError` naming ``where`` (``"prompt 3"``) and ``role``."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    if len(ids) != 1:
+        raise DataError(
+            f"{where}: the {role} {text!r} is {len(ids)} tokens; an answer is read as one token "
+            "(a leading space is often part of the token: ' Mary')"
+        )
+    return int(ids[0])
 
 
 def _encode(tokenizer: Any, texts: list[str], bos: int | None) -> list[list[int]]:

@@ -480,7 +480,7 @@ def ablation_table(
         )  # fmt: skip
         table.logits[ds.name] = logits
         table.n_examples[ds.name] = len(ds)
-        score = task_scorer(ds, model.tokenizer, max_length)
+        score = task_scorer(ds, tokenized)
         table.full[ds.name] = score(logits.full)
         for c, values in logits.singles.items():
             table.singles[c][ds.name] = score(values)

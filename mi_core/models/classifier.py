@@ -106,6 +106,8 @@ class HookedClassifier:
     """
 
     cfg: HookedTransformerConfig
+    tokenizer: Any
+    """The checkpoint's tokenizer (TransformerLens's base classes hold it; None: ids only)."""
     head: nn.Module
     num_labels: int
     task: str | None
@@ -165,18 +167,7 @@ class HookedClassifier:
                     f"{len(premises)} premises but {len(hypotheses)} hypotheses; give one each"
                 )
             ids, types, _ = encode_pairs(self.tokenizer, premises, hypotheses, max_length)
-        width = max(len(x) for x in ids)
-        pad = pad_token_id(self.tokenizer)
-        device = self.cfg.device
-        return PairTokens({
-            "input_ids": torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device),
-            "attention_mask": torch.tensor(
-                [[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device
-            ),
-            "token_type_ids": torch.tensor(
-                [t + [0] * (width - len(t)) for t in types], device=device
-            ),
-        })  # fmt: skip
+        return _right_padded(ids, types, pad_token_id(self.tokenizer), self.cfg.device)
 
     def to_str_tokens(
         self,
@@ -816,16 +807,24 @@ class HookedAnswerModel(HookedDecoderClassifier):
             raise ConfigError("this model has no tokenizer; pass token ids instead")
         prompts = [premise] if isinstance(premise, str) else list(premise)
         ids, _ = encode_prompts(self.tokenizer, prompts, max_length)
-        width = max(len(row) for row in ids)
-        pad = pad_token_id(self.tokenizer)
-        device = self.cfg.device
-        return PairTokens({
-            "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in ids], device=device),
-            "attention_mask": torch.tensor(
-                [[1] * len(r) + [0] * (width - len(r)) for r in ids], device=device
-            ),
-            "token_type_ids": torch.zeros(len(ids), width, dtype=torch.long, device=device),
-        })  # fmt: skip
+        types = [[0] * len(row) for row in ids]
+        return _right_padded(ids, types, pad_token_id(self.tokenizer), self.cfg.device)
+
+
+def _right_padded(
+    ids: list[list[int]], types: list[list[int]], pad: int, device: Any
+) -> PairTokens:
+    """Unpadded token ids and token types as one right-padded batch with its attention mask."""
+    width = max(len(x) for x in ids)
+    return PairTokens({
+        "input_ids": torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=device),
+        "attention_mask": torch.tensor(
+            [[1] * len(x) + [0] * (width - len(x)) for x in ids], device=device
+        ),
+        "token_type_ids": torch.tensor(
+            [t + [0] * (width - len(t)) for t in types], device=device
+        ),
+    })  # fmt: skip
 
 
 def _check_right_padded(attention_mask: Int[torch.Tensor, "batch pos"]) -> None:

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mi_core.data import PairDataset, load_pairs
-from mi_core.data.pairs import check_pair_spec
 from mi_core.data.prompt_tasks import (
     EVAL_SEED,
     TRAIN_SEED,
     PromptTask,
     TaskData,
-    check_prompt_spec,
+    check_task_specs,
     is_prompt_spec,
     load_prompt_task,
 )
@@ -68,11 +67,7 @@ def check_named_inputs(train: Any, eval_sets: Sequence[Any], means: Any) -> None
             "training and eval sets must all be sentence pairs (a classifier's) or all prompt "
             "tasks (a language model's: ioi, ioi:abba, nli:<pair spec>, a .jsonl file of prompts)"
         )
-    for spec in (train, *eval_sets):
-        if isinstance(spec, (str, os.PathLike)) and is_prompt_spec(spec):
-            check_prompt_spec(spec)
-        elif isinstance(spec, (str, os.PathLike)):
-            check_pair_spec(spec)
+    check_task_specs([s for s in (train, *eval_sets) if isinstance(s, (str, os.PathLike))])
     if isinstance(means, (str, os.PathLike)) and not Path(means).is_file():
         raise InterventionError(f"means file {means} does not exist; make one with mi-core means")
 

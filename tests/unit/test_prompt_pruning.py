@@ -227,7 +227,7 @@ def test_evaluation_and_the_ablation_table_on_a_prompt_task(answer, ioi, lm_mean
         atol=1e-4, rtol=0,
     )  # fmt: skip
     table = ablation_table(answer, [ioi], heads, joints, lm_means, batch_size=8)
-    score = task_scorer(ioi, answer.tokenizer)
+    score = task_scorer(ioi, tokens)
     assert table.full["ioi:abba"] == pytest.approx(score(naive.full))
     for head in heads:
         assert table.singles[head]["ioi:abba"] == pytest.approx(score(naive.singles[head]))
