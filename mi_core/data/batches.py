@@ -27,6 +27,7 @@ from jaxtyping import Float
 from mi_core.data.circuit_pairs import single_token_id
 from mi_core.data.pairs import PairDataset
 from mi_core.data.prompt_tasks import PromptTask
+from mi_core.data.text import TextTask
 from mi_core.errors import DataError
 from mi_core.models.text import encode_pairs, encode_prompts, pad_token_id
 from mi_core.seeding import derive_seed
@@ -159,6 +160,35 @@ class TokenizedPrompts(TokenizedPairs):
         return answer - logits[rows, torch.tensor(self.distractors)]
 
 
+@dataclass
+class TokenizedText(TokenizedPairs):
+    """The token windows of a :class:`~mi_core.data.text.TextTask`: no labels (zeros stand in
+    for them), and a model pruned on them is compared with the full model at every position
+    (:func:`~mi_core.pruning.objective.every_position_kl`)."""
+
+
+def tokenize_text(task: TextTask, tokenizer: Any, max_length: int = 128) -> TokenizedText:
+    """A text task's windows as tokenised examples, each cut to its first ``max_length``
+    tokens (the count of cut windows logged once)."""
+    ids = [list(w[:max_length]) for w in task.windows]
+    truncated = [i for i, w in enumerate(task.windows) if len(w) > max_length]
+    if truncated:
+        logger.warning(
+            "%s: %d-token windows cut to max_length=%d tokens",
+            task.name, len(task.windows[0]), max_length,
+        )  # fmt: skip
+    return TokenizedText(
+        input_ids=ids,
+        token_type_ids=[[0] * len(row) for row in ids],
+        labels=[0] * len(ids),
+        max_length=int(max_length),
+        pad_token_id=pad_token_id(tokenizer),
+        n_truncated=len(truncated),
+        truncated=truncated,
+        name=task.name,
+    )
+
+
 def tokenize_prompts(
     task: PromptTask,
     tokenizer: Any,
@@ -202,12 +232,14 @@ def tokenize_prompts(
 
 
 def task_scorer(
-    dataset: PairDataset | PromptTask, tokenized: TokenizedPairs
+    dataset: PairDataset | PromptTask | TextTask, tokenized: TokenizedPairs
 ) -> Callable[[Float[torch.Tensor, "n label"]], float]:
     """``score(logits)``: the accuracy of a model's logits on ``dataset`` (in data-set
     order; ``tokenized`` is its :func:`tokenize_pairs`): :meth:`PairDataset.score`, or a
     prompt task's answer beating its distractor (:meth:`TokenizedPrompts.accuracy`; two
-    columns are :meth:`TokenizedPrompts.answer_vs_rival`'s)."""
+    columns are :meth:`TokenizedPrompts.answer_vs_rival`'s). Plain text has no accuracy."""
+    if isinstance(dataset, TextTask):
+        raise DataError(NO_TEXT_SCORE.format(name=dataset.name))
     if isinstance(dataset, PromptTask):
         if not isinstance(tokenized, TokenizedPrompts):
             raise DataError(f"{dataset.name} is a prompt task: give its tokenize_pairs output")
@@ -221,11 +253,21 @@ def task_scorer(
     return dataset.score
 
 
+#: Why plain text is refused where a set is scored (an eval set, the ablation table).
+NO_TEXT_SCORE = (
+    "{name} is plain text: it has no answer to score; prune on it (a task-free subnetwork) "
+    "and evaluate on a prompt task (ioi, ioi:abba, nli:<pair spec>, a .jsonl file of prompts)"
+)
+
+
 def tokenize_pairs(
-    dataset: PairDataset | PromptTask, tokenizer, max_length: int = 128
+    dataset: PairDataset | PromptTask | TextTask, tokenizer, max_length: int = 128
 ) -> TokenizedPairs:
     """Tokenise every pair of ``dataset`` once (batched calls on the fast tokenizer); a prompt
-    task's prompts with :func:`tokenize_prompts`."""
+    task's prompts with :func:`tokenize_prompts`, a text task's windows with
+    :func:`tokenize_text`."""
+    if isinstance(dataset, TextTask):
+        return tokenize_text(dataset, tokenizer, max_length)
     if isinstance(dataset, PromptTask):
         return tokenize_prompts(dataset, tokenizer, max_length)
     n = len(dataset)
@@ -347,7 +389,7 @@ class PairBatches:
 
 
 def pair_batches(
-    dataset: PairDataset | PromptTask | TokenizedPairs,
+    dataset: PairDataset | PromptTask | TextTask | TokenizedPairs,
     tokenizer=None,
     batch_size: int = 32,
     max_length: int = 128,

@@ -18,6 +18,10 @@ Specs (:func:`load_prompt_task`):
   fine-tuning.
 * a ``.jsonl`` file: one ``{"prompt", "answer", "distractor"?, "corrupted"?}`` object a line,
   checked line by line with one-line errors.
+
+A language model's training data may also be plain text (``text:wikitext``, ``text:python``,
+``text:<path>``: :class:`~mi_core.data.text.TextTask`), pruned against the full model at every
+position; :func:`is_prompt_spec` counts it as a language model's data.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 from mi_core.data.circuit_pairs import IOI_TEMPLATES, PromptPairs, ioi_prompts
 from mi_core.data.pairs import PairDataset, check_pair_spec, load_pairs
+from mi_core.data.text import TextTask, check_text_spec, is_text_spec, load_text_task
 from mi_core.errors import DataError
 from mi_core.tasks import NEXT_TOKEN
 
@@ -172,9 +177,9 @@ class PromptTask:
         )
 
 
-#: A data set of a node-level job: sentence pairs (a classifier's) or a prompt task (a
-#: language model's, :data:`~mi_core.tasks.NEXT_TOKEN`).
-TaskData = PairDataset | PromptTask
+#: A data set of a node-level job: sentence pairs (a classifier's), or a prompt task or plain
+#: text (a language model's, :data:`~mi_core.tasks.NEXT_TOKEN`).
+TaskData = PairDataset | PromptTask | TextTask
 
 
 def load_task_data(
@@ -184,8 +189,10 @@ def load_task_data(
     tokenizer: Any = None,
     seed: int = EVAL_SEED,
 ) -> TaskData:
-    """A sentence-pair set or a prompt task by its spec (:func:`is_prompt_spec`); IOI prompts
-    are drawn from ``seed`` (default: an eval set's, :data:`EVAL_SEED`)."""
+    """A sentence-pair set, a prompt task or plain text by its spec (:func:`is_prompt_spec`);
+    IOI prompts are drawn from ``seed`` (default: an eval set's, :data:`EVAL_SEED`)."""
+    if is_text_spec(spec):
+        return load_text_task(spec, max_examples, tokenizer=tokenizer)
     if is_prompt_spec(spec):
         return load_prompt_task(spec, max_examples, seed=seed, tokenizer=tokenizer)
     return load_pairs(os.fspath(spec), max_examples=max_examples)
@@ -283,11 +290,12 @@ def _jsonl_task(path: Path, n: int | None) -> PromptTask:
 
 
 def is_prompt_spec(spec: str | os.PathLike[str]) -> bool:
-    """Whether ``spec`` names a prompt task (``ioi``, ``ioi:*``, ``nli:*``, a ``.jsonl`` file
-    of prompts) rather than a sentence-pair set. A ``.jsonl`` file holds either: it is a prompt
-    file when its first record has a ``prompt`` key."""
+    """Whether ``spec`` names a language model's data (a prompt task: ``ioi``, ``ioi:*``,
+    ``nli:*``, a ``.jsonl`` file of prompts; or plain text: ``text:*``) rather than a
+    sentence-pair set. A ``.jsonl`` file holds either: it is a prompt file when its first
+    record has a ``prompt`` key."""
     text = os.fspath(spec)
-    if text == "ioi" or text.startswith(("ioi:", "nli:")):
+    if text == "ioi" or text.startswith(("ioi:", "nli:")) or is_text_spec(text):
         return True
     return text.endswith(".jsonl") and _first_record_has_prompt(Path(text).expanduser())
 
@@ -308,6 +316,9 @@ def check_prompt_spec(spec: str | os.PathLike[str]) -> None:
     """Refuse a prompt-task spec that names nothing (an unknown IOI split, a missing file)
     before any model loads; :func:`load_prompt_task` checks the rest."""
     text = os.fspath(spec)
+    if is_text_spec(text):
+        check_text_spec(text)
+        return
     if text.startswith("ioi:") and text.partition(":")[2] not in _IOI_ORDERS:
         raise DataError(f"unknown IOI split {text!r}; expected ioi, ioi:abba or ioi:baba")
     if text.startswith("nli:"):

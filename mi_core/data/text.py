@@ -12,14 +12,22 @@ a separator token *before* each document (eos, else bos, else sep: for GPT-2 ``<
 and splits the stream once: the first ``1 - heldout_fraction`` of its tokens is the ``"stats"``
 part and the rest the ``"heldout"`` part. Windows are consecutive, non-overlapping slices of one
 part, so no heldout window shares a token position with any stats window.
+
+:class:`TextTask` is plain text as a pruning job's training data (:func:`load_text_task`):
+token windows of a corpus's ``"stats"`` part, on which the pruning objective is the KL between
+the full and the pruned model's next-token distributions at *every* position (a task-free
+subnetwork), where a prompt task's is the KL at its answer position only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -32,6 +40,7 @@ from mi_core.data._sources import (
     resolve_data_dir,
 )
 from mi_core.errors import ConfigError, DataError
+from mi_core.tasks import NEXT_TOKEN
 
 #: The built-in text data specs (separability's data sets) and what each reads.
 TEXT_SPECS: dict[str, str] = {
@@ -103,7 +112,7 @@ def load_text(spec: str, data_dir: str | os.PathLike[str] | None = None) -> list
         spec = os.fspath(spec)
     key = spec.strip().lower() if isinstance(spec, str) else spec
     if key not in TEXT_SPECS:
-        path = Path(str(spec)).expanduser()
+        path = Path(str(spec).removeprefix("text:")).expanduser()
         if path.is_file():
             docs = _read_path(path)
         elif path.suffix.lower() in (".jsonl", ".json", ".txt", ".raw"):
@@ -111,7 +120,7 @@ def load_text(spec: str, data_dir: str | os.PathLike[str] | None = None) -> list
         else:
             raise DataError(
                 f"unknown text spec {spec!r}; valid specs: {', '.join(TEXT_SPECS)}, or a path to "
-                f"a .jsonl (text column) or plain text file"
+                f"a .jsonl (text column) or plain text file (text:<path> as a pruning job's data)"
             )
     else:
         rel = _FILES[key]
@@ -318,3 +327,114 @@ def iter_batches(
     for start in range(0, tokens.shape[0], batch_size):
         stop = start + batch_size
         yield tokens[start:stop], None if token_mask is None else token_mask[start:stop]
+
+
+#: Tokens per window of a :class:`TextTask` (a BOS token and 63 tokens of the corpus).
+TEXT_WINDOW = 64
+
+
+def is_text_spec(spec: str | os.PathLike[str]) -> bool:
+    """Whether ``spec`` names plain text as a job's data: ``text:wikitext``, ``text:python``
+    or ``text:<path>``."""
+    return os.fspath(spec).strip().lower().startswith("text:")
+
+
+def check_text_spec(spec: str | os.PathLike[str]) -> None:
+    """Refuse a text spec that names nothing, before any model loads."""
+    text = os.fspath(spec).strip()
+    if text.lower() in TEXT_SPECS:
+        return
+    path = Path(text[len("text:") :]).expanduser()
+    if not path.is_file():
+        raise DataError(
+            f"unknown text spec {text!r}: no file {path}; valid specs: {', '.join(TEXT_SPECS)} "
+            "or text:<path> (a .jsonl with a text column, or a plain text file)"
+        )
+
+
+@dataclass(frozen=True)
+class TextTask:
+    """Plain text as training data: fixed-length token windows of a corpus, each a BOS token
+    (else the tokenizer's separator) then consecutive corpus tokens. Pruning on it compares the
+    full and the pruned model's next-token distributions at every position (a task-free
+    subnetwork); it has no answer, so it is not an eval set (evaluate a subnetwork on a prompt
+    task). Made by :func:`load_text_task` with a tokenizer: the windows are token ids."""
+
+    name: str
+    windows: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.windows:
+            raise DataError(f"text {self.name} has no windows")
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    @property
+    def task(self) -> str:
+        """Next-token prediction (:data:`~mi_core.tasks.NEXT_TOKEN`): a language model's data."""
+        return NEXT_TOKEN
+
+    @property
+    def chance_accuracy(self) -> float:
+        """No accuracy is defined on plain text (0, as a top-1 guess over a vocabulary)."""
+        return 0.0
+
+    @property
+    def meta(self) -> dict[str, list[Any]]:
+        """Per-example identifiers (none)."""
+        return {}
+
+    def subset(self, indices: Any, name: str | None = None) -> TextTask:
+        """The windows at ``indices`` (ints, in the order given)."""
+        return TextTask(name or self.name, tuple(self.windows[int(i)] for i in indices))
+
+    def head(self, n: int) -> TextTask:
+        """The first ``n`` windows (all of them if there are fewer)."""
+        return self.subset(range(min(max(int(n), 0), len(self))))
+
+    def spread(self, n: int, key: str = "subcase") -> TextTask:
+        """``n`` windows evenly spaced over the corpus (all if there are fewer), so a small
+        training set still covers many documents rather than the first few."""
+        n = min(max(int(n), 0), len(self))
+        if n == len(self):
+            return self
+        return self.subset([i * len(self) // n for i in range(n)])
+
+    def selection(self) -> str:
+        """``"<n>:<digest>"`` of the windows' token ids, as
+        :meth:`~mi_core.data.PairDataset.selection`."""
+        digest = hashlib.sha256()
+        for window in self.windows:
+            digest.update(len(window).to_bytes(4, "little"))
+            digest.update(torch.tensor(window, dtype=torch.int64).numpy().tobytes())
+        return f"{len(self)}:{digest.hexdigest()[:16]}"
+
+    def matches(self, recorded: Any) -> bool:
+        """Whether a cache's record of a set (its :meth:`selection`) names these windows."""
+        return recorded == self.selection()
+
+
+def load_text_task(
+    spec: str | os.PathLike[str],
+    n: int | None = None,
+    *,
+    tokenizer: Any,
+    window: int = TEXT_WINDOW,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> TextTask:
+    """``n`` windows of ``window`` tokens of the text ``spec`` names (:func:`is_text_spec`),
+    spread evenly over the corpus's ``"stats"`` part (all of them when ``n`` is None), each a
+    BOS token first (:func:`token_windows` with ``prepend_bos``)."""
+    if tokenizer is None:
+        raise ConfigError("plain text is cut into token windows: give the model's tokenizer")
+    if n is not None and n <= 0:
+        raise DataError(f"need a positive number of windows, not {n}")
+    text = os.fspath(spec).strip()
+    if not is_text_spec(text):
+        raise DataError(f"{text!r} is not a text spec (text:wikitext, text:python, text:<path>)")
+    check_text_spec(text)
+    key = text.lower() if text.lower() in TEXT_SPECS else text
+    windows = token_windows(tokenizer, key, window, data_dir=data_dir, prepend_bos=True)
+    task = TextTask(text, tuple(tuple(int(t) for t in row) for row in windows.tolist()))
+    return task if n is None else task.spread(n)

@@ -14,8 +14,9 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from mi_core.data import PairDataset, pair_batches
-from mi_core.data.batches import tokenize_prompts
+from mi_core.data.batches import NO_TEXT_SCORE, tokenize_prompts
 from mi_core.data.prompt_tasks import PromptTask
+from mi_core.data.text import TextTask
 from mi_core.errors import ConfigError, DataError
 from mi_core.evaluation.config import EvalConfig
 from mi_core.tasks import NEXT_TOKEN
@@ -119,7 +120,7 @@ def predict_logits(
 
 def evaluate(
     model: torch.nn.Module,
-    dataset: PairDataset | PromptTask,
+    dataset: PairDataset | PromptTask | TextTask,
     tokenizer=None,
     batch_size: int = 64,
     max_length: int = 128,
@@ -151,6 +152,8 @@ def evaluate(
             )
     if len(dataset) == 0:
         raise DataError(f"{dataset.name} is empty; nothing to evaluate")
+    if isinstance(dataset, TextTask):
+        raise DataError(NO_TEXT_SCORE.format(name=dataset.name))
     if isinstance(dataset, PromptTask):
         return _evaluate_prompts(model, dataset, tokenizer, batch_size, max_length, progress,
                                  batches)  # fmt: skip

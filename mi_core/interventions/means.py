@@ -379,7 +379,7 @@ def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
         TRAIN_SEED,
         check_prompt_spec,
         is_prompt_spec,
-        load_prompt_task,
+        load_task_data,
     )
     from mi_core.models import load_model
     from mi_core.tasks import NEXT_TOKEN
@@ -396,8 +396,8 @@ def run_means(config: MeansConfig, *, progress: bool = True) -> ComponentMeans:
         raise ConfigError(
             f"{config.model} has no task, so there is no default data set: give --data"
         )
-    if config.data is not None and prompts:  # the training prompts a pruning job draws
-        dataset = load_prompt_task(
+    if config.data is not None and prompts:  # the training prompts (or text) a pruning job draws
+        dataset = load_task_data(
             config.data, config.max_examples, seed=TRAIN_SEED, tokenizer=model.tokenizer
         )
     else:

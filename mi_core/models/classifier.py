@@ -777,6 +777,16 @@ class HookedAnswerModel(HookedDecoderClassifier):
         model.dropout_rates = getattr(lm, "dropout_rates", model.dropout_rates)
         return model.eval()
 
+    def every_position_logits(
+        self, input_ids: Ids, attention_mask: Int[torch.Tensor, "batch pos"] | None = None
+    ) -> Float[torch.Tensor, "batch pos vocab"]:
+        """The LM's next-token logits at every position (right-padded ids; what the pruning
+        objective on plain text compares), through the same blocks and hooks as
+        :meth:`forward`, which reads only each row's last real token."""
+        resid = self.embed_input(input_ids, attention_mask)
+        resid = self.run_blocks(resid, attention_mask)
+        return self.head(self.ln_final(resid))
+
     @property
     def label_names(self) -> list[str]:
         """The vocabulary's tokens, by id (the classes of a next-token predictor)."""

@@ -88,11 +88,30 @@ def _rate(config: Any, *names: str) -> float:
     return 0.0
 
 
+#: Nesting depth of :func:`dropout_suspended` (dropout hooks pass their input through while
+#: it is positive).
+_SUSPENDED = [0]
+
+
 def _dropout(p: float) -> Hook:
     def hook(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        if _SUSPENDED[0]:
+            return x
         return F.dropout(x, p, training=True)
 
     return hook
+
+
+@contextlib.contextmanager
+def dropout_suspended() -> Iterator[None]:
+    """Inside it, the hooks of :func:`train_dropout` drop nothing: a full-model pass in the
+    middle of a training step (the pruning objective's per-step reference on plain text) runs
+    without dropout, as the cached reference logits are computed."""
+    _SUSPENDED[0] += 1
+    try:
+        yield
+    finally:
+        _SUSPENDED[0] -= 1
 
 
 def dropout_hooks(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mi_core.data import PairDataset, load_pairs
+from mi_core.data.batches import NO_TEXT_SCORE
 from mi_core.data.prompt_tasks import (
     EVAL_SEED,
     TRAIN_SEED,
@@ -22,8 +23,9 @@ from mi_core.data.prompt_tasks import (
     TaskData,
     check_task_specs,
     is_prompt_spec,
-    load_prompt_task,
+    load_task_data,
 )
+from mi_core.data.text import TextTask
 from mi_core.errors import (
     ConfigError,
     DataError,
@@ -42,9 +44,9 @@ logger = logging.getLogger(__name__)
 
 
 def is_prompt_data(data: Any) -> bool:
-    """Whether ``data`` (a spec or a loaded set) is a prompt task, which a language model
-    scores (:data:`~mi_core.tasks.NEXT_TOKEN`), rather than sentence pairs."""
-    if isinstance(data, PromptTask):
+    """Whether ``data`` (a spec or a loaded set) is a prompt task or plain text, which a
+    language model reads (:data:`~mi_core.tasks.NEXT_TOKEN`), rather than sentence pairs."""
+    if isinstance(data, (PromptTask, TextTask)):
         return True
     return isinstance(data, (str, os.PathLike)) and is_prompt_spec(data)
 
@@ -115,12 +117,13 @@ def load_data_input(
     tokenizer: Any = None,
     seed: int = TRAIN_SEED,
 ) -> TaskData:
-    """A job's data set as loaded (``max_examples`` of it): sentence pairs, or a prompt task
-    (IOI prompts generated from ``seed`` with ``tokenizer``'s one-token names)."""
-    if isinstance(data, (PairDataset, PromptTask)):
+    """A job's data set as loaded (``max_examples`` of it): sentence pairs, a prompt task
+    (IOI prompts generated from ``seed`` with ``tokenizer``'s one-token names) or, for
+    training only, plain text (windows made with ``tokenizer``)."""
+    if isinstance(data, (PairDataset, PromptTask, TextTask)):
         dataset = data.spread(max_examples) if max_examples is not None else data
     elif is_prompt_spec(data):
-        dataset = load_prompt_task(data, max_examples, seed=seed, tokenizer=tokenizer)
+        dataset = load_task_data(data, max_examples, seed=seed, tokenizer=tokenizer)
     else:
         dataset = load_pairs(os.fspath(data), max_examples=max_examples, task=task)
     if task is not None and dataset.task != task:
@@ -132,6 +135,8 @@ def load_data_input(
         )
     if len(dataset) == 0:
         raise DataError(f"{role} set {dataset.name} is empty")
+    if role != "training" and isinstance(dataset, TextTask):
+        raise DataError(NO_TEXT_SCORE.format(name=dataset.name))
     return dataset
 
 

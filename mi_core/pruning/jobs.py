@@ -90,7 +90,8 @@ class PruneJobSettings(DeviceOption):
     means: str | None = None
     """Means .safetensors from mi-core means (needed for mean ablation)."""
     train: str
-    """Training data spec, e.g. mnli:train."""
+    """Training data spec: sentence pairs (mnli:train), a prompt task (ioi:abba) or, for a
+    language model, plain text (text:wikitext: the KL at every position)."""
     eval: list[str] = option(default_factory=list, metavar="DATA")
     """Eval sets; the first is in-domain."""
     out: str

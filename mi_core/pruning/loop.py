@@ -168,7 +168,7 @@ def train_group(
     model: HookedModel,
     means: ComponentMeans | None,
     tokenized: TokenizedPairs,
-    targets: torch.Tensor,
+    targets: torch.Tensor | None,
     runs: Sequence[RunState],
     progress: bool,
     max_chunk: int | None = None,
@@ -194,7 +194,7 @@ def train_group(
     rng_devices = [device] if device.type == "cuda" else []
     weights = sparsity_weights(model, cfg.sparsity_weighting)
     weights = None if weights is None else weights.to(device)
-    targets = targets.to(device)
+    targets = None if targets is None else targets.to(device)
     accumulation = cfg.grad_accumulation
     first = min(r.start for r in runs)
     last = max(r.cfg.steps for r in runs)
@@ -410,7 +410,7 @@ def train_run(
     model: HookedModel,
     means: ComponentMeans | None,
     tokenized: TokenizedPairs,
-    targets: torch.Tensor,
+    targets: torch.Tensor | None,
     cfg: PruneConfig,
     run_dir: Path | None,
     progress: bool,

@@ -4,6 +4,11 @@
 unmasked model's class distribution (cached, see :mod:`~mi_core.pruning.reference_logits`),
 ``p_masked`` the masked model's, ``t`` the expected sparsity of the gates and ``s`` the target.
 The KL is summed over classes and averaged over the batch.
+
+On plain text (:class:`~mi_core.data.TextTask`) the classes are the vocabulary and the KL is
+taken at every position (:func:`every_position_kl`): a task-free subnetwork. The full model's
+distributions there are computed each step, as the authors' code computes its targets, since
+examples x positions x vocabulary is too large to cache.
 """
 
 from __future__ import annotations
@@ -63,3 +68,16 @@ def pruning_loss(
     kl = kl_to_reference(reference_logits, masked_logits)
     penalty = controller.penalty(expected_sparsity, target_sparsity)
     return PruningLoss(kl + penalty, kl, penalty)
+
+
+def every_position_kl(
+    reference_logits: Float[torch.Tensor, "batch pos vocab"],
+    masked_logits: Float[torch.Tensor, "batch pos vocab"],
+    attention_mask: Float[torch.Tensor, "batch pos"] | torch.Tensor,
+) -> Float[torch.Tensor, " batch"]:
+    """``KL(full || masked)`` of every example's next-token distributions, summed over the
+    vocabulary and averaged over the example's real positions (``attention_mask`` 1)."""
+    log_p_full, log_p_masked = _log_probs(reference_logits, masked_logits)
+    per_token = F.kl_div(log_p_masked, log_p_full, reduction="none", log_target=True).sum(-1)
+    real = attention_mask.to(per_token.dtype)
+    return (per_token * real).sum(-1) / real.sum(-1).clamp(min=1)

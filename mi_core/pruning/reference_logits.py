@@ -8,6 +8,10 @@ sorted by length, padded per batch) and let the training loop look rows up by ``
 The file (``.safetensors``) records what it was computed from: the model's weights fingerprint,
 the data set's name and size, the tokenisation limit and a hash of every example's token ids. A
 cache that does not match the model or data at hand is an error, never silently reused.
+
+Plain text (:class:`~mi_core.data.TokenizedText`) has no cached reference: its objective
+compares the distributions at every position, computed each step
+(:func:`~mi_core.pruning.step.full_and_masked_kl`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from jaxtyping import Float
 from safetensors import SafetensorError
 
-from mi_core.data.batches import PairBatches, TokenizedPairs
+from mi_core.data.batches import PairBatches, TokenizedPairs, TokenizedText
 from mi_core.errors import ConfigError
 from mi_core.evaluation import predict_logits
 from mi_core.io import read_safetensors, write_safetensors
@@ -56,11 +60,22 @@ def reference_metadata(model: HookedModel, tokenized: TokenizedPairs) -> dict[st
     }
 
 
+def needs_reference(tokenized: TokenizedPairs) -> bool:
+    """Whether a training set's KL targets are cached full-model logits (sentence pairs,
+    prompt tasks) rather than computed every step (plain text)."""
+    return not isinstance(tokenized, TokenizedText)
+
+
 @torch.no_grad()
 def compute_reference_logits(
     model: HookedModel, tokenized: TokenizedPairs, batch_size: int = 128, progress: bool = False
 ) -> Float[torch.Tensor, "n label"]:
     """The unmasked model's class logits for every example of ``tokenized`` (float32, CPU)."""
+    if not needs_reference(tokenized):
+        raise ConfigError(
+            f"{tokenized.name} is plain text: its full-model distributions are computed each "
+            "step, at every position, not cached"
+        )
     if len(tokenized) == 0:
         raise ConfigError(f"{tokenized.name or 'the training set'} is empty; nothing to prune on")
     was_training = model.training

@@ -41,6 +41,7 @@ from mi_core.pruning.profiles import PruneConfig
 from mi_core.pruning.reference_logits import (
     compute_reference_logits,
     load_reference_logits,
+    needs_reference,
     reference_metadata,
 )
 from mi_core.pruning.result import PruneResult, StepCallback
@@ -196,7 +197,8 @@ def prune_group(
             targets = run_targets(
                 model, tokenized, configs[0], dirs[pending[0]], reference_logits_path, progress
             )
-            if reference_logits_path is None:  # every folder keeps its logits, as a run alone does
+            if reference_logits_path is None and targets is not None:
+                # every folder keeps its logits, as a run alone does
                 for k in pending[1:]:
                     path = dirs[k] / "reference_logits.safetensors"
                     if not path.is_file():
@@ -274,7 +276,10 @@ def _prune_in_memory(
 ) -> PruneResult:
     started = time.perf_counter()
     tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
-    if reference is not None:
+    targets: torch.Tensor | None
+    if not needs_reference(tokenized):  # plain text: the targets are computed each step
+        targets = None
+    elif reference is not None:
         if reference.shape[0] != len(tokenized):
             raise ConfigError(
                 f"reference logits for {reference.shape[0]} examples, but the training set has "

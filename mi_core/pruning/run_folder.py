@@ -49,6 +49,7 @@ from mi_core.pruning.loop import NOT_LEARNT, discrete_mask, evaluate_sets
 from mi_core.pruning.profiles import PruneConfig
 from mi_core.pruning.reference_logits import (
     load_reference_logits,
+    needs_reference,
     reference_logits,
 )
 from mi_core.pruning.result import LOG_COLUMNS, TARGET_TOLERANCE, PruneResult, final_sparsity
@@ -165,8 +166,11 @@ def run_targets(
     run_dir: Path,
     reference_logits_path: str | os.PathLike[str] | None,
     progress: bool,
-) -> torch.Tensor:
-    """The full model's logits on the training set: shared ones, or the run's own (cached)."""
+) -> torch.Tensor | None:
+    """The full model's logits on the training set: shared ones, or the run's own (cached);
+    None on plain text, whose targets are computed each step."""
+    if not needs_reference(tokenized):
+        return None
     if reference_logits_path is not None:
         ref_path = Path(reference_logits_path)
         if not ref_path.is_file():

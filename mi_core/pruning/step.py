@@ -23,6 +23,7 @@ from mi_core.errors import (
 from mi_core.evaluation import model_inputs
 from mi_core.interventions import ComponentMask
 from mi_core.interventions.components import model_dims
+from mi_core.models.dropout import dropout_suspended
 from mi_core.pruning.discretize import (
     unflatten_components,
 )
@@ -39,7 +40,7 @@ from mi_core.pruning.lagrangian import (
     lagrangian_penalty,
     sampled_sparsity,
 )
-from mi_core.pruning.objective import kl_per_example, pruning_loss
+from mi_core.pruning.objective import PruningLoss, every_position_kl, kl_per_example, pruning_loss
 from mi_core.pruning.profiles import PruneConfig
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def group_pruning_step(
     members: Sequence[StepMember],
     batches: Sequence[Mapping[str, torch.Tensor]],
     sizes: Sequence[Sequence[int]],
-    reference: torch.Tensor,
+    reference: torch.Tensor | None,
     weights: torch.Tensor | None = None,
     max_chunk: int | None = None,
     precision: str = "fp32",
@@ -143,6 +144,10 @@ def group_pruning_step(
     ``scalers[k]`` scales run ``k``'s loss before the shared backward pass (the runs' gates are
     disjoint, so each run's gradients carry its own scale, which its optimizer step unscales).
     Returns each run's ``log.csv`` values for the step (see :func:`pruning_step`).
+
+    ``reference`` None: the examples are plain text (:class:`~mi_core.data.TokenizedText`) and
+    each one's KL is taken at every position against the full model's distributions, computed
+    for the micro-batch in the same step (:func:`full_and_masked_kl`).
     """
     if isinstance(scalers, torch.amp.GradScaler):  # one run's scaler, given alone
         if len(members) != 1:
@@ -163,7 +168,7 @@ def group_pruning_step(
         values = sorted({str(value(m)) for m in members})
         if len(values) > 1:
             raise ConfigError(f"the runs of a group need one {name}; got {', '.join(values)}")
-    device = reference.device
+    device = mask.heads.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
     n_runs = len(members)
     # the runs' gates and lambdas side by side, so the per-run arithmetic is a few kernels for
@@ -214,9 +219,13 @@ def group_pruning_step(
             width = int(lengths[chunk].max())
             chunk_d = moved[f"chunk{i}"]
             mask.heads, mask.mlps = unflatten_components(rows[chunk_d], n_layers, n_heads)
-            with autocast(device, precision):
-                logits = model(**{k: v[chunk_d, :width] for k, v in inputs.items()})
-            kl = kl_per_example(reference[index[chunk_d]], logits.float())
+            chunk_inputs = {k: v[chunk_d, :width] for k, v in inputs.items()}
+            if reference is None:
+                kl = full_and_masked_kl(model, mask, chunk_inputs, precision)
+            else:
+                with autocast(device, precision):
+                    logits = model(**chunk_inputs)
+                kl = kl_per_example(reference[index[chunk_d]], logits.float())
             kl_sums = kl_sums.index_add(0, owner[chunk_d], kl)
         kls = kl_sums / counts
         t_sampled = _row_sparsity(zs, weights)
@@ -262,18 +271,52 @@ def _row_sparsity(
     return 1.0 - (gates * weights).sum(dim=-1) / weights.sum()
 
 
+def full_and_masked_kl(
+    model: HookedModel,
+    mask: ComponentMask,
+    inputs: Mapping[str, torch.Tensor],
+    precision: str = "fp32",
+) -> Float[torch.Tensor, " batch"]:
+    """Each example's KL at every position (:func:`every_position_kl`) between the full model
+    and the model under ``mask`` (the values the step put there), on plain text.
+
+    The full model's pass runs with every component kept (a mask of ones leaves each
+    ablation's input as it is: ``1 * x + 0 * fill``), without gradients and without dropout;
+    then the masked pass, whose graph the loss is taken through."""
+    device = mask.heads.device
+    ids, attention = inputs["input_ids"], inputs.get("attention_mask")
+    reading = getattr(model, "every_position_logits", None)
+    if reading is None:
+        raise ConfigError(
+            "plain text is pruned against a language model's next-token distributions; load "
+            "the model with task='next_token'"
+        )
+    heads, mlps = mask.heads, mask.mlps
+    mask.heads, mask.mlps = torch.ones_like(heads), torch.ones_like(mlps)
+    try:
+        with torch.no_grad(), dropout_suspended(), autocast(device, precision):
+            full = reading(ids, attention)
+    finally:
+        mask.heads, mask.mlps = heads, mlps
+    with autocast(device, precision):
+        masked = reading(ids, attention)
+    if attention is None:
+        attention = torch.ones(ids.shape, device=ids.device)
+    return every_position_kl(full.float(), masked.float(), attention)
+
+
 def _single_step(
     model: HookedModel,
     mask: ComponentMask,
     member: StepMember,
     batches: Sequence[Mapping[str, torch.Tensor]],
-    reference: torch.Tensor,
+    reference: torch.Tensor | None,
     weights: torch.Tensor | None,
     precision: str = "fp32",
     scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
     """One run's step: one forward per micro-batch, the mask one sample for all examples."""
-    device = reference.device
+    device = mask.heads.device
     n_layers, n_heads = mask.n_layers, mask.n_heads
     parts = []
     for batch in batches:
@@ -284,15 +327,20 @@ def _single_step(
         t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
         inputs = to_device({**model_inputs(model, batch), "index": batch["index"]}, device)
         index = inputs.pop("index")
-        with autocast(device, precision):
-            logits = model(**inputs)
-        loss = pruning_loss(
-            reference[index],
-            logits if precision == "fp32" else logits.float(),
-            member.controller,
-            t,
-            member.target_sparsity,
-        )
+        if reference is None:  # plain text: the KL at every position
+            kl = full_and_masked_kl(model, mask, inputs, precision).mean()
+            penalty = member.controller.penalty(t, member.target_sparsity)
+            loss = PruningLoss(kl + penalty, kl, penalty)
+        else:
+            with autocast(device, precision):
+                logits = model(**inputs)
+            loss = pruning_loss(
+                reference[index],
+                logits if precision == "fp32" else logits.float(),
+                member.controller,
+                t,
+                member.target_sparsity,
+            )
         _backward(loss.total / len(batches), scaler)
         parts.append(torch.stack([loss.total, loss.kl, loss.penalty, t_sampled]).detach())
     ends = torch.stack([t_expected, member.controller.lambda_1, member.controller.lambda_2])
@@ -318,7 +366,7 @@ def pruning_step(
     gates: HardConcrete,
     controller: LagrangianController,
     batches: Sequence[Mapping[str, torch.Tensor]],
-    reference: torch.Tensor,
+    reference: torch.Tensor | None,
     target_sparsity: float,
     noise: torch.Generator | None = None,
     weights: torch.Tensor | None = None,
@@ -328,7 +376,8 @@ def pruning_step(
 
     ``model`` runs inside ``ablate(model, mask, ..., skip_unmasked=False)``: each micro-batch
     draws fresh gates from ``noise`` and puts them in ``mask``; the KL target of each example is
-    row ``batch["index"]`` of ``reference`` (the cached full-model logits). The Lagrangian term
+    row ``batch["index"]`` of ``reference`` (the cached full-model logits; None on plain text:
+    the KL at every position, :func:`full_and_masked_kl`). The Lagrangian term
     measures the sparsity of that micro-batch's sample (``sparsity_estimate="sampled"``, the
     authors) or the expected L0 (``"expected"``, CoFi). No optimizer step here. Returns the
     step's mean loss, KL, penalty and sampled sparsity, the expected sparsity and the lambdas.

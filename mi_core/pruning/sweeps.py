@@ -45,7 +45,11 @@ from mi_core.io import check_replaceable, read_json, write_csv, write_json
 from mi_core.pruning.constants import EXECUTORS, check_ray_gpus
 from mi_core.pruning.inputs import PruneInputs, resolve_inputs
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
-from mi_core.pruning.reference_logits import compute_reference_logits, reference_logits
+from mi_core.pruning.reference_logits import (
+    compute_reference_logits,
+    needs_reference,
+    reference_logits,
+)
 from mi_core.pruning.run import prune, prune_group, prune_run
 from mi_core.pruning.run_folder import (
     RUN_FILES,
@@ -308,7 +312,11 @@ def sweep(
         model_obj, means_obj = inputs.model, inputs.means
         train_set, evals = inputs.train, inputs.eval_sets
         tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
-        reference = compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, progress)
+        reference = (
+            compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, progress)
+            if needs_reference(tokenized)
+            else None
+        )
         full = _full_model_accuracy(model_obj, evals, cfg)
         rows, masks = [], []
         for config in configs:
@@ -475,18 +483,23 @@ def _run_with_ray(
     return run_ray_tasks(_prune_task, payloads, ray_address, num_cpus_per_run, num_gpus_per_run)
 
 
-def training_bytes_per_example(model: HookedModel, max_length: int) -> int:
+def training_bytes_per_example(
+    model: HookedModel, max_length: int, every_position: bool = False
+) -> int:
     """A generous estimate of the memory one training example of a pruning step holds until
     the backward pass (float32 activations at ``max_length`` tokens): per layer and token, about
     16 residual-width vectors (residual copies, q / k / v, z, hook outputs, LayerNorm), 3
-    MLP-width ones and 4 attention rows (scores, probabilities, dropout, masks)."""
+    MLP-width ones and 4 attention rows (scores, probabilities, dropout, masks). With
+    ``every_position`` (plain text) each token also holds 6 vocabulary-wide rows (both passes'
+    logits, their log-probabilities, the KL terms and their gradient)."""
     from mi_core.interventions.components import model_dims
 
     dims = model_dims(model)
     cfg = model.cfg
     d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * dims.d_model)
     per_token = 16 * dims.d_model + 3 * d_mlp + 4 * dims.n_heads * max_length
-    return 4 * dims.n_layers * max_length * per_token
+    vocab = 6 * int(getattr(cfg, "d_vocab_out", 0) or 0) * max_length if every_position else 0
+    return 4 * (dims.n_layers * max_length * per_token + vocab)
 
 
 def available_memory(device: torch.device) -> int:
@@ -504,13 +517,17 @@ def available_memory(device: torch.device) -> int:
 
 
 def auto_group_size(
-    model: HookedModel, cfg: PruneConfig, n_runs: int, fraction: float = 0.5
+    model: HookedModel,
+    cfg: PruneConfig,
+    n_runs: int,
+    fraction: float = 0.5,
+    every_position: bool = False,
 ) -> int:
     """How many runs one batched group trains together: all ``n_runs`` when ``fraction`` of the
     free memory holds their micro-batches (:func:`training_bytes_per_example` at
     ``cfg.max_length``), else as many as it does (at least 1, at most :data:`MAX_AUTO_GROUP`)."""
     device = next(model.parameters()).device
-    per_run = training_bytes_per_example(model, cfg.max_length) * cfg.batch_size
+    per_run = training_bytes_per_example(model, cfg.max_length, every_position) * cfg.batch_size
     fits = int(available_memory(device) * fraction // max(per_run, 1))
     return max(1, min(n_runs, fits, MAX_AUTO_GROUP))
 
@@ -652,7 +669,8 @@ def run_sweep(
         sweep_dir.mkdir(parents=True, exist_ok=True)
         ref_path = sweep_dir / "reference_logits.safetensors"
         tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
-        reference_logits(model_obj, tokenized, ref_path, cfg.eval_batch_size, progress)
+        if needs_reference(tokenized):
+            reference_logits(model_obj, tokenized, ref_path, cfg.eval_batch_size, progress)
         full = _full_model_accuracy(model_obj, evals, cfg, sweep_dir / "full_model.json")
 
         pending = [r for r in runs if not is_complete(r.run_dir)]
@@ -662,7 +680,10 @@ def run_sweep(
             size = (
                 1
                 if executor == "local"
-                else group_size or auto_group_size(model_obj, cfg, len(pending))
+                else group_size
+                or auto_group_size(
+                    model_obj, cfg, len(pending), every_position=not needs_reference(tokenized)
+                )
             )
             if size > 1:
                 logger.info("sweep %s: groups of %d runs trained together", sweep_dir, size)

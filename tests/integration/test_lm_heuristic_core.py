@@ -93,6 +93,28 @@ def test_the_config_refuses_what_a_language_model_cannot_run(tiny_checkpoints):
         ExperimentConfig.from_dict(_config(path, core_before={"enabled": True}))
     with pytest.raises(ConfigError, match="task must be one of"):
         ExperimentConfig.from_dict(_config(path, task="lm"))
+    with pytest.raises(ConfigError, match="text:python is plain text: data.train may be text"):
+        ExperimentConfig.from_dict(
+            _config(path, data={"train": "text:wikitext", "eval": ["ioi:abba", "text:python"]})
+        )
+
+
+def test_the_experiment_prunes_a_task_free_subnetwork_on_plain_text(tiny_checkpoints, tmp_path):
+    """Training on WikiText windows (the KL at every position), evaluating on IOI: every stage
+    runs; the means are the text's; no reference logits are cached."""
+    config = _config(tiny_checkpoints["llama-lm"])
+    config["data"] = {**config["data"], "train": "text:wikitext", "max_train_examples": 16}
+    config["pruning"]["overrides"] |= {"max_length": 24, "steps": 6}
+    result = run_experiment(ExperimentConfig.from_dict(config), tmp_path / "r", progress=False)
+    assert result.ran == ["means", "sweep", "analysis", "attention", "ablation", "report"]
+    runs = pd.read_csv(tmp_path / "r" / "analysis" / "subnetworks.csv")
+    assert runs["n_removed"].tolist() == [4, 4, 8, 8]
+    run = tmp_path / "r" / "sweep" / "s0.30" / "seed1"
+    assert json.loads((run / "config.json").read_text())["train"]["name"] == "text:wikitext"
+    assert not list((tmp_path / "r").rglob("reference_logits.safetensors"))
+    from mi_core.interventions import load_means
+
+    assert load_means(next((tmp_path / "r").rglob("means.safetensors"))).dataset == "text:wikitext"
 
 
 def test_the_shipped_smollm2_ioi_config_fits_the_demo_budget():

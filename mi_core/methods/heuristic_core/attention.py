@@ -22,6 +22,7 @@ from mi_core.analysis.subnetworks import parse_head_label
 from mi_core.data import pair_batches
 from mi_core.data.batches import TokenizedPrompts, tokenize_pairs
 from mi_core.data.prompt_tasks import PromptTask, TaskData
+from mi_core.data.text import TextTask
 from mi_core.errors import ConfigError
 from mi_core.io import read_json, write_json
 from mi_core.methods.heuristic_core.layout import ATTENTION_VIEWS
@@ -141,6 +142,8 @@ def attention_views(
             example = dataset.examples[i]
             rival = f" vs {example.distractor!r}" if example.distractor is not None else ""
             title = f"{dataset.name} #{i} (answer {example.answer!r}{rival}): {example.prompt}"
+        elif isinstance(dataset, TextTask):
+            title = f"{dataset.name} #{i} (window of {len(dataset.windows[i])} tokens)"
         else:
             pair = dataset[i]
             label = dataset.label_names[pair["label"]]

@@ -486,6 +486,7 @@ class ExperimentConfig(DeviceOption):
         ``checkpoint`` (nothing to fine-tune), and the stages that need a fine-tuning run or
         sentence pairs are off."""
         from mi_core.data.prompt_tasks import is_prompt_spec
+        from mi_core.data.text import is_text_spec
 
         specs = [self.data.train, *self.data.eval]
         if self.attention.data is not None:
@@ -495,6 +496,12 @@ class ExperimentConfig(DeviceOption):
             raise ConfigError(
                 f"task {NEXT_TOKEN} reads prompt tasks (ioi, ioi:abba, nli:<pair spec>, a .jsonl "
                 f"file), not sentence pairs such as {pairs[0]!r}"
+            )
+        scored = [s for s in specs[1:] if is_text_spec(s)]
+        if scored:
+            raise ConfigError(
+                f"{scored[0]} is plain text: data.train may be text (a task-free subnetwork), "
+                "but data.eval and attention.data are scored, so they are prompt tasks"
             )
         if self.finetune is not None:
             raise ConfigError(

@@ -130,11 +130,11 @@ def compute_checkpoint_means(
     """Mean activations of ``model`` on ``train`` (at most ``max_examples`` pairs or prompts),
     saved."""
     from mi_core.data import load_pairs, pair_batches
-    from mi_core.data.prompt_tasks import TRAIN_SEED, is_prompt_spec, load_prompt_task
+    from mi_core.data.prompt_tasks import TRAIN_SEED, is_prompt_spec, load_task_data
     from mi_core.interventions import compute_means
 
-    if is_prompt_spec(train):  # a language model's checkpoint: its training prompts
-        dataset = load_prompt_task(train, max_examples, seed=TRAIN_SEED, tokenizer=model.tokenizer)
+    if is_prompt_spec(train):  # a language model's checkpoint: its training prompts or text
+        dataset = load_task_data(train, max_examples, seed=TRAIN_SEED, tokenizer=model.tokenizer)
     else:
         task: str | None = getattr(model, "task", None)
         dataset = load_pairs(train, max_examples=max_examples, task=task)
