@@ -179,27 +179,29 @@ def test_ray_executor_runs_each_pair_as_a_task(model_path, means_file, tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("train", ["ioi:abba", "text:wikitext"])
 def test_ray_runs_a_language_models_prompt_task_as_the_local_executor_does(
-    tiny_checkpoints, tmp_path, local_ray
+    tiny_checkpoints, tmp_path, local_ray, train
 ):
-    """Ray workers take specs: the model path, ioi:abba drawn from the training seed, the
-    eval prompts from the evaluation seed; each run's mask equals the in-process run's."""
-    from mi_core.data import load_prompt_task
+    """Ray workers take specs: the model path, ioi:abba drawn from the training seed (or
+    WikiText windows, pruned at every position), the eval prompts from the evaluation seed;
+    each run's mask equals the in-process run's."""
+    from mi_core.data.prompt_tasks import TRAIN_SEED, load_task_data
     from mi_core.tasks import NEXT_TOKEN
 
     path = tiny_checkpoints["llama-lm"]
     model = load_model(path, task=NEXT_TOKEN)
-    task = load_prompt_task("ioi:abba", 24, tokenizer=model.tokenizer)
+    task = load_task_data(train, 24, tokenizer=model.tokenizer, seed=TRAIN_SEED)
     means = compute_means(model, pair_batches(task, model.tokenizer, batch_size=8))
     means_path = means.save(tmp_path / "means.safetensors")
     common = dict(
         means=str(means_path), eval_sets=["ioi:abba", "ioi:baba"], profile="cofi",
-        overrides={"steps": 6, "batch_size": 8, "eval_every": 0}, max_train_examples=24,
-        max_eval_examples=16,
+        overrides={"steps": 6, "batch_size": 8, "eval_every": 0, "max_length": 24},
+        max_train_examples=24, max_eval_examples=16,
     )  # fmt: skip
-    ray = run_sweep(str(path), "ioi:abba", tmp_path / "ray", [0.4], [1, 2], executor="ray",
+    ray = run_sweep(str(path), train, tmp_path / "ray", [0.4], [1, 2], executor="ray",
                     **common)  # fmt: skip
-    local = run_sweep(str(path), "ioi:abba", tmp_path / "local", [0.4], [1, 2], **common)
+    local = run_sweep(str(path), train, tmp_path / "local", [0.4], [1, 2], **common)
     for seed in (1, 2):
         assert ComponentMask.load(
             run_dir_for(tmp_path / "ray", 0.4, seed) / "mask.safetensors"
