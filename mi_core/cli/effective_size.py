@@ -14,7 +14,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "effective-size",
         help=command_help("effective-size"),
-        description="For every DIR/checkpoint-<step>: compute means on --train (unless --means), "
+        description="For every DIR/checkpoint-<step> (or, with --revisions step1000 step2000 "
+        "and --checkpoints a hub model id, every such revision of it: Pythia's training "
+        "checkpoints): compute means on --train (unless --means), "
         "prune at every sparsity and seed (a sweep under OUT/checkpoint-<step>/sweep, resumable, "
         "local or on Ray), and report the effective size = 100 - the largest sparsity that stays "
         "within --margin of that checkpoint's full model (in %), in-domain (the sets of --train's "

@@ -669,7 +669,7 @@ class HookedDecoderClassifier(HookedClassifier, HookedTransformer):
         task: str | None = None,
         label_names: list[str] | None = None,
     ):
-        HookedTransformer.__init__(self, cfg, tokenizer=None, move_to_device=False)
+        _init_decoder(self, cfg)
         # Set directly: TL's set_tokenizer would re-load it with add_bos_token=True.
         self.tokenizer = tokenizer
         if tokenizer is not None:  # what TL's own to_tokens and its helpers need to know
@@ -747,7 +747,7 @@ class HookedAnswerModel(HookedDecoderClassifier):
     """
 
     def __init__(self, cfg: HookedTransformerConfig, tokenizer=None):
-        HookedTransformer.__init__(self, cfg, tokenizer=None, move_to_device=False)
+        _init_decoder(self, cfg)
         self.tokenizer = tokenizer
         if tokenizer is not None:
             cfg.tokenizer_prepends_bos = len(tokenizer.encode("")) > 0
@@ -819,6 +819,17 @@ class HookedAnswerModel(HookedDecoderClassifier):
         ids, _ = encode_prompts(self.tokenizer, prompts, max_length)
         types = [[0] * len(row) for row in ids]
         return _right_padded(ids, types, pad_token_id(self.tokenizer), self.cfg.device)
+
+
+def _init_decoder(model: HookedTransformer, cfg: HookedTransformerConfig) -> None:
+    """TransformerLens's decoder built from ``cfg`` without its tokenizer: given none, TL loads
+    ``cfg.tokenizer_name`` from the hub (the main revision, not the one the weights came from;
+    offline, a name not in the cache fails); the caller sets the tokenizer it loaded."""
+    name, cfg.tokenizer_name = cfg.tokenizer_name, None
+    try:
+        HookedTransformer.__init__(model, cfg, tokenizer=None, move_to_device=False)
+    finally:
+        cfg.tokenizer_name = name
 
 
 def _right_padded(

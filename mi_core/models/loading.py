@@ -72,12 +72,16 @@ class ModelSource:
     path: str
     local: bool
     gguf_file: str | None = None
+    revision: str | None = None
+    """A hub model's revision (a branch, tag or commit: Pythia's ``step1000``)."""
 
     def kwargs(self) -> dict:
         """Keyword arguments for ``from_pretrained``."""
         out: dict = {}
         if self.gguf_file:
             out["gguf_file"] = self.gguf_file
+        if self.revision:
+            out["revision"] = self.revision
         if self.local or os.environ.get("HF_HUB_OFFLINE") == "1":
             out["local_files_only"] = True
         return out
@@ -85,7 +89,9 @@ class ModelSource:
 
 def resolve_source(name_or_path: str | os.PathLike[str]) -> ModelSource:
     """Find a model's files: an embedded name, a local directory, a local ``.gguf`` file (its
-    config, tokenizer and de-quantised weights read from it by transformers), or a hub id."""
+    config, tokenizer and de-quantised weights read from it by transformers), or a hub id,
+    optionally at a revision: ``EleutherAI/pythia-160m@step1000`` (a branch, tag or commit;
+    offline, the revision must be in the Hugging Face cache)."""
     name = str(name_or_path)
     if name == embedded.MINILM:
         return ModelSource(name, str(embedded.minilm_path()), local=True)
@@ -107,6 +113,14 @@ def resolve_source(name_or_path: str | os.PathLike[str]) -> ModelSource:
             f"{name} is not a checkpoint directory; give a folder with config.json, a hub name "
             f"such as bert-base-cased, or one of {list(embedded.EMBEDDED_MODELS)}"
         )
+    repo, at, revision = name.partition("@")
+    if at:
+        if not repo or not revision:
+            raise ModelLoadError(
+                f"{name!r}: a hub revision is written name@revision, e.g. "
+                "EleutherAI/pythia-160m@step1000"
+            )
+        return ModelSource(name, repo, local=False, revision=revision)
     return ModelSource(name, name, local=False)
 
 
@@ -751,8 +765,8 @@ def load_model(
         disable_fast_paths(model)
     if source.local and source.name not in embedded.EMBEDDED_MODELS:
         model.model_name = str(Path(source.path).resolve())
-    elif source.name in embedded.EMBEDDED_MODELS:
-        model.model_name = source.name
+    elif source.name in embedded.EMBEDDED_MODELS or source.revision:
+        model.model_name = source.name  # a revision is part of the name: name@revision
     model.cfg.model_name = source.name  # the name the user gave, not a site-packages path
     log.info("loaded %s as %s", source.name, type(model).__name__)
     return model

@@ -189,3 +189,61 @@ def test_cli_prune_and_means_on_prompt_tasks(tiny_checkpoints, tmp_path, capsys)
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "all prompt tasks" in err
+
+
+def _hub_cache(root, repo: str, revisions: dict) -> None:
+    """A Hugging Face hub cache holding ``repo`` at each revision (a branch name -> a folder),
+    laid out as huggingface_hub keeps downloads: ``refs/<branch>`` names a snapshot."""
+    import hashlib
+
+    base = root / f"models--{repo.replace('/', '--')}"
+    (base / "refs").mkdir(parents=True)
+    for revision, folder in revisions.items():
+        commit = hashlib.sha1(revision.encode()).hexdigest()
+        shutil.copytree(folder, base / "snapshots" / commit)
+        (base / "refs" / revision).write_text(commit)
+
+
+def test_hub_revisions_load_and_are_the_checkpoints_of_effective_size(
+    tiny_checkpoints, tmp_path, monkeypatch
+):
+    """Pythia's step* branches as a hub cache holds them (offline): name@revision loads that
+    revision's weights, and effective size takes the revisions as its checkpoints."""
+    import huggingface_hub.constants
+
+    from mi_core.errors import ModelLoadError
+    from mi_core.methods.heuristic_core.effective_size import find_checkpoints
+    from mi_core.models import load_model
+    from mi_core.testing import make_tiny_checkpoint
+
+    later = make_tiny_checkpoint("llama-lm", tmp_path / "later", seed=1)
+    _hub_cache(tmp_path / "hub", "tiny-org/tiny-llama",
+               {"step100": tiny_checkpoints["llama-lm"], "step200": later})  # fmt: skip
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    first = load_model("tiny-org/tiny-llama@step100", task="next_token")
+    assert first.model_name == "tiny-org/tiny-llama@step100"
+    assert torch.equal(first.W_E, load_model(tiny_checkpoints["llama-lm"]).W_E)
+    assert torch.equal(load_model("tiny-org/tiny-llama@step200").W_E, load_model(later).W_E)
+    with pytest.raises(ModelLoadError, match="not available from the Hugging Face hub or its"):
+        load_model("tiny-org/tiny-llama@step300")
+    assert find_checkpoints("tiny-org/tiny-llama", ["step200", "step100"]) == [
+        (100, "tiny-org/tiny-llama@step100"), (200, "tiny-org/tiny-llama@step200")
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="revision 'main' names no training step"):
+        find_checkpoints("tiny-org/tiny-llama", ["main"])
+    from mi_core.cli import main
+
+    code = main(["effective-size", "--checkpoints", "tiny-org/tiny-llama", "--revisions",
+                 "step100", "step200", "--train", "ioi:abba", "--eval", "ioi:abba", "ioi:baba",
+                 "--out", str(tmp_path / "es"), "--sparsities", "0.4", "--seeds", "1",
+                 "--profile", "cofi", "--steps", "4", "--batch-size", "8",
+                 "--max-train-examples", "16", "--max-eval-examples", "16",
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    full = pd.read_csv(tmp_path / "es" / "full_accuracy.csv")
+    assert sorted(full["step"].unique()) == [100, 200]
+    recorded = json.loads(
+        (tmp_path / "es" / "checkpoint-200" / "sweep" / "s0.40" / "seed0" / "config.json")
+        .read_text()
+    )  # fmt: skip
+    assert "tiny-org/tiny-llama@step200" in json.dumps(recorded)

@@ -143,6 +143,10 @@ class EffectiveSizeOptions(Config):
     """Further named groups of evaluation sets, each an effective-size target of its own and
     part of neither in-domain nor out-of-domain, e.g. {"ood_e": [...]}: GPT-2's entailment
     subcases (OOD-E, the paper's Figure 16)."""
+    revisions: list[str] | None = option(None, metavar="REV")
+    """Hub revisions of the model the checkpoints name (a hub id, not a folder), each a
+    checkpoint whose step is the revision's number: Pythia's step1000 step143000 (offline, the
+    revisions must be in the Hugging Face cache)."""
 
     def validate(self) -> None:
         super().validate()
@@ -158,7 +162,8 @@ class EffectiveSizeConfig(EffectiveSizeOptions, SweepExecution, DeviceOption):
     run pruned at every sparsity and seed."""
 
     checkpoints: str = option(metavar="DIR")
-    """Fine-tuning output directory (its checkpoint-<step> folders)."""
+    """Fine-tuning output directory (its checkpoint-<step> folders), or with --revisions a
+    hub model id."""
     train: str
     """Training data spec, e.g. mnli:train."""
     eval: list[str] = option(metavar="DATA")
@@ -338,7 +343,8 @@ class EffectiveSizeSettings(EffectiveSizeOptions):
     overrides: dict[str, Any] | None = None
     """Defaults to pruning.overrides."""
     checkpoints_dir: str | None = None
-    """Directory of checkpoint-*; default: the experiment's own fine-tuning run."""
+    """Directory of checkpoint-*, or with ``revisions`` a hub model id; default: the
+    experiment's own fine-tuning run."""
 
 
 @dataclass
@@ -460,8 +466,12 @@ class ExperimentConfig(DeviceOption):
         if es.enabled:
             if self.finetune is None and es.checkpoints_dir is None:
                 raise ConfigError(
-                    "effective_size needs checkpoints_dir (a directory of checkpoint-*) when the "
-                    "experiment starts from a checkpoint"
+                    "effective_size needs checkpoints_dir (a directory of checkpoint-*, or a hub "
+                    "model id with revisions) when the experiment starts from a checkpoint"
+                )
+            if es.revisions and es.checkpoints_dir is None:
+                raise ConfigError(
+                    "effective_size.revisions needs checkpoints_dir: the hub model id"
                 )
             ood = self.ood_sets
             if not ood:

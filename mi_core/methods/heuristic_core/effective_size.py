@@ -1,6 +1,7 @@
 """Effective size over training (paper Figure 6): prune every fine-tuning checkpoint.
 
-For each ``DIR/checkpoint-{step}``: mean activations on the training set (unless given), a
+For each ``DIR/checkpoint-{step}`` (or each hub revision ``name@stepN`` of a model, Pythia's
+training checkpoints: ``revisions``): mean activations on the training set (unless given), a
 pruning sweep at every sparsity and seed (:func:`mi_core.pruning.sweeps.run_sweep`, so finished runs
 are skipped and the runs can go to Ray), then :func:`mi_core.analysis.effective_size` on the
 accuracies: the largest sparsity that stays within ``margin`` of that checkpoint's full model on
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,14 +68,22 @@ class EffectiveSizeResult:
     effective_size: pd.DataFrame
 
 
-def find_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+def find_checkpoints(
+    checkpoints_dir: str | os.PathLike[str], revisions: Sequence[str] | None = None
+) -> list[tuple[int, Path | str]]:
     """The complete ``checkpoint-{step}`` directories under ``checkpoints_dir``, by step: a
     fine-tuning run's (with their trainer state), or any Hugging Face folders so named (a
-    language model's training checkpoints, saved with ``save_pretrained``)."""
+    language model's training checkpoints, saved with ``save_pretrained``).
+
+    With ``revisions``, ``checkpoints_dir`` is a hub model id and each revision a checkpoint
+    (``name@revision``, as :func:`~mi_core.models.load_model` reads it) whose step is the
+    revision's number: Pythia's ``step1000``."""
+    if revisions:
+        return _hub_checkpoints(os.fspath(checkpoints_dir), revisions)
     root = Path(checkpoints_dir)
     if not root.is_dir():
         raise ConfigError(f"checkpoint directory {root} does not exist")
-    found = list_checkpoints(root)
+    found: list[tuple[int, Path | str]] = list(list_checkpoints(root))
     if not found:
         found = sorted(
             (int(path.name.removeprefix("checkpoint-")), path)
@@ -88,11 +98,31 @@ def find_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[tuple[int,
     return found
 
 
+def _hub_checkpoints(name: str, revisions: Sequence[str]) -> list[tuple[int, Path | str]]:
+    if Path(name).expanduser().exists() or "@" in name:
+        raise ConfigError(
+            f"with revisions, the checkpoints are a hub model id (e.g. EleutherAI/pythia-160m), "
+            f"not {name!r}"
+        )
+    found: dict[int, str] = {}
+    for revision in revisions:
+        numbers = re.findall(r"\d+", revision)
+        if not numbers:
+            raise ConfigError(
+                f"revision {revision!r} names no training step; give revisions such as step1000"
+            )
+        step = int(numbers[-1])
+        if step in found:
+            raise ConfigError(f"revisions {found[step]!r} and {revision!r} share step {step}")
+        found[step] = revision
+    return [(step, f"{name}@{found[step]}") for step in sorted(found)]
+
+
 def select_checkpoints(
-    checkpoints: Sequence[tuple[int, Path]],
+    checkpoints: Sequence[tuple[int, Path | str]],
     steps: Sequence[int] | None = None,
     max_checkpoints: int | None = None,
-) -> list[tuple[int, Path]]:
+) -> list[tuple[int, Path | str]]:
     """Keep the checkpoints of ``steps`` (all if None), then at most ``max_checkpoints`` of them,
     evenly spaced and always including the first and the last."""
     chosen = list(checkpoints)
@@ -161,6 +191,7 @@ def run_effective_size(
     task: str | None = None,
     steps: Sequence[int] | None = None,
     max_checkpoints: int | None = None,
+    revisions: Sequence[str] | None = None,
     max_train_examples: int | None = None,
     max_eval_examples: int | None = None,
     executor: str = "local",
@@ -184,11 +215,15 @@ def run_effective_size(
     means file per checkpoint, as a path with ``{step}`` in it (one file is allowed for a single
     checkpoint); without it means are computed on ``train`` for every checkpoint. Re-running
     skips every finished pruning run. With the local executor every checkpoint is loaded once,
-    on ``device``.
+    on ``device``. ``revisions``: ``checkpoints_dir`` is a hub model id and these its
+    checkpoints (:func:`find_checkpoints`).
     """
     from mi_core.devices import resolve_device
     from mi_core.models import load_model
+    from mi_core.pruning.inputs import data_task
     from mi_core.pruning.sweeps import run_sweep
+
+    task = data_task(train, task)  # prompt tasks and text: the checkpoints are LMs read as such
 
     eval_sets = list(eval_sets)
     if len(eval_sets) < 2:
@@ -208,7 +243,9 @@ def run_effective_size(
         )
     if not 0 <= margin < 1:
         raise ConfigError(f"--margin must lie in [0, 1) (accuracy fractions), got {margin}")
-    chosen = select_checkpoints(find_checkpoints(checkpoints_dir), steps, max_checkpoints)
+    chosen = select_checkpoints(
+        find_checkpoints(checkpoints_dir, revisions), steps, max_checkpoints
+    )
     if executor != "ray":
         device = str(resolve_device(device))
     out = Path(out)
@@ -344,6 +381,7 @@ def run_effective_size_job(
         task=config.task,
         steps=config.steps,
         max_checkpoints=config.max_checkpoints,
+        revisions=config.revisions,
         max_train_examples=config.max_train_examples,
         max_eval_examples=config.max_eval_examples,
         device=config.device,

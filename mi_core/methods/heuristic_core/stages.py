@@ -222,6 +222,7 @@ def _run_effective_size(ctx: ExperimentContext) -> None:
         task=c.task,
         steps=es.steps,
         max_checkpoints=es.max_checkpoints,
+        revisions=es.revisions,
         max_train_examples=ctx.train_cap,
         max_eval_examples=ctx.eval_cap,
         device=c.device,  # resolved where each run executes (a Ray task: on its machine)
