@@ -54,6 +54,7 @@ from mi_core.interventions.edges import (
 )
 from mi_core.interventions.edges._engine import record_corrupted
 from mi_core.interventions.edges._kernels import folded_weights, through_layer_norm
+from mi_core.interventions.edges.graph import reads_unnormed_stream
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.frozen import frozen
 from mi_core.models.hook_context import hooked
@@ -652,25 +653,31 @@ def _decoder_attribution(
             else:
                 stacked[kind].zero_()
         stacked = stacked.view(3 * heads, -1, e)
-        # the norm's backward is linear in the gradient at its output: its division by the
-        # run's scale is done here on the d_head-wide projection gradients and its gain is
-        # folded into the weights, not on the d_model-wide head inputs (a ninth of the work)
-        stacked.div_(scales[layer].reshape(1, -1, 1).to(target))
         attn, ln = model.blocks[layer].attn, model.blocks[layer].ln1
-        # [3h, e, d]: stacked with the gain folded in, once a run (the weights are frozen)
         params = [*attn.parameters(), *ln.parameters()]
-        norm = model.cfg.normalization_type or ""
+        if unnormed:  # the projections read the head inputs as they are (OLMo-2 / 3)
+            norm = ""
+        else:
+            # the norm's backward is linear in the gradient at its output: its division by
+            # the run's scale is done here on the d_head-wide projection gradients and its
+            # gain is folded into the weights, not on the d_model-wide head inputs (a ninth of
+            # the work)
+            stacked.div_(scales[layer].reshape(1, -1, 1).to(target))
+            norm = model.cfg.normalization_type or ""
+        # [3h, e, d]: stacked with the gain folded in, once a run (the weights are frozen)
         w_t = folded_weights(attn, ln, norm, target.dtype, params)[0].mT
-        x_hat = normalised[layer].reshape(-1, w_t.shape[-1]).to(target)  # [batch * pos, d]
         out = target.view(3 * heads, -1, w_t.shape[-1])
         torch.bmm(stacked, w_t, out=out)
-        _norm_backward(out, x_hat, centred)
+        if not unnormed:
+            x_hat = normalised[layer].reshape(-1, w_t.shape[-1]).to(target)  # [batch * pos, d]
+            _norm_backward(out, x_hat, centred)
         written(layer, range(first, first + 3 * heads))
 
     leaf: dict[str, torch.Tensor] = {}
     normalised: dict[int, torch.Tensor] = {}  # per layer: ln1's x_hat and scale of this run
     scales: dict[int, torch.Tensor] = {}
     centred = model.cfg.normalization_type in ("LN", "LNPre")
+    unnormed = reads_unnormed_stream(model)
 
     def receiver_hooks(alpha: float, record: bool) -> list[tuple[str, Callable]]:
         def start(x: torch.Tensor, hook: Any) -> torch.Tensor:

@@ -35,6 +35,7 @@ from mi_core.circuits import (
 from mi_core.errors import ConfigError, InterventionError, ModelLoadError
 from mi_core.interventions import ComponentMask, ablate, compute_means
 from mi_core.interventions.edges import EdgeMask, graph_switches, reference_hooks
+from mi_core.interventions.edges.graph import reads_unnormed_stream
 from mi_core.models import load_model
 from mi_core.models.families import FAMILIES, family, family_of_model
 from mi_core.models.loading import load_hf_causal_lm, load_hf_classifier
@@ -47,7 +48,6 @@ CLS_KINDS = [f"{f.name}-cls" for f in FAMILIES if f.classifier and not f.encoder
 #: Families whose every sublayer output is added to the residual stream as it is: a graph
 #: whose edges are exact, all kept or all removed.
 GRAPH_KINDS = [f"{f.name}-lm" for f in FAMILIES if f.causal_lm and f.graph is not None]
-NO_GRAPH_KINDS = [f"{f.name}-lm" for f in FAMILIES if f.causal_lm and f.graph is None]
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +189,8 @@ def test_edge_graphs_are_exact_and_the_fused_forward_is_the_reference(lms, kind)
     graph = Graph.from_model(model)
     family = family_of_model(model)
     assert graph.parallel == (family.graph == "parallel") and not graph.post_ln
+    # OLMo-2 / 3: the heads' inputs are the split inputs themselves, with no norm before them
+    assert reads_unnormed_stream(model) == (family.name in ("olmo2", "olmo3"))
     if family.graph == "post_norm_out":  # the norm's frozen scale leaves the weights as they were
         w_o = model.blocks[0].attn.W_O
         with graph_switches(model):
@@ -226,10 +228,19 @@ def test_edge_graphs_are_exact_and_the_fused_forward_is_the_reference(lms, kind)
     torch.testing.assert_close(grad, expected_grad, atol=1e-5 * scale, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", NO_GRAPH_KINDS)
-def test_families_whose_sublayers_read_the_stream_unnormalised_have_no_graph(lms, kind):
-    with pytest.raises(InterventionError, match="no circuit graph.*unnormalised"):
-        Graph.from_model(lms[kind])
+def test_a_grouped_olmo2_is_refused_in_one_line(tiny_checkpoints, tmp_path):
+    """TransformerLens's OLMo-2 conversion splits keys and values into the query heads (it
+    raised its own error on the weights of a grouped checkpoint, OLMo-2 32B's kind)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(tiny_checkpoints["olmo2-lm"])
+    config.num_key_value_heads = 2
+    transformers.Olmo2ForCausalLM(config).save_pretrained(tmp_path)
+    transformers.AutoTokenizer.from_pretrained(tiny_checkpoints["olmo2-lm"]).save_pretrained(
+        tmp_path
+    )
+    with pytest.raises(ModelLoadError, match="OLMo-2 checkpoints with grouped_key_value_heads"):
+        load_model(tmp_path)
 
 
 @pytest.mark.parametrize("kind", GRAPH_KINDS)

@@ -32,7 +32,7 @@ from mi_core.interventions.edges._kernels import (
     _Tap,
     through_layer_norm,
 )
-from mi_core.interventions.edges.graph import Graph, NodeOutputs
+from mi_core.interventions.edges.graph import Graph, NodeOutputs, reads_unnormed_stream
 from mi_core.interventions.edges.recording import _record_senders, head_results
 from mi_core.models.hooks import act_name
 
@@ -391,7 +391,7 @@ class _EdgeRun:
             self._append(0, x[None])
 
         hooks.append((act_name("resid_pre", 0), start))
-        if self.sparse and graph.post_ln:
+        if self.sparse and (graph.post_ln or reads_unnormed_stream(model)):
             hooks += self._unsplit_hooks(model, graph)
         for layer in range(graph.n_layers):
             hooks += self._layer_hooks(model, graph, layer)
@@ -406,9 +406,10 @@ class _EdgeRun:
         return hooks
 
     def _unsplit_hooks(self, model: HookedModel, graph: Graph) -> list[tuple[str, Callable]]:
-        """Encoders under hard-concrete masks (edge pruning; decoders never build per-head
-        copies, see :meth:`_decoder_head_hooks`): a layer none of whose query / key / value inputs
-        has a removed edge runs with one shared input, TransformerLens's unsplit path, instead
+        """Encoders and OLMo-2 / 3 under hard-concrete masks (edge pruning; pre-norm decoders
+        never build per-head copies, see :meth:`_decoder_head_hooks`): a layer none of whose
+        query / key / value inputs has a removed edge runs with one shared input,
+        TransformerLens's unsplit path, instead
         of a copy of the stream per head (at the start of a run that is most layers; their
         weights are exactly 1 and need no gradient). A block reads the switch after its
         ``hook_resid_pre`` and its attention picks its projection before ``hook_q``, where the
@@ -515,7 +516,9 @@ class _EdgeRun:
         def mlp_out(x: torch.Tensor, hook: Any) -> None:
             self._append(graph.mlp_sender(layer), x[None])
 
-        if graph.post_ln:
+        if graph.post_ln or reads_unnormed_stream(model):
+            # each head's input is TransformerLens's split input itself (no norm before the
+            # projections): the correction is taken off it where it enters
             hooks = [
                 (act_name("q_input", layer), q_input),
                 (act_name("k_input", layer), kv_input(1)),

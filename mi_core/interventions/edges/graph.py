@@ -71,8 +71,8 @@ __all__ = [
 
 #: The model families that have a computational graph, in words (error messages).
 SUPPORTED_GRAPHS = (
-    "pre-LayerNorm decoders, sequential or parallel (GPT-2, OPT, Llama, Mistral, Mixtral, "
-    "Qwen2 / 3, Phi, Phi-3, Gemma 1 / 2 / 3, GPT-NeoX, GPT-J, GPT-Neo, OLMo, OLMoE, Apertus, "
+    "decoders, sequential or parallel (GPT-2, OPT, Llama, Mistral, Mixtral, Qwen2 / 3, Phi, "
+    "Phi-3, Gemma 1 / 2 / 3, GPT-NeoX, GPT-J, GPT-Neo, OLMo, OLMo-2 / 3, OLMoE, Apertus, "
     "GPT-OSS, BLOOM; their classifiers) and post-LayerNorm encoders (BERT, RoBERTa, MiniLM "
     "classifiers)"
 )
@@ -88,6 +88,14 @@ def _component(text: str) -> Component | None:
 
 #: Outputs of every sender in one run, in graph order: ``[sender, batch, pos, d_model]``.
 NodeOutputs = Float[torch.Tensor, "sender batch pos d_model"]
+
+
+def reads_unnormed_stream(model: HookedModel) -> bool:
+    """Whether ``model``'s heads read the residual stream as it is, with no norm before their
+    projections (OLMo-2 / 3, which normalise each sublayer's output instead): a head's input
+    is then its query / key / value input itself."""
+    cfg = getattr(model, "cfg", None)
+    return getattr(cfg, "original_architecture", None) in POST_NORM_ARCHITECTURES
 
 
 #: Architectures whose query / key norms act on all heads at once (before the split by head).

@@ -28,10 +28,26 @@ def config(hf: Any) -> dict[str, Any]:
     )  # fmt: skip
 
 
+#: What is exact for a family whose sublayers read the residual stream unnormalised and
+#: normalise their outputs (OLMo-2 / 3).
+UNNORMED_INPUTS = (
+    "logits and node interventions exact; edges into a head are its raw query / key / value "
+    "inputs, and edges through the attention output's norm at a frozen scale (each head's "
+    "share at the run's own scale; all edges kept or all removed exact)"
+)
+
+
 def config2(hf: Any) -> dict[str, Any]:
     """OLMo-2's fields."""
     refuse_rope_scaling(hf, "OLMo-2")
-    refuse(hf, "OLMo-2", attention_bias=bool(getattr(hf, "attention_bias", False)))
+    heads = hf.num_attention_heads
+    refuse(
+        hf,
+        "OLMo-2",
+        attention_bias=bool(getattr(hf, "attention_bias", False)),
+        # TransformerLens's OLMo-2 conversion splits keys and values into num_attention_heads
+        grouped_key_value_heads=(getattr(hf, "num_key_value_heads", None) or heads) != heads,
+    )
     return rotary_decoder(hf, tie_word_embeddings=bool(hf.tie_word_embeddings))
 
 
@@ -87,10 +103,9 @@ FAMILY2 = Family(
     config=config2,
     convert=convert_olmo2_weights,
     tiny=tiny2,
-    graph=None,
+    graph="post_norm_out",
     fast_paths=False,
-    exact="logits and node interventions exact; no edge graph (sublayers read the residual "
-    "stream unnormalised and normalise their outputs)",
+    exact=UNNORMED_INPUTS,
 )
 FAMILY_MOE = Family(
     name="olmoe",

@@ -13,11 +13,7 @@ from transformer_lens.pretrained.weight_conversions.olmo3 import convert_olmo3_w
 from transformer_lens.pretrained.weight_conversions.openai import convert_gpt_oss_weights
 
 from mi_core.models.families._base import TINY, Family, tl_mapping
-
-_NORMED = (
-    "logits and node interventions exact; no edge graph (sublayers read the residual stream "
-    "unnormalised and normalise their outputs)"
-)
+from mi_core.models.families.olmo import UNNORMED_INPUTS
 
 
 def config_olmo3(hf: Any) -> dict[str, Any]:
@@ -68,9 +64,9 @@ OLMO3 = Family(
     config=config_olmo3,
     convert=convert_olmo3_weights,
     tiny=tiny_olmo3,
-    graph=None,
+    graph="post_norm_out",
     fast_paths=False,
-    exact=_NORMED,
+    exact=UNNORMED_INPUTS,
 )
 APERTUS = Family(
     name="apertus",
