@@ -14,6 +14,14 @@
   (comma-separated names or globs, e.g. ``01_*``) only those notebooks are executed; the others
   are marked ``"nbsphinx": {"execute": "never"}`` in their copies and render without outputs.
 
+Broken cross-references fail the build: a Python reference that resolves to no documented
+entry (``:func:``, ``:class:``, a signature's type) is looked up as Python: as a dotted name,
+relative to the module and class it is written in, among the names every ``mi_core`` module
+defines or imports (``TYPE_CHECKING`` imports included), and in the libraries the signatures
+use. A name that is found is a reference to an undocumented helper or to another library (no
+inventory is fetched: the build is offline) and passes; one found nowhere (a typo, a renamed
+function) is a warning, which ``-W`` makes an error.
+
 The generated folders are ``docs/reference`` and ``docs/tutorials`` (ignored by git); run
 standalone (``python docs/_ext/mi_core_docs.py``) to write them without building the site.
 """
@@ -21,12 +29,17 @@ standalone (``python docs/_ext/mi_core_docs.py``) to write them without building
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
 import fnmatch
+import functools
 import importlib
 import inspect
 import json
 import os
+import pkgutil
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,9 +315,110 @@ def _on_build_finished(app: Any, exception: Exception | None) -> None:
     (static / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
 
 
+#: Libraries whose names the docstrings and signatures refer to without a module.
+_EXTERNAL = ("torch", "torch.nn", "typing", "collections.abc", "jaxtyping", "pandas", "numpy",
+             "pathlib", "os", "argparse", "transformer_lens", "transformers")  # fmt: skip
+
+
+def _import_dotted(name: str) -> bool:
+    """Whether ``name`` is an importable module or an attribute chain of one."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except Exception:  # noqa: BLE001 (not a module: try a shorter prefix)
+            continue
+        with warnings.catch_warnings():  # deprecated attributes (numpy's np.str) warn
+            warnings.simplefilter("ignore")
+            try:
+                for attr in parts[cut:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                return False
+        return True
+    return False
+
+
+@functools.cache
+def _known_names() -> frozenset[str]:
+    """Every name an ``mi_core`` module defines or imports (also under ``TYPE_CHECKING``), and
+    the names of the libraries of :data:`_EXTERNAL` and builtins."""
+    import mi_core
+
+    names: set[str] = set(dir(builtins))
+    for lib in _EXTERNAL:
+        try:
+            names.update(dir(importlib.import_module(lib)))
+        except ImportError:
+            continue
+    for info in pkgutil.walk_packages(mi_core.__path__, "mi_core."):
+        spec = importlib.util.find_spec(info.name)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            continue
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[-1] for a in node.names)
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names.add(node.module.split(".")[-1])
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+        names.add(info.name.rsplit(".", 1)[-1])
+    return frozenset(names)
+
+
+#: The import aliases the code writes library names with.
+_ALIASES = {"pd": "pandas", "np": "numpy", "nn": "torch.nn", "F": "torch.nn.functional",
+            "go": "plotly.graph_objects", "px": "plotly.express"}  # fmt: skip
+
+
+@functools.cache
+def _resolves(target: str, module: str | None, cls: str | None) -> bool:
+    """Whether a Python reference names something (see the module docstring)."""
+    target = target.lstrip(".~")
+    if not target or "[" in target or " " in target:  # a signature's generic, e.g. dict[str
+        return True
+    first, dot, rest = target.partition(".")
+    if not dot and hasattr(builtins, target):
+        return True
+    if first in _ALIASES:
+        target = _ALIASES[first] + dot + rest
+    scopes = [""]
+    if module:
+        parts = module.split(".")
+        scopes += [".".join(parts[:i]) + "." for i in range(len(parts), 0, -1)]
+        if cls:
+            scopes.insert(1, f"{module}.{cls}.")
+    scopes += ["mi_core."] + [f"{lib}." for lib in _EXTERNAL]
+    if any(_import_dotted(scope + target) for scope in scopes):
+        return True
+    first = target.split(".")[0]
+    return first in _known_names() and ("." not in target or first[:1].isupper())
+
+
+def _on_missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> None:
+    """Warn about a Python reference that names nothing (returns None: Sphinx goes on)."""
+    if node.get("refdomain") != "py":
+        return None
+    target = node.get("reftarget", "")
+    if not _resolves(target, node.get("py:module"), node.get("py:class")):
+        from sphinx.util import logging as sphinx_logging
+
+        sphinx_logging.getLogger(__name__).warning(
+            "broken cross-reference: %s %r names nothing (a typo or a renamed name?)",
+            node.get("reftype", "ref"), target, location=node,
+        )  # fmt: skip
+    return None
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", _on_builder_inited)
     app.connect("build-finished", _on_build_finished)
+    app.connect("missing-reference", _on_missing_reference)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 

@@ -125,6 +125,17 @@ def test_the_shipped_smollm2_ioi_config_fits_the_demo_budget():
     assert len(config.pruning.seeds) * len(config.pruning.sparsities) == 4
 
 
+def test_the_shipped_smollm2_mnli_config_fine_tunes_a_decoder_classifier():
+    """smollm2-mnli-quick (#41): SmolLM2 fine-tuned as an MNLI classifier, then the paper's
+    experiment on it, MNLI in-domain and HANS out-of-domain."""
+    config = load_config("smollm2-mnli-quick")
+    assert config.model == "smollm2" and config.task == "mnli" and config.checkpoint is None
+    assert config.finetune is not None and config.finetune.steps == 250
+    assert config.data.eval[0] == "mnli:validation_matched"
+    assert all(d.startswith("hans:") for d in config.data.eval[1:])
+    assert config.pruning.profile == "cofi" and config.pruning.overrides["steps"] == 150
+
+
 def test_effective_size_over_a_folder_of_language_model_checkpoints(tiny_checkpoints, tmp_path):
     """Checkpoints saved with save_pretrained as checkpoint-<step> (no trainer state): each is
     loaded as an answer model, its means computed on the training prompts, pruned."""
