@@ -93,6 +93,10 @@ def test_the_config_refuses_what_a_language_model_cannot_run(tiny_checkpoints):
         ExperimentConfig.from_dict(_config(path, core_before={"enabled": True}))
     with pytest.raises(ConfigError, match="task must be one of"):
         ExperimentConfig.from_dict(_config(path, task="lm"))
+    with pytest.raises(ConfigError, match="effective_size needs checkpoints_dir"):
+        ExperimentConfig.from_dict(
+            _config(path, effective_size={"enabled": True, "revisions": ["step100"]})
+        )
     with pytest.raises(ConfigError, match="text:python is plain text: data.train may be text"):
         ExperimentConfig.from_dict(
             _config(path, data={"train": "text:wikitext", "eval": ["ioi:abba", "text:python"]})
