@@ -98,7 +98,7 @@ def test_a_model_without_a_graph_names_the_supported_families():
         attn_only=True,
         normalization_type="LN",
     )
-    with pytest.raises(InterventionError, match="supported are pre-LayerNorm decoders"):
+    with pytest.raises(InterventionError, match="supported are decoders, sequential or parallel"):
         Graph.from_model(HookedTransformer(cfg))
     # a parallel block built by hand (no family) has the parallel graph
     cfg.attn_only, cfg.parallel_attn_mlp = False, True
