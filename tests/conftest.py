@@ -45,6 +45,21 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
     return _TinyCheckpoints(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.fixture(scope="module")
+def lm_path(tiny_checkpoints):
+    """The tiny random Llama causal LM's checkpoint folder."""
+    return tiny_checkpoints["llama-lm"]
+
+
+@pytest.fixture(scope="module")
+def answer(lm_path):
+    """The tiny Llama as an answer model (``task="next_token"``), loaded once per module."""
+    from mi_core.models import load_model
+    from mi_core.tasks import NEXT_TOKEN
+
+    return load_model(lm_path, task=NEXT_TOKEN)
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """The real all-MiniLM-L6-v2 as an MNLI classifier (fresh head, seed 0)."""

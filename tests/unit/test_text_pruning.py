@@ -27,16 +27,6 @@ from mi_core.tasks import NEXT_TOKEN
 
 
 @pytest.fixture(scope="module")
-def lm_path(tiny_checkpoints):
-    return tiny_checkpoints["llama-lm"]
-
-
-@pytest.fixture(scope="module")
-def answer(lm_path):
-    return load_model(lm_path, task=NEXT_TOKEN)
-
-
-@pytest.fixture(scope="module")
 def text(answer):
     return load_text_task("text:wikitext", 24, tokenizer=answer.tokenizer)
 
