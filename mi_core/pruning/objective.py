@@ -66,6 +66,17 @@ def pruning_loss(
 ) -> PruningLoss:
     """KL to the full model plus the Lagrangian sparsity penalty."""
     kl = kl_to_reference(reference_logits, masked_logits)
+    return with_penalty(kl, controller, expected_sparsity, target_sparsity)
+
+
+def with_penalty(
+    kl: Float[torch.Tensor, ""],
+    controller: LagrangianController,
+    expected_sparsity: Float[torch.Tensor, ""],
+    target_sparsity: float,
+) -> PruningLoss:
+    """A KL to the full model (any of the objectives: answer position, every position) plus
+    the Lagrangian sparsity penalty."""
     penalty = controller.penalty(expected_sparsity, target_sparsity)
     return PruningLoss(kl + penalty, kl, penalty)
 

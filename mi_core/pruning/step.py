@@ -40,7 +40,12 @@ from mi_core.pruning.lagrangian import (
     lagrangian_penalty,
     sampled_sparsity,
 )
-from mi_core.pruning.objective import PruningLoss, every_position_kl, kl_per_example, pruning_loss
+from mi_core.pruning.objective import (
+    every_position_kl,
+    kl_per_example,
+    pruning_loss,
+    with_penalty,
+)
 from mi_core.pruning.profiles import PruneConfig
 
 if TYPE_CHECKING:
@@ -329,8 +334,7 @@ def _single_step(
         index = inputs.pop("index")
         if reference is None:  # plain text: the KL at every position
             kl = full_and_masked_kl(model, mask, inputs, precision).mean()
-            penalty = member.controller.penalty(t, member.target_sparsity)
-            loss = PruningLoss(kl + penalty, kl, penalty)
+            loss = with_penalty(kl, member.controller, t, member.target_sparsity)
         else:
             with autocast(device, precision):
                 logits = model(**inputs)
