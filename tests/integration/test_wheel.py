@@ -134,6 +134,8 @@ def test_the_sdist_and_the_wheel_carry_the_shipped_configs(dists):
     fields = re.findall(r"^([\w-]+): (.*)$", metadata.split("\n\n")[0], flags=re.M)
     assert ("Version", VERSION) in fields and ("License-Expression", "MIT") in fields
     assert any(k == "Classifier" for k, _ in fields)
+    urls = dict(v.split(", ", 1) for k, v in fields if k == "Project-URL")
+    assert urls == _pyproject()["project"]["urls"] and len(urls) == 3
     with tarfile.open(dists["sdist"]) as sdist:
         members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
     assert set(SHIPPED) | {"LICENSE", "CHANGELOG.md", "CITATION.cff", "pyproject.toml"} <= members
@@ -192,13 +194,17 @@ def test_mi_core_eval_on_a_tiny_checkpoint(venv, env, tmp_path):
     assert table["accuracy"].iloc[0] == pytest.approx(correct / 8)
 
 
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python's library from 3.11")
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
 def test_the_version_has_one_source_that_the_release_files_repeat():
     """pyproject.toml reads the version from mi_core.__version__; CITATION.cff and the
     changelog's latest release, which cannot read it, say the same."""
     import yaml
 
-    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python's library from 3.11")
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = _pyproject()
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
     dynamic = project["tool"]["setuptools"]["dynamic"]["version"]
     assert dynamic == {"attr": "mi_core.__version__"}
@@ -207,5 +213,10 @@ def test_the_version_has_one_source_that_the_release_files_repeat():
     assert citation["license"] == project["project"]["license"] == "MIT"
     cited = [ref["authors"][0]["family-names"] for ref in citation["references"]]
     assert cited == ["Bhaskar", "Pochinkov"]
+    # the package's URLs are the cited works' addresses, nothing CITATION.cff does not cite
+    addresses = {
+        ref[k] for ref in citation["references"] for k in ("url", "repository-code") if k in ref
+    }
+    assert set(project["project"]["urls"].values()) == addresses
     releases = re.findall(r"^## \[(\d[^\]]*)\] - (\S+)$", (REPO / "CHANGELOG.md").read_text(), re.M)
     assert releases[0] == (VERSION, str(citation["date-released"]))
