@@ -27,9 +27,11 @@ import pandas as pd
 __all__ = ["ReportSection", "format_value", "markdown_table", "render_html", "render_markdown"]
 
 _FIGURE_HEIGHT = "460px"
+#: The width of a report page's content in pixels: a figure with a fixed width fits in it.
+PAGE_WIDTH = 1200
 _CSS = """
 body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Helvetica, Arial, sans-serif;
-       max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+       max-width: PAGE_WIDTHpx; margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
 h1 { border-bottom: 2px solid #ddd; padding-bottom: .3em; }
 h2 { border-bottom: 1px solid #eee; padding-bottom: .2em; margin-top: 2em; }
 table.data { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
@@ -40,7 +42,7 @@ table.data td.text, table.data th.text { text-align: left; }
 .note { color: #555; font-size: 0.92em; }
 .view { border: 1px solid #eee; padding: .5em; margin: 1em 0; }
 code { background: #f4f4f4; padding: 0 3px; }
-"""
+""".replace("PAGE_WIDTH", str(PAGE_WIDTH))
 
 
 def format_value(value: Any, digits: int) -> str:

@@ -11,9 +11,10 @@ import torch
 from plotly.subplots import make_subplots
 
 from mi_core.analysis.trajectory import trajectory_areas, trajectory_axes
+from mi_core.viz.page import PAGE_WIDTH
 
-#: The figure fits a 1,400-pixel-wide window: three panels a row, the legend beside them.
-FIGURE_WIDTH = 1350
+#: The trajectory figure fills a report page's width: three panels a row, the legend beside them.
+FIGURE_WIDTH = PAGE_WIDTH
 PANELS_PER_ROW = 3
 #: The metrics plotted by default: the report's four accuracies and the loss.
 PLOTTED_METRICS: tuple[str, ...] = ("top1", "top10", "skip50_top1", "skip50_top10", "loss")

@@ -11,6 +11,7 @@ from mi_core.viz.figures import (
     subcase_bars,
     training_dynamics,
 )
+from mi_core.viz.page import PAGE_WIDTH
 from mi_core.viz.separability import trajectory_figure
 
 
@@ -33,7 +34,7 @@ def test_a_single_evaluation_set_keeps_its_name_and_a_small_change_looks_small()
     assert list(scatter.layout.xaxis.range) == list(scatter.layout.yaxis.range) == [0.0, 1.02]
 
 
-def test_the_separability_figure_fits_1400_pixels_and_names_each_areas_metric():
+def test_the_separability_figure_fits_its_report_page_and_names_each_areas_metric():
     rows = []
     for method in ("freq", "random"):
         for step in range(3):
@@ -43,7 +44,7 @@ def test_the_separability_figure_fits_1400_pixels_and_names_each_areas_metric():
                     row[f"{task}_{metric}"] = 1.0 - 0.2 * step if metric != "loss" else 2 + step
             rows.append(row)
     fig = trajectory_figure(pd.DataFrame(rows))
-    assert fig.layout.width <= 1400
+    assert fig.layout.width <= PAGE_WIDTH  # the report page's content (figures.html)
     keys = ("no separation", "closing legs of the area (dotted)")
     names = {t.name for t in fig.data if t.showlegend is not False and t.name not in keys}
     expected = {f"{m}: {metric} area " for m in ("freq", "random") for metric in
