@@ -266,7 +266,7 @@ def _edge_vs_node_at(model, graph, pairs, state, alpha, node_alpha, reference, r
     t_node = t_edge = t_dense = 0.0
     for i in range(repeats):
         # the order alternates: the step right after the node step pays for the memory the
-        # node step gave back (page faults), about 0.1-0.2 s on this CPU (measured)
+        # node step gave back (page faults; measured in benchmarks/README.md)
         t_node += _timed(node_step, model, pairs, node_alpha, reference)
         for sparse in (True, False) if i % 2 == 0 else (False, True):
             took = _timed(edge_step, model, graph, pairs, edge_alpha, reference, sparse)

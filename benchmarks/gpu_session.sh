@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_session.sh run [PARTS]  # there (carry .gpu and .whl); PARTS: all
 #                                      # (default) or some of tests, circuits, attention,
 #                                      # pruning-step, group-step, sweep, recipe-full, joined
-#                                      # by commas (all leaves recipe-full out: 8-9 minutes)
+#                                      # by commas (all leaves out recipe-full, the longest: run it alone)
 #   bash benchmarks/gpu_session.sh run sweep --precision tf32   # more flags go to the benchmark
 #   bash benchmarks/gpu_session.sh run tests,circuits --profile # of the last part named
 #

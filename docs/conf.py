@@ -47,8 +47,8 @@ exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store", "**.ipynb_checkp
 # nbsphinx: the tutorials (tutorials/*.ipynb, copied from ../notebooks by mi_core_docs)
 EXECUTE = os.environ.get("MI_CORE_DOCS_EXECUTE", "") not in ("", "0")
 nbsphinx_execute = "always" if EXECUTE else "never"
-# per cell: alone on 2 cores the slowest cell (06's MiniLM fine-tune) takes ~95 s, and a loaded
-# machine has taken 06's EAP-IG cell past 300 s (as tests/acceptance/test_notebooks.py)
+# per cell, as tests/acceptance/test_notebooks.py: generous for a loaded 2-core machine, still
+# finite (the slowest cells' times: benchmarks/README.md, "Notebook cells")
 nbsphinx_timeout = 900
 nbsphinx_allow_errors = False
 nbsphinx_kernel_name = "python3"

@@ -20,8 +20,8 @@ def test_notebook_runs(path, data_dir, tmp_path):
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
         notebook,
-        # per cell; alone on 2 cores the slowest cell (06's MiniLM fine-tune) takes ~95 s, and
-        # a loaded machine has taken 06's EAP-IG cell past 300 s: generous, still finite
+        # per cell: generous for a loaded 2-core machine, still finite (the slowest cells'
+        # times: benchmarks/README.md, "Notebook cells")
         timeout=900,
         kernel_name="python3",
         resources={"metadata": {"path": str(tmp_path)}},
