@@ -34,6 +34,7 @@ import builtins
 import fnmatch
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import os

@@ -45,16 +45,21 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return html
 
 
+def _extension():
+    """The docs build's extension, docs/_ext/mi_core_docs.py, imported as Sphinx imports it."""
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        return importlib.import_module("mi_core_docs")
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+
+
 def _ids(page: Path) -> set[str]:
     return set(re.findall(r'\bid="([^"]+)"', page.read_text(encoding="utf-8")))
 
 
 def test_every_public_name_has_an_entry(site: Path) -> None:
-    sys.path.insert(0, str(DOCS / "_ext"))
-    try:
-        gen = importlib.import_module("mi_core_docs")
-    finally:
-        sys.path.remove(str(DOCS / "_ext"))
+    gen = _extension()
     api = site / "reference" / "api"
     ids = {page.stem: _ids(page) for page in api.glob("*.html")}
     every = set().union(*ids.values())
@@ -118,11 +123,7 @@ def test_every_public_name_says_what_it_is() -> None:
     """An exported function, class or package has a docstring of its own, and an exported
     constant a ``#:`` comment (what autodoc shows) above its assignment: an undocumented public
     name fails here, as the issue asks the site's build to."""
-    sys.path.insert(0, str(DOCS / "_ext"))
-    try:
-        from mi_core_docs import public_entries
-    finally:
-        sys.path.remove(str(DOCS / "_ext"))
+    public_entries = _extension().public_entries
     sources = [p.read_text(encoding="utf-8").splitlines() for p in (ROOT / "mi_core").rglob("*.py")]
 
     def commented(name: str) -> bool:
@@ -151,21 +152,7 @@ def test_every_public_name_says_what_it_is() -> None:
 def test_a_broken_cross_reference_is_found_and_an_undocumented_one_is_not():
     """The build's check (docs/_ext/mi_core_docs.py): a reference that names nothing anywhere
     is broken; one to an undocumented helper, a TYPE_CHECKING import or another library is not."""
-    import importlib.util
-    import sys
-
-    from helpers import REPO
-
-    spec = importlib.util.spec_from_file_location(
-        "mi_core_docs_ext", REPO / "docs" / "_ext" / "mi_core_docs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    ext = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = ext  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(ext)
-    finally:
-        del sys.modules[spec.name]
+    ext = _extension()
     assert ext._resolves("mi_core.pruning.prune", None, None)
     assert ext._resolves("run_targets", "mi_core.pruning.run", None)  # a helper, by short name
     assert ext._resolves("HookedModel", "mi_core.pruning.step", None)  # a TYPE_CHECKING import
