@@ -207,7 +207,7 @@ def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     read, is not JSON or is not an object."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

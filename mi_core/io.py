@@ -76,6 +76,10 @@ def ensure_writable(path: str | os.PathLike[str], kind: str = "auto") -> Path:
         return target
     ancestor = target.parent
     while not ancestor.exists():
+        if ancestor.is_symlink():  # exists() is False through a loop or a missing target
+            raise refuse(
+                f"{ancestor} is a symbolic link that leads nowhere (a loop, or to nothing)"
+            )
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise refuse(f"Not a directory ({ancestor} is a file)")
@@ -133,7 +137,12 @@ def output_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     import fcntl
     import hashlib
 
-    target = Path(path).expanduser().resolve()
+    try:
+        target = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python's word for a link loop
+        raise OutputError(
+            f"cannot write results to {path}: its path leads through a symbolic link loop"
+        ) from None
     name = hashlib.sha256(str(target).encode()).hexdigest()[:24]
     lock = _lock_folder() / f"{name}.lock"
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -237,7 +246,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file; a damaged one raises :class:`~mi_core.errors.DamagedFileError` naming
     it."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
         raise DamagedFileError(

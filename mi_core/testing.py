@@ -37,6 +37,28 @@ def _kind(kind: str) -> tuple[Family, str]:
     return fam, architecture
 
 
+def randomise_parameters(model: torch.nn.Module) -> None:
+    """Give every parameter of ``model`` a random value, as a trained model has them.
+
+    Hugging Face initialises biases to zero, norm gains to one (or to zero where the norm
+    multiplies by ``1 + weight``, as Gemma's) and may leave attention sinks at zero; a test on
+    such a checkpoint cannot see what a method does with a bias, a gain or a sink. Matrices
+    (not the embeddings) are drawn from N(0, 0.2), larger than the initialisation so that
+    differences show in the logits; every vector parameter (biases, norm gains, router
+    biases) moves by N(0, 0.2), so gains lie around their initial value (one, or zero for
+    ``1 + weight``); attention sinks are drawn from N(0, 1), large enough to take a visible
+    part of each attention row.
+    """
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("sinks"):
+                param.normal_(0.0, 1.0)
+            elif param.dim() == 1:
+                param.add_(torch.randn_like(param), alpha=0.2)
+            elif "embed" not in name and "wte" not in name:
+                param.normal_(0.0, 0.2)
+
+
 def make_tiny_checkpoint(
     kind: str, path: str | os.PathLike[str], num_labels: int = 3, seed: int = 0
 ) -> Path:
@@ -48,10 +70,7 @@ def make_tiny_checkpoint(
     )
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()
-    with torch.no_grad():  # larger random weights make differences visible in the logits
-        for name, param in model.named_parameters():
-            if param.dim() > 1 and "embed" not in name and "wte" not in name:
-                param.normal_(0.0, 0.2)
+    randomise_parameters(model)
     path = Path(path)
     with quiet_transformers():  # no bar on stderr for a tiny write
         model.save_pretrained(path)

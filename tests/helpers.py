@@ -72,10 +72,13 @@ def tiny_model(kind: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
         raise ValueError(kind)
     model = HookedTransformer(cfg).eval()
     generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():  # non-zero biases, so that every bias path is exercised
+    with torch.no_grad():  # every bias and norm gain random, as a trained model's
         for name, param in model.named_parameters():
-            if name.rsplit(".", 1)[-1].lstrip("_").startswith("b_"):
+            leaf = name.rsplit(".", 1)[-1].lstrip("_")
+            if leaf.startswith("b_") or (leaf == "b" and "ln" in name):
                 param.copy_(0.1 * torch.randn(param.shape, generator=generator))
+            elif leaf == "w" and "ln" in name:
+                param.add_(0.1 * torch.randn(param.shape, generator=generator))
     return model
 
 
@@ -160,3 +163,79 @@ def split_input_scores(model, graph, pairs) -> torch.Tensor:
     grads.append(kept[last].grad[None])
     dense = torch.einsum("sbpd,rbpd->sr", deltas, torch.cat(grads))
     return graph.from_dense(dense)
+
+
+#: The names Hugging Face gives the projection from a layer's heads to the residual stream,
+#: and the names of the attention modules that hold it.
+_HF_OUT_PROJECTIONS = ("o_proj", "out_proj", "c_proj", "dense")
+_HF_ATTENTION = {"attn", "self_attn", "attention", "self_attention"}
+
+
+def hf_output_projections(hf) -> list[torch.nn.Module]:
+    """Per layer, the module of a Hugging Face model whose input is its heads' outputs side
+    by side (``o_proj``, GPT-2's ``attn.c_proj``, BERT's ``attention.output.dense``, ...)."""
+    return [
+        module
+        for name, module in hf.named_modules()
+        if name.rsplit(".", 1)[-1] in _HF_OUT_PROJECTIONS and _HF_ATTENTION & set(name.split("."))
+    ]
+
+
+def hf_with_heads_replaced(hf, d_head: int, values: dict[tuple[int, int], torch.Tensor | None]):
+    """A context in which Hugging Face's ``hf`` runs with head ``(layer, head)``'s slice of its
+    output projection's input replaced by ``values[layer, head]`` (``[d_head]``; None: zero):
+    the head ablation done in Hugging Face itself."""
+    import contextlib
+
+    projections = hf_output_projections(hf)
+
+    def replace(layer: int):
+        def hook(module, args):
+            x = args[0].clone()
+            for (at, head), value in values.items():
+                if at == layer:
+                    part = x[..., head * d_head : (head + 1) * d_head]
+                    part[...] = 0.0 if value is None else value.to(x)
+            return (x, *args[1:])
+
+        return hook
+
+    @contextlib.contextmanager
+    def block():
+        handles = [
+            projections[layer].register_forward_pre_hook(replace(layer))
+            for layer in {at for at, _ in values}
+        ]
+        try:
+            yield hf
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    return block()
+
+
+def hf_head_means(
+    hf, d_head: int, real: torch.Tensor, **inputs
+) -> dict[tuple[int, int], torch.Tensor]:
+    """Every head's mean input to its output projection over the real tokens ``real``
+    (``[batch, pos]``) of the run ``hf(**inputs)``: the mean a mean ablation fills in."""
+    projections = hf_output_projections(hf)
+    means: dict[tuple[int, int], torch.Tensor] = {}
+
+    def record(layer: int):
+        def hook(module, args):
+            rows = args[0][real].double().mean(0)
+            for head in range(rows.shape[-1] // d_head):
+                means[layer, head] = rows[head * d_head : (head + 1) * d_head]
+
+        return hook
+
+    handles = [p.register_forward_pre_hook(record(i)) for i, p in enumerate(projections)]
+    try:
+        with torch.no_grad():
+            hf(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return means

@@ -55,6 +55,7 @@ from mi_core.interventions.edges import (
 from mi_core.interventions.edges._engine import record_corrupted
 from mi_core.interventions.edges._kernels import folded_weights, through_layer_norm
 from mi_core.interventions.edges.graph import reads_unnormed_stream
+from mi_core.interventions.edges.recording import sender_zero_outputs
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.frozen import frozen
 from mi_core.models.hook_context import hooked
@@ -247,6 +248,9 @@ def _reference(
         if means is None:
             raise InterventionError("fill='mean' needs means (sender_means)")
         return means.to(param)[:, None, None, :].expand(shape)
+    zero = sender_zero_outputs(model, graph)  # a head with a folded value bias: -b_V W_O
+    if zero is not None:
+        return zero.to(param)[:, None, None, :].expand(shape)
     return torch.zeros(shape, device=param.device, dtype=param.dtype)
 
 

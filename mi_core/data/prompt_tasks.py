@@ -262,7 +262,7 @@ def _jsonl_task(path: Path, n: int | None) -> PromptTask:
         raise DataError(f"prompt file {path} does not exist")
     examples = []
     allowed = {"prompt", "answer", "distractor", "corrupted"}
-    with path.open(encoding="utf-8") as lines:
+    with path.open(encoding="utf-8-sig") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -302,7 +302,7 @@ def is_prompt_spec(spec: str | os.PathLike[str]) -> bool:
 
 def _first_record_has_prompt(path: Path) -> bool:
     try:
-        with path.open(encoding="utf-8") as lines:
+        with path.open(encoding="utf-8-sig") as lines:
             for line in lines:
                 if line.strip():
                     row = json.loads(line)

@@ -101,7 +101,7 @@ def _read_path(path: Path) -> list[str]:
     try:
         if path.suffix.lower() in (".jsonl", ".json"):
             return _jsonl_texts(path)
-        return split_wikitext(path.read_text(encoding="utf-8"))
+        return split_wikitext(path.read_text(encoding="utf-8-sig"))
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text ({exc.reason})") from None
 

@@ -2,7 +2,8 @@
 
 ``x`` is a head's ``blocks.{l}.attn.hook_z`` (per head) or a layer's ``blocks.{l}.hook_mlp_out``,
 ``z`` its mask value, and ``fill`` the mean activation (:attr:`Fill.MEAN`, mean ablation, the
-default) or zero (:attr:`Fill.ZERO`, zero ablation); the arithmetic is the same. Works for hooked
+default) or zero (:attr:`Fill.ZERO`, zero ablation: the component writes nothing, its value
+bias included where it was folded out of ``hook_z``); the arithmetic is the same. Works for hooked
 encoders and decoders alike (the hook names are shared)::
 
     with ablate(model, ComponentMask.from_removed(model, "L2.H5"), means):
@@ -30,6 +31,7 @@ from mi_core.interventions.mask import ComponentMask
 from mi_core.interventions.means import ComponentMeans
 from mi_core.models.hook_context import prepended_hooks
 from mi_core.models.hooks import act_name
+from mi_core.models.value_biases import head_zero_values
 from mi_core.naming import Component
 
 if TYPE_CHECKING:
@@ -56,13 +58,15 @@ class Fill(str, enum.Enum):
 
 
 def head_fill_values(
-    means: ComponentMeans | None, fill: Fill, layer: int, like: torch.Tensor
+    model: HookedModel, means: ComponentMeans | None, fill: Fill, layer: int, like: torch.Tensor
 ) -> Float[torch.Tensor, "*pos n_heads d_head"] | None:
-    """Fill for the heads of ``layer`` (None for zero fill), on ``like``'s device and dtype
+    """Fill for the heads of ``layer`` of ``model``, on ``like``'s device and dtype
     (per-position means: one row per position of ``like``, see
-    :meth:`~mi_core.interventions.ComponentMeans.fill_values`)."""
+    :meth:`~mi_core.interventions.ComponentMeans.fill_values`). The zero fill is the head
+    writing nothing: ``-b_V`` where the model's value biases were folded out of ``hook_z``
+    (:func:`~mi_core.models.value_biases.head_zero_values`), else zero (None)."""
     if fill is Fill.ZERO:
-        return None
+        return head_zero_values(model, layer, like)
     return _means_given(means).fill_values("z", layer, like)
 
 
@@ -122,7 +126,7 @@ def mask_hooks(
                 keep = _per_example(values, x)[:, layer, None, :, None]
             else:
                 keep = values[layer].to(x.device, x.dtype)[:, None]
-            return interpolate(x, keep, head_fill_values(means, fill, layer, x))
+            return interpolate(x, keep, head_fill_values(model, means, fill, layer, x))
 
         return hook
 

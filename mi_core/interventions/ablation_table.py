@@ -187,7 +187,7 @@ def _stacked_head_ablations(
 
     def copies_of_z(z: torch.Tensor, hook: Any) -> torch.Tensor:
         # z is the clean batch [batch, ...] or already repeated [k * batch, ...]
-        values = head_fill_values(means, fill, layer, z)
+        values = head_fill_values(model, means, fill, layer, z)
         return interpolate(z.unflatten(0, (-1, batch)), keep, values).flatten(0, 1)
 
     def split_copies(x: torch.Tensor, hook: Any) -> torch.Tensor:

@@ -20,6 +20,11 @@ Removal either
   zeroed only once every head of the group has lost that neuron.
 
 Both give the same logits (up to float rounding); the tests check it.
+
+A pre-out neuron's fill is in the coordinates of ``hook_z`` with the value bias in (how the
+separability job loads models). On a model whose value biases were folded into ``b_O``
+(:mod:`mi_core.models.value_biases`) both ways take the folded bias off the fill, so a zero
+fill still means the neuron writes nothing and a mean fill writes its mean.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from mi_core.errors import InterventionError
 from mi_core.interventions.kinds import register_kind
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.hooks import act_name
+from mi_core.models.value_biases import head_zero_values
 
 #: The kind written into the metadata of saved masks (with ``format_version``), as every
 #: intervention file has.
@@ -247,7 +253,7 @@ class PruneMasks:
         for layer in range(model.cfg.n_layers):
             for name, steps, fills in (
                 (act_name("post", layer), self.ff_step[layer], self.ff_fill[layer]),
-                (act_name("z", layer), self.attn_step[layer], self.attn_fill[layer]),
+                (act_name("z", layer), self.attn_step[layer], _attn_fills(model, self, layer)),
             ):
                 removed = steps > 0
                 if not removed.any():
@@ -366,6 +372,16 @@ def is_grouped_query(model: HookedTransformer) -> bool:
     return n_kv is not None and n_kv != model.cfg.n_heads
 
 
+def _attn_fills(
+    model: HookedTransformer, masks: PruneMasks, layer: int
+) -> Float[torch.Tensor, "head d_head"]:
+    """The fills of ``layer``'s pre-out neurons in ``model``'s ``hook_z`` coordinates: as
+    recorded, less the value bias where it was folded out of ``hook_z``."""
+    fills = masks.attn_fill[layer]
+    zero = head_zero_values(model, layer, fills)
+    return fills if zero is None else fills + zero
+
+
 @torch.no_grad()
 def zero_pruned_weights(model: HookedTransformer, masks: PruneMasks) -> HookedTransformer:
     """Remove the pruned neurons from ``model``'s weights, in place (see the module docstring).
@@ -388,7 +404,8 @@ def zero_pruned_weights(model: HookedTransformer, masks: PruneMasks) -> HookedTr
         attn_removed = (masks.attn_step[layer] > 0).to(model.cfg.device)
         if attn_removed.any():
             attn = block.attn
-            fill = masks.attn_fill[layer].to(attn.W_O.device, torch.float64) * attn_removed
+            fill = _attn_fills(model, masks, layer).to(attn.W_O.device, torch.float64)
+            fill = fill * attn_removed
             attn.b_O += torch.einsum("hd,hdm->m", fill, attn.W_O.double()).to(attn.b_O.dtype)
             attn.W_O[attn_removed] = 0
             if grouped:

@@ -34,6 +34,7 @@ from mi_core.models.fast_paths import enable_fast_paths, enable_lm_fast_paths
 from mi_core.models.heads import LinearClassificationHead, PooledClassificationHead
 from mi_core.models.hooks import act_name
 from mi_core.models.text import encode_pairs, encode_prompts, pad_token_id
+from mi_core.models.value_biases import folded_value_biases, set_folded_value_biases
 from mi_core.tasks import NEXT_TOKEN
 
 if TYPE_CHECKING:
@@ -770,9 +771,9 @@ class HookedAnswerModel(HookedDecoderClassifier):
         model.load_state_dict(state, strict=True, assign=True)
         if lm.cfg.device is not None:
             model.to(lm.cfg.device, print_details=False)
-        for name in ("value_biases_folded", "model_name"):
-            if hasattr(lm, name):
-                setattr(model, name, getattr(lm, name))
+        set_folded_value_biases(model, folded_value_biases(lm))
+        if hasattr(lm, "model_name"):
+            model.model_name = str(lm.model_name)
         model.head_from_checkpoint = True
         model.dropout_rates = getattr(lm, "dropout_rates", model.dropout_rates)
         return model.eval()

@@ -39,7 +39,14 @@ from mi_core.models.classifier import (
 )
 from mi_core.models.dropout import DropoutRates
 from mi_core.models.fast_paths import disable_fast_paths, enable_lm_fast_paths
-from mi_core.models.weight_cache import CACHED_WEIGHTS
+from mi_core.models.value_biases import fold_value_biases as fold_value_biases_of
+from mi_core.models.value_biases import (
+    folded_value_biases,
+    set_folded_value_biases,
+    value_biases_foldable,
+)
+from mi_core.models.vocabulary import guard_vocabulary
+from mi_core.models.weight_cache import CACHED_WEIGHTS, FOLDED_TENSOR
 from mi_core.tasks import NEXT_TOKEN, TASK_LABELS, TASK_NUM_LABELS
 
 if TYPE_CHECKING:
@@ -499,10 +506,12 @@ def hooked_causal_lm_from_hf(
     :data:`~mi_core.models.families.FAMILIES`) to a ``HookedTransformer``.
 
     ``fold_value_biases`` (default: ``fold_ln``): fold each head's value bias into the output
-    bias, as TransformerLens does; ``model.value_biases_folded`` says whether that moved any
-    nonzero bias (``hook_z`` then leaves it out)."""
+    bias, as TransformerLens does, except where heads attend to sinks (the fold would change
+    the outputs: :mod:`mi_core.models.value_biases`); ``model.value_biases_folded`` says
+    whether that moved any nonzero bias (``hook_z`` then leaves it out, and a head's zero fill
+    is ``-b_V``)."""
     fold_ln = fold_ln and families.foldable(hf_model.config)
-    fold_v = fold_ln if fold_value_biases is None else fold_value_biases
+    fold_v = _fold_values(hf_model.config, fold_ln, fold_value_biases)
     # fold and centre at float32, then cast: the same weights as processing at bfloat16 /
     # float16, without TransformerLens's warning that processing in reduced precision loses
     # accuracy
@@ -511,26 +520,42 @@ def hooked_causal_lm_from_hf(
         hf_model.config, device=device, dtype=work, fold_ln=fold_ln, n_devices=n_devices
     )
     state = families.causal_lm_state_dict(hf_model, cfg)
-    moved = fold_v and any(
-        bool(v.detach().abs().max() > 0)
-        for k, v in state.items()
-        if k.endswith(("attn.b_V", "attn._b_V")) and v.numel()
-    )
     model = HookedTransformer(cfg, tokenizer=None, move_to_device=True)
     model.load_and_process_state_dict(
         state,
         fold_ln=fold_ln,
         center_writing_weights=fold_ln,
         center_unembed=fold_ln and not softcap_enabled(cfg.output_logits_soft_cap),
-        fold_value_biases=fold_v,
+        fold_value_biases=False,  # folded below, where the folded biases are kept
     )
+    if fold_v:
+        fold_value_biases_of(model)
+    else:
+        set_folded_value_biases(model, None)
     if dtype != work:
         model.to(dtype, print_details=False)
-    model.value_biases_folded = moved
     _zero_unused_positions(model)
     attach_tokenizer(model, tokenizer)
     model.model_name = str(getattr(hf_model.config, "_name_or_path", "") or cfg.model_name)
     return model.eval()
+
+
+def _fold_values(hf_config: Any, fold_ln: bool, fold_value_biases: bool | None) -> bool:
+    """Whether to fold the value biases: as asked (default: with the norms), and never where
+    the fold would change the outputs (attention sinks: a head's row does not sum to one)."""
+    fold_v = fold_ln if fold_value_biases is None else fold_value_biases
+    if not fold_v:
+        return False
+    cfg = families.family_for_config(hf_config).config(hf_config)
+    if value_biases_foldable(types.SimpleNamespace(**cfg)):
+        return True
+    if fold_value_biases:
+        raise ConfigError(
+            "this model's heads attend to learnt sinks, so an attention row does not sum to one "
+            "and folding the value biases would change its outputs; load it with "
+            "fold_value_biases=False (or leave the option unset)"
+        )
+    return False
 
 
 def _zero_unused_positions(model: HookedTransformer) -> None:
@@ -592,8 +617,11 @@ def _load_cached(
     weights, metadata = read_safetensors(cache / CACHED_WEIGHTS)
     if "value_biases_folded" not in metadata:
         raise ModelLoadError(f"{cache / CACHED_WEIGHTS} does not say how its biases were folded")
+    folded = weights.pop(FOLDED_TENSOR, None)
+    if (folded is not None) != (metadata["value_biases_folded"] == "true"):
+        raise ModelLoadError(f"{cache / CACHED_WEIGHTS} does not hold the value biases it folded")
     model.load_state_dict(weights, strict=False)
-    model.value_biases_folded = metadata["value_biases_folded"] == "true"
+    set_folded_value_biases(model, folded.to(cfg.device) if folded is not None else None)
     attach_tokenizer(model, load_tokenizer(cached))
     return model.eval()
 
@@ -608,12 +636,13 @@ def _load_causal_lm(
 ) -> HookedTransformer:
     """A hooked causal LM; processed weights of local checkpoints are cached on first load
     (:mod:`mi_core.models.weight_cache`: one folder per model and processing option)."""
-    fold_v = fold_ln if fold_value_biases is None else fold_value_biases
     if not source.local:  # a hub model: nothing to key a cache folder by
         hf_model, tokenizer = load_hf_causal_lm(source.name)
         return hooked_causal_lm_from_hf(
-            hf_model, tokenizer, device, dtype, fold_ln, fold_v, n_devices
+            hf_model, tokenizer, device, dtype, fold_ln, fold_value_biases, n_devices
         )
+    hf_config = load_hf_config(source)
+    fold_v = _fold_values(hf_config, fold_ln and families.foldable(hf_config), fold_value_biases)
     folder = Path(source.path)  # one cache folder per model and options (weight_cache)
     cache = weight_cache.cache_dir(folder, source.gguf_file, (fold_ln, fold_v), dtype)
     digest = weight_cache.source_digest(folder, source.gguf_file)
@@ -637,9 +666,14 @@ def _load_causal_lm(
         hf_model.config.save_pretrained(cache)
         tokenizer.save_pretrained(cache)
         write_text(cache / "source.txt", f"{folder.resolve()} {source.gguf_file or ''}\n")
-        folded = "true" if model.value_biases_folded else "false"
+        tensors = dict(model.state_dict())
+        folded = folded_value_biases(model)
+        if folded is not None:  # what a head's zero is (mi_core.models.value_biases)
+            tensors[FOLDED_TENSOR] = folded
         write_safetensors(  # the weights last: their digest marks the folder complete
-            weights, model.state_dict(), {"value_biases_folded": folded, "source": digest}
+            weights,
+            tensors,
+            {"value_biases_folded": str(folded is not None).lower(), "source": digest},
         )
         log.info(
             "cached %s's processed weights in %s (%s; mi-core cache clear removes them)",
@@ -720,8 +754,11 @@ def load_model(
     :param seed: seeds a freshly initialised classification head.
     :param fold_ln: causal LMs only: fold norms and centre weights as TL does.
     :param fold_value_biases: causal LMs only (default: ``fold_ln``): fold the value biases into
-        the output bias as TL does; then ``hook_z`` leaves them out. Separability's
-        attention statistics need them in (``mi-core separability`` passes False).
+        the output bias as TL does; then ``hook_z`` leaves them out (a head's zero fill is
+        still the head writing nothing: :mod:`~mi_core.models.value_biases`). Never done
+        where heads attend to sinks (GPT-OSS): the fold would change the outputs there.
+        Separability's attention statistics need them in (``mi-core separability`` passes
+        False).
     :param fast_paths: fused forwards (attention, norms, MLPs, unembedding) with TL's values and
         hooks; False keeps TransformerLens's own code, e.g. for second-order gradients
         through attention (see :func:`~mi_core.models.fast_paths.disable_fast_paths`).
@@ -761,6 +798,7 @@ def load_model(
         model = _load_causal_lm(source, device, dtype, fold_ln, fold_value_biases, n_devices)
         enable_lm_fast_paths(model)  # no per-call weight copies in the MLPs and unembedding
     _check_finite(model, source.name)
+    guard_vocabulary(model)
     if not fast_paths:
         disable_fast_paths(model)
     if source.local and source.name not in embedded.EMBEDDED_MODELS:

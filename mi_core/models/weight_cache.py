@@ -21,9 +21,12 @@ from pathlib import Path
 import torch
 
 #: Bumped when what a cache folder holds changes meaning; an older folder is rebuilt.
-CACHE_VERSION = "3"
+CACHE_VERSION = "4"
 #: The processed weights' file in a cache folder.
 CACHED_WEIGHTS = "tl_weights.safetensors"
+#: The tensor of that file that holds the value biases folded out of ``hook_z``
+#: (:mod:`mi_core.models.value_biases`), where any were.
+FOLDED_TENSOR = "mi_core.folded_value_biases"
 
 
 def cache_home() -> Path:

@@ -84,14 +84,26 @@ def _padded(n: int = 3, pos: int = 11) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("kind", LM_KINDS)
-def test_logprobs_equal_hugging_face_with_padding(tiny_checkpoints, lms, kind):
+def test_logprobs_equal_hugging_face_with_padding(tiny_checkpoints, lms, kind, side):
+    """Every parameter of the tiny checkpoints is random (biases, norm gains, sinks), as a
+    trained model's are. Left padding: Hugging Face is given the positions TransformerLens
+    counts from each row's first real token (BLOOM's ALiBi takes them from the mask)."""
+    import inspect
+
     model = lms[kind]
     hf, _ = load_hf_causal_lm(tiny_checkpoints[kind])
     ids, mask = _padded()
+    if side == "left":
+        mask = torch.ones_like(ids)
+        mask[1, :4] = 0
+    options = {}
+    if "position_ids" in inspect.signature(hf.forward).parameters:
+        options["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         ours = model(ids, attention_mask=mask).log_softmax(-1)
-        theirs = hf(ids, attention_mask=mask).logits.log_softmax(-1)
+        theirs = hf(ids, attention_mask=mask, **options).logits.log_softmax(-1)
     real = mask.bool()
     assert (ours - theirs)[real].abs().max().item() < 1e-4
     assert family_of_model(model).causal_lm == hf.config.architectures[0]
@@ -127,29 +139,23 @@ def test_fast_paths_give_transformer_lens_values(tiny_checkpoints, kind):
 
 
 @pytest.mark.parametrize("kind", LM_KINDS)
-def test_node_masks_equal_weight_edits(tiny_checkpoints, kind):
-    """A head masked with the zero fill is the head's rows of W_O set to zero; an MLP masked
-    with the zero fill is its output removed; the mean fill writes the recorded means."""
+def test_mlp_masks_remove_the_output_and_mean_fills_write_the_means(tiny_checkpoints, kind):
+    """An MLP masked with the zero fill is its output removed; the mean fill writes the
+    recorded means into ``hook_z`` and ``hook_mlp_out`` (heads against Hugging Face: below)."""
     model, close = _same_algebra(tiny_checkpoints, kind)
     ids, mask = _padded()
     removed = ComponentMask.from_removed(model, ["L1.H2", "L2.MLP"])
-    with torch.no_grad(), ablate(model, removed, fill="zero"):
+    only_mlp = ComponentMask.from_removed(model, ["L2.MLP"])
+    with torch.no_grad(), ablate(model, only_mlp, fill="zero"):
         masked = model(ids, attention_mask=mask)
-    w_o = model.blocks[1].attn.W_O
-    saved = w_o.detach().clone()
 
     def no_mlp(x, hook):
         return torch.zeros_like(x)
 
-    try:
-        with torch.no_grad():
-            w_o[2] = 0.0
-            by_hand = model.run_with_hooks(
-                ids, attention_mask=mask, fwd_hooks=[("blocks.2.hook_mlp_out", no_mlp)]
-            )
-    finally:
-        with torch.no_grad():
-            w_o.copy_(saved)
+    with torch.no_grad():
+        by_hand = model.run_with_hooks(
+            ids, attention_mask=mask, fwd_hooks=[("blocks.2.hook_mlp_out", no_mlp)]
+        )
     close(masked, by_hand)
     assert (masked - model(ids, attention_mask=mask)).abs().max() > 1e-3
     means = compute_means(model, [{"input_ids": ids, "attention_mask": mask}])
@@ -158,6 +164,139 @@ def test_node_masks_equal_weight_edits(tiny_checkpoints, kind):
     z, out = cache["blocks.1.attn.hook_z"][:, :, 2], cache["blocks.2.hook_mlp_out"]
     torch.testing.assert_close(z, means.z[1, 2].to(z.dtype).expand(3, 11, -1))
     torch.testing.assert_close(out, means.mlp_out[2].to(out.dtype).expand(3, 11, -1))
+
+
+def _model_and_hf_runs(tiny_checkpoints, kind: str, **options):
+    """``kind``'s model as load_model loads it (value biases folded where it folds them),
+    Hugging Face's model, their inputs, and two functions that run each and return what is
+    compared: log-probabilities at the real tokens (LMs), class logits (classifiers)."""
+    path = tiny_checkpoints[kind]
+    model = load_model(path, **options)
+    if kind.endswith("-lm"):
+        hf, _ = load_hf_causal_lm(path)
+        ids, mask = _padded()
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        real = mask.bool()
+
+        def ours():
+            return model(ids, attention_mask=mask).log_softmax(-1)[real]
+
+        def theirs():
+            return hf(**inputs).logits.log_softmax(-1)[real]
+
+        return model, hf, inputs, ours, theirs
+    hf, tokenizer, _ = load_hf_classifier(path)
+    batch = tokenizer(
+        ["the cat sat on the mat", "a man plays"], ["a cat sat", "nobody plays"],
+        padding=True, return_tensors="pt", return_token_type_ids=kind == "bert-cls",
+    )  # fmt: skip
+    inputs = dict(batch)
+    return model, hf, inputs, lambda: model(**inputs), lambda: hf(**inputs).logits
+
+
+@pytest.mark.parametrize("kind", [*LM_KINDS, *CLS_KINDS, "bert-cls", "roberta-cls"])
+def test_zero_and_mean_head_ablation_equal_the_hugging_face_edit(tiny_checkpoints, kind):
+    """A head removed with the zero fill writes nothing: Hugging Face with the head's slice of
+    its output projection's input set to zero, whatever mi_core folded (the value biases of
+    GPT-2, OPT, GPT-NeoX, GPT-J, GPT-Neo, Qwen2, Phi and BLOOM are folded out of ``hook_z``
+    by default). The mean fill: that slice set to its mean over the same tokens."""
+    from helpers import hf_head_means, hf_with_heads_replaced
+
+    model, hf, inputs, ours, theirs = _model_and_hf_runs(tiny_checkpoints, kind)
+    d_head = model.cfg.d_head
+    removed = ComponentMask.from_removed(model, ["L1.H2"])
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        full = ours()
+        with ablate(model, removed, fill="zero"):
+            zero = ours()
+        with hf_with_heads_replaced(hf, d_head, {(1, 2): None}):
+            expected_zero = theirs()
+        means = compute_means(model, [inputs])
+        with ablate(model, removed, means, fill="mean"):
+            mean = ours()
+        head_mean = hf_head_means(hf, d_head, real, **inputs)[1, 2]
+        with hf_with_heads_replaced(hf, d_head, {(1, 2): head_mean}):
+            expected_mean = theirs()
+    assert (zero - expected_zero).abs().max().item() < 1e-4
+    assert (mean - expected_mean).abs().max().item() < 1e-4
+    assert (zero - full).abs().max() > 1e-3 and (zero - mean).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["qwen2-lm", "phi-lm", "gpt-neox-lm"])
+def test_every_zero_fill_removes_a_head_whatever_the_folding(tiny_checkpoints, kind):
+    """On families with value biases, what a zero-filled head writes is nothing in every
+    intervention: the ablation table, edge masks (the fused engine and the plain reference),
+    EAP's zero baseline and separability's attention neurons give the same numbers with the
+    biases folded into b_O (the default) and kept in hook_z."""
+    from helpers import hf_with_heads_replaced
+
+    from mi_core.circuits import exact_patching
+    from mi_core.interventions.ablation_table import ablation_logits
+    from mi_core.interventions.neurons import PruneMasks, zero_pruned_weights
+    from mi_core.naming import Component
+    from mi_core.tasks import NEXT_TOKEN
+
+    path = tiny_checkpoints[kind]
+    folded, kept = load_model(path), load_model(path, fold_value_biases=False)
+    assert folded.value_biases_folded and not kept.value_biases_folded
+    ids, mask = _padded()
+    hf, _ = load_hf_causal_lm(path)
+    with torch.no_grad(), hf_with_heads_replaced(hf, folded.cfg.d_head, {(1, 2): None}):
+        no_head = hf(ids).logits.log_softmax(-1)  # TL centres the unembedding: log-probs
+    close = {"atol": 1e-4, "rtol": 1e-4}
+
+    # the ablation table of an answer model (the last token's logits)
+    tables = []
+    for model in (
+        load_model(path, task=NEXT_TOKEN),
+        load_model(path, task=NEXT_TOKEN, fold_value_biases=False),
+    ):
+        table = ablation_logits(model, [{"input_ids": ids, "attention_mask": torch.ones_like(ids)}],
+                                [Component(1, 2)], fill="zero")  # fmt: skip
+        tables.append(table.singles[Component(1, 2)].log_softmax(-1))
+    torch.testing.assert_close(tables[0], no_head[:, -1], **close)
+    torch.testing.assert_close(tables[1], no_head[:, -1], **close)
+
+    # edge masks: every edge out of L1.H2 removed, zero fill, fused and reference forwards
+    graph = Graph.from_model(folded)
+    sender = graph.head_sender(1, 2)
+    weights = (graph.edges[:, 0] != sender).float()
+    edge_mask = EdgeMask(graph, weights, "zero")
+    for model in (folded, kept):
+        for build in (edge_mask.hooks, lambda m: reference_hooks(m, edge_mask)):
+            with torch.no_grad(), graph_switches(model), model.hooks(fwd_hooks=build(model)):
+                torch.testing.assert_close(model(ids).log_softmax(-1), no_head, **close)
+
+    # EAP with the zero baseline, and exact patching of a few edges with it
+    pairs = random_prompt_pairs(4, 6, high=2000)
+    scores = [edge_attribution(m, graph, pairs, fill="zero") for m in (folded, kept)]
+    torch.testing.assert_close(scores[0], scores[1], atol=1e-5 * float(scores[1].abs().max()),
+                               rtol=1e-4)  # fmt: skip
+    some = [graph.edge_index("L1.H2->output"), graph.edge_index("L0.H1->L2.MLP")]
+    exact = [exact_patching(m, graph, pairs, edges=some, fill="zero")[some] for m in (folded, kept)]
+    torch.testing.assert_close(exact[0], exact[1], **close)
+
+    # separability's attention pre-out neurons (zero fill), by hooks and by weight edits
+    masks = PruneMasks.empty(folded)
+    masks.attn_step[1, 2] = 1
+    for model in (folded, kept):
+        with torch.no_grad(), model.hooks(fwd_hooks=masks.hooks(model)):
+            torch.testing.assert_close(model(ids).log_softmax(-1), no_head, **close)
+    edited = zero_pruned_weights(load_model(path), masks)
+    with torch.no_grad():
+        torch.testing.assert_close(edited(ids).log_softmax(-1), no_head, **close)
+
+
+def test_gpt_oss_keeps_its_value_biases_where_sinks_take_attention(tiny_checkpoints):
+    """Folding a value bias into b_O assumes each attention row sums to one; GPT-OSS's sinks
+    take part of it, so its value biases are never folded (log-probabilities: the test above
+    with padding on both sides), and asking for the fold is refused."""
+    path = tiny_checkpoints["gpt-oss-lm"]
+    model = load_model(path)
+    assert not model.value_biases_folded and (model.blocks[0].attn.b_V != 0).any()
+    with pytest.raises(ConfigError, match="sinks.*fold_value_biases=False"):
+        load_model(path, fold_value_biases=True)
 
 
 @pytest.mark.parametrize("kind", LM_KINDS)
@@ -228,19 +367,38 @@ def test_edge_graphs_are_exact_and_the_fused_forward_is_the_reference(lms, kind)
     torch.testing.assert_close(grad, expected_grad, atol=1e-5 * scale, rtol=1e-4)
 
 
-def test_a_grouped_olmo2_is_refused_in_one_line(tiny_checkpoints, tmp_path):
-    """TransformerLens's OLMo-2 conversion splits keys and values into the query heads (it
-    raised its own error on the weights of a grouped checkpoint, OLMo-2 32B's kind)."""
+def test_a_grouped_olmo2_equals_hugging_face(tiny_checkpoints, tmp_path):
+    """OLMo-2 32B's kind: grouped keys and values, normalised across the key / value heads.
+    TransformerLens's conversion split them into the query heads (its own error at load);
+    mi_core converts them into their own heads. Its edge graph is refused: the key norm spans
+    the grouped heads, so no query head has a key input of its own."""
     import transformers
+
+    from mi_core.testing import randomise_parameters
 
     config = transformers.AutoConfig.from_pretrained(tiny_checkpoints["olmo2-lm"])
     config.num_key_value_heads = 2
-    transformers.Olmo2ForCausalLM(config).save_pretrained(tmp_path)
+    torch.manual_seed(1)
+    hf = transformers.Olmo2ForCausalLM(config).eval()
+    randomise_parameters(hf)
+    hf.save_pretrained(tmp_path)
     transformers.AutoTokenizer.from_pretrained(tiny_checkpoints["olmo2-lm"]).save_pretrained(
         tmp_path
     )
-    with pytest.raises(ModelLoadError, match="OLMo-2 checkpoints with grouped_key_value_heads"):
-        load_model(tmp_path)
+    ids, right = _padded()
+    left = torch.ones_like(ids)
+    left[1, :4] = 0
+    for options in ({}, {"fast_paths": False}):
+        model = load_model(tmp_path, **options)
+        assert model.cfg.n_key_value_heads == 2
+        for mask in (right, left):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            with torch.no_grad():
+                ours = model(ids, attention_mask=mask).log_softmax(-1)
+                theirs = hf(ids, attention_mask=mask, position_ids=positions).logits
+            assert (ours - theirs.log_softmax(-1))[mask.bool()].abs().max().item() < 1e-4
+    with pytest.raises(InterventionError, match="with grouped key / value heads: its key norm"):
+        Graph.from_model(model)
 
 
 @pytest.mark.parametrize("kind", GRAPH_KINDS)

@@ -33,7 +33,11 @@ from mi_core.interventions.edges._kernels import (
     through_layer_norm,
 )
 from mi_core.interventions.edges.graph import Graph, NodeOutputs, reads_unnormed_stream
-from mi_core.interventions.edges.recording import _record_senders, head_results
+from mi_core.interventions.edges.recording import (
+    _record_senders,
+    head_results,
+    sender_zero_outputs,
+)
 from mi_core.models.hooks import act_name
 
 if TYPE_CHECKING:
@@ -108,21 +112,22 @@ def masked_hooks(
             "mask.patching(model, corrupted_input) binds it"
         )
     removed = graph.to_dense(1.0 - mask.weights.float(), fill=0.0)
-    fill = _fill_values(mask.fill, mask.means, outputs)
+    constant = mask.means if mask.fill == "mean" else sender_zero_outputs(model, graph)
+    fill = _fill_values(mask.fill, constant, outputs)
     return _EdgeRun(model, graph, removed, fill, hard_concrete, head_z).hooks()
 
 
 def _fill_values(
-    fill: str, means: torch.Tensor | None, outputs: NodeOutputs | None
+    fill: str, constant: torch.Tensor | None, outputs: NodeOutputs | None
 ) -> Callable[[slice, torch.Tensor], torch.Tensor | None]:
-    """The fill of senders ``senders``, broadcastable to ``like`` ``[n, batch, pos, d]``."""
+    """The fill of senders ``senders``, broadcastable to ``like`` ``[n, batch, pos, d]``;
+    ``constant``: the senders' means (``mean``) or their zero outputs (``zero``, ``None`` where
+    every sender's is zero: :func:`~mi_core.interventions.edges.recording.sender_zero_outputs`)."""
 
     def value(senders: slice, like: torch.Tensor) -> torch.Tensor | None:
-        if fill == "zero":
-            return None
-        if fill == "mean":
-            assert means is not None
-            return means[senders, None, None, :].to(like)
+        if fill in ("zero", "mean"):
+            assert constant is not None or fill == "zero"
+            return None if constant is None else constant[senders, None, None, :].to(like)
         assert outputs is not None
         found = outputs[senders]
         if found.shape[1:3] != like.shape[1:3]:

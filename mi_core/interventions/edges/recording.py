@@ -1,8 +1,9 @@
 """Recording what every sender of a :class:`~mi_core.interventions.edges.graph.Graph` writes.
 
 :func:`node_outputs` records one run (the ``corrupted`` fill of an edge mask), and
-:func:`sender_means` averages it over a data set (the ``mean`` fill). :func:`head_results`
-gives each head's output in the residual stream from its ``hook_z``.
+:func:`sender_means` averages it over a data set (the ``mean`` fill) and
+:func:`sender_zero_outputs` says what a sender that writes nothing records (the ``zero`` fill).
+:func:`head_results` gives each head's output in the residual stream from its ``hook_z``.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from mi_core.interventions.edges.graph import (
 from mi_core.models.classifier import batch_inputs
 from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
+from mi_core.models.value_biases import folded_value_biases
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
-__all__ = ["head_results", "node_outputs", "sender_means"]
+__all__ = ["head_results", "node_outputs", "sender_means", "sender_zero_outputs"]
 
 
 def head_results(
@@ -58,6 +60,29 @@ def head_results(
         else:
             torch.bmm(per_head, w_o.to(z), out=target)
     return into
+
+
+def sender_zero_outputs(
+    model: HookedModel, graph: Graph
+) -> Float[torch.Tensor, "sender d_model"] | None:
+    """What each sender's recorded output is when the sender writes nothing (the ``zero``
+    fill), on the model's device and dtype; ``None`` when that is zero for every sender.
+
+    A head whose value bias was folded out of ``hook_z`` (:mod:`mi_core.models.value_biases`)
+    is recorded without its share of the output bias, ``b_V @ W_O``: writing nothing is then
+    ``-b_V @ W_O`` in the recorded coordinates. Every other sender's is zero."""
+    folded = folded_value_biases(model)
+    if folded is None:
+        return None
+    param = next(model.parameters())
+    out = torch.zeros(graph.n_senders, graph.d_model, device=param.device, dtype=param.dtype)
+    with torch.no_grad():
+        for layer in range(graph.n_layers):
+            w_o = model.blocks[layer].attn.W_O.detach()  # [head, d_head, d_model]
+            bias = folded[layer].to(w_o)
+            first = graph.head_sender(layer, 0)
+            out[first : first + graph.n_heads] = -torch.einsum("hd,hdm->hm", bias, w_o).to(out)
+    return out
 
 
 def _recorder_hooks(

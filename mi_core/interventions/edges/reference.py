@@ -25,6 +25,7 @@ from jaxtyping import Float
 from mi_core.errors import InterventionError
 from mi_core.interventions.edges.graph import Graph
 from mi_core.interventions.edges.mask import EdgeMask
+from mi_core.interventions.edges.recording import sender_zero_outputs
 from mi_core.models.hooks import act_name
 
 if TYPE_CHECKING:
@@ -34,11 +35,15 @@ __all__ = ["reference_hooks"]
 
 
 def _fill(
-    mask: EdgeMask, start: int, outputs: Float[torch.Tensor, "n batch pos d_model"]
+    mask: EdgeMask,
+    start: int,
+    outputs: Float[torch.Tensor, "n batch pos d_model"],
+    zero: torch.Tensor | None,
 ) -> torch.Tensor | float:
-    """The fill of senders ``start:start + n``."""
+    """The fill of senders ``start:start + n`` (``zero``: the senders' outputs when they
+    write nothing, :func:`~mi_core.interventions.edges.recording.sender_zero_outputs`)."""
     if mask.fill == "zero":
-        return 0.0
+        return 0.0 if zero is None else zero[start : start + outputs.shape[0], None, None, :]
     if mask.fill == "mean":
         assert mask.means is not None
         return mask.means[start : start + outputs.shape[0], None, None, :].to(outputs)
@@ -55,12 +60,13 @@ def reference_hooks(model: HookedModel, mask: EdgeMask) -> list[tuple[str, Calla
     graph: Graph = mask.graph
     graph.check_model(model)
     removed = graph.to_dense(1.0 - mask.weights.float(), fill=0.0)  # [sender, receiver]
+    zero = sender_zero_outputs(model, graph)
     deltas: list[torch.Tensor] = []  # blocks of [n, batch, pos, d_model], in sender order
     pending: dict[str, torch.Tensor] = {}
     n_heads = graph.n_heads
 
     def append(start: int, outputs: torch.Tensor) -> None:
-        deltas.append(outputs - _fill(mask, start, outputs))
+        deltas.append(outputs - _fill(mask, start, outputs, zero))
 
     def correction(receivers: slice | list[int]) -> torch.Tensor:
         """``[receiver, batch, pos, d_model]``: the removed edges' deltas into ``receivers``."""

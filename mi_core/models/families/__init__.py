@@ -152,6 +152,17 @@ def foldable(hf_config: Any) -> bool:
     return not fam.encoder and fam.tl_architecture not in POST_NORM_ARCHITECTURES
 
 
+def _check_experts(fields: dict[str, Any], family_name: str) -> None:
+    """Refuse a mixture of experts that routes each token to more experts than it has (or to
+    none), in one line (TransformerLens's config asserts it)."""
+    experts, per_token = fields.get("num_experts"), fields.get("experts_per_token")
+    if experts and per_token is not None and not 1 <= int(per_token) <= int(experts):
+        raise ModelLoadError(
+            f"{family_name} checkpoint routes each token to {per_token} experts "
+            f"(num_experts_per_tok) but has {experts}; it must be between 1 and {experts}"
+        )
+
+
 def tl_config(
     hf_config: Any,
     device: str = "cpu",
@@ -164,6 +175,7 @@ def tl_config(
     CUDA devices (TransformerLens's own placement)."""
     fam = family_for_config(hf_config)
     fields = fam.config(hf_config)
+    _check_experts(fields, fam.name)
     if fold_ln and foldable(hf_config):
         if fields["normalization_type"] in ("LN", "RMS"):
             fields["normalization_type"] += "Pre"

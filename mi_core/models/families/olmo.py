@@ -7,6 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import einops
+import torch
 import transformers
 from transformer_lens.pretrained.weight_conversions.olmo import convert_olmo_weights
 from transformer_lens.pretrained.weight_conversions.olmo2 import convert_olmo2_weights
@@ -40,15 +42,27 @@ UNNORMED_INPUTS = (
 def config2(hf: Any) -> dict[str, Any]:
     """OLMo-2's fields."""
     refuse_rope_scaling(hf, "OLMo-2")
-    heads = hf.num_attention_heads
-    refuse(
-        hf,
-        "OLMo-2",
-        attention_bias=bool(getattr(hf, "attention_bias", False)),
-        # TransformerLens's OLMo-2 conversion splits keys and values into num_attention_heads
-        grouped_key_value_heads=(getattr(hf, "num_key_value_heads", None) or heads) != heads,
-    )
+    refuse(hf, "OLMo-2", attention_bias=bool(getattr(hf, "attention_bias", False)))
     return rotary_decoder(hf, tie_word_embeddings=bool(hf.tie_word_embeddings))
+
+
+def convert_olmo2(olmo2: Any, cfg: Any) -> dict[str, torch.Tensor]:
+    """OLMo-2's weights in TransformerLens's names: TransformerLens's conversion, with the keys
+    and values of a grouped checkpoint (OLMo-2 32B's kind) split into their own key / value
+    heads (TransformerLens's splits them into the query heads, which mis-shapes them; its
+    attention itself normalises grouped keys across the key / value heads, as Hugging Face's)."""
+    state = convert_olmo2_weights(olmo2, cfg)
+    n_kv = cfg.n_key_value_heads
+    if n_kv is None:
+        return state
+    for layer in range(cfg.n_layers):
+        attn = olmo2.model.layers[layer].self_attn
+        prefix = f"blocks.{layer}.attn."
+        for kind, proj in (("K", attn.k_proj), ("V", attn.v_proj)):
+            del state[f"{prefix}W_{kind}"], state[f"{prefix}b_{kind}"]
+            state[f"{prefix}_W_{kind}"] = einops.rearrange(proj.weight, "(n h) m -> n m h", n=n_kv)
+            state[f"{prefix}_b_{kind}"] = torch.zeros(n_kv, cfg.d_head, dtype=cfg.dtype)
+    return state
 
 
 def config_moe(hf: Any) -> dict[str, Any]:
@@ -101,7 +115,7 @@ FAMILY2 = Family(
     causal_lm="Olmo2ForCausalLM",
     bodies=("Olmo2Model", "Olmo2ForCausalLM"),
     config=config2,
-    convert=convert_olmo2_weights,
+    convert=convert_olmo2,
     tiny=tiny2,
     graph="post_norm_out",
     fast_paths=False,
