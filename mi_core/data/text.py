@@ -370,6 +370,16 @@ class TextTask:
     def __len__(self) -> int:
         return len(self.windows)
 
+    def digest(self) -> str:
+        """A short hash of every window's token ids, in order: what a run trained on this text
+        records, so that a resume on an edited file is refused (prompt and pair data are caught
+        by their reference logits' digest)."""
+        digest = hashlib.sha256()
+        for window in self.windows:
+            digest.update(len(window).to_bytes(4, "little"))
+            digest.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in window))
+        return digest.hexdigest()[:16]
+
     @property
     def task(self) -> str:
         """Next-token prediction (:data:`~mi_core.tasks.NEXT_TOKEN`): a language model's data."""

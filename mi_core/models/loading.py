@@ -29,7 +29,7 @@ import mi_core.models.embedded as embedded
 import mi_core.models.families as families
 import mi_core.models.weight_cache as weight_cache
 from mi_core.devices import resolve_device
-from mi_core.errors import ConfigError, ModelLoadError, OutputError
+from mi_core.errors import ConfigError, ModelLoadError
 from mi_core.io import read_safetensors, write_safetensors, write_text
 from mi_core.models.classifier import (
     HookedAnswerModel,
@@ -620,7 +620,10 @@ def _load_cached(
     folded = weights.pop(FOLDED_TENSOR, None)
     if (folded is not None) != (metadata["value_biases_folded"] == "true"):
         raise ModelLoadError(f"{cache / CACHED_WEIGHTS} does not hold the value biases it folded")
-    model.load_state_dict(weights, strict=False)
+    try:  # strictly: a cache missing tensors would leave them as the model initialised them
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{cache / CACHED_WEIGHTS} does not fit the model: {exc}") from None
     set_folded_value_biases(model, folded.to(cfg.device) if folded is not None else None)
     attach_tokenizer(model, load_tokenizer(cached))
     return model.eval()
@@ -679,7 +682,9 @@ def _load_causal_lm(
             "cached %s's processed weights in %s (%s; mi-core cache clear removes them)",
             source.name, cache, weight_cache.human_size(weights.stat().st_size),
         )  # fmt: skip
-    except (OSError, OutputError) as exc:  # a read-only home or a full disk must not stop it
+    except Exception as exc:  # the cache is optional: nothing it raises may stop a load
+        # (a read-only home, a full disk, a folder removed by a concurrent `mi-core cache
+        # clear`; the tokenizers library raises a bare Exception for the last two)
         log.warning("could not cache processed weights in %s: %s", cache, exc)
     return model
 

@@ -5,9 +5,9 @@ TransformerLens's weight processing (and de-quantising a GGUF file) takes tens o
 checkpoint, with its config and tokenizer, as a plain folder under
 ``$MI_CORE_CACHE_DIR/tl_weights`` (default ``~/.cache/mi_core``). There is one folder per model
 and processing option (norm folding, value-bias folding, dtype); a checkpoint that changes on
-disk (size or modification time of a file) replaces its folder's contents instead of adding a
-second copy. ``mi-core cache list`` shows what is kept and how large it is; ``mi-core cache
-clear`` removes it.
+disk (a file's size, modification time, inode or status-change time: :func:`source_digest`)
+replaces its folder's contents instead of adding a second copy. ``mi-core cache list`` shows
+what is kept and how large it is; ``mi-core cache clear`` removes it.
 """
 
 from __future__ import annotations
@@ -50,14 +50,23 @@ def cache_dir(
 
 
 def source_digest(folder: Path, gguf_file: str | None) -> str:
-    """A digest of the checkpoint's files as they are now (names, sizes, modification times)
-    and of :data:`CACHE_VERSION`: a cache folder whose digest differs is out of date."""
+    """A digest of the checkpoint's files as they are now and of :data:`CACHE_VERSION`: a
+    cache folder whose digest differs is out of date.
+
+    Each file counts by its name, size, modification time, inode and status-change time. The
+    last two catch a file replaced by another of the same size with its modification time set
+    back (``cp -p``, ``touch -r``, an unpacked archive): no call sets the status-change time,
+    and every write or replacement moves it, so the content need not be read (a 135M model's
+    weights are hundreds of MB)."""
     files = [folder / gguf_file] if gguf_file else sorted(folder.iterdir())
     digest = hashlib.blake2b(digest_size=8)
     for f in files:
         if f.is_file():
             stat = f.stat()
-            digest.update(f"{f.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+            digest.update(
+                f"{f.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}:"
+                f"{stat.st_ctime_ns}".encode()
+            )
     digest.update(CACHE_VERSION.encode())
     return digest.hexdigest()
 

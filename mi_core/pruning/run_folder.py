@@ -28,6 +28,7 @@ import torch
 
 from mi_core.data.batches import TokenizedPairs
 from mi_core.data.prompt_tasks import TaskData
+from mi_core.data.text import TextTask
 from mi_core.errors import (
     ConfigError,
     DamagedFileError,
@@ -81,6 +82,16 @@ RUN_FILES = (
 )
 
 
+def _train_identity(train_set: TaskData) -> dict[str, Any]:
+    """What a run records of its training data: its name and size, and for plain text a digest
+    of its windows (a text file edited between a kill and the resume is refused; prompt and
+    pair data are checked by their reference logits' digest)."""
+    identity: dict[str, Any] = {"name": train_set.name, "n_examples": len(train_set)}
+    if isinstance(train_set, TextTask):
+        identity["tokens"] = train_set.digest()
+    return identity
+
+
 def claim_run_dir(
     run_dir: Path,
     config: PruneConfig,
@@ -107,7 +118,7 @@ def claim_run_dir(
     identity = {  # what a run folder must match to be resumed
         "prune": config.to_dict(),
         "model_fingerprint": weights_fingerprint(model),
-        "train": {"name": train_set.name, "n_examples": len(train_set)},
+        "train": _train_identity(train_set),
         "means": means_identity(means_obj),
     }
     run_config = {

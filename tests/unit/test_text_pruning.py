@@ -224,3 +224,34 @@ def test_sweeps_on_text_in_memory_local_and_batched_agree(answer, text_means, tm
     # a batched group's memory estimate counts the vocabulary rows of every position
     extra = training_bytes_per_example(answer, 24, every_position=True)
     assert extra - training_bytes_per_example(answer, 24) == 4 * 6 * answer.cfg.d_vocab_out * 24
+
+
+def test_a_text_file_edited_between_a_kill_and_the_resume_is_refused(
+    lm_path, text_means, data_dir, tmp_path
+):
+    """The resume ran on, on the edited text, to a mask neither run would give; a run on text
+    now records a digest of its windows (prompt and pair files are caught by their reference
+    logits' digest)."""
+    corpus = tmp_path / "corpus.txt"
+    words = (data_dir / "text" / "wikitext2_test.raw").read_text(encoding="utf-8")[:20000]
+    corpus.write_text(words, encoding="utf-8")
+    cfg = make_prune_config(
+        "cofi", target_sparsity=0.4, seed=3, steps=6, batch_size=8, checkpoint_every=2,
+        eval_every=0, grad_accumulation=1, max_length=24,
+    )  # fmt: skip
+    kwargs = dict(means=text_means, max_train_examples=8, progress=False)
+
+    def kill(step, row):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prune_run(lm_path, f"text:{corpus}", tmp_path / "run", cfg, callback=kill, **kwargs)
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    assert len(recorded["tokens"]) == 16
+    corpus.write_text(words.replace("the", "a"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"other settings \(train differ\)"):
+        prune_run(lm_path, f"text:{corpus}", tmp_path / "run", cfg, **kwargs)
+    corpus.write_text(words, encoding="utf-8")  # the text as it was: the run resumes
+    resumed = prune_run(lm_path, f"text:{corpus}", tmp_path / "run", cfg, **kwargs)
+    assert 0 < resumed.resumed_from < 6
