@@ -25,12 +25,31 @@ if TYPE_CHECKING:  # torch is imported where tensors are written: the CLI's help
 FILE_SUFFIXES = (".csv", ".json", ".jsonl", ".md", ".html", ".safetensors", ".txt")
 
 
+def _planted_link(link: Path) -> bool:
+    """Whether ``link`` is a symbolic link that another user planted in a sticky,
+    world-writable folder: owned neither by this user nor by the folder's owner. Writing
+    through it would replace a file of that user's choosing (the case the kernel's
+    ``fs.protected_symlinks`` refuses; mi_core resolves links itself, so it checks too)."""
+    try:
+        owner = link.lstat().st_uid
+        folder = link.parent.stat()
+    except OSError:
+        return False
+    shared = folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH
+    return bool(shared) and owner not in (os.getuid(), folder.st_uid)
+
+
 def _file_target(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     """The file a write to ``path`` replaces (a link is written through), and why it must not
     be replaced (None: it may): a device or a FIFO, or a file kept read-only on purpose. Both
     the check before any work (:func:`ensure_writable`) and every write (:func:`atomic_path`)
     ask here."""
     target = Path(path)
+    if target.is_symlink() and _planted_link(target):
+        return target, (
+            "it is a symbolic link another user owns in a shared sticky folder (as /tmp is), "
+            "which the kernel's protected_symlinks would not follow: remove it or write elsewhere"
+        )
     if target.is_symlink():
         try:
             target = target.resolve()

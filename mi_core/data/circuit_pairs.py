@@ -202,21 +202,38 @@ class PromptPairs:
         of tokens) and optionally a distractor token (without one, the metric compares the
         answer with the mean of the other logits). ``prepend_bos``: a BOS token first, as
         TransformerLens's ``to_tokens`` puts one. Raises :class:`DataError` naming the first
-        example whose lengths or answer do not fit."""
+        example whose lengths or answer do not fit, or the first value that is not a string."""
+        if tokenizer is None or not callable(tokenizer):
+            raise DataError(
+                f"from_strings needs the model's tokenizer (model.tokenizer), not {tokenizer!r}"
+            )
+        texts = {
+            name: _strings(values, name)
+            for name, values in (
+                ("prompts", prompts),
+                ("answers", answers),
+                ("corrupted", corrupted),
+                ("distractors", distractors),
+            )
+            if values is not None or name != "distractors"
+        }
+        prompts, answers, corrupted = texts["prompts"], texts["answers"], texts["corrupted"]
+        distractors = texts.get("distractors")
         n = len(prompts)
-        distractors = list(distractors) if distractors is not None else None
-        for name, values in (
-            ("answers", answers),
-            ("corrupted", corrupted),
-            ("distractors", distractors),
-        ):
-            if values is not None and len(values) != n:
+        for name, values in texts.items():
+            if len(values) != n:
                 raise DataError(f"{n} prompts but {len(values)} {name}; give one per prompt")
         if n == 0:
             raise DataError("no prompts given")
         bos = tokenizer.bos_token_id if prepend_bos else None
         clean_ids = _encode(tokenizer, list(prompts), bos)
         corrupted_ids = _encode(tokenizer, list(corrupted), bos)
+        for i, ids in enumerate(clean_ids):
+            if len(ids) == (bos is not None):
+                raise DataError(
+                    f"prompt {i} ({prompts[i]!r}) has no tokens: there is no prompt to read the "
+                    "answer after"
+                )
         for i, (a, b) in enumerate(zip(clean_ids, corrupted_ids, strict=True)):
             if len(a) != len(b):
                 raise DataError(
@@ -246,6 +263,20 @@ class PromptPairs:
             ),
             position=lengths - 1,
         )
+
+
+def _strings(values: Any, name: str) -> list[str]:
+    """``values`` as a list of strings, or a :class:`DataError` naming the first that is not
+    one (a single string is refused: it would be read as one prompt per character)."""
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise DataError(
+            f"{name} must be a list of strings, one per prompt, not {type(values).__name__} "
+            f"{values!r:.60}"
+        )
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise DataError(f"{name}[{i}] is {type(value).__name__} {value!r:.60}, not a string")
+    return list(values)
 
 
 def single_token_id(tokenizer: Any, text: str, where: str, role: str) -> int:

@@ -261,7 +261,7 @@ def _jsonl_task(path: Path, n: int | None) -> PromptTask:
     if not path.is_file():
         raise DataError(f"prompt file {path} does not exist")
     examples = []
-    allowed = {"prompt", "answer", "distractor", "corrupted"}
+    allowed = _PROMPT_KEYS
     with path.open(encoding="utf-8-sig") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -293,11 +293,16 @@ def is_prompt_spec(spec: str | os.PathLike[str]) -> bool:
     """Whether ``spec`` names a language model's data (a prompt task: ``ioi``, ``ioi:*``,
     ``nli:*``, a ``.jsonl`` file of prompts; or plain text: ``text:*``) rather than a
     sentence-pair set. A ``.jsonl`` file holds either: it is a prompt file when its first
-    record has a ``prompt`` key."""
+    record has a key of one (``prompt``, ``answer``, ``distractor``, ``corrupted``; a record
+    lacking ``prompt`` is then refused as a prompt file's, naming what it lacks)."""
     text = os.fspath(spec)
     if text == "ioi" or text.startswith(("ioi:", "nli:")) or is_text_spec(text):
         return True
     return text.endswith(".jsonl") and _first_record_has_prompt(Path(text).expanduser())
+
+
+#: The keys of a prompt file's records (a pair file's are premise / hypothesis / label, ...).
+_PROMPT_KEYS = {"prompt", "answer", "distractor", "corrupted"}
 
 
 def _first_record_has_prompt(path: Path) -> bool:
@@ -306,7 +311,7 @@ def _first_record_has_prompt(path: Path) -> bool:
             for line in lines:
                 if line.strip():
                     row = json.loads(line)
-                    return isinstance(row, dict) and "prompt" in row
+                    return isinstance(row, dict) and bool(_PROMPT_KEYS & set(row))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False  # the pair loader reports what is wrong with the file
     return False

@@ -83,8 +83,9 @@ class ModelSource:
     """A hub model's revision (a branch, tag or commit: Pythia's ``step1000``)."""
 
     def kwargs(self) -> dict:
-        """Keyword arguments for ``from_pretrained``."""
-        out: dict = {}
+        """Keyword arguments for ``from_pretrained``: never code from the checkpoint (unset,
+        transformers asks at the terminal whether to run a tokenizer's own code)."""
+        out: dict = {"trust_remote_code": False}
         if self.gguf_file:
             out["gguf_file"] = self.gguf_file
         if self.revision:
@@ -106,7 +107,7 @@ def resolve_source(name_or_path: str | os.PathLike[str]) -> ModelSource:
         folder, gguf = embedded.smollm2_gguf()
         return ModelSource(name, str(folder), local=True, gguf_file=gguf)
     path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".gguf":  # transformers reads config, tokenizer, weights
+    if path.is_file() and path.suffix.lower() == ".gguf":  # config, tokenizer and weights in one
         return ModelSource(name, str(path.parent), local=True, gguf_file=path.name)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -142,6 +143,22 @@ def _hub_error(source: ModelSource, exc: Exception) -> ModelLoadError:
 
 def _weights_error(source: ModelSource, exc: Exception) -> ModelLoadError:
     detail = " ".join(str(exc).split())[:200]
+    if source.gguf_file:  # the file, not its folder
+        where = Path(source.path) / source.gguf_file
+        return ModelLoadError(
+            f"cannot read the GGUF file {where} ({type(exc).__name__}: {detail}); the file is "
+            "truncated or damaged (an interrupted download or copy): fetch or copy it again"
+        )
+    folder = Path(source.path)
+    if (
+        source.local
+        and folder.is_dir()
+        and not any(f.suffix in (".safetensors", ".bin") for f in folder.iterdir() if f.is_file())
+    ):
+        return ModelLoadError(
+            f"{folder} holds no weight file (model.safetensors, or pytorch_model.bin): copy the "
+            "checkpoint's weights into the folder, or save the model there again"
+        )
     if source.local and Path(source.path).is_dir():  # safetensors calls "cannot open" not found
         blocked = [
             f.name
@@ -186,6 +203,8 @@ def load_hf_config(source: ModelSource) -> transformers.PretrainedConfig:
                 "mi_core never runs code from a checkpoint; supported architectures: "
                 + ", ".join(SUPPORTED_ARCHITECTURES)
             ) from None
+        if source.gguf_file:  # a GGUF file holds the config too: name the file
+            raise _weights_error(source, exc) from None
         if source.local:
             detail = " ".join(str(exc).split())[:300]
             raise ModelLoadError(f"cannot read the config of {source.path}: {detail}") from None
@@ -195,8 +214,12 @@ def load_hf_config(source: ModelSource) -> transformers.PretrainedConfig:
 
 
 def _first_architecture(config: transformers.PretrainedConfig) -> str:
-    """The config's architecture (its first), else its family's default one."""
-    return (config.architectures or [families.default_architecture(config)])[0]
+    """The config's architecture (its first), else its family's default one; a single name
+    written as a string rather than a list is that name."""
+    names = config.architectures
+    if isinstance(names, str):
+        return names
+    return (names or [families.default_architecture(config)])[0]
 
 
 def load_tokenizer(source: ModelSource):
@@ -204,6 +227,12 @@ def load_tokenizer(source: ModelSource):
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.kwargs())
     except (OSError, ValueError) as exc:
+        if "trust_remote_code" in str(exc):
+            raise ModelLoadError(
+                f"the tokenizer of {source.name} needs code of its own to load (auto_map in its "
+                "tokenizer_config.json); mi_core never runs code from a checkpoint: give it a "
+                "tokenizer transformers reads itself (tokenizer.json)"
+            ) from None
         raise ModelLoadError(f"cannot load the tokenizer of {source.name}: {exc}") from exc
     if len(tokenizer) <= len(set(tokenizer.all_special_tokens)):
         raise ModelLoadError(
@@ -393,6 +422,34 @@ def load_hf_causal_lm(name_or_path: str | os.PathLike[str]):
     return model.eval(), tokenizer
 
 
+#: Integer tensors a float checkpoint may hold: index buffers, not weights.
+_INTEGER_BUFFERS = ("position_ids", "token_type_ids", "num_batches_tracked")
+_INTEGER_DTYPES = {"BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"}
+
+
+def _refuse_integer_weights(source: ModelSource) -> None:
+    """Refuse a local checkpoint whose safetensors weights are integers: transformers casts
+    them into the float parameters, and the model gives nonsense (a quantised checkpoint's
+    packed integers, or weights saved in the wrong dtype). Only the files' headers are read."""
+    from safetensors import safe_open
+
+    if not source.local or source.gguf_file or not Path(source.path).is_dir():
+        return
+    for file in sorted(Path(source.path).glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    dtype = handle.get_slice(key).get_dtype()
+                    if dtype in _INTEGER_DTYPES and not key.endswith(_INTEGER_BUFFERS):
+                        raise ModelLoadError(
+                            f"{file} holds integer weights ({key}: {dtype}); a checkpoint's "
+                            "weights are floating point (a quantised checkpoint, GPTQ or AWQ, "
+                            "is not read: de-quantise it first)"
+                        )
+        except (SafetensorError, OSError):
+            return  # the load itself reports a damaged file
+
+
 def _from_pretrained(
     auto_class: Any, source: ModelSource, new_heads: tuple[str, ...] = (), **kwargs: Any
 ) -> Any:
@@ -400,6 +457,7 @@ def _from_pretrained(
     initialises missing tensors at random and only logs it, so a weight file missing some or
     all of them loaded as a partly or wholly random model. ``new_heads``: the parameter
     prefixes that may be missing (a task head made for a pretrained body)."""
+    _refuse_integer_weights(source)
     with quiet_transformers():
         try:
             model, info = auto_class.from_pretrained(

@@ -83,6 +83,13 @@ def load_model_input(
         from mi_core.models import load_model
         from mi_core.models.loading import loads_as_classifier
 
+        if not loads_as_classifier(model, task) and task == NEXT_TOKEN:
+            raise ConfigError(
+                f"{os.fspath(model)} is not a causal language model (a sequence classifier or "
+                "an encoder): prompt tasks (ioi, ioi:abba, nli:<pair spec>, a .jsonl file of "
+                "prompts) are read from a language model's next-token logits; prune a "
+                "classifier on sentence pairs (mnli:train, qqp:train, a pair file)"
+            )
         if not loads_as_classifier(model, task):
             raise ConfigError(
                 f"{os.fspath(model)} is a causal language model: node pruning runs on a "

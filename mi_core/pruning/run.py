@@ -93,6 +93,13 @@ def prune(
     there stops the run like a kill; with ``out`` the next call resumes). ``sources``: where
     the inputs came from, recorded in ``config.json`` (the path-taking callers fill it).
     """
+    if not isinstance(config, PruneConfig):
+        raise ConfigError(
+            f"config must be a PruneConfig, not {type(config).__name__}: make one with "
+            "make_prune_config(profile, target_sparsity=..., ...) or PruneConfig.from_dict(...)"
+        )
+    if out is not None and not isinstance(out, str | os.PathLike):
+        raise ConfigError(f"out must be a folder path (str or Path), not {type(out).__name__}")
     if reference is not None and out is not None:
         raise ConfigError(
             "reference= gives an in-memory run its full-model logits; a run with out= keeps "
