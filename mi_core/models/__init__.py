@@ -25,8 +25,8 @@ if TYPE_CHECKING:
         load_hf_causal_lm,
         load_hf_classifier,
         load_model,
-        resolve_source,
     )
+    from mi_core.models.sources import resolve_source
 
 #: Public name -> the module that defines it (imported on first use).
 _NAMES = {
@@ -47,7 +47,7 @@ _NAMES = {
     "load_hf_causal_lm": "mi_core.models.loading",
     "load_hf_classifier": "mi_core.models.loading",
     "load_model": "mi_core.models.loading",
-    "resolve_source": "mi_core.models.loading",
+    "resolve_source": "mi_core.models.sources",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
 
