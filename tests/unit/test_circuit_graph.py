@@ -724,5 +724,7 @@ def test_the_fused_masked_forward_equals_the_reference_on_every_family(
     for path in ("fused", "pruning"):
         got, grad = results[path]
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(grad, expected_grad, atol=1e-6 * scale, rtol=1e-4)
+        # float32 sums of many edges' terms, in another order on each path: ~20 ulp of the
+        # largest gradient (random norm gains and biases make the terms unequal)
+        torch.testing.assert_close(grad, expected_grad, atol=1e-5 * scale, rtol=1e-4)
     model.zero_grad(set_to_none=True)
