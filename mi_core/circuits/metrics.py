@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 from transformer_lens.components import Unembed
@@ -122,10 +121,13 @@ def kl_divergence(
     reference: Float[torch.Tensor, "batch *pos vocab"],
     pairs: PromptPairs,
 ) -> Float[torch.Tensor, " batch"]:
-    """``KL(reference || logits)`` of the answer distributions, per example."""
-    log_p = F.log_softmax(answer_logits(reference, pairs).float(), dim=-1)
-    log_q = F.log_softmax(answer_logits(logits, pairs).float(), dim=-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
+    """``KL(reference || logits)`` of the answer distributions, per example (the pruning
+    objectives' KL, :func:`~mi_core.pruning.objective.kl_per_example`)."""
+    from mi_core.pruning.objective import kl_per_example
+
+    return kl_per_example(
+        answer_logits(reference, pairs).float(), answer_logits(logits, pairs).float()
+    )
 
 
 METRICS = {"logit-diff": logit_difference}

@@ -6,14 +6,16 @@ activation, the mean or zero; :class:`~mi_core.interventions.edges.EdgeMask`), a
 
     KL(full model || masked model) + lambda1 (t - s) + lambda2 (t - s)^2
 
-with ``t`` the sampled edge sparsity (``1 - sum(z) / n_edges``, as the authors' code measures
-it), ``s`` the target ramped linearly over ``sparsity_warmup_steps``, and the lambdas ascended
-(the Lagrangian controller of :mod:`mi_core.pruning.lagrangian`). The defaults are the
-authors' IOI recipe (``princeton-nlp/Edge-Pruning``, ``run_scripts/ioi_sweep.sh``): log_alpha
-from N(10, 0.01), AdamW (weight decay 0.01) with learning rate 0.8 for the gates and the
-lambdas, warmed up over 200 steps and decayed linearly to 0, 3,000 steps of 32 with the target
-reached at step 2,500. The circuit is then discretised *exactly*: the
-``round((1 - s) * n_edges)`` edges of highest log_alpha are kept.
+(or another objective of :mod:`mi_core.pruning.objectives` that compares answer logits,
+``EdgePruneSettings.objective``: ``logit_diff``) with ``t`` the sampled edge sparsity
+(``1 - sum(z) / n_edges``, as the authors' code measures it), ``s`` the target ramped linearly
+over ``sparsity_warmup_steps``, and the lambdas ascended (the Lagrangian controller of
+:mod:`mi_core.pruning.lagrangian`). The defaults are the authors' IOI recipe
+(``princeton-nlp/Edge-Pruning``, ``run_scripts/ioi_sweep.sh``): log_alpha from N(10, 0.01),
+AdamW (weight decay 0.01) with learning rate 0.8 for the gates and the lambdas, warmed up over
+200 steps and decayed linearly to 0, 3,000 steps of 32 with the target reached at step 2,500.
+The circuit is then discretised *exactly*: the ``round((1 - s) * n_edges)`` edges of highest
+log_alpha are kept.
 
 **Node masks** (``node_sparsity``, the authors' node loss): every sender (the input
 embedding, each head, each MLP) gets a gate of its own too; an edge carries its sender's
@@ -32,7 +34,6 @@ of an older mi_core (one that records fewer settings or inputs) is refused, not 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,17 +45,19 @@ from tqdm.auto import tqdm
 
 from mi_core.buffers import reusing_buffers
 from mi_core.circuits.config import EdgePruneSettings
-from mi_core.circuits.metrics import answer_logits, kl_divergence, metric_logits
+from mi_core.circuits.metrics import answer_logits, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
-from mi_core.errors import ConfigError, InterventionError
+from mi_core.errors import ConfigError, InterventionError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches
 from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
-from mi_core.io import read_safetensors, write_json, write_safetensors
+from mi_core.io import write_json
 from mi_core.models.fingerprint import tensor_fingerprint, weights_fingerprint
 from mi_core.models.frozen import frozen
 from mi_core.models.hook_context import hooked
+from mi_core.pruning.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint
 from mi_core.pruning.hard_concrete import sample_hard_concrete
 from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
+from mi_core.pruning.objectives import answer_objective
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
 from mi_core.seeding import derive_seed
 
@@ -137,22 +140,14 @@ def _inputs_key(
 _NOT_LEARNT = frozenset({"checkpoint_every"})
 
 
-def _save_state(folder: Path, step: int, params, optimizer, history, config, inputs):
-    """One atomic file holds the gates, the optimiser and the progress (step, settings, inputs,
-    history, in its metadata): a kill never leaves tensors of one step beside the progress of
-    another. ``edge_prune_state.json`` repeats the progress for reading."""
-    tensors = {name: p.detach() for name, p in params.items()}
-    for group, params in enumerate(optimizer.param_groups):
-        for i, p in enumerate(params["params"]):
-            state = optimizer.state.get(p, {})
-            for key in ("exp_avg", "exp_avg_sq", "step"):
-                if key in state:
-                    tensors[f"optim.{group}.{i}.{key}"] = torch.as_tensor(state[key]).float()
-    progress = {"step": step, "config": config.to_dict(), "inputs": inputs, "history": history}
-    write_safetensors(
-        folder / STATE_FILE, tensors, {"step": str(step), "progress": json.dumps(progress)}
-    )
-    write_json(folder / PROGRESS_FILE, progress)
+def _save_state(folder: Path, step: int, params, optimizer, history, config, inputs) -> None:
+    """The run's state as every mask-learning run's checkpoint
+    (:func:`~mi_core.pruning.checkpoint.save_checkpoint`: one atomic file holding the gates,
+    the optimiser, the step and the history, with the settings and inputs it must match);
+    ``edge_prune_state.json`` repeats the progress for reading."""
+    info = {"config": config.to_dict(), "inputs": inputs}
+    save_checkpoint(folder / STATE_FILE, step, params, optimizer, history, info=info)
+    write_json(folder / PROGRESS_FILE, {"step": step, **info, "history": history})
 
 
 def _has_state(folder: Path) -> bool:
@@ -168,16 +163,20 @@ def _older_state(folder: Path, lacks: str) -> ConfigError:
     )
 
 
-def _read_progress(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The state's tensors and progress (step, settings, inputs, history, in its metadata)."""
-    tensors, metadata = read_safetensors(folder / STATE_FILE)
-    if "progress" not in metadata:
+def _read_progress(folder: Path) -> dict[str, Any]:
+    """The state's progress: step, settings, inputs and history (never the JSON beside it)."""
+    try:
+        info = checkpoint_info(folder / STATE_FILE)
+    except TrainingError:
+        raise _older_state(folder, "progress") from None
+    if "config" not in info or "inputs" not in info:
         raise _older_state(folder, "progress")
-    return tensors, json.loads(metadata["progress"])
+    return {"step": info["step"], "config": info["config"], "inputs": info["inputs"],
+            "history": info["log"]}  # fmt: skip
 
 
 def _load_state(folder: Path, params, optimizer, config, inputs) -> tuple[int, list]:
-    tensors, progress = _read_progress(folder)
+    progress = _read_progress(folder)
     saved, now = progress["config"], config.to_dict()
     saved_inputs = progress["inputs"]
     lacks = [k for k in sorted(now) if k not in _NOT_LEARNT and k not in saved]
@@ -193,22 +192,8 @@ def _load_state(folder: Path, params, optimizer, config, inputs) -> tuple[int, l
             f"{folder} holds an edge-pruning run with other settings ({', '.join(differ)}); "
             "use another folder, the same settings, or delete it to start over"
         )
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(tensors[name])
-    for group, params in enumerate(optimizer.param_groups):
-        # fused (a GPU) and capturable AdamW keep the step count beside the parameter, as
-        # ``Optimizer.load_state_dict`` would place it; the others keep it on the CPU
-        on_device = bool(params.get("fused") or params.get("capturable"))
-        for i, p in enumerate(params["params"]):
-            if f"optim.{group}.{i}.exp_avg" in tensors:
-                step = tensors[f"optim.{group}.{i}.step"].reshape(()).float()
-                optimizer.state[p] = {
-                    "step": step.to(p.device) if on_device else step,
-                    "exp_avg": tensors[f"optim.{group}.{i}.exp_avg"].to(p),
-                    "exp_avg_sq": tensors[f"optim.{group}.{i}.exp_avg_sq"].to(p),
-                }
-    return int(progress["step"]), list(progress["history"])
+    step = load_checkpoint(folder / STATE_FILE, params, optimizer)
+    return step, list(progress["history"])
 
 
 def prune_edges(
@@ -221,6 +206,7 @@ def prune_edges(
 ) -> EdgePruneResult:
     """Learn an edge circuit of ``model`` on ``pairs`` (see the module docstring)."""
     config = config or EdgePruneSettings()
+    objective = answer_objective(config.objective)
     graph = Graph.from_model(model)
     if config.fill == "mean" and means is None:
         raise InterventionError("fill='mean' needs means (sender_means)")
@@ -289,9 +275,10 @@ def prune_edges(
             hooks = masked_hooks(model, mask, hard_concrete=True, corrupted=run)
             with hooked(model, hooks):
                 logits = answer_logits(metric_logits(model, batch), batch)
-            kl = kl_divergence(logits, reference[index.to(reference.device)], batch).mean()
+            full = reference[index.to(reference.device)]
+            value = objective.compare(logits.float(), full, batch.answer, batch.distractor).mean()
             sparsity = sampled_sparsity(z)
-            loss = kl + controller.penalty(sparsity, target)
+            loss = value + controller.penalty(sparsity, target)
             record = {}
             if node_controller is not None:
                 node_target = target_sparsity_at(
@@ -311,14 +298,16 @@ def prune_edges(
             history.append(
                 {
                     "step": step,
-                    "kl": kl.item(),
+                    objective.column: value.item(),
                     "sparsity": sparsity.item(),
                     "target": target,
                     "lambda_1": controller.lambda_1.item(),
                     **record,
                 }
             )
-            bar.set_postfix(kl=f"{kl.item():.3f}", sparsity=f"{sparsity.item():.3f}")
+            bar.set_postfix(
+                {objective.column: f"{value.item():.3f}", "sparsity": f"{sparsity.item():.3f}"}
+            )
             done = step + 1
             if folder is not None and (done % config.checkpoint_every == 0 or done == config.steps):
                 _save_state(folder, done, params, optimizer, history, config, inputs)
@@ -336,5 +325,6 @@ def prune_edges(
 
 
 def load_edge_prune_history(folder: str | os.PathLike[str]) -> list[dict[str, float]]:
-    """The trace of a checkpointed run (``kl``, ``sparsity``, ``target``, ``lambda_1``)."""
-    return list(_read_progress(Path(folder))[1]["history"])
+    """The trace of a checkpointed run (the objective's column, ``sparsity``, ``target``,
+    ``lambda_1``)."""
+    return list(_read_progress(Path(folder))["history"])

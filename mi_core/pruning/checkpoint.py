@@ -1,9 +1,14 @@
-"""A pruning run's checkpoint: gates, lambdas, optimizer state and log rows in one file."""
+"""A mask-learning run's checkpoint: gates, lambdas, optimizer state and log rows in one file.
+
+One format for every mask kind (heads and MLPs, edges): the learnt tensors by name, AdamW's
+state, the step, the log rows, and what the run must match to resume.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,61 +34,45 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_KIND = "mi_core.PruneCheckpoint"
 
 
-def save_checkpoint(
-    path: Path,
-    step: int,
-    seed: int,
-    gates: HardConcrete,
-    controller: LagrangianController,
-    optimizer: torch.optim.Optimizer,
-    log: list[dict[str, Any]],
-    scaler: torch.amp.GradScaler | None = None,
-) -> None:
-    """Write gates, lambdas, AdamW state (tensors), step, groups, the fp16 loss scaler's state
-    and the log rows of the steps done (JSON), atomically: ``log.csv`` is written beside it, and
-    a kill between the two writes cannot lose rows, which resume from here."""
-    state = optimizer.state_dict()
-    tensors = {
+def mask_tensors(gates: HardConcrete, controller: LagrangianController) -> dict[str, torch.Tensor]:
+    """A node-pruning run's learnt tensors by their checkpoint names."""
+    return {
         "log_alpha": gates.log_alpha,
         "lambda_1": controller.lambda_1,
         "lambda_2": controller.lambda_2,
     }
+
+
+def save_checkpoint(
+    path: Path,
+    step: int,
+    tensors: Mapping[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    log: list[dict[str, Any]],
+    scaler: torch.amp.GradScaler | None = None,
+    info: Mapping[str, Any] | None = None,
+) -> None:
+    """Write a mask-learning run's learnt ``tensors`` (gates and lambdas of any mask kind, by
+    name), its AdamW state, step, the fp16 loss scaler's state, the log rows of the steps done
+    and ``info`` (what the run must match to resume: its seed, settings, inputs), atomically,
+    as one file: ``log.csv`` is written beside it, and a kill between the two writes cannot
+    lose rows, which resume from here."""
+    state = optimizer.state_dict()
+    saved = {name: tensor.detach() for name, tensor in tensors.items()}
     for param_id, param_state in state["state"].items():
         for key, value in param_state.items():
-            tensors[f"optimizer.{param_id}.{key}"] = torch.as_tensor(value)
-    info = {
-        "step": step,
-        "noise": {"seed": seed, "next_step": step},
-        "groups": state["param_groups"],
-    }
+            saved[f"optimizer.{param_id}.{key}"] = torch.as_tensor(value)
+    record = {"step": step, "groups": state["param_groups"], **dict(info or {})}
     if scaler is not None:
-        info["scaler"] = scaler.state_dict()
-    info["log"] = log
-    write_safetensors(path, tensors, {"kind": CHECKPOINT_KIND, "state": json.dumps(info)})
+        record["scaler"] = scaler.state_dict()
+    record["log"] = log
+    write_safetensors(path, saved, {"kind": CHECKPOINT_KIND, "state": json.dumps(record)})
 
 
-def checkpoint_log(path: Path) -> list[dict[str, Any]]:
-    """The log rows a checkpoint holds (checked by :func:`load_checkpoint`)."""
+def checkpoint_info(path: Path) -> dict[str, Any]:
+    """What a checkpoint records besides its tensors: step, log rows and the ``info`` it was
+    saved with (refused, in one line, when it is no checkpoint or an older mi_core's)."""
     _, metadata = read_safetensors(path)
-    return json.loads(metadata["state"])["log"]
-
-
-#: AdamW's implementation flags, which follow the device a run resumes on.
-_OPTIMIZER_IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
-
-
-def load_checkpoint(
-    path: Path,
-    gates: HardConcrete,
-    controller: LagrangianController,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None = None,
-) -> int:
-    """Restore what :func:`save_checkpoint` wrote; returns the number of steps already done.
-
-    The fp16 loss scaler resumes at its saved scale (a checkpoint of an fp32 / bf16 run holds
-    none and leaves ``scaler`` at its initial scale)."""
-    tensors, metadata = read_safetensors(path)
     if metadata.get("kind") != CHECKPOINT_KIND:
         raise TrainingError(f"{path} is not a pruning checkpoint; delete it to start over")
     info = json.loads(metadata["state"])
@@ -92,24 +81,52 @@ def load_checkpoint(
             f"{path} is a pruning checkpoint of an older mi_core (it records no log rows): "
             "delete it and run the pruning run again"
         )
-    if tensors["log_alpha"].shape != gates.log_alpha.shape:
-        raise TrainingError(
-            f"checkpoint {path} has {tensors['log_alpha'].numel()} gates but the model has "
-            f"{gates.log_alpha.numel()}; it belongs to another model"
-        )
+    return info
+
+
+def checkpoint_log(path: Path) -> list[dict[str, Any]]:
+    """The log rows a checkpoint holds."""
+    return checkpoint_info(path)["log"]
+
+
+#: AdamW's implementation flags, which follow the device a run resumes on.
+_OPTIMIZER_IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
+
+
+def load_checkpoint(
+    path: Path,
+    tensors: Mapping[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None = None,
+) -> int:
+    """Restore what :func:`save_checkpoint` wrote into ``tensors`` (in place), the optimizer
+    and the loss scaler; returns the number of steps already done.
+
+    The fp16 loss scaler resumes at its saved scale (a checkpoint of an fp32 / bf16 run holds
+    none and leaves ``scaler`` at its initial scale). AdamW's state goes where
+    ``Optimizer.load_state_dict`` puts it for this machine's implementation (fused on a GPU,
+    capturable, foreach), whatever the saving machine's was."""
+    info = checkpoint_info(path)
+    saved, _ = read_safetensors(path)
+    for name, tensor in tensors.items():
+        if name not in saved or saved[name].shape != tensor.shape:
+            have = "none" if name not in saved else f"{saved[name].numel()}"
+            raise TrainingError(
+                f"checkpoint {path} has {have} {name} entries but the run has "
+                f"{tensor.numel()}; it belongs to another model or mask kind"
+            )
     with torch.no_grad():
-        gates.log_alpha.copy_(tensors["log_alpha"])
-        controller.lambda_1.copy_(tensors["lambda_1"])
-        controller.lambda_2.copy_(tensors["lambda_2"])
+        for name, tensor in tensors.items():
+            tensor.copy_(saved[name])
     opt_state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, value in tensors.items():
+    for name, value in saved.items():
         if name.startswith("optimizer."):
             _, param_id, key = name.split(".", 2)
             opt_state.setdefault(int(param_id), {})[key] = value
     # how AdamW computes (fused on a GPU, foreach, ...) is this machine's choice, not the file's
     groups = [
-        {**saved, **{k: current[k] for k in _OPTIMIZER_IMPLEMENTATION if k in current}}
-        for saved, current in zip(info["groups"], optimizer.param_groups, strict=True)
+        {**kept, **{k: current[k] for k in _OPTIMIZER_IMPLEMENTATION if k in current}}
+        for kept, current in zip(info["groups"], optimizer.param_groups, strict=True)
     ]
     optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
     if scaler is not None and info.get("scaler"):

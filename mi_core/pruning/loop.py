@@ -30,7 +30,12 @@ from mi_core.io import (
 )
 from mi_core.models.dropout import train_dropout
 from mi_core.models.frozen import frozen
-from mi_core.pruning.checkpoint import checkpoint_log, load_checkpoint, save_checkpoint
+from mi_core.pruning.checkpoint import (
+    checkpoint_log,
+    load_checkpoint,
+    mask_tensors,
+    save_checkpoint,
+)
 from mi_core.pruning.discretize import (
     AchievedSparsity,
     discretize,
@@ -45,8 +50,9 @@ from mi_core.pruning.lagrangian import (
     LagrangianController,
     pruning_optimizer,
 )
+from mi_core.pruning.objectives import OBJECTIVES, Objective, log_row, resolve_objective
 from mi_core.pruning.profiles import PruneConfig, unreachable_target
-from mi_core.pruning.result import LOG_COLUMNS, StepCallback
+from mi_core.pruning.result import StepCallback, log_columns
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
 from mi_core.pruning.step import Schedule, StepMember, group_pruning_step, sparsity_weights
 from mi_core.seeding import derive_seed
@@ -76,6 +82,8 @@ class RunState:
     scaler: torch.amp.GradScaler | None = None
     """This run's fp16 loss scaler (None in fp32 / bf16): each run of a group scales its own
     loss, so one run's overflow never skips or shrinks another's step."""
+    objective: Objective = OBJECTIVES["answer_kl"]
+    """What the run minimises (its config's, resolved for its training data)."""
 
     @property
     def checkpoint(self) -> Path | None:
@@ -90,7 +98,7 @@ class RunState:
         return [self.gates.log_alpha, *self.controller.parameters()]
 
     def log(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(LOG_COLUMNS))
+        return pd.DataFrame(self.rows, columns=list(log_columns(self.objective.column)))
 
 
 def start_run(
@@ -126,10 +134,13 @@ def start_run(
         last_good=None,
         callback=callback,
         scaler=grad_scaler(device, cfg.precision),
+        objective=resolve_objective(cfg.objective, tokenized),
     )
     checkpoint = state.checkpoint
     if checkpoint is not None and checkpoint.is_file():
-        state.start = load_checkpoint(checkpoint, gates, controller, optimizer, state.scaler)
+        state.start = load_checkpoint(
+            checkpoint, mask_tensors(gates, controller), optimizer, state.scaler
+        )
         # the rows the checkpoint holds: log.csv may lag behind it
         state.rows = [row for row in checkpoint_log(checkpoint) if row["step"] < state.start]
         state.last_good = state.start
@@ -168,7 +179,7 @@ def train_group(
     model: HookedModel,
     means: ComponentMeans | None,
     tokenized: TokenizedPairs,
-    targets: torch.Tensor | None,
+    reference: torch.Tensor | None,
     runs: Sequence[RunState],
     progress: bool,
     max_chunk: int | None = None,
@@ -187,14 +198,18 @@ def train_group(
     checkpoint stays); the others go on. With dropout on, the dropout noise of a step is drawn
     for the whole concatenated batch from the first active run's seed: identical to a run alone
     for a group of one, and otherwise a function of the group.
+
+    ``reference``: the full model's logits on ``tokenized``, cached, where the runs' objective
+    reads them (:attr:`~mi_core.pruning.objectives.Objective.needs_reference`), else None.
     """
     cfg = runs[0].cfg
     check_group([r.cfg for r in runs])
+    objective = runs[0].objective
     device = next(model.parameters()).device
     rng_devices = [device] if device.type == "cuda" else []
     weights = sparsity_weights(model, cfg.sparsity_weighting)
     weights = None if weights is None else weights.to(device)
-    targets = None if targets is None else targets.to(device)
+    targets = objective.targets(tokenized, reference).to(device)
     accumulation = cfg.grad_accumulation
     first = min(r.start for r in runs)
     last = max(r.cfg.steps for r in runs)
@@ -264,8 +279,9 @@ def train_group(
                     torch.manual_seed(derive_seed("prune", "dropout", active[0].cfg.seed, step))
                 rows = group_pruning_step(
                     model, mask, members, batches, sizes, targets, weights, max_chunk,
-                    cfg.precision, [r.scaler for r in active],
+                    cfg.precision, [r.scaler for r in active], objective=objective,
                 )  # fmt: skip
+            rows = [log_row(objective, row) for row in rows]
             if stacked is None:
                 # clip every run, then read all the norms at once (one device sync per step)
                 norms = torch.stack([_clip(r) for r in active]).tolist()
@@ -281,15 +297,15 @@ def train_group(
                                  probe=probe)  # fmt: skip
             shown = active[0].rows[-1] if active[0].rows else None
             if shown is not None:
-                bar.set_postfix(  # both sparsity estimates, named as in log.csv and warnings
-                    kl=f"{shown['kl']:.4f}",
-                    target=f"{shown['target_sparsity']:.3f}",
-                    expected_sparsity=f"{shown['expected_sparsity']:.3f}",
-                    sampled_sparsity=f"{shown['sampled_sparsity']:.3f}",
-                    **(
-                        {"acc": f"{shown['eval_accuracy']:.3f}"} if "eval_accuracy" in shown else {}
-                    ),
-                )
+                postfix = {  # both sparsity estimates, named as in log.csv and warnings
+                    objective.column: f"{shown[objective.column]:.4f}",
+                    "target": f"{shown['target_sparsity']:.3f}",
+                    "expected_sparsity": f"{shown['expected_sparsity']:.3f}",
+                    "sampled_sparsity": f"{shown['sampled_sparsity']:.3f}",
+                }
+                if "eval_accuracy" in shown:
+                    postfix["acc"] = f"{shown['eval_accuracy']:.3f}"
+                bar.set_postfix(postfix)
     bar.close()
     if stacked is not None:  # each run's AdamW holds its state, as after a run alone
         for r in runs:
@@ -345,8 +361,9 @@ def _finish_step(
     if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
         if export is not None:
             export()
-        save_checkpoint(r.checkpoint, done, cfg.seed, r.gates, r.controller, r.optimizer,
-                        r.rows, r.scaler)  # fmt: skip
+        noise = {"noise": {"seed": cfg.seed, "next_step": done}}
+        tensors = mask_tensors(r.gates, r.controller)
+        save_checkpoint(r.checkpoint, done, tensors, r.optimizer, r.rows, r.scaler, noise)
         write_csv(r.log_path, r.log())
         r.last_good = done
     if r.callback is not None:
@@ -410,15 +427,16 @@ def train_run(
     model: HookedModel,
     means: ComponentMeans | None,
     tokenized: TokenizedPairs,
-    targets: torch.Tensor | None,
+    reference: torch.Tensor | None,
     cfg: PruneConfig,
     run_dir: Path | None,
     progress: bool,
     callback: StepCallback | None,
     evals: Sequence[TaskData] = (),
 ) -> tuple[torch.Tensor, pd.DataFrame, int | None]:
+    """Train one run (:func:`train_group` of one): its final log_alpha, log and resume step."""
     state = start_run(model, tokenized, cfg, run_dir, callback)
-    train_group(model, means, tokenized, targets, [state], progress, evals=evals)
+    train_group(model, means, tokenized, reference, [state], progress, evals=evals)
     if state.error is not None:
         raise state.error
     return (

@@ -50,7 +50,8 @@ def kl_per_example(
 
 @dataclass(frozen=True)
 class PruningLoss:
-    """The total loss and its parts (all scalar tensors; ``total`` carries the gradient)."""
+    """The total loss and its parts (all scalar tensors; ``total`` carries the gradient):
+    ``kl``, the objective's value (a KL for the KL objectives), and the Lagrangian penalty."""
 
     total: torch.Tensor
     kl: torch.Tensor
@@ -75,8 +76,8 @@ def with_penalty(
     expected_sparsity: Float[torch.Tensor, ""],
     target_sparsity: float,
 ) -> PruningLoss:
-    """A KL to the full model (any of the objectives: answer position, every position) plus
-    the Lagrangian sparsity penalty."""
+    """An objective's value (:mod:`~mi_core.pruning.objectives`: a KL to the full model, a
+    logit-difference gap) plus the Lagrangian sparsity penalty."""
     penalty = controller.penalty(expected_sparsity, target_sparsity)
     return PruningLoss(kl + penalty, kl, penalty)
 

@@ -44,6 +44,7 @@ from mi_core.pruning.constants import (
     SPARSITY_ESTIMATES,
     initial_log_alpha,
 )
+from mi_core.pruning.objectives import AUTO, objective_names
 from mi_core.pruning.schedule import LR_SCHEDULES, lr_factor, paper_schedule
 
 PROFILES = ("paper", "quick", "cofi")
@@ -117,6 +118,12 @@ class PruneConfig(Config):
     discretize: str = option("reference", choices=DISCRETIZE_RULES)
     """``"reference"``: the authors' per-module rounding and threshold grid; ``"exact"``: remove
     exactly ``round(target * n)`` components by ``log_alpha``."""
+    objective: str = option(AUTO, choices=objective_names())
+    """What the mask minimises besides the sparsity penalty (:mod:`mi_core.pruning.objectives`):
+    ``answer_kl`` (the KL to the full model at the answer: the paper), ``every_position_kl``
+    (plain text), ``logit_diff`` (the squared gap to the full model's answer-minus-distractor
+    logit difference, prompt tasks); ``auto``: every_position_kl on plain text, else
+    answer_kl."""
     precision: str = option("fp32", choices=PRECISIONS)
     """fp32; tf32 (float32 tensors, the steps' matrix products in TensorFloat-32 on GPUs that
     have it: the GPU default of many frameworks, not of torch); or autocast of the pruned model's

@@ -16,6 +16,8 @@ from mi_core.interventions import ComponentMask
 logger = logging.getLogger(__name__)
 
 
+#: The columns of a run's ``log.csv`` with a KL objective; another objective's value takes the
+#: place of ``kl`` under its own column (:func:`log_columns`).
 LOG_COLUMNS = (
     "step",
     "loss",
@@ -31,6 +33,13 @@ LOG_COLUMNS = (
     "eval_accuracy",
     "eval_sparsity",
 )
+
+
+def log_columns(column: str = "kl") -> tuple[str, ...]:
+    """``log.csv``'s columns for an objective whose value is logged as ``column``."""
+    return tuple(column if c == "kl" else c for c in LOG_COLUMNS)
+
+
 #: A run "reached" its target when the sparsity it optimised (sampled or expected, averaged over
 #: the last tenth of its steps) lies this close to it.
 TARGET_TOLERANCE = 0.05

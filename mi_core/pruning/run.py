@@ -37,11 +37,11 @@ from mi_core.io import (
 from mi_core.models.fingerprint import fingerprint_held
 from mi_core.pruning.inputs import RunSources, check_inputs, resolve_inputs
 from mi_core.pruning.loop import check_group, start_run, train_group, train_run
+from mi_core.pruning.objectives import resolve_objective
 from mi_core.pruning.profiles import PruneConfig
 from mi_core.pruning.reference_logits import (
     compute_reference_logits,
     load_reference_logits,
-    needs_reference,
     reference_metadata,
 )
 from mi_core.pruning.result import PruneResult, StepCallback
@@ -284,8 +284,8 @@ def _prune_in_memory(
     started = time.perf_counter()
     tokenized = tokenize_pairs(train_set, model.tokenizer, config.max_length)
     targets: torch.Tensor | None
-    if not needs_reference(tokenized):  # plain text: the targets are computed each step
-        targets = None
+    if not resolve_objective(config.objective, tokenized).needs_reference:
+        targets = None  # the objective computes its own (plain text's, in each step)
     elif reference is not None:
         if reference.shape[0] != len(tokenized):
             raise ConfigError(

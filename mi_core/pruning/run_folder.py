@@ -47,10 +47,10 @@ from mi_core.io import (
 from mi_core.models.fingerprint import weights_fingerprint
 from mi_core.pruning.inputs import RunSources, means_identity
 from mi_core.pruning.loop import NOT_LEARNT, discrete_mask, evaluate_sets
+from mi_core.pruning.objectives import objective_column, resolve_objective
 from mi_core.pruning.profiles import PruneConfig
 from mi_core.pruning.reference_logits import (
     load_reference_logits,
-    needs_reference,
     reference_logits,
 )
 from mi_core.pruning.result import LOG_COLUMNS, TARGET_TOLERANCE, PruneResult, final_sparsity
@@ -179,8 +179,8 @@ def run_targets(
     progress: bool,
 ) -> torch.Tensor | None:
     """The full model's logits on the training set: shared ones, or the run's own (cached);
-    None on plain text, whose targets are computed each step."""
-    if not needs_reference(tokenized):
+    None where the run's objective computes its own (plain text's, in each step)."""
+    if not resolve_objective(config.objective, tokenized).needs_reference:
         return None
     if reference_logits_path is not None:
         ref_path = Path(reference_logits_path)
@@ -211,6 +211,7 @@ def finish_run(
     device = next(model.parameters()).device
     accuracy, full, sizes = evaluate_sets(model, mask.to(device), means, cfg, evals, full_accuracy)
     last = log.iloc[-1] if len(log) else None
+    column = objective_column(cfg.objective)
     final = final_sparsity(log, cfg.sparsity_estimate)
     reached = final is not None and abs(final - cfg.target_sparsity) <= TARGET_TOLERANCE
     if not reached:
@@ -239,7 +240,7 @@ def finish_run(
         "final_expected_sparsity": None if last is None else float(last["expected_sparsity"]),
         "final_sampled_sparsity": None if last is None else float(last["sampled_sparsity"]),
         "reached_target": reached,
-        "final_kl": None if last is None else float(last["kl"]),
+        f"final_{column}": None if last is None else float(last[column]),
         "accuracy": accuracy,
         "full_accuracy": full,
         "eval_examples": sizes,

@@ -16,14 +16,13 @@ import torch
 from jaxtyping import Float
 
 from mi_core.data.batches import PairBatches, TokenizedPairs
-from mi_core.devices import autocast, move, to_device
+from mi_core.devices import move, to_device
 from mi_core.errors import (
     ConfigError,
 )
 from mi_core.evaluation import model_inputs
 from mi_core.interventions import ComponentMask
 from mi_core.interventions.components import model_dims
-from mi_core.models.dropout import dropout_suspended
 from mi_core.pruning.discretize import (
     unflatten_components,
 )
@@ -40,12 +39,8 @@ from mi_core.pruning.lagrangian import (
     lagrangian_penalty,
     sampled_sparsity,
 )
-from mi_core.pruning.objective import (
-    every_position_kl,
-    kl_per_example,
-    pruning_loss,
-    with_penalty,
-)
+from mi_core.pruning.objective import with_penalty
+from mi_core.pruning.objectives import OBJECTIVES, Objective, Targets
 from mi_core.pruning.profiles import PruneConfig
 
 if TYPE_CHECKING:
@@ -128,11 +123,13 @@ def group_pruning_step(
     members: Sequence[StepMember],
     batches: Sequence[Mapping[str, torch.Tensor]],
     sizes: Sequence[Sequence[int]],
-    reference: torch.Tensor | None,
+    reference: Targets | torch.Tensor | None,
     weights: torch.Tensor | None = None,
     max_chunk: int | None = None,
     precision: str = "fp32",
     scalers: Sequence[torch.amp.GradScaler | None] | torch.amp.GradScaler | None = None,
+    *,
+    objective: Objective = OBJECTIVES["answer_kl"],
 ) -> list[dict[str, float]]:
     """One step of several pruning runs, the runs sharing each forward / backward pass.
 
@@ -141,18 +138,17 @@ def group_pruning_step(
     and the mask holds one row per example (as :meth:`ComponentMask.stack`), so every example
     runs under its own run's sample. The examples are regrouped by length into forward passes of
     at most ``max_chunk`` (:func:`length_chunks`; default: one pass), so a run's short examples
-    are not padded to another run's long ones. Run ``k``'s loss is the mean KL of its examples
-    plus its Lagrangian term; the losses are summed before one backward pass per micro-batch:
+    are not padded to another run's long ones. Run ``k``'s loss is the mean of ``objective``
+    over its examples (:mod:`~mi_core.pruning.objectives`; against ``reference``, the targets
+    of every training example, or the full model's cached logits alone) plus its Lagrangian
+    term; the losses are summed before one backward pass per micro-batch:
     examples do not interact inside the frozen model, so each run gets the gradient it would get
     alone. Gradients are accumulated (mean over micro-batches); no optimizer step here. The
     forward passes run under ``precision`` autocast, the losses in float32; with fp16,
     ``scalers[k]`` scales run ``k``'s loss before the shared backward pass (the runs' gates are
     disjoint, so each run's gradients carry its own scale, which its optimizer step unscales).
-    Returns each run's ``log.csv`` values for the step (see :func:`pruning_step`).
-
-    ``reference`` None: the examples are plain text (:class:`~mi_core.data.TokenizedText`) and
-    each one's KL is taken at every position against the full model's distributions, computed
-    for the micro-batch in the same step (:func:`full_and_masked_kl`).
+    Returns each run's ``log.csv`` values for the step (see :func:`pruning_step`), the
+    objective's under ``objective``.
     """
     if isinstance(scalers, torch.amp.GradScaler):  # one run's scaler, given alone
         if len(members) != 1:
@@ -161,12 +157,14 @@ def group_pruning_step(
     scalers = list(scalers) if scalers is not None else [None] * len(members)
     if len(scalers) != len(members):
         raise ConfigError(f"{len(scalers)} loss scalers for {len(members)} runs")
+    targets = reference if isinstance(reference, Targets) else Targets(reference)
     if len(members) == 1:
         return [
             _single_step(
-                model, mask, members[0], batches, reference, weights, precision, scalers[0]
+                model, mask, members[0], batches, targets, objective, weights, precision,
+                scalers[0],
             )
-        ]
+        ]  # fmt: skip
     # the stacked arithmetic below takes these from the first run: every run must share them
     for name, value in (("hard-concrete beta", lambda m: m.gates.beta),
                         ("sparsity estimate", lambda m: m.sparsity_estimate)):  # fmt: skip
@@ -188,7 +186,7 @@ def group_pruning_step(
     if weights is not None:
         check_sparsity_weights(weights, log_alpha[0])
         weights = weights.to(log_alpha)
-    keys = ("loss", "kl", "penalty", "sampled_sparsity")
+    keys = ("loss", "objective", "penalty", "sampled_sparsity")
     sums = torch.zeros(n_runs, len(keys), device=device)  # read once at the end: no syncs
     t_expected = log_alpha.new_zeros(n_runs)
     for batch, split in zip(batches, sizes, strict=True):
@@ -219,25 +217,22 @@ def group_pruning_step(
         zs = hard_concrete_from_uniform(log_alpha, moved["u"], beta)
         rows = zs[owner]
         inputs = to_device(model_inputs(model, batch), device)
-        kl_sums = rows.new_zeros(n_runs)
+        sums_of_values = rows.new_zeros(n_runs)
         for i, chunk in enumerate(chunks):
             width = int(lengths[chunk].max())
             chunk_d = moved[f"chunk{i}"]
             mask.heads, mask.mlps = unflatten_components(rows[chunk_d], n_layers, n_heads)
             chunk_inputs = {k: v[chunk_d, :width] for k, v in inputs.items()}
-            if reference is None:
-                kl = full_and_masked_kl(model, mask, chunk_inputs, precision)
-            else:
-                with autocast(device, precision):
-                    logits = model(**chunk_inputs)
-                kl = kl_per_example(reference[index[chunk_d]], logits.float())
-            kl_sums = kl_sums.index_add(0, owner[chunk_d], kl)
-        kls = kl_sums / counts
+            value = objective.per_example(
+                model, mask, chunk_inputs, targets, index[chunk_d], precision
+            )
+            sums_of_values = sums_of_values.index_add(0, owner[chunk_d], value)
+        values = sums_of_values / counts
         t_sampled = _row_sparsity(zs, weights)
         t_expected = _row_sparsity(hard_concrete_prob_nonzero(log_alpha, beta), weights)
         t = t_sampled if estimate == "sampled" else t_expected
         penalty = lagrangian_penalty(lambda_1, lambda_2, t, target)  # one entry per run
-        losses = kls + penalty
+        losses = values + penalty
         if all(scaler is None for scaler in scalers):
             total = losses.sum()
         else:  # fp16: each run's loss carries its own scale
@@ -245,7 +240,7 @@ def group_pruning_step(
                 loss if scaler is None else scaler.scale(loss)
                 for loss, scaler in zip(losses, scalers, strict=True)
             )
-        sums += torch.stack([losses, kls, penalty, t_sampled], dim=1).detach() / len(batches)
+        sums += torch.stack([losses, values, penalty, t_sampled], dim=1).detach() / len(batches)
         (total / len(batches)).backward()
     ends = torch.stack([t_expected, lambda_1, lambda_2], dim=1).detach()
     values = torch.cat([sums, ends], dim=1).tolist()  # the step's one read from the device
@@ -276,46 +271,13 @@ def _row_sparsity(
     return 1.0 - (gates * weights).sum(dim=-1) / weights.sum()
 
 
-def full_and_masked_kl(
-    model: HookedModel,
-    mask: ComponentMask,
-    inputs: Mapping[str, torch.Tensor],
-    precision: str = "fp32",
-) -> Float[torch.Tensor, " batch"]:
-    """Each example's KL at every position (:func:`every_position_kl`) between the full model
-    and the model under ``mask`` (the values the step put there), on plain text.
-
-    The full model's pass runs with every component kept (a mask of ones leaves each
-    ablation's input as it is: ``1 * x + 0 * fill``), without gradients and without dropout;
-    then the masked pass, whose graph the loss is taken through."""
-    device = mask.heads.device
-    ids, attention = inputs["input_ids"], inputs.get("attention_mask")
-    reading = getattr(model, "every_position_logits", None)
-    if reading is None:
-        raise ConfigError(
-            "plain text is pruned against a language model's next-token distributions; load "
-            "the model with task='next_token'"
-        )
-    heads, mlps = mask.heads, mask.mlps
-    mask.heads, mask.mlps = torch.ones_like(heads), torch.ones_like(mlps)
-    try:
-        with torch.no_grad(), dropout_suspended(), autocast(device, precision):
-            full = reading(ids, attention)
-    finally:
-        mask.heads, mask.mlps = heads, mlps
-    with autocast(device, precision):
-        masked = reading(ids, attention)
-    if attention is None:
-        attention = torch.ones(ids.shape, device=ids.device)
-    return every_position_kl(full.float(), masked.float(), attention)
-
-
 def _single_step(
     model: HookedModel,
     mask: ComponentMask,
     member: StepMember,
     batches: Sequence[Mapping[str, torch.Tensor]],
-    reference: torch.Tensor | None,
+    targets: Targets,
+    objective: Objective,
     weights: torch.Tensor | None,
     precision: str = "fp32",
     scaler: torch.amp.GradScaler | None = None,
@@ -332,29 +294,18 @@ def _single_step(
         t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
         inputs = to_device({**model_inputs(model, batch), "index": batch["index"]}, device)
         index = inputs.pop("index")
-        if reference is None:  # plain text: the KL at every position
-            kl = full_and_masked_kl(model, mask, inputs, precision).mean()
-            loss = with_penalty(kl, member.controller, t, member.target_sparsity)
-        else:
-            with autocast(device, precision):
-                logits = model(**inputs)
-            loss = pruning_loss(
-                reference[index],
-                logits if precision == "fp32" else logits.float(),
-                member.controller,
-                t,
-                member.target_sparsity,
-            )
+        value = objective.per_example(model, mask, inputs, targets, index, precision).mean()
+        loss = with_penalty(value, member.controller, t, member.target_sparsity)
         _backward(loss.total / len(batches), scaler)
         parts.append(torch.stack([loss.total, loss.kl, loss.penalty, t_sampled]).detach())
     ends = torch.stack([t_expected, member.controller.lambda_1, member.controller.lambda_2])
     # the step's one read from the device (each .item() would wait for the GPU)
-    total, kl, penalty, sampled, expected, lambda_1, lambda_2 = torch.cat(
+    total, value, penalty, sampled, expected, lambda_1, lambda_2 = torch.cat(
         [torch.stack(parts).mean(dim=0), ends.detach()]
     ).tolist()
     return {
         "loss": total,
-        "kl": kl,
+        "objective": value,
         "penalty": penalty,
         "expected_sparsity": expected,
         "sampled_sparsity": sampled,
@@ -370,18 +321,20 @@ def pruning_step(
     gates: HardConcrete,
     controller: LagrangianController,
     batches: Sequence[Mapping[str, torch.Tensor]],
-    reference: torch.Tensor | None,
+    reference: Targets | torch.Tensor | None,
     target_sparsity: float,
     noise: torch.Generator | None = None,
     weights: torch.Tensor | None = None,
     sparsity_estimate: str = "sampled",
+    *,
+    objective: Objective = OBJECTIVES["answer_kl"],
 ) -> dict[str, float]:
     """Accumulate the gradient of one step's loss over ``batches`` into the gates and lambdas.
 
     ``model`` runs inside ``ablate(model, mask, ..., skip_unmasked=False)``: each micro-batch
-    draws fresh gates from ``noise`` and puts them in ``mask``; the KL target of each example is
-    row ``batch["index"]`` of ``reference`` (the cached full-model logits; None on plain text:
-    the KL at every position, :func:`full_and_masked_kl`). The Lagrangian term
+    draws fresh gates from ``noise`` and puts them in ``mask``; ``objective`` compares each
+    example with row ``batch["index"]`` of ``reference`` (the cached full-model logits, or the
+    objective's :class:`~mi_core.pruning.objectives.Targets`). The Lagrangian term
     measures the sparsity of that micro-batch's sample (``sparsity_estimate="sampled"``, the
     authors) or the expected L0 (``"expected"``, CoFi). No optimizer step here. Returns the
     step's mean loss, KL, penalty and sampled sparsity, the expected sparsity and the lambdas.
@@ -389,4 +342,6 @@ def pruning_step(
     """
     member = StepMember(gates, controller, target_sparsity, noise, sparsity_estimate)
     sizes = [[len(b["index"])] for b in batches]
-    return group_pruning_step(model, mask, [member], batches, sizes, reference, weights)[0]
+    return group_pruning_step(
+        model, mask, [member], batches, sizes, reference, weights, objective=objective
+    )[0]

@@ -44,10 +44,10 @@ from mi_core.interventions import ComponentMask, ComponentMeans
 from mi_core.io import check_replaceable, read_json, write_csv, write_json
 from mi_core.pruning.constants import EXECUTORS, check_ray_gpus
 from mi_core.pruning.inputs import PruneInputs, resolve_inputs
+from mi_core.pruning.objectives import resolve_objective
 from mi_core.pruning.profiles import PruneConfig, make_prune_config
 from mi_core.pruning.reference_logits import (
     compute_reference_logits,
-    needs_reference,
     reference_logits,
 )
 from mi_core.pruning.run import prune, prune_group, prune_run
@@ -312,9 +312,10 @@ def sweep(
         model_obj, means_obj = inputs.model, inputs.means
         train_set, evals = inputs.train, inputs.eval_sets
         tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
+        objective = resolve_objective(cfg.objective, tokenized)
         reference = (
             compute_reference_logits(model_obj, tokenized, cfg.eval_batch_size, progress)
-            if needs_reference(tokenized)
+            if objective.needs_reference
             else None
         )
         full = _full_model_accuracy(model_obj, evals, cfg)
@@ -669,7 +670,8 @@ def run_sweep(
         sweep_dir.mkdir(parents=True, exist_ok=True)
         ref_path = sweep_dir / "reference_logits.safetensors"
         tokenized = tokenize_pairs(train_set, model_obj.tokenizer, cfg.max_length)
-        if needs_reference(tokenized):
+        objective = resolve_objective(cfg.objective, tokenized)
+        if objective.needs_reference:
             reference_logits(model_obj, tokenized, ref_path, cfg.eval_batch_size, progress)
         full = _full_model_accuracy(model_obj, evals, cfg, sweep_dir / "full_model.json")
 
@@ -682,7 +684,7 @@ def run_sweep(
                 if executor == "local"
                 else group_size
                 or auto_group_size(
-                    model_obj, cfg, len(pending), every_position=not needs_reference(tokenized)
+                    model_obj, cfg, len(pending), every_position=objective.every_position
                 )
             )
             if size > 1:

@@ -270,12 +270,13 @@ def test_an_edge_pruning_state_is_one_atomic_file(tmp_path):
     pairs = _pairs()
     prune_edges(model, pairs, config, tmp_path / "a", progress=False)
     state = tmp_path / "a" / "edge_prune_state.safetensors"
-    tensors, metadata = read_safetensors(state)
-    progress = json.loads(metadata["progress"])
+    tensors, metadata = read_safetensors(state)  # every mask kind's checkpoint format
+    assert metadata["kind"] == "mi_core.PruneCheckpoint"
+    progress = _read_progress(tmp_path / "a")
     assert progress["step"] == 4 and len(progress["history"]) == 4
     # the JSON beside it is for reading: a stale one does not change what resumes
     (tmp_path / "a" / "edge_prune_state.json").write_text(json.dumps({**progress, "step": 2}))
-    assert _read_progress(tmp_path / "a")[1]["step"] == 4
+    assert _read_progress(tmp_path / "a")["step"] == 4
     # a state of an older mi_core, its progress in the JSON beside it: refused in one line,
     # with or without that JSON, never read
     write_safetensors(state, tensors, {"step": "4"})
@@ -305,17 +306,17 @@ def test_an_edge_pruning_state_of_an_older_mi_core_is_refused(tmp_path):
     first = prune_edges(model, pairs, config, tmp_path, progress=False)
     state = tmp_path / "edge_prune_state.safetensors"
     tensors, metadata = read_safetensors(state)
-    progress = json.loads(metadata["progress"])
+    progress = json.loads(metadata["state"])
     # the current state is read back: the finished run takes no step
     again = prune_edges(model, pairs, config, tmp_path, progress=False)
     assert torch.equal(again.log_alpha, first.log_alpha) and len(again.history) == 4
     older = dict(progress, config={k: v for k, v in progress["config"].items()
                                    if k != "max_grad_norm"})  # fmt: skip
-    write_safetensors(state, tensors, {**metadata, "progress": json.dumps(older)})
+    write_safetensors(state, tensors, {**metadata, "state": json.dumps(older)})
     with pytest.raises(ConfigError, match=r"older mi_core \(it records no max_grad_norm\)"):
         prune_edges(model, pairs, config, tmp_path, progress=False)
     older = dict(progress, inputs={k: v for k, v in progress["inputs"].items() if k != "model"})
-    write_safetensors(state, tensors, {**metadata, "progress": json.dumps(older)})
+    write_safetensors(state, tensors, {**metadata, "state": json.dumps(older)})
     with pytest.raises(ConfigError, match=r"older mi_core \(it records no model fingerprint\)"):
         prune_edges(model, pairs, config, tmp_path, progress=False)
 

@@ -186,7 +186,7 @@ def test_the_fp16_loss_scale_is_checkpointed_and_resumed(tiny, train, means, tmp
     import json
 
     from mi_core.io import read_safetensors
-    from mi_core.pruning.checkpoint import load_checkpoint
+    from mi_core.pruning.checkpoint import load_checkpoint, mask_tensors
     from mi_core.pruning.hard_concrete import HardConcrete
     from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer
 
@@ -203,8 +203,8 @@ def test_the_fp16_loss_scale_is_checkpointed_and_resumed(tiny, train, means, tmp
     gates, controller = HardConcrete(n), LagrangianController()
     fresh = torch.amp.GradScaler("cpu", init_scale=1.0)
     optimizer = pruning_optimizer(gates.parameters(), controller, 0.1, 1.0)
-    load_checkpoint(tmp_path / "run" / "checkpoint.safetensors", gates, controller, optimizer,
-                    fresh)  # fmt: skip
+    load_checkpoint(tmp_path / "run" / "checkpoint.safetensors", mask_tensors(gates, controller),
+                    optimizer, fresh)  # fmt: skip
     assert fresh.get_scale() == saved["scale"] and fresh.state_dict() == saved
 
 
@@ -317,7 +317,7 @@ def test_fine_tuning_resumes_its_fp16_loss_scale(tiny_checkpoints, tmp_path, dat
 def test_a_checkpoint_resumes_with_this_devices_adamw_implementation(tmp_path):
     """A run checkpointed on a GPU (fused AdamW) resumes on a CPU with the CPU's optimizer
     flags and the same moments; the file's flags do not carry over."""
-    from mi_core.pruning.checkpoint import load_checkpoint, save_checkpoint
+    from mi_core.pruning.checkpoint import load_checkpoint, mask_tensors, save_checkpoint
     from mi_core.pruning.hard_concrete import HardConcrete
     from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer
 
@@ -330,12 +330,12 @@ def test_a_checkpoint_resumes_with_this_devices_adamw_implementation(tmp_path):
     controller.lambda_1.grad = torch.tensor(0.5)
     controller.lambda_2.grad = torch.tensor(0.25)
     gpu_like.step()
-    save_checkpoint(tmp_path / "c.safetensors", 1, 0, gates, controller, gpu_like, [])
+    save_checkpoint(tmp_path / "c.safetensors", 1, mask_tensors(gates, controller), gpu_like, [])
 
     fresh_gates, fresh_controller = HardConcrete(6), LagrangianController()
     optimizer = pruning_optimizer(fresh_gates.parameters(), fresh_controller, 0.1, 1.0)
-    assert load_checkpoint(tmp_path / "c.safetensors", fresh_gates, fresh_controller,
-                           optimizer) == 1  # fmt: skip
+    fresh = mask_tensors(fresh_gates, fresh_controller)
+    assert load_checkpoint(tmp_path / "c.safetensors", fresh, optimizer) == 1
     assert all(not group["fused"] for group in optimizer.param_groups)
     moments = optimizer.state[fresh_gates.log_alpha]["exp_avg"]
     torch.testing.assert_close(moments, gpu_like.state[gates.log_alpha]["exp_avg"])

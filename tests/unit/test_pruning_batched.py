@@ -132,13 +132,15 @@ def test_one_batched_step_gives_each_run_the_gradient_it_gets_alone(
         )
     for (m, row), t, row_t in zip(alone, together, rows, strict=True):
         # one batch of both runs' rows against each run's own: float32 rounding apart
-        for key in ("loss", "kl", "penalty", "sampled_sparsity", "expected_sparsity"):
+        for key in ("loss", "objective", "penalty", "sampled_sparsity", "expected_sparsity"):
             bound = 64 * FLOAT32_EPS * max(1.0, abs(row[key]))
             assert row_t[key] == pytest.approx(row[key], abs=bound), key
         assert_float32_close(t.gates.log_alpha.grad, m.gates.log_alpha.grad)
         assert_float32_close(t.controller.lambda_1.grad, m.controller.lambda_1.grad)
         assert_float32_close(t.controller.lambda_2.grad, m.controller.lambda_2.grad)
-    assert not torch.allclose(rows[0]["kl"] * torch.ones(1), rows[1]["kl"] * torch.ones(1))
+    assert not torch.allclose(
+        rows[0]["objective"] * torch.ones(1), rows[1]["objective"] * torch.ones(1)
+    )
 
 
 def test_each_run_of_a_group_scales_its_own_loss(tiny, train, means):

@@ -222,7 +222,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
     tiny, train, means, tmp_path, monkeypatch
 ):
     calls = {"n": 0}
-    real = step_module.pruning_loss
+    real = step_module.with_penalty
 
     def turns_nan(*args):
         calls["n"] += 1
@@ -231,7 +231,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
             return type(loss)(loss.total * math.nan, loss.kl, loss.penalty)
         return loss
 
-    monkeypatch.setattr(step_module, "pruning_loss", turns_nan)
+    monkeypatch.setattr(step_module, "with_penalty", turns_nan)
     with pytest.raises(TrainingError, match=r"step 6.*last good checkpoint \(step 4\)"):
         prune_run(tiny, train, tmp_path / "nan", quick(), means=means, progress=False)
     tensors = read_safetensors(tmp_path / "nan" / "checkpoint.safetensors")[0]
@@ -404,13 +404,13 @@ def test_cli_prune_bad_input_is_one_line(
         capsys, [*base, "--sparsity", "0.5", "--out", str(tmp_path / "e")], "needs --means"
     )
 
-    real = step_module.pruning_loss
+    real = step_module.with_penalty
 
     def nan_loss(*args):
         loss = real(*args)
         return type(loss)(loss.total * math.nan, loss.kl, loss.penalty)
 
-    monkeypatch.setattr(step_module, "pruning_loss", nan_loss)
+    monkeypatch.setattr(step_module, "with_penalty", nan_loss)
     _one_line_error(capsys, [*ok, "--out", str(tmp_path / "f")], "NaN")
 
 

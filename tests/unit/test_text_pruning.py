@@ -20,9 +20,9 @@ from mi_core.interventions.components import parse_components
 from mi_core.models import load_model
 from mi_core.models.dropout import DropoutRates, dropout_suspended, train_dropout
 from mi_core.pruning import make_prune_config
+from mi_core.pruning.objectives import full_and_masked_kl
 from mi_core.pruning.reference_logits import compute_reference_logits
 from mi_core.pruning.run import prune, prune_run
-from mi_core.pruning.step import full_and_masked_kl
 from mi_core.tasks import NEXT_TOKEN
 
 
