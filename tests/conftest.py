@@ -60,6 +60,23 @@ def answer(lm_path):
     return load_model(lm_path, task=NEXT_TOKEN)
 
 
+@pytest.fixture(scope="module")
+def ioi(answer):
+    """24 IOI prompts (ABBA) tokenised for the tiny Llama answer model."""
+    from mi_core.data import load_prompt_task
+
+    return load_prompt_task("ioi:abba", 24, tokenizer=answer.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def lm_means(answer, ioi):
+    """The tiny Llama's mean activations over :func:`ioi`."""
+    from mi_core.data import pair_batches
+    from mi_core.interventions import compute_means
+
+    return compute_means(answer, pair_batches(ioi, answer.tokenizer, batch_size=8))
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """The real all-MiniLM-L6-v2 as an MNLI classifier (fresh head, seed 0)."""

@@ -239,3 +239,11 @@ def hf_head_means(
         for handle in handles:
             handle.remove()
     return means
+
+
+def one_error(capsys) -> str:
+    """The one line a failed ``mi-core`` command wrote to stderr (no traceback)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert err[0].startswith("mi-core: error: "), err
+    return err[0]

@@ -53,6 +53,8 @@ __all__ = [
 
 #: The default objective: chosen by the training data's kind (see the module docstring).
 AUTO = "auto"
+#: The kinds of training data (:func:`data_kind`).
+PLAIN_TEXT, PROMPT_TASK, SENTENCE_PAIRS = "plain text", "a prompt task", "sentence pairs"
 
 
 @dataclass
@@ -89,16 +91,19 @@ class Objective:
     otherwise it compares the masked and the full model's answer logits (:meth:`compare`), as
     every mask kind's prompt data can (edge circuits included)."""
 
+    kinds: ClassVar[frozenset[str]]
+    """The kinds of training data it is defined on (:func:`data_kind`)."""
+
     def accepts(self, tokenized: TokenizedPairs) -> bool:
         """Whether it is defined on ``tokenized``'s kind of data."""
-        raise NotImplementedError
+        return data_kind(tokenized) in self.kinds
 
     def check(self, tokenized: TokenizedPairs) -> None:
         """Refuse, in one line, training data it is not defined on."""
         if not self.accepts(tokenized):
             raise ConfigError(
                 f"objective {self.name} takes {self.takes}; {tokenized.name or 'the training set'}"
-                f" is {_kind(tokenized)} (objectives for it: {', '.join(usable(tokenized))})"
+                f" is {data_kind(tokenized)} (objectives for it: {', '.join(usable(tokenized))})"
             )
 
     def targets(self, tokenized: TokenizedPairs, logits: torch.Tensor | None) -> Targets:
@@ -137,40 +142,40 @@ class Objective:
 
 
 class AnswerKL(Objective):
+    """``KL(full || masked)`` of the answer distribution (the heuristic-core paper's)."""
+
     name = "answer_kl"
     needs_reference = True
     column = "kl"
     takes = "sentence pairs or a prompt task"
-
-    def accepts(self, tokenized: TokenizedPairs) -> bool:
-        return not isinstance(tokenized, TokenizedText)
+    kinds = frozenset({SENTENCE_PAIRS, PROMPT_TASK})
 
     def compare(self, masked, full, answers, distractors):
         return kl_per_example(full, masked)
 
 
 class EveryPositionKL(Objective):
+    """The KL to the full model at every position of plain text (a task-free subnetwork)."""
+
     name = "every_position_kl"
     needs_reference = False
     every_position = True
     column = "kl"
     takes = "plain text (text:wikitext, text:python, text:<path>)"
-
-    def accepts(self, tokenized: TokenizedPairs) -> bool:
-        return isinstance(tokenized, TokenizedText)
+    kinds = frozenset({PLAIN_TEXT})
 
     def per_example(self, model, mask, inputs, targets, index, precision="fp32"):
         return full_and_masked_kl(model, mask, inputs, precision)
 
 
 class LogitDiff(Objective):
+    """The squared gap to the full model's answer-minus-distractor logit difference."""
+
     name = "logit_diff"
     needs_reference = True
     column = "logit_diff_gap"
     takes = "a prompt task with answers (ioi, ioi:abba, nli:<pair spec>, a .jsonl of prompts)"
-
-    def accepts(self, tokenized: TokenizedPairs) -> bool:
-        return isinstance(tokenized, TokenizedPrompts)
+    kinds = frozenset({PROMPT_TASK})
 
     def targets(self, tokenized: TokenizedPairs, logits: torch.Tensor | None) -> Targets:
         assert isinstance(tokenized, TokenizedPrompts)
@@ -261,12 +266,13 @@ def usable(tokenized: TokenizedPairs) -> list[str]:
     return [name for name, o in OBJECTIVES.items() if o.accepts(tokenized)]
 
 
-def _kind(tokenized: TokenizedPairs) -> str:
+def data_kind(tokenized: TokenizedPairs) -> str:
+    """``tokenized``'s kind of data, in words: plain text, a prompt task or sentence pairs."""
     if isinstance(tokenized, TokenizedText):
-        return "plain text"
+        return PLAIN_TEXT
     if isinstance(tokenized, TokenizedPrompts):
-        return "a prompt task"
-    return "sentence pairs"
+        return PROMPT_TASK
+    return SENTENCE_PAIRS
 
 
 def resolve_objective(name: str, tokenized: TokenizedPairs) -> Objective:

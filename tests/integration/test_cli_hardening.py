@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import one_error
 
 from mi_core.cli import main
 
 SWEEP = ["sweep", "--model", "m", "--train", "mnli:train", "--sparsities", "0.5", "--seeds", "1-1"]
-
-
-def _one_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in err[0], err
-    assert err[0].startswith("mi-core: error: "), err
-    return err[0]
 
 
 @pytest.fixture
@@ -47,7 +41,7 @@ def test_the_output_lock_cannot_be_turned_into_a_write_anywhere(tmp_path, capsys
     folder = private_tmp / f"mi_core-locks-{os.getuid()}"
     folder.symlink_to(planted)
     assert main([*SWEEP, "--out", str(out)]) == 2
-    assert "is not a folder of this user's" in _one_error(capsys)
+    assert "is not a folder of this user's" in one_error(capsys)
     assert list(planted.iterdir()) == [] and not out.exists()
 
     # this user's folder, left open to others: closed on first use
@@ -64,7 +58,7 @@ def test_the_output_lock_cannot_be_turned_into_a_write_anywhere(tmp_path, capsys
         with output_lock(out):
             raise AssertionError("the lock was taken through a link")
     assert main([*SWEEP, "--out", str(out)]) == 2
-    assert "cannot open the output lock" in _one_error(capsys)
+    assert "cannot open the output lock" in one_error(capsys)
     assert victim.read_text() == "precious"
 
 
@@ -74,7 +68,7 @@ def test_a_lock_folder_of_another_user_is_refused(tmp_path, capsys, private_tmp)
     folder.mkdir(mode=0o700)
     os.chown(folder, os.getuid() + 4242, -1)
     assert main([*SWEEP, "--out", str(tmp_path / "sweep")]) == 2
-    assert "is not a folder of this user's" in _one_error(capsys)
+    assert "is not a folder of this user's" in one_error(capsys)
     assert list(folder.iterdir()) == []
 
 
@@ -146,7 +140,7 @@ def test_a_checkpoint_without_its_tokenizer_files_is_refused(tmp_path, capsys, t
             (folder / name).unlink()
         argv = _eval(folder, tmp_path, "--task", "mnli")
         assert main(argv) == 2
-        assert "has no tokenizer files" in _one_error(capsys)
+        assert "has no tokenizer files" in one_error(capsys)
         assert not (tmp_path / "r.csv").exists()
 
 
@@ -171,7 +165,7 @@ def test_weights_missing_some_or_all_tensors_are_refused_naming_them(
     save_file({"unrelated": load_file(folder / "model.safetensors")["classifier.bias"]},
               folder / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
     assert main(_eval(folder, tmp_path)) == 2
-    assert "lack 57 of the model's tensors" in _one_error(capsys)
+    assert "lack 57 of the model's tensors" in one_error(capsys)
     assert not (tmp_path / "r.csv").exists()
     # a pretrained body given a task: the head it lacks is made from the seed, as before
     body = load_model(tiny_checkpoints["gpt2-lm"], task="mnli")
@@ -192,7 +186,7 @@ def test_non_finite_weights_or_means_are_refused(tmp_path, capsys, tiny_checkpoi
     weights["bert.encoder.layer.1.output.dense.weight"][0, 0] = float("nan")
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     assert main(_eval(folder, tmp_path)) == 2
-    assert "hold NaN or infinite values (blocks.1.mlp.W_out)" in _one_error(capsys)
+    assert "hold NaN or infinite values (blocks.1.mlp.W_out)" in one_error(capsys)
     assert not (tmp_path / "r.csv").exists()
 
     means = ComponentMeans(torch.zeros(2, 4, 8), torch.zeros(2, 32), "m", "f")
@@ -204,7 +198,7 @@ def test_non_finite_weights_or_means_are_refused(tmp_path, capsys, tiny_checkpoi
         load_means(path)
     argv = _eval(tiny_checkpoints["bert-cls"], tmp_path, "--ablate", "L0.H1", "--means", str(path))
     assert main(argv) == 2
-    assert "NaN or infinite values in mlp_out" in _one_error(capsys)
+    assert "NaN or infinite values in mlp_out" in one_error(capsys)
 
 
 @pytest.mark.parametrize(
@@ -231,7 +225,7 @@ def test_a_means_file_of_another_version_or_with_bad_counts_is_one_line(tmp_path
 def test_an_empty_ablate_is_refused(tmp_path, capsys, tiny_checkpoints):
     """``--ablate ''`` evaluated the full model as if it were ablated."""
     assert main(_eval(tiny_checkpoints["bert-cls"], tmp_path, "--ablate", " ")) == 2
-    assert "--ablate is empty" in _one_error(capsys)
+    assert "--ablate is empty" in one_error(capsys)
 
 
 def test_two_way_labels_are_refused_as_three_way_training_data(tmp_path, capsys, tiny_checkpoints):
@@ -243,7 +237,7 @@ def test_two_way_labels_are_refused_as_three_way_training_data(tmp_path, capsys,
     argv = ["finetune", "--model", str(tiny_checkpoints["bert-cls"]), "--task", "mnli",
             "--train", str(data), "--steps", "1", "--out", str(tmp_path / "ft")]  # fmt: skip
     assert main(argv) == 2
-    assert "has 2 labels (entailment, non-entailment) but a mnli model has 3" in _one_error(capsys)
+    assert "has 2 labels (entailment, non-entailment) but a mnli model has 3" in one_error(capsys)
     assert not (tmp_path / "ft").exists()
 
 
@@ -255,14 +249,14 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path, capsys,
     argv = ["eval", "--model", str(tiny_checkpoints["bert-cls"]), "--data", str(data),
             "--out", str(data)]  # fmt: skip
     assert main(argv) == 2
-    assert "is the input" in _one_error(capsys)
+    assert "is the input" in one_error(capsys)
     assert data.read_text() == "premise,hypothesis,label\nA b .,A .,0\n"
     model = _copy(tiny_checkpoints["bert-cls"], tmp_path / "model")
     weights = (model / "model.safetensors").read_bytes()
     argv = ["means", "--model", str(model), "--data", "mnli:train", "--max-examples", "2",
             "--out", str(model / "model.safetensors")]  # fmt: skip
     assert main(argv) == 2
-    assert "is model.safetensors inside the input" in _one_error(capsys)
+    assert "is model.safetensors inside the input" in one_error(capsys)
     assert (model / "model.safetensors").read_bytes() == weights
     argv[-1] = str(model / "means.safetensors")  # beside the checkpoint's own files: fine
     assert main(argv) == 0
@@ -286,13 +280,13 @@ def test_a_run_folder_without_its_config_is_not_a_finished_run(tmp_path, capsys,
     (out / "config.json").unlink()  # as a run writing into a deleted folder leaves it
     mask = (out / "mask.json").read_text()
     assert main(_prune(tiny_checkpoints["bert-cls"], out, "0.3")) == 2
-    assert "without the config.json that says which run wrote them" in _one_error(capsys)
+    assert "without the config.json that says which run wrote them" in one_error(capsys)
     assert not (out / "config.json").exists() and (out / "mask.json").read_text() == mask
     shutil.rmtree(out)
     out.mkdir()
     (out / "metrics.json").write_text("{}")
     assert main(_prune(tiny_checkpoints["bert-cls"], out)) == 2
-    assert "metrics.json without the config.json" in _one_error(capsys)
+    assert "metrics.json without the config.json" in one_error(capsys)
 
 
 @pytest.mark.parametrize("damage", ["mask.json", "subnetwork.safetensors", "both masks"])
@@ -313,7 +307,7 @@ def test_a_finished_run_checks_its_mask_files(damage, tmp_path, capsys, caplog, 
     code = main(_prune(tiny_checkpoints["bert-cls"], out))
     if damage == "both masks":
         assert code == 2
-        assert "mask.safetensors and mask.json are missing, damaged" in _one_error(capsys)
+        assert "mask.safetensors and mask.json are missing, damaged" in one_error(capsys)
         return
     assert code == 0 and f"{damage} is missing or damaged; written again" in caplog.text
     mask = ComponentMask.load(out / "mask.safetensors")
@@ -349,7 +343,7 @@ def test_a_bad_mask_json_is_one_line(edit, says, tmp_path, capsys, tiny_checkpoi
     with pytest.raises(InterventionError, match=says):
         ComponentMask.load(path)
     assert main(_eval(tiny_checkpoints["bert-cls"], tmp_path, "--mask", str(path))) == 2
-    assert says.split("'")[0] in _one_error(capsys)
+    assert says.split("'")[0] in one_error(capsys)
 
 
 def _edited_config(checkpoint, to, **changes):
@@ -374,7 +368,7 @@ def test_broken_checkpoints_are_one_line_saying_what_is_wrong(tmp_path, capsys, 
     bert = tiny_checkpoints["bert-cls"]
     wrong_type = _edited_config(bert, tmp_path / "six", num_hidden_layers="six")
     assert main(_eval(wrong_type, tmp_path)) == 2
-    assert "cannot read the config of" in _one_error(capsys)
+    assert "cannot read the config of" in one_error(capsys)
 
     evil = _copy(bert, tmp_path / "evil")
     (evil / "model.safetensors").unlink()
@@ -385,7 +379,7 @@ def test_broken_checkpoints_are_one_line_saying_what_is_wrong(tmp_path, capsys, 
 
     (evil / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
     assert main(_eval(evil, tmp_path)) == 2
-    assert "a pickle holding more than tensors, which mi_core never loads" in _one_error(capsys)
+    assert "a pickle holding more than tensors, which mi_core never loads" in one_error(capsys)
     assert not (tmp_path / "pwned").exists()
 
     two = _edited_config(bert, tmp_path / "two", id2label={"0": "a", "1": "b"},
@@ -396,7 +390,7 @@ def test_broken_checkpoints_are_one_line_saying_what_is_wrong(tmp_path, capsys, 
     remote = _edited_config(bert, tmp_path / "remote", model_type="my-own",
                             auto_map={"AutoConfig": "modeling.MyConfig"})  # fmt: skip
     assert main(_eval(remote, tmp_path)) == 2
-    err = _one_error(capsys)
+    err = one_error(capsys)
     assert "mi_core never runs code from a checkpoint" in err and "trust_remote_code" not in err
     assert not (tmp_path / "r.csv").exists()
 
@@ -407,13 +401,13 @@ def test_file_faults_in_arguments_are_one_line(tmp_path, capsys, tiny_checkpoint
     config = tmp_path / "c.json"
     config.write_bytes('{"model": "caf\xe9"}'.encode("latin-1"))
     assert main(["heuristic-core", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
-    assert "is not UTF-8 text" in _one_error(capsys)
+    assert "is not UTF-8 text" in one_error(capsys)
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     assert main(_eval(tiny_checkpoints["bert-cls"], tmp_path)[:-1] + [str(loop)]) == 2
-    assert "a symbolic link that leads back to itself" in _one_error(capsys)
+    assert "a symbolic link that leads back to itself" in one_error(capsys)
     assert main(_prune(tiny_checkpoints["llama-lm"], tmp_path / "run")) == 2
-    err = _one_error(capsys)  # sentence pairs given to a language model: what it can prune on
+    err = one_error(capsys)  # sentence pairs given to a language model: what it can prune on
     assert "is a causal language model: node pruning runs on a sentence-pair classifier" in err
     assert "on a prompt task (ioi, ioi:abba" in err
 
@@ -431,7 +425,7 @@ def test_huge_seed_or_sparsity_lists_are_refused_at_once(tmp_path, capsys):
         argv[argv.index(flag) + 1] = value
         started = time.perf_counter()
         assert main(argv) == 2
-        assert f"at most {MAX_LIST}" in _one_error(capsys)
+        assert f"at most {MAX_LIST}" in one_error(capsys)
         assert time.perf_counter() - started < 5
     started = time.perf_counter()
     assert len(parse_seed_spec(f"0-{MAX_LIST - 1}")) == MAX_LIST
@@ -454,7 +448,7 @@ def test_an_immutable_output_is_refused_before_the_work(tmp_path, capsys):
     try:
         argv = ["eval", "--model", "no-such-model", "--data", "hans:so_swap", "--out", str(kept)]
         assert main(argv) == 2
-        assert "results.csv: the file cannot be written" in _one_error(capsys)
+        assert "results.csv: the file cannot be written" in one_error(capsys)
     finally:
         subprocess.run(["chattr", "-i", str(kept)], check=True)
 
@@ -562,7 +556,7 @@ def test_the_weight_cache_keeps_one_copy_per_model_and_option_and_can_be_cleared
     assert main(["cache", "clear"]) == 0
     assert "removed" in capsys.readouterr().out and list_cache() == []
     assert main(["cache"]) == 2
-    assert "choose what to do" in _one_error(capsys)
+    assert "choose what to do" in one_error(capsys)
 
 
 @pytest.mark.parametrize(
@@ -616,7 +610,7 @@ def test_data_specs_and_files_are_checked_before_the_model_loads(
     if command[0] == "means":
         argv[-1] = str(tmp_path / "m.safetensors")
     assert main(argv) == 2
-    assert says in _one_error(capsys)
+    assert says in one_error(capsys)
 
 
 def test_a_circuit_page_is_legible_names_its_model_briefly_and_shows_its_error_bars(tmp_path):

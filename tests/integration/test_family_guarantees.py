@@ -9,17 +9,11 @@ import json
 import pytest
 import torch
 import transformers
+from helpers import one_error
 
 from mi_core.cli import main
 from mi_core.errors import ModelInputError, ModelLoadError
 from mi_core.models import load_model
-
-
-def _one_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in err[0], err
-    assert err[0].startswith("mi-core: error: "), err
-    return err[0]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +88,7 @@ def test_a_mixture_of_experts_routing_to_more_experts_than_it_has_is_one_line(
     out = str(tmp_path / "m.safetensors")
     capsys.readouterr()  # the checkpoint's writing bar
     assert main(["means", "--model", str(path), "--data", "text:wikitext", "--out", out]) == 2
-    assert "routes each token to 5 experts (num_experts_per_tok) but has 4" in _one_error(capsys)
+    assert "routes each token to 5 experts (num_experts_per_tok) but has 4" in one_error(capsys)
 
 
 @pytest.mark.usefixtures("data_dir")
@@ -110,7 +104,7 @@ def test_an_output_under_a_symbolic_link_loop_is_one_line(tiny_checkpoints, tmp_
     argv = ["means", "--model", str(tiny_checkpoints["llama-lm"]), "--data", "text:wikitext",
             "--out", str(out)]  # fmt: skip
     assert main(argv) == 2
-    assert "is a symbolic link that leads nowhere (a loop, or to nothing)" in _one_error(capsys)
+    assert "is a symbolic link that leads nowhere (a loop, or to nothing)" in one_error(capsys)
     with pytest.raises(OutputError, match="leads through a symbolic link loop"), output_lock(out):
         pass
 

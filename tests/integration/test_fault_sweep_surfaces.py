@@ -11,18 +11,12 @@ import shutil
 import pytest
 import torch
 import transformers
+from helpers import one_error
 from safetensors.torch import load_file, save_file
 
 from mi_core.cli import main
 from mi_core.models import load_model
 from mi_core.models.loading import load_hf_causal_lm
-
-
-def _one_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in err[0], err
-    assert err[0].startswith("mi-core: error: "), err
-    return err[0]
 
 
 def _logprobs(model, ids: torch.Tensor) -> torch.Tensor:
@@ -169,14 +163,14 @@ def test_misleading_messages_now_say_what_is_wrong(tiny_checkpoints, tmp_path, c
     cls = str(tiny_checkpoints["llama-cls"])
     out = str(tmp_path / "a")
     assert main(["prune", "--model", cls, "--train", "ioi", "--out", out, *run]) == 2
-    err = _one_error(capsys)
+    err = one_error(capsys)
     assert "is not a causal language model (a sequence classifier" in err
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"answer": " Paris"}\n{"prompt": "The capital is", "answer": " Paris"}\n')
     lm = str(tiny_checkpoints["llama-lm"])
     argv = ["prune", "--model", lm, "--train", str(prompts), "--out", str(tmp_path / "b"), *run]
     assert main(argv) == 2
-    assert "p.jsonl, line 1 lacks prompt; keys are prompt, answer" in _one_error(capsys)
+    assert "p.jsonl, line 1 lacks prompt; keys are prompt, answer" in one_error(capsys)
 
     bare = _copy(tiny_checkpoints["llama-lm"], tmp_path / "bare")
     (bare / "model.safetensors").unlink()

@@ -9,9 +9,9 @@ import torch
 from helpers import random_prompt_pairs, tiny_model
 
 from mi_core.circuits.prune import EdgePruneSettings, prune_edges
-from mi_core.data import load_prompt_task, pair_batches, tokenize_pairs
+from mi_core.data import tokenize_pairs
 from mi_core.errors import ConfigError
-from mi_core.interventions import ComponentMask, ablate, compute_means
+from mi_core.interventions import ComponentMask, ablate
 from mi_core.pruning import make_prune_config
 from mi_core.pruning.objectives import (
     OBJECTIVES,
@@ -21,16 +21,6 @@ from mi_core.pruning.objectives import (
 )
 from mi_core.pruning.reference_logits import compute_reference_logits
 from mi_core.pruning.run import prune_run
-
-
-@pytest.fixture(scope="module")
-def ioi(answer):
-    return load_prompt_task("ioi:abba", 16, tokenizer=answer.tokenizer)
-
-
-@pytest.fixture(scope="module")
-def lm_means(answer, ioi):
-    return compute_means(answer, pair_batches(ioi, answer.tokenizer, batch_size=8))
 
 
 def test_the_logit_difference_gap_by_hand():

@@ -25,16 +25,6 @@ from mi_core.pruning.run import prune_run
 from mi_core.tasks import NEXT_TOKEN
 
 
-@pytest.fixture(scope="module")
-def ioi(answer):
-    return load_prompt_task("ioi:abba", 24, tokenizer=answer.tokenizer)
-
-
-@pytest.fixture(scope="module")
-def lm_means(answer, ioi):
-    return compute_means(answer, pair_batches(ioi, answer.tokenizer, batch_size=8))
-
-
 def _last(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Each row's logits at its last real token."""
     return logits[torch.arange(logits.shape[0]), mask.sum(1) - 1]
