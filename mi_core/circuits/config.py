@@ -10,8 +10,8 @@ from mi_core.config import Config, option
 from mi_core.devices import ModelPlacement
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import FILLS
+from mi_core.pruning.constants import AUTO_OBJECTIVE, OBJECTIVE_NAMES
 from mi_core.pruning.jobs import EXECUTION_FIELDS, SweepExecution
-from mi_core.pruning.objectives import AUTO, objective_names
 from mi_core.pruning.profiles import parse_seed_spec, parse_sparsity_spec
 from mi_core.tasks import TASKS
 
@@ -88,7 +88,7 @@ class EdgePruneSettings(Config):
     """Standard deviation of the initial log_alpha."""
     fill: str = option("corrupted", choices=FILLS)
     """What a removed edge carries: the corrupted run's activation, the mean, or zero."""
-    objective: str = option(AUTO, choices=objective_names())
+    objective: str = option(AUTO_OBJECTIVE, choices=OBJECTIVE_NAMES)
     """What the gates minimise besides the sparsity penalty (:mod:`mi_core.pruning.objectives`):
     ``answer_kl`` (the authors' KL to the full model at the answer; ``auto``), or
     ``logit_diff`` (the squared gap to the full model's answer-minus-distractor logit

@@ -61,3 +61,10 @@ def check_ray_gpus(executor: str, device: str, num_gpus_per_run: float) -> None:
             f"--device {device} with --executor ray needs --num-gpus-per-run > 0 (Ray gives a "
             "task no GPU otherwise); or use --device auto"
         )
+
+
+#: The objectives a mask learns against (:data:`mi_core.pruning.objectives.OBJECTIVES`, the
+#: registry this must list; here so that a config is built without torch): ``auto`` picks by
+#: the training data's kind.
+AUTO_OBJECTIVE = "auto"
+OBJECTIVE_NAMES = (AUTO_OBJECTIVE, "answer_kl", "every_position_kl", "logit_diff")

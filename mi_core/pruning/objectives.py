@@ -33,6 +33,7 @@ from mi_core.data.batches import TokenizedPairs, TokenizedPrompts, TokenizedText
 from mi_core.devices import autocast
 from mi_core.errors import ConfigError
 from mi_core.models.dropout import dropout_suspended
+from mi_core.pruning.constants import AUTO_OBJECTIVE
 from mi_core.pruning.objective import every_position_kl, kl_per_example
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 #: The default objective: chosen by the training data's kind (see the module docstring).
-AUTO = "auto"
+AUTO = AUTO_OBJECTIVE
 #: The kinds of training data (:func:`data_kind`).
 PLAIN_TEXT, PROMPT_TASK, SENTENCE_PAIRS = "plain text", "a prompt task", "sentence pairs"
 

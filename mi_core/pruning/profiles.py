@@ -34,17 +34,18 @@ from mi_core.devices import PRECISIONS
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import UNIT_FILLS
 from mi_core.pruning.constants import (
+    AUTO_OBJECTIVE,
     BETA,
     DISCRETIZE_RULES,
     DROPRATE_INIT,
     LIMIT_LEFT,
     LIMIT_RIGHT,
+    OBJECTIVE_NAMES,
     PAPER_INIT_MEAN,
     PAPER_INIT_STD,
     SPARSITY_ESTIMATES,
     initial_log_alpha,
 )
-from mi_core.pruning.objectives import AUTO, objective_names
 from mi_core.pruning.schedule import LR_SCHEDULES, lr_factor, paper_schedule
 
 PROFILES = ("paper", "quick", "cofi")
@@ -118,7 +119,7 @@ class PruneConfig(Config):
     discretize: str = option("reference", choices=DISCRETIZE_RULES)
     """``"reference"``: the authors' per-module rounding and threshold grid; ``"exact"``: remove
     exactly ``round(target * n)`` components by ``log_alpha``."""
-    objective: str = option(AUTO, choices=objective_names())
+    objective: str = option(AUTO_OBJECTIVE, choices=OBJECTIVE_NAMES)
     """What the mask minimises besides the sparsity penalty (:mod:`mi_core.pruning.objectives`):
     ``answer_kl`` (the KL to the full model at the answer: the paper), ``every_position_kl``
     (plain text), ``logit_diff`` (the squared gap to the full model's answer-minus-distractor

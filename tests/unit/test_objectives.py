@@ -23,6 +23,14 @@ from mi_core.pruning.reference_logits import compute_reference_logits
 from mi_core.pruning.run import prune_run
 
 
+def test_the_configs_choices_are_the_registry():
+    """PruneConfig and EdgePruneSettings take their choices from a torch-free constant."""
+    from mi_core.pruning.constants import OBJECTIVE_NAMES
+    from mi_core.pruning.objectives import objective_names
+
+    assert OBJECTIVE_NAMES == objective_names()
+
+
 def test_the_logit_difference_gap_by_hand():
     masked = torch.tensor([[0.0, 1.0, 3.0], [2.0, 2.5, 0.5]])
     full = torch.tensor([[1.0, 0.0, 2.0], [1.0, 1.0, 1.0]])
