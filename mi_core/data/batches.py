@@ -167,6 +167,38 @@ class TokenizedText(TokenizedPairs):
     (:func:`~mi_core.pruning.objective.every_position_kl`)."""
 
 
+@dataclass
+class TokenizedFocusCripple(TokenizedText):
+    """Token windows of two texts trained on together, as learned separability trains: a
+    window's label is its role, :data:`FOCUS` (the text to keep) or :data:`CRIPPLE` (the text
+    to lose)."""
+
+    @classmethod
+    def join(
+        cls,
+        focus: Sequence[Sequence[int]],
+        cripple: Sequence[Sequence[int]],
+        pad_token_id: int,
+        name: str = "",
+    ) -> TokenizedFocusCripple:
+        """The windows of both texts, focus first, each labelled with its role."""
+        ids = [list(map(int, w)) for w in (*focus, *cripple)]
+        return cls(
+            input_ids=ids,
+            token_type_ids=[[0] * len(row) for row in ids],
+            labels=[FOCUS] * len(focus) + [CRIPPLE] * len(cripple),
+            max_length=max(len(row) for row in ids),
+            pad_token_id=int(pad_token_id),
+            n_truncated=0,
+            truncated=[],
+            name=name,
+        )
+
+
+#: The roles of :class:`TokenizedFocusCripple`'s windows (their labels).
+FOCUS, CRIPPLE = 0, 1
+
+
 def tokenize_text(task: TextTask, tokenizer: Any, max_length: int = 128) -> TokenizedText:
     """A text task's windows as tokenised examples, each cut to its first ``max_length``
     tokens (the count of cut windows logged once)."""

@@ -24,7 +24,8 @@ does)::
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,17 @@ class ComponentMask:
     def partial(self) -> dict[Component, float]:
         """Components whose value lies strictly between 0 and 1."""
         return {c: v for c, v in self._items() if 0.0 < v < 1.0}
+
+    @contextmanager
+    def kept_all(self) -> Iterator[None]:
+        """Every value at 1 inside the block (inside :func:`ablate`: the full model, each
+        ablation's input left as it is, ``1 * x + 0 * fill``), the values restored after."""
+        heads, mlps = self.heads, self.mlps
+        self.heads, self.mlps = torch.ones_like(heads), torch.ones_like(mlps)
+        try:
+            yield
+        finally:
+            self.heads, self.mlps = heads, mlps
 
     def is_binary(self) -> bool:
         """True when every value is 0 or 1."""

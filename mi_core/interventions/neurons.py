@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -43,6 +44,7 @@ from transformer_lens import HookedTransformer
 from mi_core.errors import InterventionError
 from mi_core.interventions.kinds import register_kind
 from mi_core.io import read_safetensors, write_safetensors
+from mi_core.models.hook_context import prepended_hooks
 from mi_core.models.hooks import act_name
 from mi_core.models.value_biases import head_zero_values
 
@@ -356,6 +358,121 @@ class PruneMasks:
         from mi_core.io import write_text
 
         return write_text(path, json.dumps(self.listing()) + "\n")
+
+
+@dataclass(eq=False)
+class NeuronGates:
+    """Gate values in [0, 1] for every MLP neuron and attention pre-out neuron, as a learned
+    neuron mask trains them (:data:`~mi_core.pruning.mask_kinds.NEURONS`): the soft, trainable
+    counterpart of :class:`PruneMasks`, with the same units and fills.
+
+    Inside :meth:`applied` a unit's activation ``x`` becomes ``z * x + (1 - z) * fill`` at
+    ``mlp.hook_post`` / ``attn.hook_z`` (``fill`` 0 for a zero fill: on a model whose value
+    biases were folded the pre-out fill takes the folded bias off, as :class:`PruneMasks`
+    does, so zero means the neuron writes nothing). The hooks read ``ff`` / ``attn`` when they
+    run, so a training step assigns new samples without reinstalling them. ``ff`` /
+    ``attn`` may hold one row per example (``[batch, ...]``): example ``i`` sees row ``i``.
+    """
+
+    ff: Float[torch.Tensor, "*batch n_layers d_mlp"]
+    attn: Float[torch.Tensor, "*batch n_layers n_heads d_head"]
+    ff_fill: Float[torch.Tensor, "n_layers d_mlp"]
+    attn_fill: Float[torch.Tensor, "n_layers n_heads d_head"]
+
+    @classmethod
+    def ones(
+        cls,
+        model: HookedTransformer,
+        device: torch.device | str | None = None,
+        fills: PruneMasks | None = None,
+    ) -> NeuronGates:
+        """Gates that keep every neuron of ``model`` (fills: ``fills``' where given, else 0)."""
+        base = PruneMasks.empty(model) if fills is None else fills
+        base._check_fits(model)
+        return cls(
+            torch.ones(base.ff_fill.shape, device=device),
+            torch.ones(base.attn_fill.shape, device=device),
+            base.ff_fill.to(device),
+            base.attn_fill.to(device),
+        )
+
+    @property
+    def n_gates(self) -> int:
+        """Gates of one mask: every MLP neuron, then every pre-out neuron."""
+        return self.ff_fill.numel() + self.attn_fill.numel()
+
+    def assign(self, z: Float[torch.Tensor, "*batch gates"]) -> None:
+        """Put flat gate values (MLP neurons first, then pre-out neurons, each row-major; one
+        row per example or one for all) into ``ff`` / ``attn``."""
+        n_ff = self.ff_fill.numel()
+        lead = z.shape[:-1]
+        self.ff = z[..., :n_ff].reshape(*lead, *self.ff_fill.shape)
+        self.attn = z[..., n_ff:].reshape(*lead, *self.attn_fill.shape)
+
+    @contextmanager
+    def kept_all(self) -> Iterator[None]:
+        """Every gate at 1 inside the block (the full model), the values restored after."""
+        ff, attn = self.ff, self.attn
+        self.ff, self.attn = torch.ones_like(self.ff_fill), torch.ones_like(self.attn_fill)
+        try:
+            yield
+        finally:
+            self.ff, self.attn = ff, attn
+
+    def removed(self, keep: Bool[torch.Tensor, " gates"], step: int = 1) -> PruneMasks:
+        """The :class:`PruneMasks` that removes the units ``keep`` (flat, as :meth:`assign`)
+        leaves out, at ``step``, with these gates' fills."""
+        n_ff = self.ff_fill.numel()
+        keep = keep.cpu().bool()
+        masks = PruneMasks(
+            torch.zeros(self.ff_fill.shape, dtype=torch.long),
+            torch.zeros(self.attn_fill.shape, dtype=torch.long),
+            torch.zeros(self.ff_fill.shape),
+            torch.zeros(self.attn_fill.shape),
+        )
+        masks.prune(
+            step,
+            ~keep[:n_ff].reshape(self.ff_fill.shape),
+            ~keep[n_ff:].reshape(self.attn_fill.shape),
+            self.ff_fill.cpu(),
+            self.attn_fill.cpu(),
+        )
+        return masks
+
+    @contextmanager
+    def applied(self, model: HookedTransformer) -> Iterator[HookedTransformer]:
+        """Inside the block ``model`` runs with these gates (hooks before any other)."""
+        fills = PruneMasks(
+            torch.zeros(self.ff_fill.shape, dtype=torch.long),
+            torch.zeros(self.attn_fill.shape, dtype=torch.long),
+            self.ff_fill.cpu(),
+            self.attn_fill.cpu(),
+        )
+        fills._check_fits(model)
+        device, dtype = model.cfg.device, model.cfg.dtype
+        hooks: list[tuple[str, Callable]] = []
+        for layer in range(model.cfg.n_layers):
+            attn_fill = _attn_fills(model, fills, layer).to(device=device, dtype=dtype)
+            ff_fill = self.ff_fill[layer].to(device=device, dtype=dtype)
+            hooks.append((act_name("post", layer), self._gate_hook("ff", layer, ff_fill)))
+            hooks.append((act_name("z", layer), self._gate_hook("attn", layer, attn_fill)))
+        with prepended_hooks(model, hooks):
+            yield model
+
+    def _gate_hook(self, site: str, layer: int, fill: torch.Tensor) -> Callable:
+        unit_dims = 1 if site == "ff" else 2  # d_mlp, or heads x d_head
+        filled = bool(fill.any())
+
+        def hook(activation: torch.Tensor, hook: object) -> torch.Tensor:
+            values = getattr(self, site)
+            if values.ndim == unit_dims + 1:  # one mask for every example
+                z = values[layer]
+            else:  # one row per example: [batch, layers, ...] -> [batch, 1 (pos), ...]
+                z = values[:, layer].unsqueeze(1)
+            z = z.to(activation.dtype)
+            return z * activation + (1 - z) * fill if filled else z * activation
+
+        return hook
 
 
 def _masking_hook(keep: torch.Tensor, shift: torch.Tensor | None) -> Callable:

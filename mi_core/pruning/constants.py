@@ -67,4 +67,6 @@ def check_ray_gpus(executor: str, device: str, num_gpus_per_run: float) -> None:
 #: registry this must list; here so that a config is built without torch): ``auto`` picks by
 #: the training data's kind.
 AUTO_OBJECTIVE = "auto"
-OBJECTIVE_NAMES = (AUTO_OBJECTIVE, "answer_kl", "every_position_kl", "logit_diff")
+OBJECTIVE_NAMES = (AUTO_OBJECTIVE, "answer_kl", "every_position_kl", "logit_diff", "separate")
+#: What the ``separate`` objective minimises on the cripple text (mi_core.pruning.objectives).
+CRIPPLE_TERMS = ("uniform", "capped")

@@ -39,7 +39,6 @@ from mi_core.pruning.checkpoint import (
 from mi_core.pruning.discretize import (
     AchievedSparsity,
     discretize,
-    make_gates,
     unflatten_components,
 )
 from mi_core.pruning.group_optimizer import GroupAdamW
@@ -50,6 +49,7 @@ from mi_core.pruning.lagrangian import (
     LagrangianController,
     pruning_optimizer,
 )
+from mi_core.pruning.mask_kinds import COMPONENTS, MaskKind
 from mi_core.pruning.objectives import OBJECTIVES, Objective, log_row, resolve_objective
 from mi_core.pruning.profiles import PruneConfig, unreachable_target
 from mi_core.pruning.result import StepCallback, log_columns
@@ -84,6 +84,11 @@ class RunState:
     loss, so one run's overflow never skips or shrinks another's step."""
     objective: Objective = OBJECTIVES["answer_kl"]
     """What the run minimises (its config's, resolved for its training data)."""
+    kind: MaskKind = COMPONENTS
+    """What its gates gate (:mod:`~mi_core.pruning.mask_kinds`)."""
+    fills: Any = None
+    """What replaces a removed unit of a kind that carries its own fills (neurons: a
+    :class:`~mi_core.interventions.neurons.PruneMasks`); None: the kind's default."""
 
     @property
     def checkpoint(self) -> Path | None:
@@ -107,11 +112,17 @@ def start_run(
     cfg: PruneConfig,
     run_dir: Path | None,
     callback: StepCallback | None,
+    *,
+    kind: MaskKind = COMPONENTS,
+    objective: Objective | None = None,
+    fills: Any = None,
 ) -> RunState:
-    """A run's fresh state, or its state at its last checkpoint in ``run_dir``."""
-    dims = model_dims(model)
+    """A run's fresh state, or its state at its last checkpoint in ``run_dir``: gates of
+    ``kind`` (heads and MLPs, or neurons with ``fills``), learned against ``objective``
+    (default: ``cfg.objective`` resolved for ``tokenized``; an objective with options of its
+    own, as learned separability's, is passed built)."""
     device = next(model.parameters()).device
-    gates = make_gates(cfg, dims.n_layers, dims.n_heads).to(device)
+    gates = kind.gates(cfg, model).to(device)
     controller = LagrangianController().to(device)
     optimizer = pruning_optimizer(
         gates.parameters(),
@@ -134,8 +145,12 @@ def start_run(
         last_good=None,
         callback=callback,
         scaler=grad_scaler(device, cfg.precision),
-        objective=resolve_objective(cfg.objective, tokenized),
+        objective=resolve_objective(cfg.objective, tokenized) if objective is None else objective,
+        kind=kind,
+        fills=fills,
     )
+    if objective is not None:
+        objective.check(tokenized)
     checkpoint = state.checkpoint
     if checkpoint is not None and checkpoint.is_file():
         state.start = load_checkpoint(
@@ -204,10 +219,12 @@ def train_group(
     """
     cfg = runs[0].cfg
     check_group([r.cfg for r in runs])
-    objective = runs[0].objective
+    objective, kind = runs[0].objective, runs[0].kind
+    if any(r.objective is not objective or r.kind is not kind for r in runs):
+        raise ConfigError("the runs of a group need one objective and one kind of mask")
     device = next(model.parameters()).device
     rng_devices = [device] if device.type == "cuda" else []
-    weights = sparsity_weights(model, cfg.sparsity_weighting)
+    weights = sparsity_weights(model, cfg.sparsity_weighting, kind)
     weights = None if weights is None else weights.to(device)
     targets = objective.targets(tokenized, reference).to(device)
     accumulation = cfg.grad_accumulation
@@ -226,7 +243,7 @@ def train_group(
         disable=not progress,
         leave=False,
     )
-    mask = ComponentMask.ones(model, device=device)
+    mask = kind.blank(model, device, runs[0].fills)
     # a group's optimizer steps taken together (fp16's per-run loss scalers step run by run)
     stacked = None
     if len(runs) > 1 and all(r.scaler is None for r in runs):
@@ -237,11 +254,11 @@ def train_group(
         )
     slot = {id(r): k for k, r in enumerate(runs)}
     probe = None
-    if evals and cfg.eval_every > 0:
+    if evals and cfg.eval_every > 0 and kind is COMPONENTS:
         probe = _subnetwork_probe(model, mask, evals[0], weights, cfg)
     with (
         frozen(model),
-        ablate(model, mask, means, cfg.fill, skip_unmasked=False),
+        kind.applied(model, mask, means, cfg.fill),
         matmul_precision(cfg.precision),  # tf32: the steps' forward and backward passes
     ):
         for step in bar:
@@ -279,7 +296,7 @@ def train_group(
                     torch.manual_seed(derive_seed("prune", "dropout", active[0].cfg.seed, step))
                 rows = group_pruning_step(
                     model, mask, members, batches, sizes, targets, weights, max_chunk,
-                    cfg.precision, [r.scaler for r in active], objective=objective,
+                    cfg.precision, [r.scaler for r in active], objective=objective, kind=kind,
                 )  # fmt: skip
             rows = [log_row(objective, row) for row in rows]
             if stacked is None:

@@ -16,28 +16,44 @@ is zero with every gate at 1 (the masked model is the full model).
   (no distractor: minus the mean logit), the quantity circuit benchmarks score circuits by
   (MIB's faithfulness is a ratio of logit differences). Squared so that it is smooth and
   zero at the full model; prompt tasks only.
+- ``separate`` (learned separability): on windows of two texts, the KL to the full model at
+  every position of the *focus* text's windows, plus ``weight`` times a cripple term on the
+  *cripple* text's: ``uniform`` (default), the cross-entropy of the masked next-token
+  distribution to the uniform one, less the full model's (minimised where the model predicts
+  nothing: bounded, with no threshold to choose); or ``capped``, minus the rise of the
+  next-token loss over the full model's, capped at ``cap`` nats a token (a loss that rises
+  without bound would be met by confident wrong predictions; the cap stops paying for damage
+  past it). Both are zero at the full model, so every objective is.
 
-``auto`` (the default) is ``every_position_kl`` on plain text and ``answer_kl`` otherwise.
+``auto`` (the default) is ``every_position_kl`` on plain text, ``separate`` on focus and cripple
+text, and ``answer_kl`` otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
 
-from mi_core.data.batches import TokenizedPairs, TokenizedPrompts, TokenizedText
+from mi_core.data.batches import (
+    CRIPPLE,
+    TokenizedFocusCripple,
+    TokenizedPairs,
+    TokenizedPrompts,
+    TokenizedText,
+)
 from mi_core.devices import autocast
 from mi_core.errors import ConfigError
 from mi_core.models.dropout import dropout_suspended
-from mi_core.pruning.constants import AUTO_OBJECTIVE
+from mi_core.pruning.constants import AUTO_OBJECTIVE, CRIPPLE_TERMS
 from mi_core.pruning.objective import every_position_kl, kl_per_example
 
 if TYPE_CHECKING:
     from mi_core.interventions import ComponentMask
+    from mi_core.interventions.neurons import NeuronGates
     from mi_core.models.types import HookedModel
 
 __all__ = [
@@ -47,6 +63,7 @@ __all__ = [
     "EveryPositionKL",
     "LogitDiff",
     "Objective",
+    "Separate",
     "Targets",
     "objective_names",
     "resolve_objective",
@@ -56,24 +73,28 @@ __all__ = [
 AUTO = AUTO_OBJECTIVE
 #: The kinds of training data (:func:`data_kind`).
 PLAIN_TEXT, PROMPT_TASK, SENTENCE_PAIRS = "plain text", "a prompt task", "sentence pairs"
+FOCUS_AND_CRIPPLE = "focus and cripple text"
 
 
 @dataclass
 class Targets:
     """What an objective compares the masked model with, for every training example: the full
     model's cached logits (``[n, classes]``, None where the objective computes its own), and a
-    prompt task's answer and distractor ids (``[n]``; distractor -1: none)."""
+    prompt task's answer and distractor ids (``[n]``; distractor -1: none), and each window's
+    role where two texts are trained on together (``[n]``, :data:`~mi_core.data.batches.FOCUS`
+    or :data:`~mi_core.data.batches.CRIPPLE`)."""
 
     logits: Float[torch.Tensor, "n label"] | None = None
     answers: torch.Tensor | None = None
     distractors: torch.Tensor | None = None
+    roles: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Targets:
         """These targets on ``device``."""
         return Targets(*(None if t is None else t.to(device) for t in self._tensors()))
 
     def _tensors(self) -> tuple[torch.Tensor | None, ...]:
-        return self.logits, self.answers, self.distractors
+        return self.logits, self.answers, self.distractors, self.roles
 
 
 class Objective:
@@ -117,7 +138,7 @@ class Objective:
     def per_example(
         self,
         model: HookedModel,
-        mask: ComponentMask,
+        mask: ComponentMask | NeuronGates,
         inputs: Mapping[str, torch.Tensor],
         targets: Targets,
         index: torch.Tensor,
@@ -221,40 +242,116 @@ def _masked_logits(
 
 def full_and_masked_kl(
     model: HookedModel,
-    mask: ComponentMask,
+    mask: ComponentMask | NeuronGates,
     inputs: Mapping[str, torch.Tensor],
     precision: str = "fp32",
 ) -> Float[torch.Tensor, " batch"]:
     """Each example's KL at every position (:func:`every_position_kl`) between the full model
-    and the model under ``mask`` (the values the step put there), on plain text.
+    and the model under ``mask`` (the values the step put there), on plain text."""
+    full, masked, attention = full_and_masked_logits(model, mask, inputs, precision)
+    return every_position_kl(full, masked, attention)
 
-    The full model's pass runs with every component kept (a mask of ones leaves each
-    ablation's input as it is: ``1 * x + 0 * fill``), without gradients and without dropout;
-    then the masked pass, whose graph the loss is taken through."""
-    device = mask.heads.device
+
+def full_and_masked_logits(
+    model: HookedModel,
+    mask: ComponentMask | NeuronGates,
+    inputs: Mapping[str, torch.Tensor],
+    precision: str = "fp32",
+) -> tuple[
+    Float[torch.Tensor, "batch pos vocab"],
+    Float[torch.Tensor, "batch pos vocab"],
+    Float[torch.Tensor, "batch pos"],
+]:
+    """The full model's and the masked model's next-token logits at every position (float32)
+    and the attention mask (ones where none was given).
+
+    The full model's pass runs with every gate at 1 (``mask.kept_all()``: a gate of 1 leaves
+    each unit's activation as it is, ``1 * x + 0 * fill``), without gradients and without
+    dropout; then the masked pass, whose graph the loss is taken through. A language model
+    loaded for a task reads them through ``every_position_logits``; a plain causal LM
+    (TransformerLens's, as separability loads) is called on the ids."""
+    device = next(model.parameters()).device
     ids, attention = inputs["input_ids"], inputs.get("attention_mask")
-    reading = getattr(model, "every_position_logits", None)
-    if reading is None:
-        raise ConfigError(
-            "plain text is pruned against a language model's next-token distributions; load "
-            "the model with task='next_token'"
-        )
-    heads, mlps = mask.heads, mask.mlps
-    mask.heads, mask.mlps = torch.ones_like(heads), torch.ones_like(mlps)
-    try:
-        with torch.no_grad(), dropout_suspended(), autocast(device, precision):
-            full = reading(ids, attention)
-    finally:
-        mask.heads, mask.mlps = heads, mlps
+    reading = _position_logits(model)
+
+    with mask.kept_all(), torch.no_grad(), dropout_suspended(), autocast(device, precision):
+        full = reading(ids, attention)
     with autocast(device, precision):
         masked = reading(ids, attention)
     if attention is None:
         attention = torch.ones(ids.shape, device=ids.device)
-    return every_position_kl(full.float(), masked.float(), attention)
+    return full.float(), masked.float(), attention
+
+
+def _position_logits(model: HookedModel) -> Callable[..., torch.Tensor]:
+    """How ``model`` gives next-token logits at every position of right-padded ids."""
+    reading = getattr(model, "every_position_logits", None)
+    if reading is not None:
+        return reading
+    if not hasattr(model, "unembed"):
+        raise ConfigError(
+            "plain text is pruned against a language model's next-token distributions; "
+            "load the model with task='next_token'"
+        )
+    return lambda ids, attention: model(ids, attention_mask=attention)
+
+
+class Separate(Objective):
+    """Keep the focus text, lose the cripple text (learned separability; module docstring)."""
+
+    name = "separate"
+    needs_reference = False
+    every_position = True
+    column = "separation_loss"
+    takes = "focus and cripple text (mi-core separability --method learned)"
+    kinds = frozenset({FOCUS_AND_CRIPPLE})
+
+    def __init__(self, cripple_term: str = "uniform", cap: float = 2.0, weight: float = 1.0):
+        if cripple_term not in CRIPPLE_TERMS:
+            raise ConfigError(f"cripple term must be one of {CRIPPLE_TERMS}, got {cripple_term!r}")
+        if not (cap > 0 and weight > 0):
+            raise ConfigError(f"cap and weight must be positive, got {cap} and {weight}")
+        self.cripple_term, self.cap, self.weight = cripple_term, float(cap), float(weight)
+
+    def targets(self, tokenized: TokenizedPairs, logits: torch.Tensor | None) -> Targets:
+        return Targets(roles=torch.tensor(tokenized.labels))
+
+    def per_example(self, model, mask, inputs, targets, index, precision="fp32"):
+        assert targets.roles is not None
+        full, masked, attention = full_and_masked_logits(model, mask, inputs, precision)
+        keep = every_position_kl(full, masked, attention)
+        lose = self.cripple(full, masked, inputs["input_ids"], attention)
+        return torch.where(
+            targets.roles[index].to(keep.device) == CRIPPLE, self.weight * lose, keep
+        )
+
+    def cripple(
+        self,
+        full: Float[torch.Tensor, "batch pos vocab"],
+        masked: Float[torch.Tensor, "batch pos vocab"],
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+    ) -> Float[torch.Tensor, " batch"]:
+        """The cripple term of each window, averaged over its real positions (zero at the full
+        model)."""
+        log_full, log_masked = full.log_softmax(-1), masked.log_softmax(-1)
+        if self.cripple_term == "uniform":
+            per_token = log_full.mean(-1) - log_masked.mean(-1)  # CE(U, masked) - CE(U, full)
+            real = attention.to(per_token.dtype)
+        else:
+            after = ids[:, 1:, None]
+            rise = (log_full[:, :-1].gather(-1, after) - log_masked[:, :-1].gather(-1, after))[
+                ..., 0
+            ]
+            per_token = -rise.clamp(max=self.cap)
+            real = (attention[:, 1:] * attention[:, :-1]).to(per_token.dtype)
+        return (per_token * real).sum(-1) / real.sum(-1).clamp(min=1)
 
 
 #: Every objective by name (``auto`` is resolved by :func:`resolve_objective`).
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (AnswerKL(), EveryPositionKL(), LogitDiff())}
+OBJECTIVES: dict[str, Objective] = {
+    o.name: o for o in (AnswerKL(), EveryPositionKL(), LogitDiff(), Separate())
+}
 
 
 def objective_names() -> tuple[str, ...]:
@@ -269,6 +366,8 @@ def usable(tokenized: TokenizedPairs) -> list[str]:
 
 def data_kind(tokenized: TokenizedPairs) -> str:
     """``tokenized``'s kind of data, in words: plain text, a prompt task or sentence pairs."""
+    if isinstance(tokenized, TokenizedFocusCripple):
+        return FOCUS_AND_CRIPPLE
     if isinstance(tokenized, TokenizedText):
         return PLAIN_TEXT
     if isinstance(tokenized, TokenizedPrompts):
@@ -279,7 +378,9 @@ def data_kind(tokenized: TokenizedPairs) -> str:
 def resolve_objective(name: str, tokenized: TokenizedPairs) -> Objective:
     """The objective ``name`` (``auto``: by the data's kind) checked against ``tokenized``."""
     if name == AUTO:
-        name = EveryPositionKL.name if isinstance(tokenized, TokenizedText) else AnswerKL.name
+        name = {FOCUS_AND_CRIPPLE: Separate.name, PLAIN_TEXT: EveryPositionKL.name}.get(
+            data_kind(tokenized), AnswerKL.name
+        )
     objective = OBJECTIVES.get(name)
     if objective is None:
         raise ConfigError(f"unknown objective {name!r}; expected one of {objective_names()}")

@@ -23,9 +23,7 @@ from mi_core.errors import (
 from mi_core.evaluation import model_inputs
 from mi_core.interventions import ComponentMask
 from mi_core.interventions.components import model_dims
-from mi_core.pruning.discretize import (
-    unflatten_components,
-)
+from mi_core.interventions.neurons import NeuronGates
 from mi_core.pruning.hard_concrete import (
     HardConcrete,
     hard_concrete_from_uniform,
@@ -39,6 +37,7 @@ from mi_core.pruning.lagrangian import (
     lagrangian_penalty,
     sampled_sparsity,
 )
+from mi_core.pruning.mask_kinds import COMPONENTS, MaskKind
 from mi_core.pruning.objective import with_penalty
 from mi_core.pruning.objectives import OBJECTIVES, Objective, Targets
 from mi_core.pruning.profiles import PruneConfig
@@ -71,9 +70,17 @@ class Schedule:
         return self.batches.batch_indices(epoch)
 
 
-def sparsity_weights(model: HookedModel, weighting: str) -> torch.Tensor | None:
+def sparsity_weights(
+    model: HookedModel, weighting: str, kind: MaskKind = COMPONENTS
+) -> torch.Tensor | None:
+    """Each gate's weight in the sparsity (None: every gate counts once)."""
     if weighting == "components":
         return None
+    if kind is not COMPONENTS:
+        raise ConfigError(
+            f"sparsity weighting {weighting!r} weighs heads and MLPs by size; {kind.name} "
+            "masks count every unit once (sparsity_weighting 'components')"
+        )
     cfg = model_dims(model)
     return component_weights(
         cfg.n_layers, cfg.n_heads, "params", d_model=cfg.d_model, d_head=cfg.d_head, d_mlp=cfg.d_mlp
@@ -119,7 +126,7 @@ def default_chunk(model: HookedModel, cfg: PruneConfig) -> int | None:
 
 def group_pruning_step(
     model: HookedModel,
-    mask: ComponentMask,
+    mask: ComponentMask | NeuronGates,
     members: Sequence[StepMember],
     batches: Sequence[Mapping[str, torch.Tensor]],
     sizes: Sequence[Sequence[int]],
@@ -130,21 +137,23 @@ def group_pruning_step(
     scalers: Sequence[torch.amp.GradScaler | None] | torch.amp.GradScaler | None = None,
     *,
     objective: Objective = OBJECTIVES["answer_kl"],
+    kind: MaskKind = COMPONENTS,
 ) -> list[dict[str, float]]:
     """One step of several pruning runs, the runs sharing each forward / backward pass.
 
     ``batches[m]`` holds micro-batch ``m`` of every run, concatenated along the batch axis:
     ``sizes[m][k]`` examples of run ``k`` in turn. Each run draws its gates from its own noise
     and the mask holds one row per example (as :meth:`ComponentMask.stack`), so every example
-    runs under its own run's sample. The examples are regrouped by length into forward passes of
-    at most ``max_chunk`` (:func:`length_chunks`; default: one pass), so a run's short examples
-    are not padded to another run's long ones. Run ``k``'s loss is the mean of ``objective``
-    over its examples (:mod:`~mi_core.pruning.objectives`; against ``reference``, the targets
-    of every training example, or the full model's cached logits alone) plus its Lagrangian
-    term; the losses are summed before one backward pass per micro-batch:
-    examples do not interact inside the frozen model, so each run gets the gradient it would get
-    alone. Gradients are accumulated (mean over micro-batches); no optimizer step here. The
-    forward passes run under ``precision`` autocast, the losses in float32; with fp16,
+    runs under its own run's sample (``kind`` puts a sample into ``mask``: heads and MLPs, or
+    neurons, :mod:`~mi_core.pruning.mask_kinds`). The examples are regrouped by length into
+    forward passes of at most ``max_chunk`` (:func:`length_chunks`; default: one pass), so a
+    run's short examples are not padded to another run's long ones. Run ``k``'s loss is the mean
+    of ``objective`` over its examples (:mod:`~mi_core.pruning.objectives`; against
+    ``reference``, the targets of every training example, or the full model's cached logits
+    alone) plus its Lagrangian term; the losses are summed before one backward pass per
+    micro-batch: examples do not interact inside the frozen model, so each run gets the gradient
+    it would get alone. Gradients are accumulated (mean over micro-batches); no optimizer step
+    here. The forward passes run under ``precision`` autocast, the losses in float32; with fp16,
     ``scalers[k]`` scales run ``k``'s loss before the shared backward pass (the runs' gates are
     disjoint, so each run's gradients carry its own scale, which its optimizer step unscales).
     Returns each run's ``log.csv`` values for the step (see :func:`pruning_step`), the
@@ -162,7 +171,7 @@ def group_pruning_step(
         return [
             _single_step(
                 model, mask, members[0], batches, targets, objective, weights, precision,
-                scalers[0],
+                scalers[0], kind,
             )
         ]  # fmt: skip
     # the stacked arithmetic below takes these from the first run: every run must share them
@@ -171,8 +180,7 @@ def group_pruning_step(
         values = sorted({str(value(m)) for m in members})
         if len(values) > 1:
             raise ConfigError(f"the runs of a group need one {name}; got {', '.join(values)}")
-    device = mask.heads.device
-    n_layers, n_heads = mask.n_layers, mask.n_heads
+    device = next(model.parameters()).device
     n_runs = len(members)
     # the runs' gates and lambdas side by side, so the per-run arithmetic is a few kernels for
     # the whole group (on a GPU a group step is bound by the host, where per-run launches
@@ -221,7 +229,7 @@ def group_pruning_step(
         for i, chunk in enumerate(chunks):
             width = int(lengths[chunk].max())
             chunk_d = moved[f"chunk{i}"]
-            mask.heads, mask.mlps = unflatten_components(rows[chunk_d], n_layers, n_heads)
+            kind.assign(mask, rows[chunk_d])
             chunk_inputs = {k: v[chunk_d, :width] for k, v in inputs.items()}
             value = objective.per_example(
                 model, mask, chunk_inputs, targets, index[chunk_d], precision
@@ -273,7 +281,7 @@ def _row_sparsity(
 
 def _single_step(
     model: HookedModel,
-    mask: ComponentMask,
+    mask: ComponentMask | NeuronGates,
     member: StepMember,
     batches: Sequence[Mapping[str, torch.Tensor]],
     targets: Targets,
@@ -281,14 +289,14 @@ def _single_step(
     weights: torch.Tensor | None,
     precision: str = "fp32",
     scaler: torch.amp.GradScaler | None = None,
+    kind: MaskKind = COMPONENTS,
 ) -> dict[str, float]:
     """One run's step: one forward per micro-batch, the mask one sample for all examples."""
-    device = mask.heads.device
-    n_layers, n_heads = mask.n_layers, mask.n_heads
+    device = next(model.parameters()).device
     parts = []
     for batch in batches:
         z = member.gates.sample(member.noise)
-        mask.heads, mask.mlps = unflatten_components(z, n_layers, n_heads)
+        kind.assign(mask, z)
         t_sampled = sampled_sparsity(z, weights)
         t_expected = expected_sparsity(member.gates.prob_nonzero(), weights)
         t = t_sampled if member.sparsity_estimate == "sampled" else t_expected
@@ -317,7 +325,7 @@ def _single_step(
 
 def pruning_step(
     model: HookedModel,
-    mask: ComponentMask,
+    mask: ComponentMask | NeuronGates,
     gates: HardConcrete,
     controller: LagrangianController,
     batches: Sequence[Mapping[str, torch.Tensor]],
@@ -328,6 +336,7 @@ def pruning_step(
     sparsity_estimate: str = "sampled",
     *,
     objective: Objective = OBJECTIVES["answer_kl"],
+    kind: MaskKind = COMPONENTS,
 ) -> dict[str, float]:
     """Accumulate the gradient of one step's loss over ``batches`` into the gates and lambdas.
 
@@ -343,5 +352,5 @@ def pruning_step(
     member = StepMember(gates, controller, target_sparsity, noise, sparsity_estimate)
     sizes = [[len(b["index"])] for b in batches]
     return group_pruning_step(
-        model, mask, [member], batches, sizes, reference, weights, objective=objective
+        model, mask, [member], batches, sizes, reference, weights, objective=objective, kind=kind
     )[0]

@@ -348,3 +348,25 @@ def test_cli_runs_resumes_and_reports_bad_input(tiny_checkpoints, small_data_dir
     assert main([*same_path, "--steps", "1"]) == 2
     assert "model_fingerprint" in capsys.readouterr().err
     assert (tmp_path / "copy-run" / "state.safetensors").read_bytes() == state
+
+
+def test_cli_learned_separability_writes_all_three_trajectories(
+    tiny_checkpoints, small_data_dir, tmp_path
+):
+    out = tmp_path / "learned"
+    args = [
+        "separability", "--model", str(tiny_checkpoints["llama-lm"]), "--focus",
+        "text:wikitext", "--cripple", "text:python", "--steps", "2", "--ff-frac", "0.1",
+        "--attn-frac", "0.05", "--scoring", "abs", "--random", "--method", "both",
+        "--learn-steps", "3", "--tokens", "256", "--eval-tokens", "64", "--window", "32",
+        "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 0
+    frame = pd.read_csv(out / "trajectory.csv")
+    assert set(frame["method"]) == {"abs", "random", "learned"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"areas", "random_areas", "learned_areas"} <= set(summary)
+    assert summary["config"]["selection"] == "both"
+    assert (out / "learned" / "checkpoint.safetensors").exists()
+    page = (out / "figures.html").read_text()
+    assert "learned" in page and "random" in page

@@ -29,14 +29,15 @@ if TYPE_CHECKING:
         separability_config_values,
         shipped_separability_configs,
     )
+    from mi_core.methods.separability.learned import run_learned
     from mi_core.methods.separability.report import write_separability_outputs
     from mi_core.methods.separability.run import (
         SeparabilityConfig,
         SeparabilityResult,
-        TaskTokens,
         run_separability,
         separability_findings,
     )
+    from mi_core.methods.separability.tokens import TaskTokens
 
 #: Public name -> the module that defines it (imported on first use).
 _NAMES = {
@@ -47,7 +48,8 @@ _NAMES = {
     "write_separability_outputs": "mi_core.methods.separability.report",
     "SeparabilityConfig": "mi_core.methods.separability.config",
     "SeparabilityResult": "mi_core.methods.separability.run",
-    "TaskTokens": "mi_core.methods.separability.run",
+    "TaskTokens": "mi_core.methods.separability.tokens",
+    "run_learned": "mi_core.methods.separability.learned",
     "run_separability": "mi_core.methods.separability.run",
     "separability_findings": "mi_core.methods.separability.run",
 }
@@ -59,6 +61,7 @@ __all__ = [
     "SeparabilityResult",
     "TaskTokens",
     "load_separability_config",
+    "run_learned",
     "run_separability",
     "run_separability_job",
     "separability_config_values",

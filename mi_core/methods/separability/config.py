@@ -11,12 +11,18 @@ from mi_core.config import option
 from mi_core.devices import ModelPlacement
 from mi_core.errors import ConfigError
 from mi_core.interventions.config import UNIT_FILLS
+from mi_core.pruning.constants import CRIPPLE_TERMS
 from mi_core.statistics.constants import HEAD_AGGREGATIONS, SCHEDULES, SCORINGS
 
-__all__ = ["EVAL_PROTOCOLS", "JOB_FIELDS", "SeparabilityConfig"]
+__all__ = ["EVAL_PROTOCOLS", "JOB_FIELDS", "LEARNED", "SELECTIONS", "SeparabilityConfig"]
 
 
 EVAL_PROTOCOLS = ("windows", "texts")
+#: How the units a step removes are chosen: by activation statistics (the report), by neuron
+#: masks learned to keep the focus text and lose the cripple text, or both side by side.
+SELECTIONS = ("statistics", "learned", "both")
+#: The learned run's name in the trajectory.
+LEARNED = "learned"
 
 
 #: Fields of :class:`SeparabilityConfig` that say what to run on (model, data, amounts, device)
@@ -90,6 +96,24 @@ class SeparabilityConfig(ModelPlacement):
     the reference code's check_accuracy option, off in the report's runs, used k = 10)."""
     random_baseline: bool = option(False, flag="--random")
     """Also run the random baseline."""
+    selection: str = option("statistics", choices=SELECTIONS, flag="--method")
+    """statistics: each step removes the units the activation statistics score highest (the
+    report); learned: neuron masks learned to keep the focus text and lose the cripple text
+    (:mod:`~mi_core.methods.separability.learned`), removing as many units a step as the
+    statistics would; both: the two side by side."""
+    learn_steps: int = 30
+    """With --method learned / both: optimizer steps per trajectory step (the masks are
+    trained on, step after step, toward each step's number of units removed)."""
+    learn_lr: float = 0.3
+    """Learning rate of the learned masks' log_alpha."""
+    cripple_term: str = option("uniform", choices=CRIPPLE_TERMS)
+    """What the learned masks minimise on the cripple text: uniform, the cross-entropy to the
+    uniform distribution (bounded, nothing to tune); capped, minus the rise of the next-token
+    loss, capped at cripple_cap nats a token."""
+    cripple_cap: float = 2.0
+    """With cripple_term capped: the most loss rise a token is rewarded for, in nats."""
+    cripple_weight: float = 1.0
+    """The cripple term's weight against the focus text's KL."""
     seed: int = 0
     """Seed of the random baseline."""
     eps: float | None = None
@@ -132,7 +156,15 @@ class SeparabilityConfig(ModelPlacement):
 
     @property
     def method(self) -> str:
-        """The selective run's name in the trajectory: the scoring(s) it uses."""
+        """The selective run's name in the trajectory: the scoring(s) it uses, or ``learned``
+        when the units are only learned."""
+        if self.selection == "learned":
+            return LEARNED
+        return self.statistics_method
+
+    @property
+    def statistics_method(self) -> str:
+        """The statistics run's name in the trajectory: the scoring(s) it uses."""
         used = [self.ff_scoring] if self.ff_frac > 0 or not self.prunes_attention else []
         if self.prunes_attention and self.attn_scoring not in used:
             used.append(self.attn_scoring)
@@ -162,6 +194,16 @@ class SeparabilityConfig(ModelPlacement):
                     f"with schedule total, {needed} steps prune every unit (ff_frac "
                     f"{self.ff_frac:g}, attn_frac {self.attn_frac:g}); steps {self.steps} would "
                     f"repeat step {needed}: use --steps {needed} or fewer"
+                )
+        if self.selection != "statistics":
+            if self.learn_steps < 1 or self.learn_lr <= 0:
+                raise ConfigError("learn_steps must be >= 1 and learn_lr > 0")
+            if self.cripple_cap <= 0 or self.cripple_weight <= 0:
+                raise ConfigError("cripple_cap and cripple_weight must be positive")
+            if self.attn_unit != "neuron" or not (self.ff_frac > 0 and self.attn_frac > 0):
+                raise ConfigError(
+                    "learned separability gates MLP neurons and attention pre-out neurons "
+                    "together: give ff_frac and attn_frac > 0 with attn_unit neuron"
                 )
         if self.svd_combine_biases and not self.svd:
             raise ConfigError("svd_combine_biases needs svd (--svd)")

@@ -33,11 +33,10 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from jaxtyping import Bool, Int
 from transformer_lens import HookedTransformer
 
 from mi_core.analysis.trajectory import relative_performance, trajectory_areas
-from mi_core.errors import ConfigError, DataError, TrainingError
+from mi_core.errors import ConfigError, TrainingError
 from mi_core.evaluation.next_token import METRICS, evaluate_next_token, most_frequent_tokens
 from mi_core.interventions.neurons import PruneMasks
 from mi_core.interventions.svd import svd_attention
@@ -45,8 +44,10 @@ from mi_core.io import read_safetensors, write_safetensors
 from mi_core.methods.separability.config import (  # noqa: F401 (re-exported)
     EVAL_PROTOCOLS,
     JOB_FIELDS,
+    LEARNED,
     SeparabilityConfig,
 )
+from mi_core.methods.separability.tokens import TaskTokens  # noqa: F401 (re-exported)
 from mi_core.seeding import derive_seed
 from mi_core.statistics.activations import ActivationStats, collect_activation_stats
 from mi_core.statistics.scoring import (
@@ -64,28 +65,6 @@ RANDOM = "random"
 
 
 @dataclass
-class TaskTokens:
-    """One data set's token windows: ``stats`` for statistics, ``heldout`` for metrics.
-
-    The two parts must not share tokens (:func:`mi_core.data.token_windows` with
-    ``split="stats"`` and ``split="heldout"`` guarantees it). Masks mark real tokens (``None``:
-    no padding).
-    """
-
-    name: str
-    stats: Int[torch.Tensor, "n pos"]
-    heldout: Int[torch.Tensor, "m pos"]
-    stats_mask: Bool[torch.Tensor, "n pos"] | None = None
-    heldout_mask: Bool[torch.Tensor, "m pos"] | None = None
-
-    def __post_init__(self) -> None:
-        if self.stats.numel() == 0 or self.heldout.numel() == 0:
-            raise DataError(
-                f"{self.name}: both the stats and the heldout windows must be non-empty"
-            )
-
-
-@dataclass
 class SeparabilityResult:
     """What a run produced: the trajectory rows, the masks, and the first step's scores."""
 
@@ -96,6 +75,8 @@ class SeparabilityResult:
     first_scores: dict[str, torch.Tensor] = field(default_factory=dict)
     focus_name: str = "focus"
     cripple_name: str = "cripple"
+    learned_masks: PruneMasks | None = None
+    """The learned run's masks at its last step (``masks`` too when it is the only run)."""
 
     @property
     def method(self) -> str:
@@ -135,6 +116,9 @@ class SeparabilityResult:
         }
         if self.random_masks is not None:
             out["random_areas"] = trajectory_areas(self.run_frame(RANDOM), self.config.mode)
+        if self.config.selection == "both":
+            frame = self.run_frame(LEARNED)
+            out["learned_areas"] = trajectory_areas(frame, self.config.mode)
         out["findings"] = separability_findings(out)
         return out
 
@@ -307,10 +291,13 @@ def _save_state(
     masks: PruneMasks,
     random_masks: PruneMasks | None,
     first_scores: dict[str, torch.Tensor],
+    learned_masks: PruneMasks | None = None,
 ) -> None:
     tensors = masks.tensors("selective.")
     if random_masks is not None:
         tensors.update(random_masks.tensors("random."))
+    if learned_masks is not None:
+        tensors.update(learned_masks.tensors("learned."))
     tensors.update({f"scores.{k}": v.float().cpu() for k, v in first_scores.items()})
     write_safetensors(
         path,
@@ -387,10 +374,11 @@ def _load_state(
     random_masks = (
         PruneMasks.from_tensors(tensors, "random.") if "random.ff_step" in tensors else None
     )
+    learned = PruneMasks.from_tensors(tensors, "learned.") if "learned.ff_step" in tensors else None
     first_scores = {
         k.removeprefix("scores."): v for k, v in tensors.items() if k.startswith("scores.")
     }
-    return json.loads(metadata["rows"]), masks, random_masks, first_scores
+    return json.loads(metadata["rows"]), masks, random_masks, first_scores, learned
 
 
 #: The score a run's steps rank neurons by (recorded in its state): the reference's ratio.
@@ -441,12 +429,24 @@ def run_separability(
     }
     state_path = Path(state_path) if state_path is not None else None
     if state_path is not None and state_path.exists():
-        rows, masks, random_masks, first_scores = _load_state(state_path, config, identity)
+        rows, masks, random_masks, first_scores, learned_masks = _load_state(
+            state_path, config, identity
+        )
         logger.info("resuming %s after step %d", state_path, max(r["step"] for r in rows))
     else:
-        rows, first_scores = [], {}
+        rows, first_scores, learned_masks = [], {}, None
         masks = PruneMasks.empty(model)
         random_masks = PruneMasks.empty(model) if config.random_baseline else None
+    statistics = config.selection != "learned"
+    # the runs of the step loop below: the statistics' and the random baseline
+    looped = [config.statistics_method] * statistics + [RANDOM] * (random_masks is not None)
+
+    def save() -> None:
+        if state_path is not None:
+            _save_state(
+                state_path, config, identity, rows, masks, random_masks, first_scores,
+                learned_masks,
+            )  # fmt: skip
 
     def record(row: dict) -> None:
         rows.append(row)
@@ -455,84 +455,139 @@ def run_separability(
 
     if not rows:
         base = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
-        record({**_row(config.method, 0, masks), **base})
-        if random_masks is not None:
-            record({**_row(RANDOM, 0, random_masks), **base})
-        if state_path is not None:
-            _save_state(state_path, config, identity, rows, masks, random_masks, first_scores)
+        learned = [LEARNED] if config.selection != "statistics" else []
+        for method in (*looped, *learned):
+            record({**_row(method, 0, masks), **base})
+        save()
 
-    done = max(r["step"] for r in rows if r["method"] == config.method)
-    steps = range(done + 1, config.steps + 1)
+    done = min((max(r["step"] for r in rows if r["method"] == m) for m in looped), default=0)
+    steps = range(done + 1, config.steps + 1 if looped else 1)
     if progress:
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, total=config.steps, initial=done, desc="separability steps")
     for step in steps:
-        hooks = masks.hooks(model)
-        collected = {
-            role: collect_activation_stats(
-                model,
-                task.stats,
-                task.stats_mask,
-                batch_size=config.batch_size,
-                sites=_sites(config, step, moe),
-                fwd_hooks=hooks,
-                progress=progress,
-                desc=f"statistics {task.name}",
-                correct_top_k=config.stats_correct_top_k,
-            )
-            for role, task in (("focus", focus), ("cripple", cripple))
-        }
-        scores = neuron_scores(
-            collected["focus"],
-            collected["cripple"],
-            config.ff_scoring,
-            config.eps,
-            attn_scoring=config.attn_scoring,
-        )
-        if step == 1:
-            first_scores = {k: v.float().cpu() for k, v in scores.items()}
-        ff_sel, attn_sel, thresholds = _select(scores, masks, config, step)
-        masks.prune(step, ff_sel, attn_sel, **_fills(collected["focus"], config))
-        metrics = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
-        record({**_row(config.method, step, masks, thresholds), **metrics})
-
+        if statistics:
+            _statistics_step(model, focus, cripple, masks, skip, config, step, moe, progress,
+                             record, first_scores)  # fmt: skip
         if random_masks is not None:
-            shapes = {"mlp": random_masks.ff_step.shape, "attn": random_masks.attn_step.shape}
-            rand = {
-                site: random_scores(
-                    tuple(shape),
-                    seed=derive_seed("separability", "random", config.seed, step, site),
-                )
-                for site, shape in shapes.items()
-            }
-            focus_stats = None
-            if "mean" in (config.ff_fill, config.attn_fill):
-                focus_stats = collect_activation_stats(
-                    model,
-                    focus.stats,
-                    focus.stats_mask,
-                    batch_size=config.batch_size,
-                    sites=_sites(config, step + 1, moe),
-                    fwd_hooks=random_masks.hooks(model),
-                    correct_top_k=config.stats_correct_top_k,
-                )
-            if config.attn_unit == "head":
-                rand["attn"] = rand["attn"][..., 0]
-            r_ff, r_attn, _ = _select(rand, random_masks, config, step)
-            random_masks.prune(step, r_ff, r_attn, **_fills(focus_stats, config))
-            metrics = _evaluate_both(model, focus, cripple, random_masks, skip, config, progress)
-            record({**_row(RANDOM, step, random_masks), **metrics})
+            _random_step(model, focus, cripple, random_masks, skip, config, step, moe, progress,
+                         record)  # fmt: skip
+        save()
 
-        if state_path is not None:
-            _save_state(state_path, config, identity, rows, masks, random_masks, first_scores)
+    if config.selection != "statistics":
+        from mi_core.methods.separability.learned import run_learned
+
+        learned_done = max(r["step"] for r in rows if r["method"] == LEARNED)
+        run_dir = None if state_path is None else state_path.parent / LEARNED_DIR
+
+        def learned_step(step: int, learned: PruneMasks) -> None:
+            nonlocal learned_masks
+            learned_masks = learned
+            metrics = _evaluate_both(model, focus, cripple, learned, skip, config, progress)
+            record({**_row(LEARNED, step, learned), **metrics})
+            save()
+
+        run_learned(model, focus, cripple, config, learned_done, run_dir, learned_step, progress)
 
     return SeparabilityResult(
         config=config,
         trajectory=pd.DataFrame(rows),
-        masks=masks,
+        masks=masks if statistics else (learned_masks or masks),
         random_masks=random_masks,
         first_scores=first_scores,
         focus_name=focus.name,
         cripple_name=cripple.name,
+        learned_masks=learned_masks,
     )
+
+
+#: The learned run's training state (a pruning run folder: checkpoint and log) under the
+#: separability output directory.
+LEARNED_DIR = "learned"
+
+
+def _statistics_step(
+    model: HookedTransformer,
+    focus: TaskTokens,
+    cripple: TaskTokens,
+    masks: PruneMasks,
+    skip: dict[str, torch.Tensor],
+    config: SeparabilityConfig,
+    step: int,
+    moe: bool,
+    progress: bool,
+    record: Callable[[dict], None],
+    first_scores: dict[str, torch.Tensor],
+) -> None:
+    """One step of the report's method: statistics of the model as pruned so far, scores,
+    the top units removed, both data sets evaluated (``masks`` updated in place)."""
+    hooks = masks.hooks(model)
+    collected = {
+        role: collect_activation_stats(
+            model,
+            task.stats,
+            task.stats_mask,
+            batch_size=config.batch_size,
+            sites=_sites(config, step, moe),
+            fwd_hooks=hooks,
+            progress=progress,
+            desc=f"statistics {task.name}",
+            correct_top_k=config.stats_correct_top_k,
+        )
+        for role, task in (("focus", focus), ("cripple", cripple))
+    }
+    scores = neuron_scores(
+        collected["focus"],
+        collected["cripple"],
+        config.ff_scoring,
+        config.eps,
+        attn_scoring=config.attn_scoring,
+    )
+    if step == 1:
+        first_scores.update({k: v.float().cpu() for k, v in scores.items()})
+    ff_sel, attn_sel, thresholds = _select(scores, masks, config, step)
+    masks.prune(step, ff_sel, attn_sel, **_fills(collected["focus"], config))
+    metrics = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
+    record({**_row(config.statistics_method, step, masks, thresholds), **metrics})
+
+
+def _random_step(
+    model: HookedTransformer,
+    focus: TaskTokens,
+    cripple: TaskTokens,
+    random_masks: PruneMasks,
+    skip: dict[str, torch.Tensor],
+    config: SeparabilityConfig,
+    step: int,
+    moe: bool,
+    progress: bool,
+    record: Callable[[dict], None],
+) -> None:
+    """One step of the random baseline: as many units as the method removes, chosen by
+    seeded random scores."""
+    shapes = {"mlp": random_masks.ff_step.shape, "attn": random_masks.attn_step.shape}
+    rand = {
+        site: random_scores(
+            tuple(shape),
+            seed=derive_seed("separability", "random", config.seed, step, site),
+        )
+        for site, shape in shapes.items()
+    }
+    focus_stats = None
+    if "mean" in (config.ff_fill, config.attn_fill):
+        focus_stats = collect_activation_stats(
+            model,
+            focus.stats,
+            focus.stats_mask,
+            batch_size=config.batch_size,
+            sites=_sites(config, step + 1, moe),
+            fwd_hooks=random_masks.hooks(model),
+            correct_top_k=config.stats_correct_top_k,
+        )
+    if config.attn_unit == "head":
+        rand["attn"] = rand["attn"][..., 0]
+    r_ff, r_attn, _ = _select(rand, random_masks, config, step)
+    random_masks.prune(step, r_ff, r_attn, **_fills(focus_stats, config))
+    metrics = _evaluate_both(model, focus, cripple, random_masks, skip, config, progress)
+    record({**_row(RANDOM, step, random_masks), **metrics})

@@ -1,0 +1,174 @@
+"""The one mask-learning engine: every registered objective with every kind of mask the pruning
+loop learns (as test_families runs every family). For each pair: the value is zero with every
+gate at 1, a gradient reaches the gates, a run removes exactly its target's count, and a run
+killed after a checkpoint resumes to the bit-identical result. Neuron gates against the
+neuron masks they become, and the cripple terms by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import random_tokens
+
+from mi_core.data import tokenize_pairs
+from mi_core.data.batches import TokenizedFocusCripple, TokenizedText
+from mi_core.errors import ConfigError
+from mi_core.interventions.neurons import NeuronGates, PruneMasks
+from mi_core.methods.separability.learned import binary_neuron_masks
+from mi_core.pruning import make_prune_config
+from mi_core.pruning.loop import discrete_mask, start_run, train_group
+from mi_core.pruning.mask_kinds import COMPONENTS, MASK_KINDS, NEURONS
+from mi_core.pruning.objectives import OBJECTIVES, Separate, resolve_objective
+from mi_core.pruning.reference_logits import compute_reference_logits
+
+PAIRS = [(o, k) for o in OBJECTIVES for k in MASK_KINDS]
+
+
+class Killed(Exception):
+    pass
+
+
+def _training_data(name: str, answer, ioi):
+    """Data each objective is defined on: IOI prompts for the answer objectives, random text
+    windows for every_position_kl, two texts for separate."""
+    if name in ("answer_kl", "logit_diff"):
+        return tokenize_pairs(ioi, answer.tokenizer)
+    low = random_tokens(8, 12, seed=1, low=5, high=60).tolist()
+    if name == "every_position_kl":
+        return TokenizedText(low, [[0] * 12] * 8, [0] * 8, 12, 0, 0, [], "text:random")
+    high = random_tokens(8, 12, seed=2, low=60, high=120).tolist()
+    return TokenizedFocusCripple.join(low, high, 0, "low / high")
+
+
+def _reference(objective, answer, tokens):
+    return compute_reference_logits(answer, tokens) if objective.needs_reference else None
+
+
+@pytest.mark.parametrize(("name", "kind_name"), PAIRS)
+def test_every_objective_with_every_mask_kind(answer, ioi, name, kind_name, tmp_path):
+    kind = MASK_KINDS[kind_name]
+    tokens = _training_data(name, answer, ioi)
+    objective = resolve_objective(name, tokens)
+    targets = objective.targets(tokens, _reference(objective, answer, tokens))
+    batch = tokens.collate(range(len(tokens)))
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    index = torch.as_tensor(batch["index"])
+    n = kind.n_gates(answer)
+    mask = kind.blank(answer, torch.device("cpu"))
+    with kind.applied(answer, mask, None, "zero"):
+        kind.assign(mask, torch.ones(n))
+        assert objective.per_example(answer, mask, inputs, targets, index).abs().max() < 1e-6
+        z = torch.full((n,), 0.7, requires_grad=True)
+        kind.assign(mask, z)
+        objective.per_example(answer, mask, inputs, targets, index).mean().backward()
+    assert z.grad is not None and z.grad.abs().max() > 0
+
+    cfg = make_prune_config(
+        "cofi", target_sparsity=0.3, seed=5, steps=6, batch_size=4, lr_log_alpha=0.8,
+        checkpoint_every=3, eval_every=0, fill="zero", discretize="exact", objective=name,
+    )  # fmt: skip
+    runs = {}
+    for label in ("whole", "killed"):
+        state = start_run(answer, tokens, cfg, tmp_path / label, None, kind=kind)
+        if label == "killed":
+
+            def kill(step, row):
+                if step == 2:  # after the checkpoint of step 3
+                    raise Killed
+
+            state.callback = kill
+            with pytest.raises(Killed):
+                train_group(answer, None, tokens, _reference(objective, answer, tokens),
+                            [state], progress=False)  # fmt: skip
+            state = start_run(answer, tokens, cfg, tmp_path / label, None, kind=kind)
+            assert state.start == 3
+        train_group(answer, None, tokens, _reference(objective, answer, tokens), [state],
+                    progress=False)  # fmt: skip
+        runs[label] = state
+    whole, resumed = runs["whole"], runs["killed"]
+    assert torch.equal(whole.gates.log_alpha, resumed.gates.log_alpha)
+    assert [r[objective.column] for r in whole.rows] == [r[objective.column] for r in resumed.rows]
+    assert whole.gates.log_alpha.shape == (n,)
+    assert not torch.equal(whole.gates.log_alpha, torch.full((n,), cfg.log_alpha_init))
+    # the binary mask removes exactly the target's count
+    wanted = round(cfg.target_sparsity * n)
+    if kind is COMPONENTS:
+        binary, _ = discrete_mask(whole.gates.log_alpha.detach(), answer.cfg, 0.3, cfg, None)
+        removed = int((binary.heads == 0).sum() + (binary.mlps == 0).sum())
+    else:
+        gates = NEURONS.blank(answer, torch.device("cpu"))
+        masks = binary_neuron_masks(whole.gates.log_alpha, wanted, gates, 1)
+        removed = masks.n_ff_pruned + masks.n_attn_pruned
+    assert removed == wanted
+
+
+@pytest.mark.parametrize("fill", ["zero", "mean"])
+def test_binary_neuron_gates_are_the_neuron_masks_they_become(answer, fill):
+    """Gates of 0 / 1 inside ``NeuronGates.applied`` give the logits of the PruneMasks that
+    ``removed`` makes of them (zero and mean fills), and a soft gate interpolates."""
+    tokens = random_tokens(3, 9, seed=4, high=120)
+    generator = torch.Generator().manual_seed(0)
+    fills = PruneMasks.empty(answer)
+    if fill == "mean":
+        fills.ff_fill = torch.randn(fills.ff_fill.shape, generator=generator)
+        fills.attn_fill = torch.randn(fills.attn_fill.shape, generator=generator)
+    gates = NeuronGates.ones(answer, fills=fills)
+    keep = torch.rand(gates.n_gates, generator=generator) > 0.3
+    masks = gates.removed(keep)
+    assert masks.n_ff_pruned + masks.n_attn_pruned == int((~keep).sum())
+    with torch.no_grad():
+        expected = answer.run_with_hooks(tokens, fwd_hooks=masks.hooks(answer))
+        full = answer(tokens)
+        with gates.applied(answer):
+            gates.assign(keep.float())
+            got = answer(tokens)
+            with gates.kept_all():
+                assert torch.allclose(answer(tokens), full, atol=1e-6)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert (got - full).abs().max() > 1e-3
+
+
+def test_neuron_gates_take_one_row_per_example(answer):
+    tokens = random_tokens(2, 7, seed=6, high=120)
+    gates = NeuronGates.ones(answer)
+    rows = torch.ones(2, gates.n_gates)
+    rows[1, : gates.n_gates // 2] = 0.0
+    with torch.no_grad(), gates.applied(answer):
+        gates.assign(rows)
+        both = answer(tokens)
+        gates.assign(rows[1])
+        second = answer(tokens[1:])
+    full = answer(tokens[:1])
+    torch.testing.assert_close(both[:1], full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(both[1:], second, atol=1e-5, rtol=1e-5)
+
+
+def test_the_cripple_terms_by_hand():
+    full = torch.tensor([[[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]]])
+    masked = torch.tensor([[[0.0, 0.0, 0.0], [1.0, -1.0, 3.0]]])
+    ids = torch.tensor([[1, 2]])
+    attention = torch.ones(1, 2)
+    log_full, log_masked = full.log_softmax(-1), masked.log_softmax(-1)
+    uniform = Separate("uniform").cripple(full, masked, ids, attention)
+    # CE(U, masked) - CE(U, full), averaged over both positions
+    by_hand = (-log_masked.mean(-1) + log_full.mean(-1)).mean()
+    assert float(uniform) == pytest.approx(float(by_hand), rel=1e-6)
+    # capped: position 0 predicts token 2; the loss rise there, capped at `cap`, negated
+    rise = float(log_full[0, 0, 2] - log_masked[0, 0, 2])
+    for cap in (0.1, 10.0):
+        capped = Separate("capped", cap=cap).cripple(full, masked, ids, attention)
+        assert float(capped) == pytest.approx(-min(rise, cap), rel=1e-6)
+    assert float(Separate("uniform").cripple(full, full, ids, attention)) == 0.0
+
+
+def test_separate_takes_focus_and_cripple_text_only(answer, ioi):
+    with pytest.raises(ConfigError, match="objective separate takes focus and cripple text"):
+        resolve_objective("separate", tokenize_pairs(ioi, answer.tokenizer))
+    both = TokenizedFocusCripple.join([[1, 2]], [[3, 4]], 0)
+    assert resolve_objective("auto", both).name == "separate"
+    with pytest.raises(ConfigError, match="cripple term must be one of"):
+        Separate("nope")
+    with pytest.raises(ConfigError, match="counts every unit once|count every unit once"):
+        from mi_core.pruning.step import sparsity_weights
+
+        sparsity_weights(answer, "params", NEURONS)
