@@ -247,3 +247,23 @@ def one_error(capsys) -> str:
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert err[0].startswith("mi-core: error: "), err
     return err[0]
+
+
+def kill_at(step: int):
+    """A pruning callback that stops the run (``KeyboardInterrupt``, as a kill) after ``step``,
+    to test that a run resumes."""
+
+    def kill(at: int, row: object) -> None:
+        if at == step:
+            raise KeyboardInterrupt
+
+    return kill
+
+
+def mlp_stats_of_both(model, focus, cripple):
+    """The MLP neurons' activation statistics of ``model`` on both tasks' statistics windows."""
+    from mi_core.statistics.activations import collect_activation_stats
+
+    return tuple(
+        collect_activation_stats(model, task.stats, sites=("mlp",)) for task in (focus, cripple)
+    )

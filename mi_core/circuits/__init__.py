@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         metric_logits,
         reads_answer_logits,
     )
+    from mi_core.circuits.mib import MIB_PERCENTAGES, MIBScore, mib_areas, mib_circuits, mib_score
     from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
     from mi_core.interventions.edges import (
         EdgeMask,
@@ -58,6 +59,11 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it (imported on first use).
 _NAMES = {
+    "MIB_PERCENTAGES": "mi_core.circuits.mib",
+    "MIBScore": "mi_core.circuits.mib",
+    "mib_areas": "mi_core.circuits.mib",
+    "mib_circuits": "mi_core.circuits.mib",
+    "mib_score": "mi_core.circuits.mib",
     "circuit_overlap": "mi_core.circuits.analysis",
     "edges_touching": "mi_core.circuits.analysis",
     "ATTRIBUTION_METHODS": "mi_core.circuits.config",
@@ -115,6 +121,11 @@ __all__ = [
     "gap_is_small",
     "to_mib",
     "write_mib",
+    "MIB_PERCENTAGES",
+    "MIBScore",
+    "mib_areas",
+    "mib_circuits",
+    "mib_score",
     "EdgeMask",
     "EdgePruneResult",
     "EdgePruneSettings",

@@ -23,6 +23,7 @@ __all__ = [
     "SELECTIONS",
     "AttributeConfig",
     "CircuitData",
+    "CircuitEvaluateConfig",
     "CircuitPruneConfig",
     "CircuitSweepConfig",
     "EdgePruneSettings",
@@ -225,6 +226,24 @@ class AttributeConfig(CircuitData):
             raise ConfigError(f"circuit_fraction must lie in (0, 1], not {self.circuit_fraction}")
         if not self.fractions or any(not 0.0 <= f <= 1.0 for f in self.fractions):
             raise ConfigError(f"fractions must lie in [0, 1], got {list(self.fractions)}")
+
+
+#: How ``mi-core circuit evaluate`` ranks edges into MIB's circuits: ``mib`` as MIB's
+#: benchmark reports a method (CPR from the signed ranking, CMD from ``|score|``), or one
+#: ranking for both.
+MIB_RANKINGS = ("mib", "absolute", "signed")
+
+
+@dataclass(kw_only=True)
+class CircuitEvaluateConfig(CircuitData):
+    """``mi-core circuit evaluate``: MIB's CPR and CMD of a method's edge scores, judged on
+    the held-out pairs (:func:`~mi_core.circuits.mib.mib_score`)."""
+
+    scores: str
+    """An edge-scores file: ``mi-core circuit attribute``'s ``scores.safetensors``."""
+    ranking: str = option("mib", choices=MIB_RANKINGS)
+    """mib: CPR from the signed ranking and CMD from |score|, as MIB reports a method;
+    absolute or signed: that ranking for both."""
 
 
 @dataclass(kw_only=True)

@@ -30,6 +30,7 @@ from mi_core.circuits.attribution import EdgeScores, attribute
 from mi_core.circuits.config import (  # noqa: F401 (re-exported)
     AttributeConfig,
     CircuitData,
+    CircuitEvaluateConfig,
     CircuitPruneConfig,
     CircuitSweepConfig,
     _edge_prune_settings,
@@ -264,6 +265,49 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
     title = f"{config.method} circuit of {short_model_name(config.model)} on {config.data}"
     _write_common(out, scores, circuit, summary, title, curve=rows)
+    return summary
+
+
+#: What ``mi-core circuit evaluate`` writes into its folder.
+MIB_SCORE_FILE = "mib_score.json"
+
+
+def run_circuit_evaluate_job(
+    config: CircuitEvaluateConfig, *, progress: bool = True
+) -> dict[str, Any]:
+    """MIB's CPR and CMD of the edge scores ``config.scores`` on the held-out pairs (the
+    finding part left out, as the job that scored them held it out), written to
+    ``out/mib_score.json``: each ranking's ten faithfulnesses, kept edges and KLs."""
+    from mi_core.circuits.mib import mib_score
+
+    out = Path(config.out)
+    scores = EdgeScores.load(config.scores)  # a missing or foreign file: one line, first
+    check_replaceable(out, (MIB_SCORE_FILE,))
+    model, _, judge, means = _prepare(config)
+    graph = Graph.from_model(model)
+    if graph != scores.graph:
+        raise ConfigError(
+            f"{config.scores} scores the edges of {scores.graph}; {config.model} has {graph}"
+        )
+    rankings = ("signed", "absolute") if config.ranking == "mib" else (config.ranking,)
+    results = {
+        ranking: mib_score(model, scores, judge, absolute=ranking == "absolute",
+                           fill=config.fill, means=means, metric=get_metric(config.metric),
+                           batch_size=config.batch_size, progress=progress).to_dict()
+        for ranking in rankings
+    }  # fmt: skip
+    cpr_from, cmd_from = ("signed", "absolute") if config.ranking == "mib" else rankings * 2
+    summary = {
+        "config": config.to_dict(),
+        "graph": str(graph),
+        "method": scores.method,
+        "n_held_out": len(judge),
+        "cpr": results[cpr_from]["cpr"],
+        "cmd": results[cmd_from]["cmd"],
+        "rankings": results,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / MIB_SCORE_FILE, summary)
     return summary
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mi_core.circuits.config import AttributeConfig, CircuitPruneConfig, CircuitSweepConfig
+from mi_core.circuits.config import (
+    AttributeConfig,
+    CircuitEvaluateConfig,
+    CircuitPruneConfig,
+    CircuitSweepConfig,
+)
 from mi_core.cli import command_help
 from mi_core.cli.flags import add_config_flags, given_values
 from mi_core.errors import MiCoreError
@@ -51,20 +56,39 @@ def add_parser(subparsers) -> None:
     add_config_flags(sweep, CircuitSweepConfig)
     sweep.add_argument("--no-progress", action="store_true", help="no progress bars")
     sweep.set_defaults(func=run_sweep, out_kind="folder", resumes=True)
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="MIB's CPR and CMD of edge scores on the held-out pairs",
+        description="Judge a method's edge scores as the MIB benchmark does: circuits of 0.1 "
+        "to 100 % of the edges (top by signed score for CPR, by |score| for CMD, unconnected "
+        "edges pruned), the others patched from the counterfactual prompt; CPR is the area "
+        "under the faithfulness curve, CMD the area under |1 - faithfulness|. Writes "
+        "OUT/mib_score.json.",
+    )
+    add_config_flags(evaluate, CircuitEvaluateConfig)
+    evaluate.add_argument("--no-progress", action="store_true", help="no progress bars")
+    evaluate.set_defaults(func=run_evaluate, out_kind="folder")
 
 
 def _choose(args: argparse.Namespace) -> None:
-    raise MiCoreError("circuit: choose what to do: mi-core circuit attribute, prune or sweep")
+    raise MiCoreError(
+        "circuit: choose what to do: mi-core circuit attribute, prune, sweep or evaluate"
+    )
 
 
 #: The config of each circuit command.
-CONFIGS = {"attribute": AttributeConfig, "prune": CircuitPruneConfig, "sweep": CircuitSweepConfig}
+CONFIGS = {
+    "attribute": AttributeConfig,
+    "prune": CircuitPruneConfig,
+    "sweep": CircuitSweepConfig,
+    "evaluate": CircuitEvaluateConfig,
+}
 
 
 def config_from_args(
     args: argparse.Namespace,
-) -> AttributeConfig | CircuitPruneConfig | CircuitSweepConfig:
-    """The config of the circuit command given (attribute, prune or sweep)."""
+) -> AttributeConfig | CircuitPruneConfig | CircuitSweepConfig | CircuitEvaluateConfig:
+    """The config of the circuit command given (attribute, prune, sweep or evaluate)."""
     cls = CONFIGS[args.circuit_command]
     return cls.from_dict(given_values(args, cls), source="command line")
 
@@ -143,3 +167,18 @@ def run_prune(args: argparse.Namespace) -> None:
 
     config = config_from_args(args)
     _report(run_circuit_prune_job(config, progress=not args.no_progress), config.out)
+
+
+def run_evaluate(args: argparse.Namespace) -> None:
+    from mi_core.circuits.job import MIB_SCORE_FILE, run_circuit_evaluate_job
+
+    config = config_from_args(args)
+    assert isinstance(config, CircuitEvaluateConfig)
+    summary = run_circuit_evaluate_job(config, progress=not args.no_progress)
+    ranks = {"mib": ("signed", "|score|")}.get(config.ranking, (config.ranking,) * 2)
+    print(
+        f"{summary['graph']}, {summary['method']} scores on {summary['n_held_out']} held-out "
+        f"pairs: MIB CPR {summary['cpr']:.3f} ({ranks[0]} ranking; higher is better), CMD "
+        f"{summary['cmd']:.3f} ({ranks[1]} ranking; lower is better) -> "
+        f"{config.out}/{MIB_SCORE_FILE}"
+    )

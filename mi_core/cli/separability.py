@@ -82,8 +82,9 @@ def run(args: argparse.Namespace) -> None:
         if area is None:
             continue
         line = f"{metric}: area {area['area']:.3f}, separability {area['separability_pct']:.1f}%"
-        if metric in summary.get("random_areas", {}):
-            line += f" (random: area {summary['random_areas'][metric]['area']:.3f})"
+        for other in ("learned", "random"):
+            if metric in summary.get(f"{other}_areas", {}):
+                line += f" ({other}: area {summary[f'{other}_areas'][metric]['area']:.3f})"
         print(line)
     for finding in summary["findings"]:
         print(

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from helpers import random_tokens, tasks, tiny_model
+from helpers import mlp_stats_of_both, random_tokens, tasks, tiny_model
 
 from mi_core.errors import ConfigError
 from mi_core.evaluation.next_token import evaluate_next_token
@@ -117,8 +117,7 @@ def test_mean_diff_scoring_is_the_absolute_difference(llama):
     focus, cripple = tasks(seed=4)
     config = SeparabilityConfig(steps=1, ff_frac=0.25, scoring="mean_diff", batch_size=8)
     result = run_separability(llama, focus, cripple, config)
-    f = collect_activation_stats(llama, focus.stats, sites=("mlp",))
-    c = collect_activation_stats(llama, cripple.stats, sites=("mlp",))
+    f, c = mlp_stats_of_both(llama, focus, cripple)
     diff = (c.mlp.mean - f.mlp.mean).abs().flatten()
     removed = result.masks.ff_step.flatten() == 1
     assert diff[removed].min() >= diff[~removed].max()

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 import torch
-from helpers import random_tokens, tasks, tiny_model
+from helpers import mlp_stats_of_both, random_tokens, tasks, tiny_model
 
 from mi_core.cli import main
 from mi_core.errors import ConfigError
@@ -86,8 +86,7 @@ def test_selection_follows_the_scores(llama):
     focus, cripple = tasks(seed=3)
     config = SeparabilityConfig(steps=1, ff_frac=0.25, scoring="abs", batch_size=8)
     result = run_separability(llama, focus, cripple, config)
-    f = collect_activation_stats(llama, focus.stats, sites=("mlp",))
-    c = collect_activation_stats(llama, cripple.stats, sites=("mlp",))
+    f, c = mlp_stats_of_both(llama, focus, cripple)
     # the reference's score, cripple / (focus + eps) with eps 1e-3 for MLP neurons (a test
     # that put 1e-6 on both sides held only while every bias and norm gain was 0 or 1)
     ratio = c.mlp.mean_abs / (f.mlp.mean_abs + 1e-3)
@@ -351,7 +350,7 @@ def test_cli_runs_resumes_and_reports_bad_input(tiny_checkpoints, small_data_dir
 
 
 def test_cli_learned_separability_writes_all_three_trajectories(
-    tiny_checkpoints, small_data_dir, tmp_path
+    tiny_checkpoints, small_data_dir, tmp_path, capsys
 ):
     out = tmp_path / "learned"
     args = [
@@ -362,6 +361,8 @@ def test_cli_learned_separability_writes_all_three_trajectories(
         "--out", str(out), "--no-progress",
     ]  # fmt: skip
     assert main(args) == 0
+    loss = json.loads((out / "summary.json").read_text())["learned_areas"]["loss"]["area"]
+    assert f"(learned: area {loss:.3f}) (random: area" in capsys.readouterr().out
     frame = pd.read_csv(out / "trajectory.csv")
     assert set(frame["method"]) == {"abs", "random", "learned"}
     summary = json.loads((out / "summary.json").read_text())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_tokens
+from helpers import kill_at, random_tokens
 
 from mi_core.data import tokenize_pairs
 from mi_core.data.batches import TokenizedFocusCripple, TokenizedText
@@ -22,10 +22,6 @@ from mi_core.pruning.objectives import OBJECTIVES, Separate, resolve_objective
 from mi_core.pruning.reference_logits import compute_reference_logits
 
 PAIRS = [(o, k) for o in OBJECTIVES for k in MASK_KINDS]
-
-
-class Killed(Exception):
-    pass
 
 
 def _training_data(name: str, answer, ioi):
@@ -71,13 +67,8 @@ def test_every_objective_with_every_mask_kind(answer, ioi, name, kind_name, tmp_
     for label in ("whole", "killed"):
         state = start_run(answer, tokens, cfg, tmp_path / label, None, kind=kind)
         if label == "killed":
-
-            def kill(step, row):
-                if step == 2:  # after the checkpoint of step 3
-                    raise Killed
-
-            state.callback = kill
-            with pytest.raises(Killed):
+            state.callback = kill_at(2)  # after the checkpoint of step 3
+            with pytest.raises(KeyboardInterrupt):
                 train_group(answer, None, tokens, _reference(objective, answer, tokens),
                             [state], progress=False)  # fmt: skip
             state = start_run(answer, tokens, cfg, tmp_path / label, None, kind=kind)

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import kill_at
 
 from mi_core.data import load_prompt_task, pair_batches, tokenize_pairs
 from mi_core.data.batches import TokenizedPrompts, task_scorer
@@ -149,12 +150,8 @@ def test_pruning_on_a_prompt_task_reaches_the_exact_target_and_resumes_bit_ident
     assert set(whole.metrics["accuracy"]) == {"ioi:abba", "ioi:baba"}
     assert whole.metrics["chance_accuracy"] == {"ioi:abba": 0.5, "ioi:baba": 0.5}
 
-    def kill(step, row):
-        if step == 6:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        prune_run(lm_path, "ioi:abba", tmp_path / "cut", cfg, callback=kill, **kwargs)
+        prune_run(lm_path, "ioi:abba", tmp_path / "cut", cfg, callback=kill_at(6), **kwargs)
     resumed = prune_run(lm_path, "ioi:abba", tmp_path / "cut", cfg, **kwargs)
     assert resumed.resumed_from == 4
     assert torch.equal(resumed.log_alpha, whole.log_alpha)

@@ -270,39 +270,21 @@ def _cli(args, capsys):
     return code, capsys.readouterr()
 
 
+#: The short CoFi run the CLI tests train.
+SHORT_COFI = "--profile cofi --steps 6 --batch-size 8".split()
+
+
 def test_cli_prune_writes_every_file_and_reports(
     tiny_checkpoints, means_file, tmp_path, capsys, data_dir
 ):
     out = tmp_path / "run"
     args = [
-        "prune",
-        "--model",
-        str(tiny_checkpoints["bert-cls"]),
-        "--means",
-        str(means_file),
-        "--train",
-        "mnli:train",
-        "--max-train-examples",
-        "32",
-        "--sparsity",
-        "0.5",
-        "--seed",
-        "3",
-        "--profile",
-        "cofi",
-        "--steps",
-        "6",
-        "--batch-size",
-        "8",
-        "--eval",
-        "mnli:validation_matched",
-        "hans:ln_preposition",
-        "--max-eval-examples",
-        "24",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
+        "prune", "--model", str(tiny_checkpoints["bert-cls"]), "--means", str(means_file),
+        *"--train mnli:train --max-train-examples 32 --sparsity 0.5 --seed 3".split(),
+        *SHORT_COFI,
+        *"--eval mnli:validation_matched hans:ln_preposition --max-eval-examples 24".split(),
+        "--out", str(out), "--no-progress",
+    ]  # fmt: skip
     code, captured = _cli(args, capsys)
     assert code == 0, captured.err
     files = ("config.json", "mask.safetensors", "mask.json", "subnetwork.safetensors", "log.csv")
@@ -351,22 +333,8 @@ def test_cli_prune_bad_input_is_one_line(
     tiny_checkpoints, means_file, tmp_path, capsys, data_dir, monkeypatch
 ):
     model = str(tiny_checkpoints["bert-cls"])
-    base = [
-        "prune",
-        "--model",
-        model,
-        "--train",
-        "mnli:train",
-        "--max-train-examples",
-        "16",
-        "--profile",
-        "cofi",
-        "--steps",
-        "6",
-        "--batch-size",
-        "8",
-        "--no-progress",
-    ]
+    base = ["prune", "--model", model, *"--train mnli:train --max-train-examples 16".split(),
+            *SHORT_COFI, "--no-progress"]  # fmt: skip
     ok = [*base, "--means", str(means_file), "--sparsity", "0.5"]
     _one_line_error(
         capsys,

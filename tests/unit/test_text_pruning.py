@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import kill_at
 
 from mi_core.data import TokenizedText, load_text_task, pair_batches, tokenize_pairs
 from mi_core.data.text import token_windows
@@ -135,12 +136,8 @@ def test_pruning_on_text_reaches_the_exact_target_resumes_and_groups_as_alone(
     assert recorded["train"]["name"] == "text:wikitext"
     assert recorded["train"]["n_examples"] == 24
 
-    def kill(step, row):
-        if step == 6:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        prune_run(lm_path, "text:wikitext", tmp_path / "cut", cfg, callback=kill, **kwargs)
+        prune_run(lm_path, "text:wikitext", tmp_path / "cut", cfg, callback=kill_at(6), **kwargs)
     resumed = prune_run(lm_path, "text:wikitext", tmp_path / "cut", cfg, **kwargs)
     assert resumed.resumed_from == 4 and torch.equal(resumed.log_alpha, whole.log_alpha)
     # in memory, from loaded objects, the same run

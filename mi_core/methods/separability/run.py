@@ -187,35 +187,65 @@ def separability_findings(summary: dict) -> list[dict]:
     ]
 
 
-def _evaluate_both(
-    model: HookedTransformer,
-    focus: TaskTokens,
-    cripple: TaskTokens,
-    masks: PruneMasks,
-    skip: dict[str, torch.Tensor],
-    config: SeparabilityConfig,
-    progress: bool,
-) -> dict[str, float]:
-    hooks = masks.hooks(model)
-    row: dict[str, float] = {}
-    for role, task in (("focus", focus), ("cripple", cripple)):
-        result = evaluate_next_token(
-            model,
-            task.heldout,
-            task.heldout_mask,
-            skip_tokens=skip[role],
-            fwd_hooks=hooks,
-            batch_size=config.batch_size,
-            progress=progress,
-            desc=f"evaluate {task.name}",
-        )
-        if config.eval_protocol == "texts":
-            result["loss"] = result["text_loss"]
-        if not all(map(lambda m: result[m] == result[m], ("loss", "top1"))):
-            raise TrainingError(f"evaluation on {task.name} gave NaN (no predictable tokens?)")
-        for metric in (*METRICS, "n_tokens"):
-            row[f"{role}_{metric}"] = result[metric]
-    return row
+@dataclass
+class _Steps:
+    """What every step of a run reads: the model, both data sets, the tokens the skip50
+    metrics leave out, the config, and where each new trajectory row goes."""
+
+    model: HookedTransformer
+    focus: TaskTokens
+    cripple: TaskTokens
+    skip: dict[str, torch.Tensor]
+    config: SeparabilityConfig
+    moe: bool
+    progress: bool
+    record: Callable[[dict], None]
+
+    def evaluate(self, masks: PruneMasks) -> dict[str, float]:
+        """Both data sets' held-out metrics with ``masks`` removed."""
+        hooks = masks.hooks(self.model)
+        row: dict[str, float] = {}
+        for role, task in (("focus", self.focus), ("cripple", self.cripple)):
+            result = evaluate_next_token(
+                self.model,
+                task.heldout,
+                task.heldout_mask,
+                skip_tokens=self.skip[role],
+                fwd_hooks=hooks,
+                batch_size=self.config.batch_size,
+                progress=self.progress,
+                desc=f"evaluate {task.name}",
+            )
+            if self.config.eval_protocol == "texts":
+                result["loss"] = result["text_loss"]
+            if not all(map(lambda m: result[m] == result[m], ("loss", "top1"))):
+                raise TrainingError(f"evaluation on {task.name} gave NaN (no predictable tokens?)")
+            for metric in (*METRICS, "n_tokens"):
+                row[f"{role}_{metric}"] = result[metric]
+        return row
+
+    def step_row(self, method: str, step: int, masks: PruneMasks, thresholds=None) -> None:
+        """Evaluate ``masks`` and record the row of ``method`` at ``step``."""
+        extra = () if thresholds is None else (thresholds,)
+        self.record({**_row(method, step, masks, *extra), **self.evaluate(masks)})
+
+    def statistics(self, masks: PruneMasks, step: int) -> dict[str, ActivationStats]:
+        """Both data sets' activation statistics of the model with ``masks`` removed."""
+        hooks = masks.hooks(self.model)
+        return {
+            role: collect_activation_stats(
+                self.model,
+                task.stats,
+                task.stats_mask,
+                batch_size=self.config.batch_size,
+                sites=_sites(self.config, step, self.moe),
+                fwd_hooks=hooks,
+                progress=self.progress,
+                desc=f"statistics {task.name}",
+                correct_top_k=self.config.stats_correct_top_k,
+            )
+            for role, task in (("focus", self.focus), ("cripple", self.cripple))
+        }
 
 
 def _row(method: str, step: int, masks: PruneMasks, thresholds=(float("nan"),) * 2) -> dict:
@@ -453,8 +483,9 @@ def run_separability(
         if on_step is not None:
             on_step(row)
 
+    run = _Steps(model, focus, cripple, skip, config, moe, progress, record)
     if not rows:
-        base = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
+        base = run.evaluate(masks)
         learned = [LEARNED] if config.selection != "statistics" else []
         for method in (*looped, *learned):
             record({**_row(method, 0, masks), **base})
@@ -468,11 +499,9 @@ def run_separability(
         steps = tqdm(steps, total=config.steps, initial=done, desc="separability steps")
     for step in steps:
         if statistics:
-            _statistics_step(model, focus, cripple, masks, skip, config, step, moe, progress,
-                             record, first_scores)  # fmt: skip
+            _statistics_step(run, masks, step, first_scores)
         if random_masks is not None:
-            _random_step(model, focus, cripple, random_masks, skip, config, step, moe, progress,
-                         record)  # fmt: skip
+            _random_step(run, random_masks, step)
         save()
 
     if config.selection != "statistics":
@@ -484,8 +513,7 @@ def run_separability(
         def learned_step(step: int, learned: PruneMasks) -> None:
             nonlocal learned_masks
             learned_masks = learned
-            metrics = _evaluate_both(model, focus, cripple, learned, skip, config, progress)
-            record({**_row(LEARNED, step, learned), **metrics})
+            run.step_row(LEARNED, step, learned)
             save()
 
         run_learned(model, focus, cripple, config, learned_done, run_dir, learned_step, progress)
@@ -508,35 +536,12 @@ LEARNED_DIR = "learned"
 
 
 def _statistics_step(
-    model: HookedTransformer,
-    focus: TaskTokens,
-    cripple: TaskTokens,
-    masks: PruneMasks,
-    skip: dict[str, torch.Tensor],
-    config: SeparabilityConfig,
-    step: int,
-    moe: bool,
-    progress: bool,
-    record: Callable[[dict], None],
-    first_scores: dict[str, torch.Tensor],
+    run: _Steps, masks: PruneMasks, step: int, first_scores: dict[str, torch.Tensor]
 ) -> None:
     """One step of the report's method: statistics of the model as pruned so far, scores,
     the top units removed, both data sets evaluated (``masks`` updated in place)."""
-    hooks = masks.hooks(model)
-    collected = {
-        role: collect_activation_stats(
-            model,
-            task.stats,
-            task.stats_mask,
-            batch_size=config.batch_size,
-            sites=_sites(config, step, moe),
-            fwd_hooks=hooks,
-            progress=progress,
-            desc=f"statistics {task.name}",
-            correct_top_k=config.stats_correct_top_k,
-        )
-        for role, task in (("focus", focus), ("cripple", cripple))
-    }
+    config = run.config
+    collected = run.statistics(masks, step)
     scores = neuron_scores(
         collected["focus"],
         collected["cripple"],
@@ -548,24 +553,13 @@ def _statistics_step(
         first_scores.update({k: v.float().cpu() for k, v in scores.items()})
     ff_sel, attn_sel, thresholds = _select(scores, masks, config, step)
     masks.prune(step, ff_sel, attn_sel, **_fills(collected["focus"], config))
-    metrics = _evaluate_both(model, focus, cripple, masks, skip, config, progress)
-    record({**_row(config.statistics_method, step, masks, thresholds), **metrics})
+    run.step_row(config.statistics_method, step, masks, thresholds)
 
 
-def _random_step(
-    model: HookedTransformer,
-    focus: TaskTokens,
-    cripple: TaskTokens,
-    random_masks: PruneMasks,
-    skip: dict[str, torch.Tensor],
-    config: SeparabilityConfig,
-    step: int,
-    moe: bool,
-    progress: bool,
-    record: Callable[[dict], None],
-) -> None:
+def _random_step(run: _Steps, random_masks: PruneMasks, step: int) -> None:
     """One step of the random baseline: as many units as the method removes, chosen by
     seeded random scores."""
+    config = run.config
     shapes = {"mlp": random_masks.ff_step.shape, "attn": random_masks.attn_step.shape}
     rand = {
         site: random_scores(
@@ -577,17 +571,16 @@ def _random_step(
     focus_stats = None
     if "mean" in (config.ff_fill, config.attn_fill):
         focus_stats = collect_activation_stats(
-            model,
-            focus.stats,
-            focus.stats_mask,
+            run.model,
+            run.focus.stats,
+            run.focus.stats_mask,
             batch_size=config.batch_size,
-            sites=_sites(config, step + 1, moe),
-            fwd_hooks=random_masks.hooks(model),
+            sites=_sites(config, step + 1, run.moe),
+            fwd_hooks=random_masks.hooks(run.model),
             correct_top_k=config.stats_correct_top_k,
         )
     if config.attn_unit == "head":
         rand["attn"] = rand["attn"][..., 0]
     r_ff, r_attn, _ = _select(rand, random_masks, config, step)
     random_masks.prune(step, r_ff, r_attn, **_fills(focus_stats, config))
-    metrics = _evaluate_both(model, focus, cripple, random_masks, skip, config, progress)
-    record({**_row(RANDOM, step, random_masks), **metrics})
+    run.step_row(RANDOM, step, random_masks)

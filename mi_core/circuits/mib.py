@@ -1,0 +1,155 @@
+"""Circuits scored as the Mechanistic Interpretability Benchmark scores them (MIB's
+circuit-localisation track, Mueller et al. 2025).
+
+MIB's evaluator (hannamw/MIB-circuit-track, ``evaluation.evaluate_area_under_curve``) takes a
+method's edge scores and, at each of :data:`MIB_PERCENTAGES` of the graph's edges, keeps the
+``int(pct * n_edges)`` edges ranked highest (by ``|score|`` with ``absolute``, else by the signed
+score, MIB's sign: against the loss), prunes what is left unconnected (a node kept only with a
+kept edge in and out, repeatedly: :meth:`~mi_core.interventions.edges.Graph.connected`), patches
+every other edge from the counterfactual prompt, and measures the mean logit difference ``m``.
+The faithfulness of a circuit ``C`` is ``f = (m(C) - m(empty)) / (m(full) - m(empty))``; the
+scores are two trapezoid areas over the nominal percentages (as fractions, 0.001 to 1):
+
+- **CPR**, the area under ``f`` (higher is better; a circuit that exceeds the model counts);
+- **CMD**, the area under ``|1 - f|`` (lower is better).
+
+MIB ranks by the signed score for CPR and by ``|score|`` for CMD (each method's circuits may be
+chosen for each metric). :func:`mib_score` computes both, and every faithfulness, on mi_core's
+fused masked forward; the tests hold it to MIB's own evaluator on the same graph and pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+
+from mi_core.circuits.attribution import EdgeScores
+from mi_core.circuits.evaluate import _masked_metric, circuit_baselines, mib_scores
+from mi_core.circuits.metrics import Metric, logit_difference
+from mi_core.data.circuit_pairs import PromptPairs
+from mi_core.errors import ConfigError
+from mi_core.interventions.edges import EdgeMask
+from mi_core.interventions.edges.graph import top_k_order
+
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
+
+__all__ = ["MIB_PERCENTAGES", "MIBScore", "mib_areas", "mib_circuits", "mib_score"]
+
+#: The circuit sizes MIB scores, as fractions of the graph's edges.
+MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class MIBScore:
+    """MIB's scores of one method's circuits on one set of pairs."""
+
+    cpr: float
+    """The area under the faithfulness curve (higher is better)."""
+    cmd: float
+    """The area under ``|1 - faithfulness|`` (lower is better)."""
+    faithfulness: list[float]
+    """The faithfulness at each of :attr:`percentages`."""
+    n_edges: list[int]
+    """The edges each circuit keeps once pruned to what is connected. MIB's evaluator reports
+    up to a few more: its prune stops a pass early when its top-n already marked the nodes,
+    leaving edges out of nodes with no kept input, which under patching carry what a removed
+    edge would (the faithfulness is the same)."""
+    kl: list[float]
+    """Each circuit's mean KL to the full model at the answer (what CPR does not show)."""
+    percentages: tuple[float, ...]
+    full: float
+    """The full model's mean logit difference."""
+    empty: float
+    """The empty circuit's (every edge patched)."""
+    absolute: bool
+    """Whether the circuits were ranked by ``|score|`` (else by the signed score)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mib_areas(
+    faithfulness: Sequence[float],
+    percentages: Sequence[float] = MIB_PERCENTAGES,
+    log_scale: bool = False,
+) -> tuple[float, float]:
+    """MIB's (CPR, CMD): trapezoid areas of ``f`` and of ``|1 - f|`` over ``percentages``
+    (``log_scale``: over their logarithms), as its evaluator sums them."""
+    if len(faithfulness) != len(percentages):
+        raise ConfigError(f"{len(faithfulness)} faithfulness values for {len(percentages)} sizes")
+    xs = [math.log(p) for p in percentages] if log_scale else list(percentages)
+    cpr = cmd = 0.0
+    for i in range(len(xs) - 1):
+        width = xs[i + 1] - xs[i]
+        cpr += width * (faithfulness[i] + faithfulness[i + 1]) / 2
+        cmd += width * (abs(1.0 - faithfulness[i]) + abs(1.0 - faithfulness[i + 1])) / 2
+    return cpr, cmd
+
+
+def mib_circuits(
+    scores: EdgeScores,
+    absolute: bool = True,
+    percentages: Sequence[float] = MIB_PERCENTAGES,
+) -> list[torch.Tensor]:
+    """The kept edges (``[n_edges]`` booleans) of MIB's circuit at each percentage: the top
+    ``int(pct * n_edges)`` by MIB's ranking of ``scores`` (:func:`mib_scores`: mi_core's sign
+    turned to MIB's), then what is left unconnected pruned."""
+    graph = scores.graph
+    order = top_k_order(mib_scores(scores.scores, scores.method), absolute=absolute)
+    circuits = []
+    for pct in percentages:
+        kept = torch.zeros(graph.n_edges, dtype=torch.bool)
+        kept[order[: int(pct * graph.n_edges)]] = True
+        circuits.append(graph.connected(kept))
+    return circuits
+
+
+def mib_score(
+    model: HookedModel,
+    scores_or_circuits: EdgeScores | Sequence[EdgeMask],
+    pairs: PromptPairs,
+    *,
+    absolute: bool = True,
+    fill: str = "corrupted",
+    means: Float[torch.Tensor, "sender d_model"] | None = None,
+    metric: Metric = logit_difference,
+    batch_size: int = 16,
+    log_scale: bool = False,
+    progress: bool = False,
+) -> MIBScore:
+    """MIB's CPR and CMD of a method's circuits on ``pairs`` (module docstring).
+
+    ``scores_or_circuits``: edge scores (the circuits chosen as MIB chooses them, ranked by
+    ``|score|`` with ``absolute``, else signed), or one binary circuit per percentage (a method
+    that gives circuits, not scores: edge pruning at each size). ``fill``: what a removed edge
+    carries, ``corrupted`` (MIB's patching), ``mean`` or ``zero``."""
+    if isinstance(scores_or_circuits, EdgeScores):
+        graph = scores_or_circuits.graph
+        kept = mib_circuits(scores_or_circuits, absolute)
+    else:
+        circuits = list(scores_or_circuits)
+        if len(circuits) != len(MIB_PERCENTAGES):
+            raise ConfigError(
+                f"MIB scores {len(MIB_PERCENTAGES)} circuits, one per size "
+                f"{', '.join(f'{p:g}' for p in MIB_PERCENTAGES)}; got {len(circuits)}"
+            )
+        graph = circuits[0].graph
+        kept = [graph.connected(c.weights > 0.5) for c in circuits]
+    full, empty, _ = circuit_baselines(model, graph, fill, means, pairs, metric, batch_size)
+    span = full - empty
+    faithfulness, sizes, kls = [], [], []
+    for circuit in tqdm(kept, desc="MIB sizes", disable=not progress, leave=False):
+        mask = EdgeMask(graph, circuit.float(), fill, means=means)
+        values, kl = _masked_metric(model, mask, pairs, metric, batch_size)
+        faithfulness.append((float(values.mean()) - empty) / span if span else math.nan)
+        sizes.append(int(circuit.sum()))
+        kls.append(kl)
+    cpr, cmd = mib_areas(faithfulness, MIB_PERCENTAGES, log_scale)
+    return MIBScore(cpr, cmd, faithfulness, sizes, kls, MIB_PERCENTAGES, full, empty, absolute)

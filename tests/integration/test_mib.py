@@ -1,0 +1,153 @@
+"""MIB's circuit-localisation scores (:mod:`mi_core.circuits.mib`) against MIB's own evaluator
+(hannamw/MIB-circuit-track's ``evaluate_area_under_curve`` on hannamw/EAP-IG's graph, imported
+from ../shared/peers/mib) on the same model, graph, scores and pairs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import random_prompt_pairs, tiny_model
+
+from mi_core.circuits import EdgeScores
+from mi_core.circuits.evaluate import mib_scores
+from mi_core.circuits.mib import MIB_PERCENTAGES, mib_areas, mib_circuits, mib_score
+from mi_core.errors import ConfigError
+from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
+
+PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers" / "mib"
+
+
+@pytest.fixture(scope="module")
+def mib():
+    """MIB's evaluator and EAP-IG's Graph, imported from the peers' folder (matplotlib, which
+    only EAP-IG's image export reads, stubbed where it is not installed)."""
+    if not PEERS.is_dir():
+        pytest.skip(f"MIB's code is not at {PEERS}")
+    for name in ("matplotlib", "matplotlib.cm", "matplotlib.colors", "matplotlib.pyplot"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    for path in (PEERS, PEERS / "MIB_circuit_track"):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    import evaluation
+    from eap import evaluate as eap_evaluate
+    from eap.graph import Graph as EAPGraph
+
+    return types.SimpleNamespace(evaluation=evaluation, evaluate=eap_evaluate, Graph=EAPGraph)
+
+
+def _their_run(mib, model, graph, scores, pairs, absolute, monkeypatch):
+    """MIB's evaluator on ``pairs`` (its tokenisation replaced by the pairs' own ids, so both
+    read identical inputs) with ``scores`` in MIB's sign."""
+    theirs = copy.deepcopy(model)
+    theirs.set_use_attn_result(True)
+    theirs.set_use_split_qkv_input(True)
+    theirs.set_use_hook_mlp_in(True)
+    eap_graph = mib.Graph.from_model(theirs)
+    dense = graph.to_dense(mib_scores(scores.scores, scores.method).float())
+    assert torch.equal(eap_graph.real_edge_mask, graph.exists)
+    eap_graph.scores[:] = dense
+    ids = {"clean": pairs.clean_ids, "corrupted": pairs.corrupted_ids}
+
+    def tokenize_plus(model, inputs, max_length=None):
+        kind, rows = inputs[0].split(":")[0], [int(s.split(":")[1]) for s in inputs]
+        tokens = ids[kind][rows]
+        mask = pairs.attention_mask[rows]
+        return tokens, mask, mask.sum(1), tokens.shape[1]
+
+    monkeypatch.setattr(mib.evaluate, "tokenize_plus", tokenize_plus)
+    n = len(pairs.answer)
+    batches = [
+        ([f"clean:{i}" for i in rows], [f"corrupted:{i}" for i in rows],
+         torch.stack([pairs.answer[rows], pairs.distractor[rows]], dim=1))
+        for rows in (list(range(0, n // 2)), list(range(n // 2, n)))
+    ]  # fmt: skip
+    from metrics import get_metric
+
+    metric = get_metric("logit_diff", "ioi", theirs.tokenizer, theirs)
+    return mib.evaluation.evaluate_area_under_curve(
+        theirs, eap_graph, batches, metric, quiet=True, absolute=absolute
+    )
+
+
+@pytest.mark.parametrize("absolute", [True, False])
+def test_mib_scores_equal_mibs_evaluator(mib, absolute, monkeypatch):
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(12, 7, high=90)
+    graph = Graph.from_model(model)
+    generator = torch.Generator().manual_seed(int(absolute))
+    scores = EdgeScores(graph, torch.randn(graph.n_edges, generator=generator), "eap", 12)
+    ours = mib_score(model, scores, pairs, absolute=absolute, batch_size=6)
+    counts, cpr, cmd, _, faithfulness = _their_run(mib, model, graph, scores, pairs, absolute,
+                                                   monkeypatch)  # fmt: skip
+    assert ours.faithfulness == pytest.approx(faithfulness, abs=1e-4)
+    assert ours.cpr == pytest.approx(cpr, abs=1e-4) and ours.cmd == pytest.approx(cmd, abs=1e-4)
+    # MIB's prune stops a pass early when its top-n marked the nodes already, so its counts can
+    # hold edges out of nodes with no kept input: under patching they carry what a removed edge
+    # would (the faithfulness above is equal); mi_core counts the connected edges only
+    assert all(o <= int(c) for o, c in zip(ours.n_edges, counts, strict=True))
+    assert ours.n_edges[-1] == int(counts[-1]) == graph.n_edges
+    assert ours.faithfulness[-1] == pytest.approx(1.0, abs=1e-6)
+    # the two rankings are different circuits
+    other = mib_circuits(scores, absolute=not absolute)
+    assert any(not torch.equal(a, b) for a, b in zip(mib_circuits(scores, absolute), other,
+                                                     strict=True))  # fmt: skip
+
+
+def test_mib_areas_by_hand_and_circuits_given():
+    f = [0.0, 0.5, 1.5, 1.0]
+    cpr, cmd = mib_areas(f, (0.1, 0.2, 0.5, 1.0))
+    assert cpr == pytest.approx(0.1 * 0.25 + 0.3 * 1.0 + 0.5 * 1.25)
+    assert cmd == pytest.approx(0.1 * 0.75 + 0.3 * 0.5 + 0.5 * 0.25)
+    with pytest.raises(ConfigError, match="faithfulness values for"):
+        mib_areas(f)
+    model = tiny_model("gpt2", seed=3)
+    graph = Graph.from_model(model)
+    pairs = random_prompt_pairs(4, 5, high=90)
+    full = [EdgeMask.full(graph)] * len(MIB_PERCENTAGES)
+    score = mib_score(model, full, pairs)
+    assert score.faithfulness == pytest.approx([1.0] * len(MIB_PERCENTAGES), abs=1e-6)
+    assert score.cmd == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ConfigError, match="one per size"):
+        mib_score(model, full[:3], pairs)
+    assert to_mib_name(graph.edge_names[0]).startswith("input->")
+
+
+def test_cli_circuit_evaluate_scores_as_mib(tmp_path, capsys, tiny_checkpoints):
+    from mi_core.circuits.job import load_circuit_pairs
+    from mi_core.cli import main
+    from mi_core.models import load_model
+
+    model_path = str(tiny_checkpoints["gpt2-lm"])
+    common = ["--model", model_path, "--n-examples", "16", "--no-progress"]
+    assert main(["circuit", "attribute", *common, "--method", "eap", "--out",
+                 str(tmp_path / "eap")]) == 0  # fmt: skip
+    out = tmp_path / "mib"
+    scores_file = str(tmp_path / "eap" / "scores.safetensors")
+    argv = ["circuit", "evaluate", *common, "--scores", scores_file, "--out", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "mib_score.json").read_text())
+    assert f"MIB CPR {summary['cpr']:.3f} (signed ranking" in printed
+    assert f"CMD {summary['cmd']:.3f} (|score| ranking" in printed
+    # the same numbers in process, on the held-out half of the same pairs
+    model = load_model(model_path)
+    judge = load_circuit_pairs(model, "ioi", 16).split(0.5)[1]
+    scores = EdgeScores.load(tmp_path / "eap" / "scores.safetensors")
+    signed = mib_score(model, scores, judge, absolute=False)
+    assert summary["cpr"] == pytest.approx(signed.cpr, abs=1e-9)
+    assert summary["rankings"]["signed"]["faithfulness"] == pytest.approx(signed.faithfulness)
+    assert summary["cmd"] == summary["rankings"]["absolute"]["cmd"]
+    # scores of another graph (two layers, not three): one line, exit 2
+    other = Graph(2, scores.graph.n_heads, scores.graph.d_model)
+    EdgeScores(other, torch.zeros(other.n_edges), "eap", 8).save(tmp_path / "other.safetensors")
+    argv[argv.index("--scores") + 1] = str(tmp_path / "other.safetensors")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "scores the edges of" in err[0]
