@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -76,3 +77,73 @@ def make_tiny_checkpoint(
         model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def load_mib_peer(root: str | os.PathLike[str]) -> Any:
+    """MIB's circuit evaluator and EAP-IG's ``Graph`` from their published code at ``root``
+    (``../shared/peers/mib``: ``eap/`` and ``MIB_circuit_track/``), for tests and benchmarks
+    to compare against on identical inputs. Matplotlib, which only EAP-IG's image export
+    reads, is stubbed where it is not installed."""
+    import importlib.util
+    import sys
+    import types
+
+    root = Path(root)
+    if "matplotlib" not in sys.modules and importlib.util.find_spec("matplotlib") is None:
+        for name in ("matplotlib", "matplotlib.cm", "matplotlib.colors", "matplotlib.pyplot"):
+            sys.modules[name] = types.ModuleType(name)
+    for path in (root, root / "MIB_circuit_track"):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    import evaluation
+    import metrics
+    from eap import evaluate
+    from eap.graph import Graph
+
+    return types.SimpleNamespace(evaluation=evaluation, evaluate=evaluate, Graph=Graph,
+                                 metrics=metrics)  # fmt: skip
+
+
+def mib_reference_score(
+    peer: Any, model: Any, dense_scores: torch.Tensor, pairs: Any, absolute: bool,
+    batch_size: int = 16,
+) -> tuple:  # fmt: skip
+    """MIB's ``evaluate_area_under_curve`` on ``pairs`` (a
+    :class:`~mi_core.data.circuit_pairs.PromptPairs`) with ``dense_scores`` (``[sender,
+    receiver]``, MIB's sign) on a copy of ``model`` configured as MIB's ``run_evaluation.py``
+    configures it. MIB tokenises strings; here its tokeniser is replaced, for the call, by
+    one returning the pairs' own ids, so both sides read identical inputs. Returns MIB's
+    ``(edge counts, CPR, CMD, mean, faithfulnesses)``."""
+    import copy
+
+    theirs = copy.deepcopy(model)
+    theirs.set_use_attn_result(True)
+    theirs.set_use_split_qkv_input(True)
+    theirs.set_use_hook_mlp_in(True)
+    if getattr(theirs.cfg, "n_key_value_heads", None):
+        theirs.set_ungroup_grouped_query_attention(True)
+    graph = peer.Graph.from_model(theirs)
+    graph.scores[:] = dense_scores.to(graph.scores)
+    ids = {"clean": pairs.clean_ids.cpu(), "corrupted": pairs.corrupted_ids.cpu()}
+    attention = pairs.attention_mask.cpu()
+
+    def tokenize_plus(model: Any, inputs: list[str], max_length: int | None = None) -> tuple:
+        kind, rows = inputs[0].split(":")[0], [int(s.split(":")[1]) for s in inputs]
+        mask = attention[rows]
+        return ids[kind][rows], mask, mask.sum(1), mask.shape[1]
+
+    n = len(pairs.answer)
+    batches = [
+        ([f"clean:{i}" for i in rows], [f"corrupted:{i}" for i in rows],
+         torch.stack([pairs.answer[rows].cpu(), pairs.distractor[rows].cpu()], dim=1))
+        for rows in (list(range(s, min(s + batch_size, n))) for s in range(0, n, batch_size))
+    ]  # fmt: skip
+    metric = peer.metrics.get_metric("logit_diff", "ioi", theirs.tokenizer, theirs)
+    original = peer.evaluate.tokenize_plus
+    peer.evaluate.tokenize_plus = tokenize_plus
+    try:
+        return peer.evaluation.evaluate_area_under_curve(
+            theirs, graph, batches, metric, quiet=True, absolute=absolute
+        )
+    finally:
+        peer.evaluate.tokenize_plus = original

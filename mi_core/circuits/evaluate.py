@@ -109,20 +109,42 @@ def _masked_metric(
     model: HookedModel, mask: EdgeMask, pairs: PromptPairs, metric: Metric, batch_size: int
 ) -> tuple[torch.Tensor, float]:
     """Per-example metric and mean KL to the full model of ``mask`` on ``pairs``."""
-    values, total_kl = [], 0.0
+    return masked_metrics(model, [mask], pairs, metric, batch_size)[0][0]
+
+
+def masked_metrics(
+    model: HookedModel,
+    masks: Sequence[EdgeMask],
+    pairs: PromptPairs,
+    metric: Metric,
+    batch_size: int,
+    progress: bool = False,
+) -> tuple[list[tuple[torch.Tensor, float]], torch.Tensor]:
+    """For each of ``masks`` (one graph and fill), the per-example metric and mean KL to the
+    full model on ``pairs``; and the full model's per-example metric. Each batch's full run
+    and corrupted recording are made once, for every mask."""
+    if len({(id(m.graph), m.fill) for m in masks}) > 1:
+        raise ConfigError("masked_metrics takes masks of one graph and one fill")
+    values: list[list[torch.Tensor]] = [[] for _ in masks]
+    kls = [0.0] * len(masks)
+    full = []
     with torch.no_grad():
-        for batch in pairs.batches(batch_size):
+        batches = pairs.batches(batch_size)
+        for batch in tqdm(batches, desc="circuits", disable=not progress, leave=False):
             reference = metric_logits(model, batch, metric)  # kl_divergence reads answer_logits
+            full.append(metric(reference, batch).detach().double().cpu())
             run = (
-                record_corrupted(model, mask.graph, **batch.corrupted)
-                if mask.fill == "corrupted"
+                record_corrupted(model, masks[0].graph, **batch.corrupted)
+                if masks[0].fill == "corrupted"
                 else None
             )
-            with graph_switches(model), hooked(model, masked_hooks(model, mask, corrupted=run)):
-                logits = metric_logits(model, batch, metric)
-            values.append(metric(logits, batch).detach().double().cpu())
-            total_kl += float(kl_divergence(logits, reference, batch).sum())
-    return torch.cat(values), total_kl / len(pairs)
+            for k, mask in enumerate(masks):
+                with graph_switches(model), hooked(model, masked_hooks(model, mask, corrupted=run)):
+                    logits = metric_logits(model, batch, metric)
+                values[k].append(metric(logits, batch).detach().double().cpu())
+                kls[k] += float(kl_divergence(logits, reference, batch).sum())
+    results = [(torch.cat(v), kl / len(pairs)) for v, kl in zip(values, kls, strict=True)]
+    return results, torch.cat(full)
 
 
 def _full_metric(

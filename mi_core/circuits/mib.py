@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 
 from mi_core.circuits.attribution import EdgeScores
-from mi_core.circuits.evaluate import _masked_metric, circuit_baselines, mib_scores
+from mi_core.circuits.evaluate import masked_metrics, mib_scores
 from mi_core.circuits.metrics import Metric, logit_difference
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
@@ -142,14 +141,14 @@ def mib_score(
             )
         graph = circuits[0].graph
         kept = [graph.connected(c.weights > 0.5) for c in circuits]
-    full, empty, _ = circuit_baselines(model, graph, fill, means, pairs, metric, batch_size)
+    masks = [EdgeMask.empty(graph, fill, means=means)]
+    masks += [EdgeMask(graph, circuit.float(), fill, means=means) for circuit in kept]
+    # every circuit on each batch in turn: one full run and one corrupted recording a batch
+    results, full_values = masked_metrics(model, masks, pairs, metric, batch_size, progress)
+    full, empty = float(full_values.mean()), float(results[0][0].mean())
     span = full - empty
-    faithfulness, sizes, kls = [], [], []
-    for circuit in tqdm(kept, desc="MIB sizes", disable=not progress, leave=False):
-        mask = EdgeMask(graph, circuit.float(), fill, means=means)
-        values, kl = _masked_metric(model, mask, pairs, metric, batch_size)
-        faithfulness.append((float(values.mean()) - empty) / span if span else math.nan)
-        sizes.append(int(circuit.sum()))
-        kls.append(kl)
+    faithfulness = [(float(v.mean()) - empty) / span if span else math.nan for v, _ in results[1:]]
+    sizes = [int(circuit.sum()) for circuit in kept]
+    kls = [kl for _, kl in results[1:]]
     cpr, cmd = mib_areas(faithfulness, MIB_PERCENTAGES, log_scale)
     return MIBScore(cpr, cmd, faithfulness, sizes, kls, MIB_PERCENTAGES, full, empty, absolute)

@@ -4,10 +4,7 @@ from ../shared/peers/mib) on the same model, graph, scores and pairs."""
 
 from __future__ import annotations
 
-import copy
 import json
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -19,72 +16,30 @@ from mi_core.circuits.evaluate import mib_scores
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_areas, mib_circuits, mib_score
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
+from mi_core.testing import load_mib_peer, mib_reference_score
 
 PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers" / "mib"
 
 
 @pytest.fixture(scope="module")
 def mib():
-    """MIB's evaluator and EAP-IG's Graph, imported from the peers' folder (matplotlib, which
-    only EAP-IG's image export reads, stubbed where it is not installed)."""
+    """MIB's evaluator and EAP-IG's Graph, imported from the peers' folder."""
     if not PEERS.is_dir():
         pytest.skip(f"MIB's code is not at {PEERS}")
-    for name in ("matplotlib", "matplotlib.cm", "matplotlib.colors", "matplotlib.pyplot"):
-        sys.modules.setdefault(name, types.ModuleType(name))
-    for path in (PEERS, PEERS / "MIB_circuit_track"):
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-    import evaluation
-    from eap import evaluate as eap_evaluate
-    from eap.graph import Graph as EAPGraph
-
-    return types.SimpleNamespace(evaluation=evaluation, evaluate=eap_evaluate, Graph=EAPGraph)
-
-
-def _their_run(mib, model, graph, scores, pairs, absolute, monkeypatch):
-    """MIB's evaluator on ``pairs`` (its tokenisation replaced by the pairs' own ids, so both
-    read identical inputs) with ``scores`` in MIB's sign."""
-    theirs = copy.deepcopy(model)
-    theirs.set_use_attn_result(True)
-    theirs.set_use_split_qkv_input(True)
-    theirs.set_use_hook_mlp_in(True)
-    eap_graph = mib.Graph.from_model(theirs)
-    dense = graph.to_dense(mib_scores(scores.scores, scores.method).float())
-    assert torch.equal(eap_graph.real_edge_mask, graph.exists)
-    eap_graph.scores[:] = dense
-    ids = {"clean": pairs.clean_ids, "corrupted": pairs.corrupted_ids}
-
-    def tokenize_plus(model, inputs, max_length=None):
-        kind, rows = inputs[0].split(":")[0], [int(s.split(":")[1]) for s in inputs]
-        tokens = ids[kind][rows]
-        mask = pairs.attention_mask[rows]
-        return tokens, mask, mask.sum(1), tokens.shape[1]
-
-    monkeypatch.setattr(mib.evaluate, "tokenize_plus", tokenize_plus)
-    n = len(pairs.answer)
-    batches = [
-        ([f"clean:{i}" for i in rows], [f"corrupted:{i}" for i in rows],
-         torch.stack([pairs.answer[rows], pairs.distractor[rows]], dim=1))
-        for rows in (list(range(0, n // 2)), list(range(n // 2, n)))
-    ]  # fmt: skip
-    from metrics import get_metric
-
-    metric = get_metric("logit_diff", "ioi", theirs.tokenizer, theirs)
-    return mib.evaluation.evaluate_area_under_curve(
-        theirs, eap_graph, batches, metric, quiet=True, absolute=absolute
-    )
+    return load_mib_peer(PEERS)
 
 
 @pytest.mark.parametrize("absolute", [True, False])
-def test_mib_scores_equal_mibs_evaluator(mib, absolute, monkeypatch):
+def test_mib_scores_equal_mibs_evaluator(mib, absolute):
     model = tiny_model("gpt2", seed=3)
     pairs = random_prompt_pairs(12, 7, high=90)
     graph = Graph.from_model(model)
     generator = torch.Generator().manual_seed(int(absolute))
     scores = EdgeScores(graph, torch.randn(graph.n_edges, generator=generator), "eap", 12)
     ours = mib_score(model, scores, pairs, absolute=absolute, batch_size=6)
-    counts, cpr, cmd, _, faithfulness = _their_run(mib, model, graph, scores, pairs, absolute,
-                                                   monkeypatch)  # fmt: skip
+    dense = graph.to_dense(mib_scores(scores.scores, scores.method).float())
+    assert torch.equal(mib.Graph.from_model(model).real_edge_mask, graph.exists)
+    counts, cpr, cmd, _, faithfulness = mib_reference_score(mib, model, dense, pairs, absolute, 6)
     assert ours.faithfulness == pytest.approx(faithfulness, abs=1e-4)
     assert ours.cpr == pytest.approx(cpr, abs=1e-4) and ours.cmd == pytest.approx(cmd, abs=1e-4)
     # MIB's prune stops a pass early when its top-n marked the nodes already, so its counts can
