@@ -84,6 +84,7 @@ def load_mib_peer(root: str | os.PathLike[str]) -> Any:
     (``../shared/peers/mib``: ``eap/`` and ``MIB_circuit_track/``), for tests and benchmarks
     to compare against on identical inputs. Matplotlib, which only EAP-IG's image export
     reads, is stubbed where it is not installed."""
+    import importlib
     import importlib.util
     import sys
     import types
@@ -95,11 +96,9 @@ def load_mib_peer(root: str | os.PathLike[str]) -> Any:
     for path in (root, root / "MIB_circuit_track"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    import evaluation
-    import metrics
-    from eap import evaluate
-    from eap.graph import Graph
-
+    evaluation, metrics = (importlib.import_module(n) for n in ("evaluation", "metrics"))
+    evaluate = importlib.import_module("eap.evaluate")
+    Graph = importlib.import_module("eap.graph").Graph
     return types.SimpleNamespace(evaluation=evaluation, evaluate=evaluate, Graph=Graph,
                                  metrics=metrics)  # fmt: skip
 
