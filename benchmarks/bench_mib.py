@@ -27,10 +27,9 @@ PEERS = Path(__file__).resolve().parents[2] / "shared" / "peers" / "mib"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--pairs", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
+    for flag, default in (("--model", "smollm2"), ("--pairs", 32), ("--batch", 16),
+                          ("--threads", 2)):  # fmt: skip
+        parser.add_argument(flag, type=type(default), default=default)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     peer = load_mib_peer(PEERS)
