@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
@@ -19,6 +19,10 @@ import transformers
 from mi_core.models.embedded import minilm_path
 from mi_core.models.families import FAMILIES, Family, family
 from mi_core.models.loading import quiet_transformers
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
 
 #: Every kind :func:`make_tiny_checkpoint` makes: ``<family>-lm`` for each family with a causal
 #: LM, ``<family>-cls`` for each with a sequence classifier.
@@ -104,8 +108,8 @@ def load_mib_peer(root: str | os.PathLike[str]) -> Any:
 
 
 def mib_reference_score(
-    peer: Any, model: Any, dense_scores: torch.Tensor, pairs: Any, absolute: bool,
-    batch_size: int = 16,
+    peer: Any, model: HookedTransformer, dense_scores: torch.Tensor, pairs: Any,
+    absolute: bool, batch_size: int = 16,
 ) -> tuple:  # fmt: skip
     """MIB's ``evaluate_area_under_curve`` on ``pairs`` (a
     :class:`~mi_core.data.circuit_pairs.PromptPairs`) with ``dense_scores`` (``[sender,
@@ -126,7 +130,9 @@ def mib_reference_score(
     ids = {"clean": pairs.clean_ids.cpu(), "corrupted": pairs.corrupted_ids.cpu()}
     attention = pairs.attention_mask.cpu()
 
-    def tokenize_plus(model: Any, inputs: list[str], max_length: int | None = None) -> tuple:
+    def tokenize_plus(
+        model: HookedTransformer, inputs: list[str], max_length: int | None = None
+    ) -> tuple:
         kind, rows = inputs[0].split(":")[0], [int(s.split(":")[1]) for s in inputs]
         mask = attention[rows]
         return ids[kind][rows], mask, mask.sum(1), mask.shape[1]

@@ -147,19 +147,6 @@ def masked_metrics(
     return results, torch.cat(full)
 
 
-def _full_metric(
-    model: HookedModel, pairs: PromptPairs, metric: Metric, batch_size: int
-) -> torch.Tensor:
-    """Per-example metric of the full model on ``pairs``."""
-    with torch.no_grad():
-        return torch.cat(
-            [
-                metric(metric_logits(model, b, metric), b).detach().double().cpu()
-                for b in pairs.batches(batch_size)
-            ]
-        )
-
-
 def circuit_baselines(
     model: HookedModel,
     graph: Graph,
@@ -172,9 +159,8 @@ def circuit_baselines(
     """Mean metric of the full model and of the empty circuit (every edge carries ``fill``)
     on ``pairs``, and the standard error of their per-example gap (see
     :func:`gap_is_small`)."""
-    full = _full_metric(model, pairs, metric, batch_size)
-    empty, _ = _masked_metric(model, EdgeMask.empty(graph, fill, means=means), pairs, metric,
-                              batch_size)  # fmt: skip
+    empty_mask = EdgeMask.empty(graph, fill, means=means)
+    [(empty, _)], full = masked_metrics(model, [empty_mask], pairs, metric, batch_size)
     gap = full - empty
     se = float(gap.std() / math.sqrt(len(gap))) if len(gap) > 1 else float("nan")
     return float(full.mean()), float(empty.mean()), se

@@ -21,6 +21,7 @@ computes the full model's distributions in the step).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -45,14 +46,14 @@ if TYPE_CHECKING:
 __all__ = ["COMPONENTS", "MASK_KINDS", "NEURONS", "Components", "MaskKind", "Neurons"]
 
 
-class MaskKind:
+class MaskKind(ABC):
     """One kind of learned unit (see the module docstring)."""
 
     name: ClassVar[str]
 
+    @abstractmethod
     def n_gates(self, model: HookedModel) -> int:
         """The number of gates of one mask on ``model``."""
-        raise NotImplementedError
 
     def gates(self, cfg: PruneConfig, model: HookedModel) -> HardConcrete:
         """A run's fresh gates, initialised from its seed as ``cfg`` says."""
@@ -65,19 +66,19 @@ class MaskKind:
             generator=generator,
         )
 
+    @abstractmethod
     def blank(self, model: HookedModel, device: torch.device, fills: Any = None) -> Any:
         """The mask object, every gate at 1, on ``device``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def assign(self, mask: Any, z: Float[torch.Tensor, "*batch gates"]) -> None:
         """Put flat gate values (one row, or one per example) into ``mask``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def applied(
         self, model: HookedModel, mask: Any, means: ComponentMeans | None, fill: str
     ) -> AbstractContextManager[Any]:
         """The block inside which ``model`` runs under ``mask``."""
-        raise NotImplementedError
 
 
 class Components(MaskKind):

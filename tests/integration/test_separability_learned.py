@@ -14,10 +14,6 @@ from mi_core.methods.separability.learned import learned_unit_counts
 from mi_core.methods.separability.run import SeparabilityConfig, run_separability
 
 
-class Killed(Exception):
-    pass
-
-
 def _config(**changes):
     values = dict(steps=3, ff_frac=0.1, attn_frac=0.05, scoring="abs", batch_size=4,
                   selection="both", learn_steps=4, learn_lr=0.8, random_baseline=True)  # fmt: skip
@@ -48,9 +44,9 @@ def test_the_learned_run_removes_what_the_statistics_remove_and_resumes(llama, t
     def kill(row):
         seen.append(row)
         if row["method"] == "learned" and row["step"] == 2:
-            raise Killed
+            raise KeyboardInterrupt  # a kill
 
-    with pytest.raises(Killed):
+    with pytest.raises(KeyboardInterrupt):
         run_separability(llama, focus, cripple, config, state_path=state, on_step=kill)
     again = run_separability(llama, focus, cripple, config, state_path=state)
     pd.testing.assert_frame_equal(again.trajectory, frame)

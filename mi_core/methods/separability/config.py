@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from mi_core.analysis.constants import MODES
 from mi_core.config import option
@@ -215,6 +216,20 @@ class SeparabilityConfig(ModelPlacement):
             self.eval_tokens is not None and self.eval_tokens < self.window
         ):
             raise ConfigError(f"tokens and eval_tokens must be at least window ({self.window})")
+
+    def mean_fills(self, stats: Any) -> dict:
+        """The fills of removed units a step's focus statistics (an
+        :class:`~mi_core.statistics.activations.ActivationStats`, or None) give: each site's
+        mean where that site fills by the mean (``ff_fill`` / ``attn_fill`` keys), else
+        nothing (zero)."""
+        if stats is None:
+            return {}
+        out = {}
+        if self.ff_fill == "mean" and stats.mlp is not None:
+            out["ff_fill"] = stats.mlp.mean.float()
+        if self.attn_fill == "mean" and stats.attn is not None:
+            out["attn_fill"] = stats.attn.mean.float()
+        return out
 
     def pruning_options(self) -> dict:
         """The options that say how to prune (the resume state's check); without JOB_FIELDS."""

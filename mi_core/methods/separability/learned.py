@@ -97,10 +97,8 @@ def _fills(
         model, focus.stats, focus.stats_mask, batch_size=config.batch_size
     )
     fills = PruneMasks.empty(model)
-    if config.ff_fill == "mean" and stats.mlp is not None:
-        fills.ff_fill = stats.mlp.mean.float().cpu()
-    if config.attn_fill == "mean" and stats.attn is not None:
-        fills.attn_fill = stats.attn.mean.float().cpu()
+    for name, values in config.mean_fills(stats).items():
+        setattr(fills, name, values.cpu())
     return fills
 
 

@@ -302,17 +302,6 @@ def _sites(config: SeparabilityConfig, step: int, moe: bool = False) -> tuple[st
     )
 
 
-def _fills(stats: ActivationStats | None, config: SeparabilityConfig) -> dict:
-    if stats is None:
-        return {}
-    out = {}
-    if config.ff_fill == "mean" and stats.mlp is not None:
-        out["ff_fill"] = stats.mlp.mean.float()
-    if config.attn_fill == "mean" and stats.attn is not None:
-        out["attn_fill"] = stats.attn.mean.float()
-    return out
-
-
 def _save_state(
     path: Path,
     config: SeparabilityConfig,
@@ -552,7 +541,7 @@ def _statistics_step(
     if step == 1:
         first_scores.update({k: v.float().cpu() for k, v in scores.items()})
     ff_sel, attn_sel, thresholds = _select(scores, masks, config, step)
-    masks.prune(step, ff_sel, attn_sel, **_fills(collected["focus"], config))
+    masks.prune(step, ff_sel, attn_sel, **config.mean_fills(collected["focus"]))
     run.step_row(config.statistics_method, step, masks, thresholds)
 
 
@@ -582,5 +571,5 @@ def _random_step(run: _Steps, random_masks: PruneMasks, step: int) -> None:
     if config.attn_unit == "head":
         rand["attn"] = rand["attn"][..., 0]
     r_ff, r_attn, _ = _select(rand, random_masks, config, step)
-    random_masks.prune(step, r_ff, r_attn, **_fills(focus_stats, config))
+    random_masks.prune(step, r_ff, r_attn, **config.mean_fills(focus_stats))
     run.step_row(RANDOM, step, random_masks)
