@@ -99,6 +99,34 @@ class EdgePruneSettings(Config):
     checkpoint_every: int = 100
     """Save the run's state every this many steps (with a checkpoint folder)."""
 
+    # What the one pruning loop (mi_core.pruning.loop) reads a run's recipe by, where the edge
+    # recipe is fixed or names a setting otherwise: one run of one micro-batch a step, no
+    # dropout or probe, float32, the sampled sparsity, a linear learning-rate decay.
+    grad_accumulation = 1
+    dropout = False
+    eval_every = 0
+    precision = "fp32"
+    sparsity_estimate = "sampled"
+    sparsity_weighting = "components"
+    lr_schedule = "linear"
+
+    @property
+    def target_sparsity(self) -> float:
+        return self.sparsity
+
+    @property
+    def warmup_steps(self) -> int:
+        assert self.sparsity_warmup_steps is not None  # set in __post_init__
+        return self.sparsity_warmup_steps
+
+    @property
+    def lr_log_alpha(self) -> float:
+        return self.lr
+
+    @property
+    def lambda_weight_decay(self) -> float:
+        return self.weight_decay
+
     def __post_init__(self) -> None:
         # the warm-ups left unset keep the authors' share of the run (2,500 and 200 of 3,000)
         if self.sparsity_warmup_steps is None:

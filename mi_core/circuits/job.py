@@ -46,7 +46,7 @@ from mi_core.circuits.evaluate import (
     write_mib,
 )
 from mi_core.circuits.metrics import get_metric
-from mi_core.circuits.prune import PROGRESS_FILE, STATE_FILE, prune_edges
+from mi_core.circuits.prune import STATE_FILE, prune_edges
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
 from mi_core.data.pairs import MNLI_LABELS
 from mi_core.data.prompt_tasks import load_prompt_task
@@ -172,7 +172,7 @@ def pair_forward_batches(
 _COMMON_FILES = ("scores.safetensors", "edges.json", "circuit.safetensors", "mib.json",
                  "summary.json", "circuit.html")  # fmt: skip
 _ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv")
-_PRUNE_FILES = (*_COMMON_FILES, "history.csv", f"state/{STATE_FILE}", f"state/{PROGRESS_FILE}")
+_PRUNE_FILES = (*_COMMON_FILES, "history.csv", f"state/{STATE_FILE}", "state/log.csv")
 
 
 def _start_writing(out: Path) -> None:

@@ -26,22 +26,24 @@ nodes of highest log_alpha are kept first, then the edges of highest log_alpha a
 leaving a kept node (all of them, if fewer than the edge target leaves). The authors' IOI runs
 keep the node masks but switch their loss off; without ``node_sparsity`` there are none.
 
-With ``out`` the run saves its state (gates, lambdas, optimizer moments, step)
-every ``checkpoint_every`` steps and resumes from there; random draws and the data order are
-functions of (seed, step), so a resumed run takes the same steps as one never stopped. A state
-of an older mi_core (one that records fewer settings or inputs) is refused, not resumed.
+The run is the one mask-learning loop's (:mod:`mi_core.pruning.loop`) with the edge kind of
+mask (:class:`Edges`): its schedules, clipping, checkpoint and resumption are every kind's.
+With ``out`` it saves its state every ``checkpoint_every`` steps and resumes from there;
+random draws and the data order are functions of (seed, step), so a resumed run takes the
+same steps as one never stopped. A state of other settings, inputs or an older mi_core is
+refused, not resumed.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 
 from mi_core.buffers import reusing_buffers
 from mi_core.circuits.config import EdgePruneSettings
@@ -50,24 +52,27 @@ from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, graph_switches
 from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
-from mi_core.io import write_json
 from mi_core.models.fingerprint import tensor_fingerprint, weights_fingerprint
-from mi_core.models.frozen import frozen
 from mi_core.models.hook_context import hooked
-from mi_core.pruning.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint
-from mi_core.pruning.hard_concrete import sample_hard_concrete
-from mi_core.pruning.lagrangian import LagrangianController, pruning_optimizer, sampled_sparsity
-from mi_core.pruning.objectives import answer_objective
-from mi_core.pruning.schedule import lr_factor, target_sparsity_at
+from mi_core.pruning.checkpoint import checkpoint_log
+from mi_core.pruning.hard_concrete import HardConcrete, hard_concrete_prob_nonzero
+from mi_core.pruning.lagrangian import LagrangianController, lagrangian_penalty, sampled_sparsity
+from mi_core.pruning.loop import start_run, train_group
+from mi_core.pruning.mask_kinds import MaskKind
+from mi_core.pruning.objectives import Objective, Targets, answer_objective
+from mi_core.pruning.schedule import target_sparsity_at
+from mi_core.pruning.step import StepMember
 from mi_core.seeding import derive_seed
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from mi_core.models.types import HookedModel
 
-__all__ = ["EdgePruneResult", "EdgePruneSettings", "discretize_circuit", "prune_edges"]
+__all__ = ["EdgePruneResult", "EdgePruneSettings", "Edges", "discretize_circuit", "prune_edges"]
 
+#: The run's checkpoint in its folder (``log.csv`` beside it repeats its rows for reading).
 STATE_FILE = "edge_prune_state.safetensors"
-PROGRESS_FILE = "edge_prune_state.json"
 
 
 @dataclass
@@ -136,64 +141,150 @@ def _inputs_key(
             "means": None if means is None else tensor_fingerprint(means)}  # fmt: skip
 
 
-#: Settings that change how often a run saves, not what it learns.
-_NOT_LEARNT = frozenset({"checkpoint_every"})
+class _PairOrder:
+    """The edge run's data order: micro-batch ``k``'s examples (:func:`_batch_indices`)."""
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+
+    def indices(self, k: int) -> list[int]:
+        return _batch_indices(self.n, self.batch_size, self.seed, k).tolist()
 
 
-def _save_state(folder: Path, step: int, params, optimizer, history, config, inputs) -> None:
-    """The run's state as every mask-learning run's checkpoint
-    (:func:`~mi_core.pruning.checkpoint.save_checkpoint`: one atomic file holding the gates,
-    the optimiser, the step and the history, with the settings and inputs it must match);
-    ``edge_prune_state.json`` repeats the progress for reading."""
-    info = {"config": config.to_dict(), "inputs": inputs}
-    save_checkpoint(folder / STATE_FILE, step, params, optimizer, history, info=info)
-    write_json(folder / PROGRESS_FILE, {"step": step, **info, "history": history})
+class EdgeController(LagrangianController):
+    """The edge sparsity's lambdas, and (with node masks) the node sparsity's
+    (``node_lambda_1``, ``node_lambda_2``: the authors' second Lagrangian term)."""
+
+    def __init__(self, nodes: bool) -> None:
+        super().__init__()
+        self.nodes = nodes
+        if nodes:
+            self.node_lambda_1 = torch.nn.Parameter(torch.zeros(()))
+            self.node_lambda_2 = torch.nn.Parameter(torch.zeros(()))
+
+    def node_penalty(
+        self, sparsity: Float[torch.Tensor, ""], target: float
+    ) -> Float[torch.Tensor, ""]:
+        """The node term: ``node_lambda_1 (t - s) + node_lambda_2 (t - s)^2``."""
+        return lagrangian_penalty(self.node_lambda_1, self.node_lambda_2, sparsity, target)
 
 
-def _has_state(folder: Path) -> bool:
-    """Whether ``folder`` holds a state to resume."""
-    return (folder / STATE_FILE).exists()
+class Edges(MaskKind):
+    """One gate per edge of ``graph`` and, with ``settings.node_sparsity``, one per sender after
+    them (flat: ``[n_edges + n_senders]``); an edge carries its sender's output with weight
+    ``z_edge * z_node``, a removed one ``settings.fill``'s value (the counterfactual prompt's
+    activation, the mean or zero). Its step records the batch's counterfactual run first and
+    compares answer logits with the full model's (:meth:`Objective.compare`), so it takes
+    its own step in the one loop; its runs go one at a time."""
 
+    name = "edges"
+    own_step = True
+    checkpoint_file = STATE_FILE
 
-def _older_state(folder: Path, lacks: str) -> ConfigError:
-    """The one line refusing a state of an older mi_core, which recorded no ``lacks``."""
-    return ConfigError(
-        f"{folder / STATE_FILE} is an edge-pruning state of an older mi_core (it records no "
-        f"{lacks}): delete {folder} and run the edge pruning again"
-    )
+    def __init__(
+        self, graph: Graph, settings: EdgePruneSettings, means: torch.Tensor | None = None
+    ) -> None:
+        self.graph, self.settings = graph, settings
+        self.means = means if settings.fill == "mean" else None
+        self.nodes = settings.node_sparsity is not None
+        self._senders = graph.edges[:, 0]
 
+    def n_gates(self, model: HookedModel) -> int:
+        return self.graph.n_edges + (self.graph.n_senders if self.nodes else 0)
 
-def _read_progress(folder: Path) -> dict[str, Any]:
-    """The state's progress: step, settings, inputs and history (never the JSON beside it)."""
-    try:
-        info = checkpoint_info(folder / STATE_FILE)
-    except TrainingError:
-        raise _older_state(folder, "progress") from None
-    if "config" not in info or "inputs" not in info:
-        raise _older_state(folder, "progress")
-    return {"step": info["step"], "config": info["config"], "inputs": info["inputs"],
-            "history": info["log"]}  # fmt: skip
+    def gates(self, cfg: Any, model: HookedModel) -> HardConcrete:
+        """log_alpha from N(init_mean, init_std): the edges' drawn first, then the nodes', so
+        the edge gates start the same with node masks or without."""
+        generator = torch.Generator().manual_seed(derive_seed("circuit", "init", cfg.seed))
+        gates = HardConcrete(self.n_gates(model), init_mean=cfg.init_mean)
+        sizes = [self.graph.n_edges] + ([self.graph.n_senders] if self.nodes else [])
+        noise = torch.cat([torch.randn(n, generator=generator) for n in sizes])
+        with torch.no_grad():
+            gates.log_alpha.copy_(noise * cfg.init_std + cfg.init_mean)
+        return gates
 
+    def controller(self) -> EdgeController:
+        return EdgeController(self.nodes)
 
-def _load_state(folder: Path, params, optimizer, config, inputs) -> tuple[int, list]:
-    progress = _read_progress(folder)
-    saved, now = progress["config"], config.to_dict()
-    saved_inputs = progress["inputs"]
-    lacks = [k for k in sorted(now) if k not in _NOT_LEARNT and k not in saved]
-    lacks += [f"{k} fingerprint" for k in sorted(inputs) if k not in saved_inputs]
-    if lacks:
-        raise _older_state(folder, ", ".join(lacks))
-    differ = sorted(
-        k for k in set(saved) | set(now) if k not in _NOT_LEARNT and saved.get(k) != now.get(k)
-    )
-    differ += [f"the {k}" for k in sorted(inputs) if saved_inputs[k] != inputs[k]]
-    if differ:
-        raise ConfigError(
-            f"{folder} holds an edge-pruning run with other settings ({', '.join(differ)}); "
-            "use another folder, the same settings, or delete it to start over"
-        )
-    step = load_checkpoint(folder / STATE_FILE, params, optimizer)
-    return step, list(progress["history"])
+    def objective(self, name: str, data: Any) -> Objective:
+        return answer_objective(name)
+
+    def schedule(self, data: Any, batch_size: int, seed: int) -> _PairOrder:
+        return _PairOrder(len(data), batch_size, seed)
+
+    def targets(
+        self, model: HookedModel, objective: Objective, data: Any, reference: torch.Tensor | None
+    ) -> Targets:
+        """The full model's answer logits on every pair, computed once."""
+        with torch.no_grad():
+            logits = [answer_logits(metric_logits(model, b), b).float() for b in data.batches(64)]
+        return Targets(torch.cat(logits))
+
+    def blank(self, model: HookedModel, device: torch.device, fills: Any = None) -> EdgeMask:
+        return EdgeMask(
+            self.graph, torch.ones(self.graph.n_edges, device=device), self.settings.fill,
+            None if self.means is None else self.means.to(device),
+        )  # fmt: skip
+
+    def assign(self, mask: EdgeMask, z: Float[torch.Tensor, " gates"]) -> None:
+        n = self.graph.n_edges
+        weights = z[:n]
+        if self.nodes:
+            weights = weights * z[n:][self._senders.to(z.device)]
+        mask.weights = weights
+
+    @contextmanager
+    def applied(self, model: HookedModel, mask: Any, means: Any, fill: str) -> Iterator[EdgeMask]:
+        """The graph's switches on; the step's large buffers (corrupted outputs, deltas, their
+        gradients) reused from step to step."""
+        with ExitStack() as stack:
+            stack.enter_context(graph_switches(model))
+            stack.enter_context(reusing_buffers(fixed_weights=True))
+            yield mask
+
+    def step(self, model, mask, member: StepMember, data, indices, targets, objective, precision):
+        """Sample the gates, record the batch's counterfactual run, run the masked model and
+        take the backward pass of the objective plus the Lagrangian terms."""
+        (index,) = indices  # one micro-batch a step
+        index = torch.as_tensor(index)
+        batch: PromptPairs = data.select(index)
+        z = member.gates.sample(member.noise)
+        self.assign(mask, z)
+        run = None
+        if self.settings.fill == "corrupted":
+            run = record_corrupted(model, self.graph, **batch.corrupted)
+        with hooked(model, masked_hooks(model, mask, hard_concrete=True, corrupted=run)):
+            logits = answer_logits(metric_logits(model, batch), batch)
+        assert targets.logits is not None
+        full = targets.logits[index.to(targets.logits.device)]
+        value = objective.compare(logits.float(), full, batch.answer, batch.distractor).mean()
+        n = self.graph.n_edges
+        sparsity = sampled_sparsity(z[:n])
+        controller = member.controller
+        assert isinstance(controller, EdgeController)
+        penalty = controller.penalty(sparsity, member.target_sparsity)
+        node_sparsity, node_target = [], 0.0
+        if self.nodes:
+            assert self.settings.node_sparsity is not None
+            node_target = target_sparsity_at(
+                member.step, self.settings.node_sparsity, self.settings.warmup_steps
+            )
+            node_sparsity = [sampled_sparsity(z[n:])]
+            penalty = penalty + controller.node_penalty(node_sparsity[0], node_target)
+        loss = value + penalty
+        loss.backward()
+        expected = 1.0 - hard_concrete_prob_nonzero(member.gates.log_alpha[:n]).mean()
+        keys = ("loss", "objective", "penalty", "sampled_sparsity", "expected_sparsity",
+                "lambda_1", "lambda_2")  # fmt: skip
+        read = torch.stack(  # the step's one read from the device
+            [loss, value, penalty, sparsity, expected, controller.lambda_1, controller.lambda_2,
+             *node_sparsity]
+        ).detach().tolist()  # fmt: skip
+        row: dict[str, float] = dict(zip(keys, read[: len(keys)], strict=True))
+        row["target_sparsity"] = member.target_sparsity
+        if self.nodes:
+            row |= {"node_sparsity": read[-1], "node_target": node_target}
+        return row
 
 
 def prune_edges(
@@ -206,125 +297,34 @@ def prune_edges(
 ) -> EdgePruneResult:
     """Learn an edge circuit of ``model`` on ``pairs`` (see the module docstring)."""
     config = config or EdgePruneSettings()
-    objective = answer_objective(config.objective)
     graph = Graph.from_model(model)
     if config.fill == "mean" and means is None:
         raise InterventionError("fill='mean' needs means (sender_means)")
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(derive_seed("circuit", "init", config.seed))
-    log_alpha = torch.nn.Parameter(
-        (torch.randn(graph.n_edges, generator=generator) * config.init_std + config.init_mean).to(
-            device
-        )
-    )
-    controller = LagrangianController().to(device)
-    optimizer = pruning_optimizer(
-        [log_alpha], controller, config.lr, config.lr_lambda, weight_decay=config.weight_decay
-    )
-    params = {"log_alpha": log_alpha, "lambda_1": controller.lambda_1,
-              "lambda_2": controller.lambda_2}  # fmt: skip
-    node_log_alpha, node_controller = None, None
-    if config.node_sparsity is not None:  # drawn after the edges': their gates stay the same
-        node_log_alpha = torch.nn.Parameter(
-            (torch.randn(graph.n_senders, generator=generator) * config.init_std).to(device)
-            + config.init_mean
-        )
-        node_controller = LagrangianController().to(device)
-        optimizer.add_param_group(
-            {"params": [node_log_alpha], "lr": config.lr, "weight_decay": config.weight_decay}
-        )
-        optimizer.add_param_group(
-            {"params": list(node_controller.parameters()), "lr": config.lr_lambda,
-             "weight_decay": config.weight_decay, "maximize": True}
-        )  # fmt: skip
-        params |= {"node_log_alpha": node_log_alpha, "node_lambda_1": node_controller.lambda_1,
-                   "node_lambda_2": node_controller.lambda_2}  # fmt: skip
-    senders = graph.edges[:, 0].to(device)
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    kind = Edges(graph, config, means)
     folder = Path(out) if out is not None else None
-    inputs = _inputs_key(model, pairs, means if config.fill == "mean" else None)
-    start, history = 0, []
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        if _has_state(folder):
-            start, history = _load_state(folder, params, optimizer, config, inputs)
-    with torch.no_grad():  # the full model's answers, once
-        reference = torch.cat(
-            [answer_logits(metric_logits(model, b), b).float() for b in pairs.batches(64)]
-        )
-    bar = tqdm(range(start, config.steps), desc="edge pruning", disable=not progress)
-    # the weights stay frozen while the gates learn; restored at the end
-    # the step's large buffers (corrupted outputs, deltas, their gradients) are reused
-    with graph_switches(model), frozen(model, eval_mode=False), reusing_buffers(fixed_weights=True):
-        for step in bar:
-            index = _batch_indices(len(pairs), config.batch_size, config.seed, step)
-            batch = pairs.select(index)
-            target = target_sparsity_at(step, config.sparsity, config.sparsity_warmup_steps)
-            step_gen = torch.Generator().manual_seed(  # CPU: one stream on every device
-                derive_seed("circuit", config.seed, step)
-            )
-            z = sample_hard_concrete(log_alpha, generator=step_gen)
-            weights = z
-            if node_log_alpha is not None:
-                z_node = sample_hard_concrete(node_log_alpha, generator=step_gen)
-                weights = z * z_node[senders]
-            mask = EdgeMask(graph, weights, config.fill, means if config.fill == "mean" else None)
-            run = None
-            if config.fill == "corrupted":
-                run = record_corrupted(model, graph, **batch.corrupted)
-            hooks = masked_hooks(model, mask, hard_concrete=True, corrupted=run)
-            with hooked(model, hooks):
-                logits = answer_logits(metric_logits(model, batch), batch)
-            full = reference[index.to(reference.device)]
-            value = objective.compare(logits.float(), full, batch.answer, batch.distractor).mean()
-            sparsity = sampled_sparsity(z)
-            loss = value + controller.penalty(sparsity, target)
-            record = {}
-            if node_controller is not None:
-                node_target = target_sparsity_at(
-                    step, config.node_sparsity, config.sparsity_warmup_steps
-                )
-                node_sparsity = sampled_sparsity(z_node)
-                loss = loss + node_controller.penalty(node_sparsity, node_target)
-                record = {"node_sparsity": node_sparsity.item(), "node_target": node_target}
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.max_grad_norm > 0:  # the authors' Trainer: every trained tensor together
-                torch.nn.utils.clip_grad_norm_(list(params.values()), config.max_grad_norm)
-            factor = lr_factor(step, config.lr_warmup_steps, config.steps, "linear")
-            for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
-                group["lr"] = lr * factor
-            optimizer.step()
-            history.append(
-                {
-                    "step": step,
-                    objective.column: value.item(),
-                    "sparsity": sparsity.item(),
-                    "target": target,
-                    "lambda_1": controller.lambda_1.item(),
-                    **record,
-                }
-            )
-            bar.set_postfix(
-                {objective.column: f"{value.item():.3f}", "sparsity": f"{sparsity.item():.3f}"}
-            )
-            done = step + 1
-            if folder is not None and (done % config.checkpoint_every == 0 or done == config.steps):
-                _save_state(folder, done, params, optimizer, history, config, inputs)
-    weights, nodes = discretize_circuit(
-        graph, log_alpha, config.sparsity, node_log_alpha, config.node_sparsity
-    )
-    circuit = EdgeMask(graph, weights, config.fill, means if config.fill == "mean" else None)
-    return EdgePruneResult(
-        circuit,
-        log_alpha.detach().cpu(),
-        history,
-        None if node_log_alpha is None else node_log_alpha.detach().cpu(),
-        nodes,
-    )
+    identity = {"config": config.to_dict(), "inputs": _inputs_key(model, pairs, kind.means)}
+    state = start_run(model, pairs, config, folder, None, kind=kind, identity=identity,
+                      what="edge-pruning")  # fmt: skip
+    train_group(model, None, pairs, None, [state], progress)
+    if state.error is not None:
+        raise state.error
+    log_alpha = state.gates.log_alpha.detach().cpu()
+    edges, nodes = log_alpha[: graph.n_edges], log_alpha[graph.n_edges :] if kind.nodes else None
+    weights, kept = discretize_circuit(graph, edges, config.sparsity, nodes, config.node_sparsity)
+    circuit = EdgeMask(graph, weights, config.fill, kind.means)
+    return EdgePruneResult(circuit, edges.clone(), state.rows, nodes, kept)
 
 
 def load_edge_prune_history(folder: str | os.PathLike[str]) -> list[dict[str, float]]:
-    """The trace of a checkpointed run (the objective's column, ``sparsity``, ``target``,
-    ``lambda_1``)."""
-    return list(_read_progress(Path(folder))["history"])
+    """The rows of a checkpointed run (the loop's ``log.csv`` columns, the objective's under
+    its name; ``node_sparsity`` and ``node_target`` with node masks)."""
+    path = Path(folder) / STATE_FILE
+    try:
+        return list(checkpoint_log(path))
+    except TrainingError:
+        raise ConfigError(
+            f"{path} is an edge-pruning state of an older mi_core (it records no progress): "
+            f"delete {folder} and run the edge-pruning again"
+        ) from None

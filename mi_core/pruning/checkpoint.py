@@ -1,20 +1,22 @@
 """A mask-learning run's checkpoint: gates, lambdas, optimizer state and log rows in one file.
 
-One format for every mask kind (heads and MLPs, edges): the learnt tensors by name, AdamW's
-state, the step, the log rows, and what the run must match to resume.
+One format for every mask kind (heads and MLPs, neurons, edges): the learnt tensors by name,
+AdamW's state, the step, the log rows, and what the run must match to resume
+(:func:`check_resumable`: its mask kind, settings and inputs, where the run records them).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mi_core.errors import (
+    ConfigError,
     TrainingError,
 )
 from mi_core.io import (
@@ -35,12 +37,10 @@ CHECKPOINT_KIND = "mi_core.PruneCheckpoint"
 
 
 def mask_tensors(gates: HardConcrete, controller: LagrangianController) -> dict[str, torch.Tensor]:
-    """A node-pruning run's learnt tensors by their checkpoint names."""
-    return {
-        "log_alpha": gates.log_alpha,
-        "lambda_1": controller.lambda_1,
-        "lambda_2": controller.lambda_2,
-    }
+    """A mask-learning run's learnt tensors by their checkpoint names: ``log_alpha`` and the
+    controller's lambdas (``lambda_1``, ``lambda_2``, and those of a second term where the
+    kind has one, as edges' node gates)."""
+    return {"log_alpha": gates.log_alpha, **dict(controller.named_parameters())}
 
 
 def save_checkpoint(
@@ -132,3 +132,51 @@ def load_checkpoint(
     if scaler is not None and info.get("scaler"):
         scaler.load_state_dict(info["scaler"])
     return int(info["step"])
+
+
+def check_resumable(
+    path: Path,
+    kind: str,
+    settings: Mapping[str, Any],
+    inputs: Mapping[str, Any],
+    what: str,
+    not_learnt: Collection[str] = (),
+) -> None:
+    """Refuse, in one line (:class:`ConfigError`), to resume the checkpoint at ``path`` for a
+    run of mask ``kind`` with ``settings`` and ``inputs`` (fingerprints: the weights, the data)
+    other than those it recorded; ``not_learnt`` settings (how often a run saves) may change.
+    A checkpoint that records less (an older mi_core's) is refused too, naming what it lacks.
+    ``what`` names the run in the message (``"edge-pruning"``)."""
+    folder = path.parent
+
+    def older(lacks: str) -> ConfigError:
+        return ConfigError(
+            f"{path} is an {what} state of an older mi_core (it records no {lacks}): delete "
+            f"{folder} and run the {what} again"
+        )
+
+    try:
+        info = checkpoint_info(path)
+    except TrainingError:
+        raise older("progress") from None
+    if "config" not in info or "inputs" not in info:
+        raise older("progress")
+    if "mask_kind" not in info:
+        raise older("mask kind")
+    saved, saved_inputs = info["config"], info["inputs"]
+    lacks = [k for k in sorted(settings) if k not in not_learnt and k not in saved]
+    lacks += [f"{k} fingerprint" for k in sorted(inputs) if k not in saved_inputs]
+    if lacks:
+        raise older(", ".join(lacks))
+    differ = ["mask kind"] if info["mask_kind"] != kind else []
+    differ += sorted(
+        k
+        for k in set(saved) | set(settings)
+        if k not in not_learnt and saved.get(k) != settings.get(k)
+    )
+    differ += [f"the {k}" for k in sorted(inputs) if saved_inputs[k] != inputs[k]]
+    if differ:
+        raise ConfigError(
+            f"{folder} holds an {what} run with other settings ({', '.join(differ)}); use "
+            "another folder, the same settings, or delete it to start over"
+        )

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 import torch
@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from mi_core.data import pair_batches
 from mi_core.data.batches import TokenizedPairs
+from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.data.prompt_tasks import TaskData
 from mi_core.devices import grad_scaler, matmul_precision
 from mi_core.errors import (
@@ -31,6 +32,7 @@ from mi_core.io import (
 from mi_core.models.dropout import train_dropout
 from mi_core.models.frozen import frozen
 from mi_core.pruning.checkpoint import (
+    check_resumable,
     checkpoint_log,
     load_checkpoint,
     mask_tensors,
@@ -49,12 +51,12 @@ from mi_core.pruning.lagrangian import (
     LagrangianController,
     pruning_optimizer,
 )
-from mi_core.pruning.mask_kinds import COMPONENTS, MaskKind
-from mi_core.pruning.objectives import OBJECTIVES, Objective, log_row, resolve_objective
+from mi_core.pruning.mask_kinds import COMPONENTS, MaskKind, Schedule
+from mi_core.pruning.objectives import OBJECTIVES, Objective, log_row
 from mi_core.pruning.profiles import PruneConfig, unreachable_target
 from mi_core.pruning.result import StepCallback, log_columns
 from mi_core.pruning.schedule import lr_factor, target_sparsity_at
-from mi_core.pruning.step import Schedule, StepMember, group_pruning_step, sparsity_weights
+from mi_core.pruning.step import StepMember, group_pruning_step, sparsity_weights
 from mi_core.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -63,11 +65,66 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class RunSettings(Protocol):
+    """What the loop reads of a run's recipe: a :class:`PruneConfig` (heads and MLPs, neurons),
+    or an edge run's :class:`~mi_core.circuits.EdgePruneSettings`, which names its settings so
+    too (and fixes those its recipe does not vary)."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def target_sparsity(self) -> float: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def lr_warmup_steps(self) -> int | None: ...
+    @property
+    def lr_schedule(self) -> str: ...
+    @property
+    def lr_log_alpha(self) -> float: ...
+    @property
+    def lr_lambda(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def lambda_weight_decay(self) -> float: ...
+    @property
+    def max_grad_norm(self) -> float: ...
+    @property
+    def checkpoint_every(self) -> int: ...
+    @property
+    def grad_accumulation(self) -> int: ...
+    @property
+    def dropout(self) -> bool: ...
+    @property
+    def eval_every(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def sparsity_estimate(self) -> str: ...
+    @property
+    def sparsity_weighting(self) -> str: ...
+    @property
+    def objective(self) -> str: ...
+    @property
+    def fill(self) -> str: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+#: A run's training data: tokenised examples, or prompt pairs (edges).
+RunData = TokenizedPairs | PromptPairs
+
+
 @dataclass
 class RunState:
     """One run's training state: gates, lambdas, optimizer, data order, log and files."""
 
-    cfg: PruneConfig
+    cfg: Any
+    """The run's recipe (:class:`RunSettings`: a :class:`PruneConfig` for node masks)."""
     run_dir: Path | None
     gates: HardConcrete
     controller: LagrangianController
@@ -89,10 +146,16 @@ class RunState:
     fills: Any = None
     """What replaces a removed unit of a kind that carries its own fills (neurons: a
     :class:`~mi_core.interventions.neurons.PruneMasks`); None: the kind's default."""
+    identity: dict[str, Any] | None = None
+    """What the run's checkpoint must match to resume, where the run checks it itself
+    (``config`` and ``inputs``: :func:`~mi_core.pruning.checkpoint.check_resumable`); None
+    where its folder's ``config.json`` does (:mod:`~mi_core.pruning.run_folder`)."""
+    what: str = "pruning"
+    """The run in messages (``"edge-pruning"``)."""
 
     @property
     def checkpoint(self) -> Path | None:
-        return None if self.run_dir is None else self.run_dir / "checkpoint.safetensors"
+        return None if self.run_dir is None else self.run_dir / self.kind.checkpoint_file
 
     @property
     def log_path(self) -> Path | None:
@@ -103,27 +166,34 @@ class RunState:
         return [self.gates.log_alpha, *self.controller.parameters()]
 
     def log(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(log_columns(self.objective.column)))
+        """The rows as ``log.csv``: the loop's columns, then any a kind adds."""
+        columns = list(log_columns(self.objective.column))
+        columns += [k for k in (self.rows[0] if self.rows else {}) if k not in columns]
+        return pd.DataFrame(self.rows, columns=columns)
 
 
 def start_run(
     model: HookedModel,
-    tokenized: TokenizedPairs,
-    cfg: PruneConfig,
+    tokenized: RunData,
+    cfg: RunSettings,
     run_dir: Path | None,
     callback: StepCallback | None,
     *,
     kind: MaskKind = COMPONENTS,
     objective: Objective | None = None,
     fills: Any = None,
+    identity: dict[str, Any] | None = None,
+    what: str = "pruning",
 ) -> RunState:
     """A run's fresh state, or its state at its last checkpoint in ``run_dir``: gates of
-    ``kind`` (heads and MLPs, or neurons with ``fills``), learned against ``objective``
-    (default: ``cfg.objective`` resolved for ``tokenized``; an objective with options of its
-    own, as learned separability's, is passed built)."""
+    ``kind`` (heads and MLPs, neurons with ``fills``, or edges), learned against
+    ``objective`` (default: ``cfg.objective`` resolved by the kind for ``tokenized``; an
+    objective with options of its own, as learned separability's, is passed built).
+    ``identity`` (``{"config": ..., "inputs": ...}``): what a checkpoint must match to be
+    resumed, refused in one line naming ``what`` otherwise."""
     device = next(model.parameters()).device
     gates = kind.gates(cfg, model).to(device)
-    controller = LagrangianController().to(device)
+    controller = kind.controller().to(device)
     optimizer = pruning_optimizer(
         gates.parameters(),
         controller,
@@ -139,20 +209,27 @@ def start_run(
         controller,
         optimizer,
         [group["lr"] for group in optimizer.param_groups],
-        Schedule(tokenized, cfg.batch_size, cfg.seed),
+        kind.schedule(tokenized, cfg.batch_size, cfg.seed),
         start=0,
         rows=[],
         last_good=None,
         callback=callback,
         scaler=grad_scaler(device, cfg.precision),
-        objective=resolve_objective(cfg.objective, tokenized) if objective is None else objective,
+        objective=kind.objective(cfg.objective, tokenized) if objective is None else objective,
         kind=kind,
         fills=fills,
+        identity=identity,
+        what=what,
     )
     if objective is not None:
+        assert isinstance(tokenized, TokenizedPairs)  # a built objective: node masks' data
         objective.check(tokenized)
     checkpoint = state.checkpoint
     if checkpoint is not None and checkpoint.is_file():
+        if identity is not None:
+            check_resumable(
+                checkpoint, kind.name, identity["config"], identity["inputs"], what, NOT_LEARNT
+            )
         state.start = load_checkpoint(
             checkpoint, mask_tensors(gates, controller), optimizer, state.scaler
         )
@@ -160,7 +237,7 @@ def start_run(
         state.rows = [row for row in checkpoint_log(checkpoint) if row["step"] < state.start]
         state.last_good = state.start
         logger.info("resuming %s from step %d", run_dir, state.start)
-    else:
+    elif isinstance(cfg, PruneConfig):
         short = unreachable_target(cfg)
         if short is not None:
             logger.warning("%s: %s", run_dir or "pruning run", short)
@@ -193,7 +270,7 @@ def check_group(configs: Sequence[PruneConfig]) -> None:
 def train_group(
     model: HookedModel,
     means: ComponentMeans | None,
-    tokenized: TokenizedPairs,
+    tokenized: RunData,
     reference: torch.Tensor | None,
     runs: Sequence[RunState],
     progress: bool,
@@ -222,11 +299,16 @@ def train_group(
     objective, kind = runs[0].objective, runs[0].kind
     if any(r.objective is not objective or r.kind is not kind for r in runs):
         raise ConfigError("the runs of a group need one objective and one kind of mask")
+    if kind.own_step and len(runs) > 1:
+        raise ConfigError(
+            f"{kind.name} masks are learned one run at a time (each step records its own "
+            "batch's counterfactual run): train the runs one after another"
+        )
     device = next(model.parameters()).device
     rng_devices = [device] if device.type == "cuda" else []
     weights = sparsity_weights(model, cfg.sparsity_weighting, kind)
     weights = None if weights is None else weights.to(device)
-    targets = objective.targets(tokenized, reference).to(device)
+    targets = kind.targets(model, objective, tokenized, reference).to(device)
     accumulation = cfg.grad_accumulation
     first = min(r.start for r in runs)
     last = max(r.cfg.steps for r in runs)
@@ -281,23 +363,32 @@ def train_group(
                             derive_seed("prune", r.cfg.seed, step)
                         ),
                         r.cfg.sparsity_estimate,
+                        step,
                     )
                 )
-            batches, sizes = [], []
-            for micro in range(accumulation):
-                parts = [r.schedule.indices(step * accumulation + micro) for r in active]
-                batches.append(tokenized.collate([i for part in parts for i in part]))
-                sizes.append([len(part) for part in parts])
+            parts = [
+                [r.schedule.indices(step * accumulation + micro) for r in active]
+                for micro in range(accumulation)
+            ]
             with (
                 torch.random.fork_rng(devices=rng_devices, enabled=cfg.dropout),
                 train_dropout(model, cfg.dropout),  # not around the probe's evaluations
             ):
                 if cfg.dropout:
                     torch.manual_seed(derive_seed("prune", "dropout", active[0].cfg.seed, step))
-                rows = group_pruning_step(
-                    model, mask, members, batches, sizes, targets, weights, max_chunk,
-                    cfg.precision, [r.scaler for r in active], objective=objective, kind=kind,
-                )  # fmt: skip
+                if kind.own_step:  # one run (checked above)
+                    micro = [part[0] for part in parts]
+                    rows = [kind.step(model, mask, members[0], tokenized, micro, targets,
+                                      objective, cfg.precision)]  # fmt: skip
+                else:
+                    assert isinstance(tokenized, TokenizedPairs)
+                    batches = [tokenized.collate([i for p in part for i in p]) for part in parts]
+                    sizes = [[len(p) for p in part] for part in parts]
+                    rows = group_pruning_step(
+                        model, mask, members, batches, sizes, targets, weights, max_chunk,
+                        cfg.precision, [r.scaler for r in active], objective=objective,
+                        kind=kind,
+                    )  # fmt: skip
             rows = [log_row(objective, row) for row in rows]
             if stacked is None:
                 # clip every run, then read all the norms at once (one device sync per step)
@@ -378,9 +469,10 @@ def _finish_step(
     if r.checkpoint is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
         if export is not None:
             export()
-        noise = {"noise": {"seed": cfg.seed, "next_step": done}}
+        info = {"noise": {"seed": cfg.seed, "next_step": done}, "mask_kind": r.kind.name,
+                **(r.identity or {})}  # fmt: skip
         tensors = mask_tensors(r.gates, r.controller)
-        save_checkpoint(r.checkpoint, done, tensors, r.optimizer, r.rows, r.scaler, noise)
+        save_checkpoint(r.checkpoint, done, tensors, r.optimizer, r.rows, r.scaler, info)
         write_csv(r.log_path, r.log())
         r.last_good = done
     if r.callback is not None:

@@ -12,11 +12,18 @@ object is applied, and how a sample is put into it:
   report's units, as :class:`~mi_core.interventions.neurons.PruneMasks` names them;
   :class:`~mi_core.interventions.neurons.NeuronGates`, zero- or mean-filled).
 
-Edges are learned by :func:`~mi_core.circuits.prune_edges` on the fused edge engine, with the
-same gates, Lagrangian, objectives and checkpoint format.
+- Edges (:class:`mi_core.circuits.prune.Edges`, made per graph by
+  :func:`~mi_core.circuits.prune_edges`): one gate per edge of the fused edge engine, and one
+  per sender after them where node masks are learned too. A removed edge carries the
+  counterfactual prompt's activation, which a step records for its batch first, so that kind
+  takes its own step (:attr:`MaskKind.own_step`) inside the same loop, checkpoint and
+  schedules.
 
-Both mask objects have ``kept_all()`` (every gate at 1 inside the block: how an objective
-computes the full model's distributions in the step).
+A kind also says what it learns from: the objective's resolution, the data order
+(:class:`Schedule` by default), the per-example targets, the
+Lagrangian controller (a second term where a kind has two gate sets) and the checkpoint's
+file name. Both node mask objects have ``kept_all()`` (every gate at 1 inside the block: how
+an objective computes the full model's distributions in the step).
 """
 
 from __future__ import annotations
@@ -30,33 +37,71 @@ import torch
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
+from mi_core.data.batches import PairBatches, TokenizedPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions import ComponentMask, ablate
 from mi_core.interventions.components import model_dims
 from mi_core.interventions.neurons import NeuronGates, PruneMasks
 from mi_core.pruning.discretize import make_gates, unflatten_components
 from mi_core.pruning.hard_concrete import HardConcrete
+from mi_core.pruning.lagrangian import LagrangianController
+from mi_core.pruning.objectives import Objective, Targets, resolve_objective
 from mi_core.seeding import derive_seed
 
 if TYPE_CHECKING:
     from mi_core.interventions import ComponentMeans
     from mi_core.models.types import HookedModel
-    from mi_core.pruning.profiles import PruneConfig
 
-__all__ = ["COMPONENTS", "MASK_KINDS", "NEURONS", "Components", "MaskKind", "Neurons"]
+__all__ = [
+    "COMPONENTS",
+    "MASK_KINDS",
+    "NEURONS",
+    "Components",
+    "MaskKind",
+    "Neurons",
+    "Schedule",
+]
+
+
+class Schedule:
+    """Which examples micro-batch ``k`` holds: a function of the seed and ``k`` only."""
+
+    def __init__(self, tokenized: TokenizedPairs, batch_size: int, seed: int) -> None:
+        self.batches = PairBatches(
+            tokenized, batch_size, shuffle=True, seed=seed, drop_last=True, sort_by_length=True
+        )
+        self._epoch = -1
+        self._order: list[list[int]] = []
+
+    def indices(self, k: int) -> list[int]:
+        if not self._order:
+            self._epoch, self._order = 0, self._batches(0)
+        epoch, position = divmod(k, len(self._order))
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, self._batches(epoch)
+        return self._order[position]
+
+    def _batches(self, epoch: int) -> list[list[int]]:
+        return self.batches.batch_indices(epoch)
 
 
 class MaskKind(ABC):
     """One kind of learned unit (see the module docstring)."""
 
     name: ClassVar[str]
+    own_step: ClassVar[bool] = False
+    """Whether the loop calls the kind's :meth:`step` (else the shared batched step of
+    :mod:`~mi_core.pruning.step`)."""
+    checkpoint_file: ClassVar[str] = "checkpoint.safetensors"
+    """The checkpoint's name in a run's folder."""
 
     @abstractmethod
     def n_gates(self, model: HookedModel) -> int:
         """The number of gates of one mask on ``model``."""
 
-    def gates(self, cfg: PruneConfig, model: HookedModel) -> HardConcrete:
-        """A run's fresh gates, initialised from its seed as ``cfg`` says."""
+    def gates(self, cfg: Any, model: HookedModel) -> HardConcrete:
+        """A run's fresh gates, initialised from its seed as ``cfg`` (the kind's recipe: a
+        :class:`~mi_core.pruning.profiles.PruneConfig` for node masks) says."""
         generator = torch.Generator().manual_seed(derive_seed("prune", "init", cfg.seed, 0))
         return HardConcrete(
             self.n_gates(model),
@@ -65,6 +110,41 @@ class MaskKind(ABC):
             init_std=cfg.log_alpha_init_std,
             generator=generator,
         )
+
+    def controller(self) -> LagrangianController:
+        """A run's fresh Lagrangian controller (its lambdas)."""
+        return LagrangianController()
+
+    def objective(self, name: str, data: Any) -> Objective:
+        """The objective ``name`` resolved and checked for ``data`` (one line if it is not
+        defined on it)."""
+        return resolve_objective(name, data)
+
+    def schedule(self, data: Any, batch_size: int, seed: int) -> Any:
+        """The data order: ``indices(k)``, the examples of micro-batch ``k``."""
+        return Schedule(data, batch_size, seed)
+
+    def targets(
+        self, model: HookedModel, objective: Objective, data: Any, reference: torch.Tensor | None
+    ) -> Targets:
+        """What the objective compares each training example with."""
+        return objective.targets(data, reference)
+
+    def step(
+        self,
+        model: HookedModel,
+        mask: Any,
+        member: Any,
+        data: Any,
+        indices: list[list[int]],
+        targets: Targets,
+        objective: Objective,
+        precision: str,
+    ) -> dict[str, float]:
+        """One run's step on the micro-batches ``indices`` of ``data`` (kinds with
+        :attr:`own_step`): the sample, the masked forward, the loss and its backward, and the
+        step's log values as :func:`~mi_core.pruning.step.pruning_step` returns them."""
+        raise NotImplementedError(f"{self.name} masks take the shared pruning step")
 
     @abstractmethod
     def blank(self, model: HookedModel, device: torch.device, fills: Any = None) -> Any:

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from mi_core.data.batches import PairBatches, TokenizedPairs
 from mi_core.devices import move, to_device
 from mi_core.errors import (
     ConfigError,
@@ -48,28 +47,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class Schedule:
-    """Which examples micro-batch ``k`` holds: a function of the seed and ``k`` only."""
-
-    def __init__(self, tokenized: TokenizedPairs, batch_size: int, seed: int) -> None:
-        self.batches = PairBatches(
-            tokenized, batch_size, shuffle=True, seed=seed, drop_last=True, sort_by_length=True
-        )
-        self._epoch = -1
-        self._order: list[list[int]] = []
-
-    def indices(self, k: int) -> list[int]:
-        if not self._order:
-            self._epoch, self._order = 0, self._batches(0)
-        epoch, position = divmod(k, len(self._order))
-        if epoch != self._epoch:
-            self._epoch, self._order = epoch, self._batches(epoch)
-        return self._order[position]
-
-    def _batches(self, epoch: int) -> list[list[int]]:
-        return self.batches.batch_indices(epoch)
-
-
 def sparsity_weights(
     model: HookedModel, weighting: str, kind: MaskKind = COMPONENTS
 ) -> torch.Tensor | None:
@@ -97,6 +74,8 @@ class StepMember:
     """This step's target (ramped: :func:`~mi_core.pruning.schedule.target_sparsity_at`)."""
     noise: torch.Generator | None = None
     sparsity_estimate: str = "sampled"
+    step: int = 0
+    """The step's number (a kind with a second schedule of its own reads it: edges' nodes)."""
 
 
 def length_chunks(

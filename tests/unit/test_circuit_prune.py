@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 from helpers import random_prompt_pairs, tiny_model
@@ -210,7 +213,8 @@ def test_edge_pruning_reaches_its_target_exactly_and_learns():
     assert result.sparsity == pytest.approx(0.8)
     # the Lagrangian pulls the sampled sparsity up towards the target (0.38 after 150 steps:
     # from log_alpha 10, the authors' recipe needs its long schedule to get there)
-    assert result.history[0]["sparsity"] < 0.05 < 0.3 < result.history[-1]["sparsity"]
+    first, last = result.history[0]["sampled_sparsity"], result.history[-1]["sampled_sparsity"]
+    assert first < 0.05 < 0.3 < last
     assert result.history[-1]["lambda_1"] < 0  # the controller is pushing towards sparsity
     # the kept edges are those of highest log_alpha
     kept = result.circuit.weights > 0.5
@@ -258,11 +262,12 @@ def test_edge_pruning_resumes_after_a_kill_and_takes_the_same_steps(tmp_path):
 
 def test_an_edge_pruning_state_is_one_atomic_file(tmp_path):
     """The gates and the progress were two files: a kill between the two writes left the gates
-    of one step beside the progress of another, and the run resumed from the mix."""
-    import json
+    of one step beside the progress of another, and the run resumed from the mix. The state is
+    every mask kind's checkpoint; the log.csv beside it is for reading."""
+    import csv
 
-    from mi_core.circuits.prune import _read_progress
     from mi_core.io import read_safetensors, write_safetensors
+    from mi_core.pruning.checkpoint import checkpoint_info
 
     model = tiny_model("gpt2")
     config = EdgePruneSettings(sparsity=0.7, steps=4, sparsity_warmup_steps=2, batch_size=8,
@@ -272,19 +277,25 @@ def test_an_edge_pruning_state_is_one_atomic_file(tmp_path):
     state = tmp_path / "a" / "edge_prune_state.safetensors"
     tensors, metadata = read_safetensors(state)  # every mask kind's checkpoint format
     assert metadata["kind"] == "mi_core.PruneCheckpoint"
-    progress = _read_progress(tmp_path / "a")
-    assert progress["step"] == 4 and len(progress["history"]) == 4
-    # the JSON beside it is for reading: a stale one does not change what resumes
-    (tmp_path / "a" / "edge_prune_state.json").write_text(json.dumps({**progress, "step": 2}))
-    assert _read_progress(tmp_path / "a")["step"] == 4
-    # a state of an older mi_core, its progress in the JSON beside it: refused in one line,
-    # with or without that JSON, never read
+    info = checkpoint_info(state)
+    assert info["step"] == 4 and len(info["log"]) == 4 and info["mask_kind"] == "edges"
+    assert len(load_edge_prune_history(tmp_path / "a")) == 4
+    # the log beside it is for reading: a stale one does not change what resumes
+    log = tmp_path / "a" / "log.csv"
+    assert len(list(csv.DictReader(log.open()))) == 4
+    log.write_text(log.read_text().splitlines()[0] + "\n")
+    assert len(prune_edges(model, pairs, config, tmp_path / "a", progress=False).history) == 4
+    # a state of an older mi_core, its progress elsewhere: refused in one line, never read
     write_safetensors(state, tensors, {"step": "4"})
     older = r"an edge-pruning state of an older mi_core \(it records no progress\): delete"
     with pytest.raises(ConfigError, match=older):
         prune_edges(model, pairs, config, tmp_path / "a", progress=False)
-    (tmp_path / "a" / "edge_prune_state.json").unlink()
     with pytest.raises(ConfigError, match=older):
+        load_edge_prune_history(tmp_path / "a")
+    # one that records no mask kind (before every kind shared the loop): refused too
+    no_kind = {k: v for k, v in info.items() if k != "mask_kind"}
+    write_safetensors(state, tensors, {**metadata, "state": json.dumps(no_kind)})
+    with pytest.raises(ConfigError, match=r"older mi_core \(it records no mask kind\)"):
         prune_edges(model, pairs, config, tmp_path / "a", progress=False)
     # deleted as the line says, the run starts over
     state.unlink()
@@ -369,8 +380,10 @@ def test_node_masks_are_learned_towards_their_own_target_and_resume(tmp_path):
     kept = result.circuit.weights > 0.5
     assert {graph.senders[int(s)] for s in graph.edges[kept, 0]} <= set(result.nodes)
     last = result.history[-1]
-    # the node term pulls the sampled node sparsity up (0.43 after 150 steps from log_alpha 10)
-    assert result.history[0]["node_sparsity"] < 0.05 < 0.3 < last["node_sparsity"]
+    # the node term pulls the sampled node sparsity up from 0 (a sample of a few senders is
+    # noisy: its mean over the last 20 steps is 0.27 to 0.59 over seeds 0-2 from log_alpha 10)
+    late = sum(h["node_sparsity"] for h in result.history[-20:]) / 20
+    assert result.history[0]["node_sparsity"] < 0.05 < 0.2 < late
     assert last["node_target"] == 0.5
     again = prune_edges(model, pairs, config, tmp_path / "nodes", progress=False)  # finished
     torch.testing.assert_close(again.node_log_alpha, result.node_log_alpha)
@@ -405,13 +418,14 @@ def test_edge_pruning_clips_the_gradient_norm_as_the_authors_trainer(monkeypatch
     model = tiny_model("gpt2")
     base = dict(sparsity=0.5, steps=3, sparsity_warmup_steps=1, batch_size=8,
                 lr_warmup_steps=0, init_mean=1.0)  # fmt: skip
-    clipped_norms = []
+    clipped_norms, bounds = [], []
     real = torch.nn.utils.clip_grad_norm_
 
     def spy(params, max_norm, *args, **kwargs):
         params = list(params)
         out = real(params, max_norm, *args, **kwargs)
         clipped_norms.append(float(torch.stack([p.grad.norm() for p in params]).norm()))
+        bounds.append(max_norm)
         return out
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
@@ -420,7 +434,9 @@ def test_edge_pruning_clips_the_gradient_norm_as_the_authors_trainer(monkeypatch
     assert len(clipped_norms) == 3 and max(clipped_norms) <= 1e-6 * (1 + 1e-4)
     off = prune_edges(model, _pairs(), EdgePruneSettings(**base, max_grad_norm=0.0),
                       progress=False)  # fmt: skip
-    assert len(clipped_norms) == 3  # off: never called
+    # off: the norm is only measured (for log.csv's grad_norm), never bounded
+    assert len(clipped_norms) == 6 and bounds[3:] == [math.inf] * 3
+    assert off.history[0]["grad_norm"] == pytest.approx(clipped_norms[3], rel=1e-5)
     assert not torch.allclose(tiny.log_alpha, off.log_alpha)
     assert EdgePruneSettings().max_grad_norm == 1.0
     with pytest.raises(ConfigError, match="max_grad_norm"):

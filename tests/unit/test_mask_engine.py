@@ -2,17 +2,20 @@
 loop learns (as test_families runs every family). For each pair: the value is zero with every
 gate at 1, a gradient reaches the gates, a run removes exactly its target's count, and a run
 killed after a checkpoint resumes to the bit-identical result. Neuron gates against the
-neuron masks they become, and the cripple terms by hand."""
+neuron masks they become, and the cripple terms by hand. Edges (made per graph) run in the same
+loop with every objective that compares answer logits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import kill_at, random_tokens
+from helpers import kill_at, random_prompt_pairs, random_tokens, tiny_model
 
+from mi_core.circuits.prune import EdgePruneSettings, Edges, discretize_circuit
 from mi_core.data import tokenize_pairs
 from mi_core.data.batches import TokenizedFocusCripple, TokenizedText
 from mi_core.errors import ConfigError
+from mi_core.interventions import Graph
 from mi_core.interventions.neurons import NeuronGates, PruneMasks
 from mi_core.methods.separability.learned import binary_neuron_masks
 from mi_core.pruning import make_prune_config
@@ -20,8 +23,11 @@ from mi_core.pruning.loop import discrete_mask, start_run, train_group
 from mi_core.pruning.mask_kinds import COMPONENTS, MASK_KINDS, NEURONS
 from mi_core.pruning.objectives import OBJECTIVES, Separate, resolve_objective
 from mi_core.pruning.reference_logits import compute_reference_logits
+from mi_core.pruning.step import StepMember
 
 PAIRS = [(o, k) for o in OBJECTIVES for k in MASK_KINDS]
+#: The objectives edges learn with: those comparing answer logits.
+ANSWER_OBJECTIVES = [o.name for o in OBJECTIVES.values() if not o.every_position]
 
 
 def _training_data(name: str, answer, ioi):
@@ -91,6 +97,69 @@ def test_every_objective_with_every_mask_kind(answer, ioi, name, kind_name, tmp_
         masks = binary_neuron_masks(whole.gates.log_alpha, wanted, gates, 1)
         removed = masks.n_ff_pruned + masks.n_attn_pruned
     assert removed == wanted
+
+
+@pytest.mark.parametrize("nodes", [None, 0.5], ids=["edges", "edges+nodes"])
+@pytest.mark.parametrize("name", ANSWER_OBJECTIVES)
+def test_edges_with_every_answer_objective(name, nodes, tmp_path):
+    """The edge kind in the one loop: zero at every gate 1 (the step's objective value with
+    log_alpha far above the stretch, where every sampled gate is exactly 1), a gradient
+    reaching the gates, the exact count kept, and a bit-identical resume after a kill."""
+    model = tiny_model("gpt2")
+    pairs = random_prompt_pairs(16, 6, high=90)
+    graph = Graph.from_model(model)
+    settings = EdgePruneSettings(sparsity=0.7, node_sparsity=nodes, steps=6, batch_size=8,
+                                 checkpoint_every=3, lr_warmup_steps=0, objective=name)  # fmt: skip
+    kind = Edges(graph, settings)
+    objective = kind.objective(name, pairs)
+    n = kind.n_gates(model)
+    assert n == graph.n_edges + (graph.n_senders if nodes else 0)
+    targets = kind.targets(model, objective, pairs, None)
+    mask = kind.blank(model, torch.device("cpu"))
+    with kind.applied(model, mask, None, settings.fill):
+        for log_alpha, zero in ((100.0, True), (0.0, False)):
+            gates = kind.gates(settings, model)
+            with torch.no_grad():
+                gates.log_alpha.fill_(log_alpha)
+            member = StepMember(gates, kind.controller(), 0.5, torch.Generator().manual_seed(0))
+            row = kind.step(model, mask, member, pairs, [list(range(8))], targets, objective,
+                            "fp32")  # fmt: skip
+            assert (abs(row["objective"]) < 1e-9) is zero, row
+            assert gates.log_alpha.grad is not None
+            assert (gates.log_alpha.grad.abs().max() > 0) is not zero
+
+    runs = {}
+    for label in ("whole", "killed"):
+        identity = {"config": settings.to_dict(), "inputs": {"pairs": "fixed"}}
+
+        def start(label=label, identity=identity):
+            return start_run(model, pairs, settings, tmp_path / label, None,
+                             kind=Edges(graph, settings), identity=identity,
+                             what="edge-pruning")  # fmt: skip
+
+        state = start()
+        if label == "killed":
+            state.callback = kill_at(3)  # after the checkpoint of step 3
+            with pytest.raises(KeyboardInterrupt):
+                train_group(model, None, pairs, None, [state], progress=False)
+            state = start()
+            assert state.start == 3
+        train_group(model, None, pairs, None, [state], progress=False)
+        runs[label] = state
+    whole, resumed = runs["whole"], runs["killed"]
+    assert torch.equal(whole.gates.log_alpha, resumed.gates.log_alpha)
+    assert [r[objective.column] for r in whole.rows] == [r[objective.column] for r in resumed.rows]
+    log_alpha = whole.gates.log_alpha.detach()
+    weights, kept = discretize_circuit(
+        graph, log_alpha[: graph.n_edges], 0.7, log_alpha[graph.n_edges :] if nodes else None,
+        nodes,
+    )  # fmt: skip
+    wanted = round(0.3 * graph.n_edges)
+    if nodes:  # the edges kept are among those leaving the nodes kept, as many as there are
+        assert len(kept) == round(0.5 * graph.n_senders)
+        leaving = sum(graph.senders[int(i)] in kept for i in graph.edges[:, 0])
+        wanted = min(wanted, leaving)
+    assert int(weights.sum()) == wanted
 
 
 @pytest.mark.parametrize("fill", ["zero", "mean"])
