@@ -99,6 +99,35 @@ def test_every_objective_with_every_mask_kind(answer, ioi, name, kind_name, tmp_
     assert removed == wanted
 
 
+@pytest.mark.parametrize("name", ["every_position_kl", "separate"])
+def test_neuron_runs_trained_together_equal_the_runs_alone(answer, ioi, name):
+    """A batched group takes neuron masks (one row of gates per example, as heads and MLPs):
+    each run of the group learns what it learns alone, the shorter run stopping at its own
+    last step."""
+    tokens = _training_data(name, answer, ioi)
+    configs = [
+        make_prune_config("cofi", target_sparsity=s, seed=seed, steps=steps, batch_size=4,
+                          lr_log_alpha=0.8, eval_every=0, fill="zero", objective=name,
+                          dropout=False)
+        for s, seed, steps in ((0.3, 1, 5), (0.3, 2, 5), (0.6, 1, 3))
+    ]  # fmt: skip
+
+    def states():
+        return [start_run(answer, tokens, c, None, None, kind=NEURONS) for c in configs]
+
+    alone = states()
+    for state in alone:
+        train_group(answer, None, tokens, None, [state], progress=False)
+    together = states()
+    train_group(answer, None, tokens, None, together, progress=False)
+    column = resolve_objective(name, tokens).column
+    for a, t in zip(alone, together, strict=True):
+        assert (t.gates.log_alpha - a.gates.log_alpha).abs().max() < 1e-4
+        assert [r[column] for r in t.rows] == pytest.approx([r[column] for r in a.rows], abs=1e-5)
+        assert len(t.rows) == t.cfg.steps
+    assert (together[0].gates.log_alpha - together[1].gates.log_alpha).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("nodes", [None, 0.5], ids=["edges", "edges+nodes"])
 @pytest.mark.parametrize("name", ANSWER_OBJECTIVES)
 def test_edges_with_every_answer_objective(name, nodes, tmp_path):
