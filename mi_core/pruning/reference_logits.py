@@ -60,18 +60,12 @@ def reference_metadata(model: HookedModel, tokenized: TokenizedPairs) -> dict[st
     }
 
 
-def needs_reference(tokenized: TokenizedPairs) -> bool:
-    """Whether a training set's KL targets are cached full-model logits (sentence pairs,
-    prompt tasks) rather than computed every step (plain text)."""
-    return not isinstance(tokenized, TokenizedText)
-
-
 @torch.no_grad()
 def compute_reference_logits(
     model: HookedModel, tokenized: TokenizedPairs, batch_size: int = 128, progress: bool = False
 ) -> Float[torch.Tensor, "n label"]:
     """The unmasked model's class logits for every example of ``tokenized`` (float32, CPU)."""
-    if not needs_reference(tokenized):
+    if isinstance(tokenized, TokenizedText):  # objectives on it compute their own targets
         raise ConfigError(
             f"{tokenized.name} is plain text: its full-model distributions are computed each "
             "step, at every position, not cached"
