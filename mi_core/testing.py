@@ -84,7 +84,8 @@ def make_tiny_checkpoint(
 
 
 def load_mib_peer(root: str | os.PathLike[str]) -> Any:
-    """MIB's circuit evaluator and EAP-IG's ``Graph`` from their published code at ``root``
+    """MIB's circuit evaluator, its task datasets (``dataset``: ``HFEAPDataset``) and EAP-IG's
+    ``Graph`` from their published code at ``root``
     (``../shared/peers/mib``: ``eap/`` and ``MIB_circuit_track/``), for tests and benchmarks
     to compare against on identical inputs. Matplotlib, which only EAP-IG's image export
     reads, is stubbed where it is not installed."""
@@ -100,11 +101,13 @@ def load_mib_peer(root: str | os.PathLike[str]) -> Any:
     for path in (root, root / "MIB_circuit_track"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    evaluation, metrics = (importlib.import_module(n) for n in ("evaluation", "metrics"))
+    evaluation, metrics, dataset = (
+        importlib.import_module(n) for n in ("evaluation", "metrics", "dataset")
+    )
     evaluate = importlib.import_module("eap.evaluate")
     Graph = importlib.import_module("eap.graph").Graph
     return types.SimpleNamespace(evaluation=evaluation, evaluate=evaluate, Graph=Graph,
-                                 metrics=metrics)  # fmt: skip
+                                 metrics=metrics, dataset=dataset)  # fmt: skip
 
 
 def mib_reference_score(

@@ -7,8 +7,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mi_core.config import Config, option
+from mi_core.data.mib_tasks import check_mib_spec, is_mib_spec
 from mi_core.devices import ModelPlacement
-from mi_core.errors import ConfigError
+from mi_core.errors import ConfigError, DataError
 from mi_core.interventions.config import FILLS
 from mi_core.pruning.constants import AUTO_OBJECTIVE, OBJECTIVE_NAMES
 from mi_core.pruning.jobs import EXECUTION_FIELDS, SweepExecution
@@ -176,9 +177,11 @@ class CircuitData(ModelPlacement):
     task: str | None = option(None, choices=TASKS)
     """Task head to load for a classifier (default: the checkpoint's own)."""
     data: str = "ioi"
-    """Circuit data: for language models ioi, ioi:abba, ioi:baba or a prompt file (.jsonl with
-    prompt, answer, corrupted and optionally distractor); for NLI classifiers
-    hans-pairs:<subcase>."""
+    """Circuit data: for language models ioi, ioi:abba, ioi:baba, an MIB task
+    (mib:<task>[:<split>]: ioi, mcqa, arithmetic_addition, arithmetic_subtraction, arc_easy,
+    arc_challenge; split train, validation (default), test or generated; local copies in
+    $MI_CORE_MIB_DIR) or a prompt file (.jsonl with prompt, answer, corrupted and optionally
+    distractor); for NLI classifiers hans-pairs:<subcase>."""
     n_examples: int = 128
     """Pairs in all (found on the first part, judged on the held-out rest)."""
     held_out: float = 0.5
@@ -211,14 +214,20 @@ class CircuitData(ModelPlacement):
             raise ConfigError(f"means_data is read with fill mean only, not {self.fill}")
         if not (lm_circuit_data(self.data) or self.data.startswith("hans-pairs:")):
             raise ConfigError(
-                f"unknown circuit data {self.data!r}; expected ioi, ioi:abba, ioi:baba, a "
-                ".jsonl prompt file or hans-pairs:<subcase>"
+                f"unknown circuit data {self.data!r}; expected ioi, ioi:abba, ioi:baba, "
+                "mib:<task>[:<split>], a .jsonl prompt file or hans-pairs:<subcase>"
             )
+        if is_mib_spec(self.data):
+            try:
+                check_mib_spec(self.data)
+            except DataError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 def lm_circuit_data(data: str) -> bool:
-    """Whether ``data`` is a language model's circuit data: an IOI split or a prompt file."""
-    return data == "ioi" or data.startswith("ioi:") or data.endswith(".jsonl")
+    """Whether ``data`` is a language model's circuit data: an IOI split, an MIB task or a
+    prompt file."""
+    return data == "ioi" or data.startswith(("ioi:", "mib:")) or data.endswith(".jsonl")
 
 
 @dataclass(kw_only=True)

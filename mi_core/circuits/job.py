@@ -48,6 +48,7 @@ from mi_core.circuits.evaluate import (
 from mi_core.circuits.metrics import get_metric
 from mi_core.circuits.prune import STATE_FILE, prune_edges
 from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
+from mi_core.data.mib_tasks import is_mib_spec, mib_pairs
 from mi_core.data.pairs import MNLI_LABELS
 from mi_core.data.prompt_tasks import load_prompt_task
 from mi_core.errors import ConfigError, DataError, TrainingError
@@ -76,13 +77,15 @@ __all__ = [
 def load_circuit_pairs(
     model: HookedModel, data: str, n_examples: int, *, data_seed: int = 0
 ) -> PromptPairs:
-    """``n_examples`` pairs of the circuit data ``data`` for ``model``: ``ioi`` (a language
-    model; prompts generated with ``data_seed``) or ``hans-pairs:<subcase>`` (an NLI
-    classifier)."""
+    """``n_examples`` pairs of the circuit data ``data`` for ``model``: ``ioi``, an IOI split,
+    an MIB task or a prompt file (a language model; prompts generated with ``data_seed``) or
+    ``hans-pairs:<subcase>`` (an NLI classifier)."""
     classifier = getattr(model, "task", None) is not None or getattr(model, "is_encoder", False)
     _check_fits(data, getattr(model, "model_name", None) or "the model", classifier)
     if data == "ioi":
         return ioi_pairs(model.tokenizer, n=n_examples, seed=data_seed)
+    if is_mib_spec(data):  # MIB's rows and filter (mi_core.data.mib_tasks)
+        return mib_pairs(data, model.tokenizer, n_examples, seed=data_seed)
     if lm_circuit_data(data):  # an IOI split or a prompt file (mi_core.data.prompt_tasks)
         task = load_prompt_task(data, n_examples, seed=data_seed, tokenizer=model.tokenizer)
         if not task.has_corrupted:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         tokenize_text,
     )
     from mi_core.data.circuit_pairs import PromptPairs, hans_pairs, ioi_pairs
+    from mi_core.data.mib_tasks import MIB_TASKS, mib_pairs
     from mi_core.data.pairs import (
         HANS_HEURISTICS,
         HANS_LABELS,
@@ -70,6 +71,8 @@ _NAMES = {
     "PromptPairs": "mi_core.data.circuit_pairs",
     "hans_pairs": "mi_core.data.circuit_pairs",
     "ioi_pairs": "mi_core.data.circuit_pairs",
+    "MIB_TASKS": "mi_core.data.mib_tasks",
+    "mib_pairs": "mi_core.data.mib_tasks",
     "NLI_TEMPLATE": "mi_core.data.prompt_tasks",
     "NLI_VERBALISER": "mi_core.data.prompt_tasks",
     "PROMPT_TASKS": "mi_core.data.prompt_tasks",
@@ -117,6 +120,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
 
 __all__ = [
     "DATA_DIR_ENV",
+    "MIB_TASKS",
     "HANS_HEURISTICS",
     "HANS_LABELS",
     "HANS_PAPER_SUBCASES",
@@ -162,4 +166,5 @@ __all__ = [
     "token_texts",
     "token_windows",
     "tokenize_pairs",
+    "mib_pairs",
 ]

@@ -225,6 +225,37 @@ class PromptPairs:
                 raise DataError(f"{n} prompts but {len(values)} {name}; give one per prompt")
         if n == 0:
             raise DataError("no prompts given")
+
+        def single(text: str, i: int, role: str) -> int:
+            return single_token_id(tokenizer, text, f"prompt {i}", role)
+
+        return cls.from_token_ids(
+            tokenizer,
+            prompts,
+            corrupted,
+            [single(a, i, "answer") for i, a in enumerate(answers)],
+            None if distractors is None else [single(d, i, "distractor")
+                                              for i, d in enumerate(distractors)],
+            prepend_bos=prepend_bos,
+        )  # fmt: skip
+
+    @classmethod
+    def from_token_ids(
+        cls,
+        tokenizer: Any,
+        prompts: Sequence[str],
+        corrupted: Sequence[str],
+        answers: Sequence[int],
+        distractors: Sequence[int] | None = None,
+        *,
+        prepend_bos: bool = True,
+    ) -> PromptPairs:
+        """Language-model pairs from prompts and their answer (and distractor) token ids, as a
+        benchmark that picks the ids itself gives them (MIB: the first token of the label);
+        otherwise as :meth:`from_strings`."""
+        n = len(prompts)
+        if n == 0:
+            raise DataError("no prompts given")
         bos = tokenizer.bos_token_id if prepend_bos else None
         clean_ids = _encode(tokenizer, list(prompts), bos)
         corrupted_ids = _encode(tokenizer, list(corrupted), bos)
@@ -240,10 +271,6 @@ class PromptPairs:
                     f"prompt {i}: the corrupted prompt has {len(b)} tokens, the clean {len(a)}; "
                     f"a corrupted prompt must align token by token ({prompts[i]!r})"
                 )
-
-        def single(text: str, i: int, role: str) -> int:
-            return single_token_id(tokenizer, text, f"prompt {i}", role)
-
         width = max(len(ids) for ids in clean_ids)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -255,12 +282,8 @@ class PromptPairs:
             clean_ids=padded(clean_ids),
             corrupted_ids=padded(corrupted_ids),
             attention_mask=(torch.arange(width)[None, :] < lengths[:, None]).long(),
-            answer=torch.tensor([single(a, i, "answer") for i, a in enumerate(answers)]),
-            distractor=torch.tensor(
-                [single(d, i, "distractor") for i, d in enumerate(distractors)]
-                if distractors is not None
-                else [-1] * n
-            ),
+            answer=torch.tensor(list(answers)),
+            distractor=torch.tensor(list(distractors) if distractors is not None else [-1] * n),
             position=lengths - 1,
         )
 
