@@ -23,7 +23,6 @@ whose prompts differ in length (which MIB pads apart) is left out too, and count
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -31,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mi_core.data._sources import read_json_rows
 from mi_core.errors import DataError
 
 if TYPE_CHECKING:
@@ -122,7 +122,10 @@ def mib_rows(task: str, split: str, n: int = 64, seed: int = 0) -> list[dict[str
     if folder:
         path = Path(folder).expanduser() / name / f"{split}.jsonl"
         if path.is_file():
-            return _read_jsonl(path)
+            rows = read_json_rows(path)
+            if not rows:
+                raise DataError(f"{path} has no rows")
+            return rows
     try:
         import datasets
 
@@ -136,24 +139,6 @@ def mib_rows(task: str, split: str, n: int = 64, seed: int = 0) -> list[dict[str
             f"({type(exc).__name__}) and no local copy is at {where}{generated}"
         ) from None
     return [dict(row) for row in rows]
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}, line {number}: not JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}, line {number}: expected an object (a row)")
-            rows.append(row)
-    if not rows:
-        raise DataError(f"{path} has no rows")
-    return rows
 
 
 def _n_tokens(tokenizer: Any, text: str) -> int:

@@ -126,7 +126,7 @@ def test_an_mib_task_that_cannot_be_read_is_one_line(monkeypatch, tmp_path):
     bad = tmp_path / "ioi" / "validation.jsonl"
     bad.parent.mkdir()
     bad.write_text('{"prompt": "x"}\nnot json\n')
-    with pytest.raises(DataError, match=r"validation.jsonl, line 2: not JSON"):
+    with pytest.raises(DataError, match=r"validation.jsonl:2: not a valid JSON line"):
         mib_rows("ioi", "validation")
     bad.write_text('{"prompt": "x"}\n')
     with pytest.raises(DataError, match="lacks what MIB reads"):
