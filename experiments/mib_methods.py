@@ -79,11 +79,10 @@ def chosen_circuits(model, scores: EdgeScores, pairs, batch: int, for_cmd: bool)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--n-examples", type=int, default=64)
-    parser.add_argument("--ig-steps", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--out", type=Path, required=True)
+    for flag, kind, default in (("--model", str, "smollm2"), ("--n-examples", int, 64),
+                                ("--ig-steps", int, 5), ("--batch-size", int, 16),
+                                ("--out", Path, None)):  # fmt: skip
+        parser.add_argument(flag, type=kind, default=default, required=default is None)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

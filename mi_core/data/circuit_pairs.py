@@ -241,15 +241,10 @@ class PromptPairs:
 
     @classmethod
     def from_token_ids(
-        cls,
-        tokenizer: Any,
-        prompts: Sequence[str],
-        corrupted: Sequence[str],
-        answers: Sequence[int],
-        distractors: Sequence[int] | None = None,
-        *,
+        cls, tokenizer: Any, prompts: Sequence[str], corrupted: Sequence[str],
+        answers: Sequence[int], distractors: Sequence[int] | None = None, *,
         prepend_bos: bool = True,
-    ) -> PromptPairs:
+    ) -> PromptPairs:  # fmt: skip
         """Language-model pairs from prompts and their answer (and distractor) token ids, as a
         benchmark that picks the ids itself gives them (MIB: the first token of the label);
         otherwise as :meth:`from_strings`."""
