@@ -7,11 +7,11 @@ from MIB's signed ranking, CMD from its absolute ranking, as MIB reports a metho
 * ``eap``, ``eap-ig`` (EAP-IG-inputs, ``--ig-steps`` steps, the left rule MIB runs): scores,
   the circuits read off them by MIB's top-n then prune;
 * ``ensemble``: EAP's and EAP-IG's scores, each divided by its largest ``|score|``, summed;
-* ``chosen``: nine-plus-one binary circuits chosen per size on the *finding* pairs among
-  EAP-IG's readings: the absolute and the signed top-n, and unions of the top ``a`` share by
-  ``|score|`` with the top ``1 - a`` share by signed score (``a`` in 0.25, 0.5, 0.75). For CPR
-  the candidate of highest finding faithfulness, for CMD the one closest to 1. The held-out
-  pairs never choose anything.
+* ``chosen``: one circuit per size chosen on the *finding* pairs among readings of EAP-IG's
+  scores (:func:`mi_core.circuits.mib.select_mib_circuits`: the absolute and the signed top-n,
+  and unions of the top ``a`` share by ``|score|`` with the top ``1 - a`` share by signed
+  score); for CPR the candidate of highest finding faithfulness, for CMD the one closest to 1.
+  The held-out pairs never choose anything.
 
 Prints one row per method (CPR, CMD, the faithfulness at 1 / 5 / 10 %, the KL at 5 %, wall
 time) and writes them with every size's numbers to ``OUT/mib_methods.json``::
@@ -27,54 +27,11 @@ from pathlib import Path
 
 import torch
 
-from mi_core.circuits import EdgeMask, EdgeScores, Graph, edge_attribution, logit_difference
-from mi_core.circuits.evaluate import masked_metrics
-from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuits, mib_score
+from mi_core.circuits import EdgeScores, Graph, edge_attribution, logit_difference
+from mi_core.circuits.mib import MIB_PERCENTAGES, mib_score, select_mib_circuits
 from mi_core.data.circuit_pairs import ioi_pairs
 from mi_core.io import write_json
 from mi_core.models import load_model
-
-#: Shares of a chosen circuit's budget filled by ``|score|`` (the rest by signed score).
-MIXES = (0.25, 0.5, 0.75)
-
-
-def candidates(scores: EdgeScores) -> list[list[torch.Tensor]]:
-    """Per size, the kept-edge sets ``chosen`` picks from (see the module docstring)."""
-    by_abs = mib_circuits(scores, absolute=True)
-    by_sign = mib_circuits(scores, absolute=False)
-    graph = scores.graph
-    out = [[a, s] for a, s in zip(by_abs, by_sign, strict=True)]
-    for share in MIXES:
-        top_abs = mib_circuits(scores, True, [p * share for p in MIB_PERCENTAGES])
-        top_sign = mib_circuits(scores, False, [p * (1 - share) for p in MIB_PERCENTAGES])
-        for k, (a, s) in enumerate(zip(top_abs, top_sign, strict=True)):
-            out[k].append(graph.connected(a | s))
-    return out
-
-
-def finding_faithfulness(model, graph: Graph, kept: list[torch.Tensor], pairs, batch: int):
-    """Each kept-edge set's faithfulness on ``pairs`` (the empty circuit's metric measured in
-    the same pass)."""
-    masks = [EdgeMask(graph, k.float()) for k in kept] + [EdgeMask.empty(graph)]
-    results, full = masked_metrics(model, masks, pairs, logit_difference, batch)
-    empty = float(results[-1][0].mean())
-    gap = float(full.mean()) - empty
-    return [(float(values.mean()) - empty) / gap for values, _ in results[:-1]]
-
-
-def chosen_circuits(model, scores: EdgeScores, pairs, batch: int, for_cmd: bool):
-    """One circuit per size, chosen on the finding ``pairs``."""
-    graph = scores.graph
-    per_size = candidates(scores)
-    flat = [k for size in per_size for k in size]
-    faith = finding_faithfulness(model, graph, flat, pairs, batch)
-    circuits, i = [], 0
-    for size in per_size:
-        values = faith[i : i + len(size)]
-        i += len(size)
-        best = min(range(len(size)), key=lambda j: abs(1 - values[j]) if for_cmd else -values[j])
-        circuits.append(EdgeMask(graph, size[best].float()))
-    return circuits
 
 
 def main() -> None:
@@ -105,11 +62,12 @@ def main() -> None:
         rows.append((name, cpr, cmd, timings[name], time.perf_counter() - start))
     start = time.perf_counter()
     chosen = {}
-    for for_cmd in (False, True):
-        circuits = chosen_circuits(model, scored["eap-ig"], find, args.batch_size, for_cmd)
-        chosen[for_cmd] = mib_score(model, circuits, held, batch_size=args.batch_size)
+    for target in ("cpr", "cmd"):  # chosen on the finding pairs, judged on the held-out ones
+        circuits = select_mib_circuits(model, scored["eap-ig"], find, target,
+                                       batch_size=args.batch_size)  # fmt: skip
+        chosen[target] = mib_score(model, circuits, held, batch_size=args.batch_size)
     took = time.perf_counter() - start
-    rows.append(("chosen", chosen[False], chosen[True], timings["eap-ig"] + took, 0.0))
+    rows.append(("chosen", chosen["cpr"], chosen["cmd"], timings["eap-ig"] + took, 0.0))
     print(f"{args.model}: {len(find)} finding / {len(held)} held-out IOI pairs; full "
           f"{rows[0][1].full:.3f}, empty {rows[0][1].empty:.3f}")  # fmt: skip
     print("method | CPR | CMD | f at 1 / 5 / 10 % (CPR; CMD) | KL at 5 % (CPR; CMD) | time s")

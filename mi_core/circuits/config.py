@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from mi_core.config import Config, option
-from mi_core.data.mib_tasks import check_mib_spec, is_mib_spec
+from mi_core.data.mib_tasks import MIB_TASKS, check_mib_spec, is_mib_spec
 from mi_core.devices import ModelPlacement
 from mi_core.errors import ConfigError, DataError
 from mi_core.interventions.config import FILLS
@@ -26,6 +26,7 @@ __all__ = [
     "CircuitData",
     "CircuitEvaluateConfig",
     "CircuitPruneConfig",
+    "CircuitSubmitConfig",
     "CircuitSweepConfig",
     "EdgePruneSettings",
 ]
@@ -281,6 +282,38 @@ class CircuitEvaluateConfig(CircuitData):
     ranking: str = option("mib", choices=MIB_RANKINGS)
     """mib: CPR from the signed ranking and CMD from |score|, as MIB reports a method;
     absolute or signed: that ranking for both."""
+
+
+#: What ``mi-core circuit submit`` writes per task and model: one importance file, or one
+#: binary circuit per MIB size below 100 %.
+SUBMISSION_FORMS = ("importances", "circuits")
+
+
+@dataclass(kw_only=True)
+class CircuitSubmitConfig(Config):
+    """``mi-core circuit submit``: MIB's submission files of a method's edge scores
+    (:mod:`mi_core.circuits.submit`)."""
+
+    scores: str
+    """An edge-scores file (``scores.safetensors`` of circuit attribute, prune or sweep)."""
+    task: str = option(choices=tuple(MIB_TASKS))
+    """The MIB task the scores were found on."""
+    model_name: str
+    """The model's folder name: MIB's ids are gpt2, qwen2.5, gemma2 and llama3."""
+    method: str = "mi-core"
+    """The method's name in the folder (``<method>_<ablation>_<level>``)."""
+    ablation: str = option("patching", choices=("patching", "mean", "zero"))
+    """The ablation the circuits were found for, as MIB names it."""
+    level: str = option("edge", choices=("edge",))
+    """The circuit level (mi_core's scores are per edge)."""
+    form: str = option("importances", choices=SUBMISSION_FORMS)
+    """importances: one file MIB re-ranks at every size; circuits: nine binary circuits."""
+    ranking: str = option("absolute", choices=("absolute", "signed"))
+    """How the nine circuits are chosen from the scores (form circuits)."""
+    file_format: str = option("json", choices=("json", "pt"))
+    """json (Graph.to_json) or pt (Graph.to_pt)."""
+    out: str
+    """The submission's root folder."""
 
 
 @dataclass(kw_only=True)

@@ -16,6 +16,8 @@ scores are two trapezoid areas over the nominal percentages (as fractions, 0.001
 MIB ranks by the signed score for CPR and by ``|score|`` for CMD (each method's circuits may be
 chosen for each metric). :func:`mib_score` computes both, and every faithfulness, on mi_core's
 fused masked forward; the tests hold it to MIB's own evaluator on the same graph and pairs.
+:func:`select_mib_circuits` chooses a method's own circuit for each size and metric on the
+finding pairs (measured against plain top-n: docs/circuits.md).
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ from mi_core.interventions.edges.graph import top_k_order
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
-__all__ = ["MIB_PERCENTAGES", "MIBScore", "mib_areas", "mib_circuits", "mib_score"]
+__all__ = [
+    "MIB_PERCENTAGES",
+    "MIBScore",
+    "mib_areas",
+    "mib_circuits",
+    "mib_score",
+    "select_mib_circuits",
+]
 
 #: The circuit sizes MIB scores, as fractions of the graph's edges.
 MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -152,3 +161,56 @@ def mib_score(
     kls = [kl for _, kl in results[1:]]
     cpr, cmd = mib_areas(faithfulness, MIB_PERCENTAGES, log_scale)
     return MIBScore(cpr, cmd, faithfulness, sizes, kls, MIB_PERCENTAGES, full, empty, absolute)
+
+
+#: Shares of a selected circuit's budget filled by ``|score|`` (the rest by signed score):
+#: the mixed candidates of :func:`select_mib_circuits`.
+SELECTION_MIXES = (0.25, 0.5, 0.75)
+
+
+def select_mib_circuits(
+    model: HookedModel,
+    scores: EdgeScores,
+    pairs: PromptPairs,
+    for_metric: str = "cpr",
+    *,
+    mixes: Sequence[float] = SELECTION_MIXES,
+    fill: str = "corrupted",
+    means: Float[torch.Tensor, "sender d_model"] | None = None,
+    metric: Metric = logit_difference,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> list[EdgeMask]:
+    """One circuit per MIB size, each chosen on the *finding* ``pairs`` among readings of
+    ``scores``: MIB's absolute and signed top-n, and, for each share ``a`` of ``mixes``, the
+    union of the top ``a`` of the budget by ``|score|`` with the top ``1 - a`` by signed score
+    (every candidate pruned to what is connected, within the size's budget). ``for_metric``
+    ``cpr``: the candidate of highest finding faithfulness; ``cmd``: the one closest to 1. The
+    circuit at 100 % is the whole graph, as MIB's. Judge the result on other pairs with
+    :func:`mib_score` (MIB lets a method hand in its own circuit for each size and metric)."""
+    if for_metric not in ("cpr", "cmd"):
+        raise ConfigError(f"for_metric must be cpr or cmd, not {for_metric!r}")
+    graph = scores.graph
+    sizes = [p for p in MIB_PERCENTAGES if p < 1]
+    by_abs, by_sign = mib_circuits(scores, True, sizes), mib_circuits(scores, False, sizes)
+    candidates = [[a, s] for a, s in zip(by_abs, by_sign, strict=True)]
+    for share in mixes:
+        by_abs = mib_circuits(scores, True, [p * share for p in sizes])
+        by_sign = mib_circuits(scores, False, [p * (1 - share) for p in sizes])
+        for options, a, s in zip(candidates, by_abs, by_sign, strict=True):
+            options.append(graph.connected(a | s))
+    flat = [kept for options in candidates for kept in options]
+    masks = [EdgeMask.empty(graph, fill, means=means)]
+    masks += [EdgeMask(graph, kept.float(), fill, means=means) for kept in flat]
+    results, full_values = masked_metrics(model, masks, pairs, metric, batch_size, progress)
+    empty = float(results[0][0].mean())
+    span = float(full_values.mean()) - empty
+    faithfulness = iter((float(v.mean()) - empty) / span if span else math.nan
+                        for v, _ in results[1:])  # fmt: skip
+    chosen = []
+    for options in candidates:
+        values = [next(faithfulness) for _ in options]
+        losses = [abs(1 - v) if for_metric == "cmd" else -v for v in values]
+        best = options[losses.index(min(losses))]
+        chosen.append(EdgeMask(graph, best.float(), fill, means=means))
+    return [*chosen, EdgeMask.full(graph, fill, means=means)]

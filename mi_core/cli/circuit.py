@@ -9,6 +9,7 @@ from mi_core.circuits.config import (
     AttributeConfig,
     CircuitEvaluateConfig,
     CircuitPruneConfig,
+    CircuitSubmitConfig,
     CircuitSweepConfig,
 )
 from mi_core.cli import command_help
@@ -68,11 +69,20 @@ def add_parser(subparsers) -> None:
     add_config_flags(evaluate, CircuitEvaluateConfig)
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bars")
     evaluate.set_defaults(func=run_evaluate, out_kind="folder")
+    submit = commands.add_parser(
+        "submit",
+        help="write MIB's submission files of edge scores",
+        description="Write a method's edge scores as MIB's circuit-localisation submission: "
+        "OUT/<method>_<ablation>_<level>/<task>_<model>/ with importances.json (or .pt), or "
+        "nine binary circuits (0.001.json ... 0.5.json), in MIB's sign and node names.",
+    )
+    add_config_flags(submit, CircuitSubmitConfig)
+    submit.set_defaults(func=run_submit, out_kind="folder")
 
 
 def _choose(args: argparse.Namespace) -> None:
     raise MiCoreError(
-        "circuit: choose what to do: mi-core circuit attribute, prune, sweep or evaluate"
+        "circuit: choose what to do: mi-core circuit attribute, prune, sweep, evaluate or submit"
     )
 
 
@@ -82,13 +92,20 @@ CONFIGS = {
     "prune": CircuitPruneConfig,
     "sweep": CircuitSweepConfig,
     "evaluate": CircuitEvaluateConfig,
+    "submit": CircuitSubmitConfig,
 }
 
 
 def config_from_args(
     args: argparse.Namespace,
-) -> AttributeConfig | CircuitPruneConfig | CircuitSweepConfig | CircuitEvaluateConfig:
-    """The config of the circuit command given (attribute, prune, sweep or evaluate)."""
+) -> (
+    AttributeConfig
+    | CircuitPruneConfig
+    | CircuitSweepConfig
+    | CircuitEvaluateConfig
+    | CircuitSubmitConfig
+):
+    """The config of the circuit command given (attribute, prune, sweep, evaluate, submit)."""
     cls = CONFIGS[args.circuit_command]
     return cls.from_dict(given_values(args, cls), source="command line")
 
@@ -182,3 +199,13 @@ def run_evaluate(args: argparse.Namespace) -> None:
         f"{summary['cmd']:.3f} ({ranks[1]} ranking; lower is better) -> "
         f"{config.out}/{MIB_SCORE_FILE}"
     )
+
+
+def run_submit(args: argparse.Namespace) -> None:
+    from mi_core.circuits.submit import run_circuit_submit_job
+
+    config = config_from_args(args)
+    assert isinstance(config, CircuitSubmitConfig)
+    written = run_circuit_submit_job(config)
+    print(f"{written['graph']}, {written['method']} scores: {len(written['files'])} MIB "
+          f"submission file(s) -> {written['folder']}")  # fmt: skip

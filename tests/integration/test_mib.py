@@ -13,7 +13,13 @@ from helpers import random_prompt_pairs, tiny_model
 
 from mi_core.circuits import EdgeScores
 from mi_core.circuits.evaluate import mib_scores
-from mi_core.circuits.mib import MIB_PERCENTAGES, mib_areas, mib_circuits, mib_score
+from mi_core.circuits.mib import (
+    MIB_PERCENTAGES,
+    mib_areas,
+    mib_circuits,
+    mib_score,
+    select_mib_circuits,
+)
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
 from mi_core.testing import load_mib_peer, mib_reference_score
@@ -106,3 +112,70 @@ def test_cli_circuit_evaluate_scores_as_mib(tmp_path, capsys, tiny_checkpoints):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "scores the edges of" in err[0]
+
+
+@pytest.mark.parametrize("file_format", ["json", "pt"])
+def test_a_submission_loads_in_mibs_graph_and_scores_as_ours(mib, tmp_path, capsys, file_format):
+    """``mi-core circuit submit``: MIB's own ``Graph.from_json`` / ``from_pt`` read the files;
+    the importances are mi_core's scores in MIB's sign, and MIB's evaluator on the graph it
+    loaded gives mi_core's CPR; the nine circuits are mi_core's MIB circuits."""
+    from mi_core.cli import main
+
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(8, 7, high=90)
+    graph = Graph.from_model(model)
+    generator = torch.Generator().manual_seed(7)
+    scores = EdgeScores(graph, torch.randn(graph.n_edges, generator=generator), "eap-ig", 8)
+    scores.save(tmp_path / "scores.safetensors")
+    common = ["circuit", "submit", "--scores", str(tmp_path / "scores.safetensors"),
+              "--task", "arithmetic_addition", "--model-name", "gpt2",
+              "--file-format", file_format]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "sub")]) == 0
+    folder = tmp_path / "sub" / "mi-core_patching_edge" / "arithmetic-addition_gpt2"
+    assert str(folder) in capsys.readouterr().out
+    load = mib.Graph.from_json if file_format == "json" else mib.Graph.from_pt
+    theirs = load(str(folder / f"importances.{file_format}"))
+    expected = graph.to_dense(mib_scores(scores.scores, scores.method).float())
+    torch.testing.assert_close(theirs.scores.float() * graph.exists, expected, atol=1e-6, rtol=0)
+    assert bool(theirs.in_graph[graph.exists].all())
+    _, cpr, cmd, _, _ = mib_reference_score(mib, model, theirs.scores.float(), pairs, False, 4)
+    ours = mib_score(model, scores, pairs, absolute=False, batch_size=4)
+    assert ours.cpr == pytest.approx(cpr, abs=1e-4) and ours.cmd == pytest.approx(cmd, abs=1e-4)
+
+    assert main([*common, "--form", "circuits", "--out", str(tmp_path / "nine")]) == 0
+    nine = tmp_path / "nine" / "mi-core_patching_edge" / "arithmetic-addition_gpt2"
+    sizes = [p for p in MIB_PERCENTAGES if p < 1]
+    assert sorted(p.name for p in nine.iterdir()) == sorted(f"{p:g}.{file_format}" for p in sizes)
+    for pct, kept in zip(sizes, mib_circuits(scores, True, sizes), strict=True):
+        circuit = load(str(nine / f"{pct:g}.{file_format}"))
+        assert torch.equal(circuit.in_graph.bool()[graph.exists], kept)
+    # a scores file that is not one: one line, exit 2, nothing written
+    (tmp_path / "bad.safetensors").write_text("no")
+    common[common.index("--scores") + 1] = str(tmp_path / "bad.safetensors")
+    capsys.readouterr()
+    assert main([*common, "--out", str(tmp_path / "bad")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("target", ["cpr", "cmd"])
+def test_selected_circuits_beat_plain_top_n_on_the_pairs_they_are_chosen_on(target):
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(8, 7, high=90)
+    graph = Graph.from_model(model)
+    generator = torch.Generator().manual_seed(11)
+    scores = EdgeScores(graph, torch.randn(graph.n_edges, generator=generator), "eap-ig", 8)
+    chosen = select_mib_circuits(model, scores, pairs, target, batch_size=4)
+    assert len(chosen) == len(MIB_PERCENTAGES) and chosen[-1].n_kept == graph.n_edges
+    for circuit, pct in zip(chosen, MIB_PERCENTAGES, strict=True):
+        assert circuit.n_kept <= int(pct * graph.n_edges)
+    picked = mib_score(model, chosen, pairs, batch_size=4).faithfulness
+    plain = [mib_score(model, scores, pairs, absolute=a, batch_size=4).faithfulness
+             for a in (True, False)]  # fmt: skip
+    for k in range(len(MIB_PERCENTAGES) - 1):  # each size: at least as good as either top-n
+        if target == "cmd":
+            assert abs(1 - picked[k]) <= min(abs(1 - p[k]) for p in plain) + 1e-6
+        else:
+            assert picked[k] >= max(p[k] for p in plain) - 1e-6
+    with pytest.raises(ConfigError, match="for_metric must be cpr or cmd"):
+        select_mib_circuits(model, scores, pairs, "kl")

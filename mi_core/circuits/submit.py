@@ -1,0 +1,96 @@
+"""MIB's circuit-localisation submission folder, written from any mi_core method's edge scores.
+
+MIB's evaluator (``run_evaluation.py``, and the leaderboard's, which runs it on each task and
+model folder of a submission) reads ``<method>_<ablation>_<level>/<task>_<model>/`` (the task
+with dashes, ``arithmetic-addition``; the model one of MIB's ids, ``gpt2``, ``qwen2.5``,
+``gemma2``, ``llama3``) holding either one importance file, ``importances.json`` (EAP-IG's
+``Graph.to_json`` format: every node and edge by its MIB name with a score and ``in_graph``)
+or ``importances.pt`` (``Graph.to_pt``'s: ``[sender, receiver]`` score and membership
+matrices), or one binary circuit per size, MIB's percentages below 100 % (``0.001.json`` ...
+``0.5.json``; MIB re-ranks an importance file itself at every size, so that is what most
+methods hand in). Scores are written in MIB's sign (:func:`mib_scores`: its attribution scores
+are against the loss; edge-pruning gates shifted positive), so MIB's signed and absolute
+rankings rank them as mi_core's :func:`~mi_core.circuits.mib.mib_score` does. Edge level only:
+mi_core's scores are per edge.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mi_core.circuits.attribution import EdgeScores
+from mi_core.circuits.config import CircuitSubmitConfig
+from mi_core.circuits.evaluate import mib_scores, to_mib
+from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuits
+from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
+from mi_core.io import atomic_path, check_replaceable, write_json
+
+__all__ = ["mib_pt", "run_circuit_submit_job", "submission_folder"]
+
+
+def submission_folder(config: CircuitSubmitConfig) -> Path:
+    """Where the task and model's files go: ``out/<method>_<ablation>_<level>/<task>_<model>``."""
+    stub = f"{config.method}_{config.ablation}_{config.level}"
+    return Path(config.out) / stub / f"{config.task.replace('_', '-')}_{config.model_name}"
+
+
+def _node_names(graph: Graph) -> tuple[list[str], list[str]]:
+    """The senders' and the receivers' MIB names, in the graph's (and MIB's) order."""
+    senders = [to_mib_name(f"{s}->output").split("->")[0] for s in graph.senders]
+    receivers = [to_mib_name(f"input->{r}").split("->")[1] for r in graph.receivers]
+    return senders, receivers
+
+
+def mib_pt(graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None = None) -> dict[str, Any]:
+    """``Graph.to_pt``'s dictionary: ``scores`` (MIB's sign) and the kept edges (all: an
+    importance file) as ``[sender, receiver]`` matrices, the nodes some kept edge leaves."""
+    kept = torch.ones(graph.n_edges, dtype=torch.bool) if kept is None else kept.bool()
+    senders, receivers = _node_names(graph)
+    in_graph = graph.to_dense(kept)
+    return {
+        "cfg": {"n_layers": graph.n_layers, "n_heads": graph.n_heads,
+                "parallel_attn_mlp": graph.parallel, "d_model": graph.d_model},
+        "src_nodes": senders,
+        "dst_nodes": receivers,
+        "edges_scores": graph.to_dense(scores.float()),
+        "edges_in_graph": in_graph,
+        "nodes_in_graph": in_graph.any(dim=1),
+    }  # fmt: skip
+
+
+def _write(path: Path, graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None) -> None:
+    if path.suffix == ".json":
+        circuit = None if kept is None else EdgeMask(graph, kept.float())
+        write_json(path, to_mib(graph, scores, circuit))
+        return
+    with atomic_path(path) as temporary:
+        torch.save(mib_pt(graph, scores, kept), temporary)
+
+
+def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
+    """Write the submission files of ``config.scores`` (see the module docstring); returns
+    what was written."""
+    scores = EdgeScores.load(config.scores)  # a missing or foreign file: one line, first
+    folder = submission_folder(config)
+    suffix = f".{config.file_format}"
+    if config.form == "importances":
+        names = [f"importances{suffix}"]
+    else:
+        names = [f"{pct:g}{suffix}" for pct in MIB_PERCENTAGES if pct < 1]
+    check_replaceable(folder, names)
+    folder.mkdir(parents=True, exist_ok=True)
+    ranked = mib_scores(scores.scores, scores.method)
+    graph = scores.graph
+    if config.form == "importances":
+        _write(folder / names[0], graph, ranked, None)
+    else:
+        sizes = [p for p in MIB_PERCENTAGES if p < 1]
+        circuits = mib_circuits(scores, absolute=config.ranking == "absolute", percentages=sizes)
+        for name, kept in zip(names, circuits, strict=True):
+            _write(folder / name, graph, ranked, kept)
+    return {"folder": os.fspath(folder), "files": names, "method": scores.method,
+            "graph": str(graph)}  # fmt: skip
