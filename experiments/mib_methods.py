@@ -1,8 +1,9 @@
-"""mi_core's circuit methods scored as MIB scores them, on held-out IOI pairs.
+"""mi_core's circuit methods scored as MIB scores them, on held-out pairs.
 
-Finds circuits on the first half of the IOI pairs and judges them on the held-out half with
-:func:`mi_core.circuits.mib_score` (MIB's evaluator's numbers, equal to it within 1e-4): CPR
-from MIB's signed ranking, CMD from its absolute ranking, as MIB reports a method. Methods:
+Finds circuits on the first half of the pairs (``--data``: IOI, an MIB task ``mib:...``) and
+judges them on the held-out half with :func:`mi_core.circuits.mib_score` (MIB's evaluator's
+numbers, equal to it within 1e-4): CPR from MIB's signed ranking, CMD from its absolute
+ranking, as MIB reports a method. Methods:
 
 * ``eap``, ``eap-ig`` (EAP-IG-inputs, ``--ig-steps`` steps, the left rule MIB runs): scores,
   the circuits read off them by MIB's top-n then prune;
@@ -17,6 +18,7 @@ Prints one row per method (CPR, CMD, the faithfulness at 1 / 5 / 10 %, the KL at
 time) and writes them with every size's numbers to ``OUT/mib_methods.json``::
 
     python experiments/mib_methods.py --model smollm2 --n-examples 64 --out runs/mib_methods
+    python experiments/mib_methods.py --data mib:arithmetic_addition:generated --out runs/add
 """
 
 from __future__ import annotations
@@ -28,15 +30,16 @@ from pathlib import Path
 import torch
 
 from mi_core.circuits import EdgeScores, Graph, edge_attribution, logit_difference
+from mi_core.circuits.job import load_circuit_pairs
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_score, select_mib_circuits
-from mi_core.data.circuit_pairs import ioi_pairs
 from mi_core.io import write_json
 from mi_core.models import load_model
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag, kind, default in (("--model", str, "smollm2"), ("--n-examples", int, 64),
+    for flag, kind, default in (("--model", str, "smollm2"), ("--data", str, "ioi"),
+                                ("--n-examples", int, 64),
                                 ("--ig-steps", int, 5), ("--batch-size", int, 16),
                                 ("--out", Path, None)):  # fmt: skip
         parser.add_argument(flag, type=kind, default=default, required=default is None)
@@ -44,7 +47,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = load_model(args.model)
-    find, held = ioi_pairs(model.tokenizer, n=args.n_examples, seed=0).split(0.5)
+    find, held = load_circuit_pairs(model, args.data, args.n_examples).split(0.5)
     graph = Graph.from_model(model)
     rows, timings, scored = [], {}, {}
     for name, steps in (("eap", 1), ("eap-ig", args.ig_steps)):
@@ -68,7 +71,7 @@ def main() -> None:
         chosen[target] = mib_score(model, circuits, held, batch_size=args.batch_size)
     took = time.perf_counter() - start
     rows.append(("chosen", chosen["cpr"], chosen["cmd"], timings["eap-ig"] + took, 0.0))
-    print(f"{args.model}: {len(find)} finding / {len(held)} held-out IOI pairs; full "
+    print(f"{args.model}: {len(find)} finding / {len(held)} held-out {args.data} pairs; full "
           f"{rows[0][1].full:.3f}, empty {rows[0][1].empty:.3f}")  # fmt: skip
     print("method | CPR | CMD | f at 1 / 5 / 10 % (CPR; CMD) | KL at 5 % (CPR; CMD) | time s")
     at = [MIB_PERCENTAGES.index(p) for p in (0.01, 0.05, 0.1)]

@@ -46,7 +46,14 @@ if TYPE_CHECKING:
         metric_logits,
         reads_answer_logits,
     )
-    from mi_core.circuits.mib import MIB_PERCENTAGES, MIBScore, mib_areas, mib_circuits, mib_score
+    from mi_core.circuits.mib import (
+        MIB_PERCENTAGES,
+        MIBScore,
+        mib_areas,
+        mib_circuits,
+        mib_score,
+        select_mib_circuits,
+    )
     from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
     from mi_core.interventions.edges import (
         EdgeMask,
@@ -64,6 +71,7 @@ _NAMES = {
     "mib_areas": "mi_core.circuits.mib",
     "mib_circuits": "mi_core.circuits.mib",
     "mib_score": "mi_core.circuits.mib",
+    "select_mib_circuits": "mi_core.circuits.mib",
     "circuit_overlap": "mi_core.circuits.analysis",
     "edges_touching": "mi_core.circuits.analysis",
     "ATTRIBUTION_METHODS": "mi_core.circuits.config",
@@ -126,6 +134,7 @@ __all__ = [
     "mib_areas",
     "mib_circuits",
     "mib_score",
+    "select_mib_circuits",
     "EdgeMask",
     "EdgePruneResult",
     "EdgePruneSettings",
