@@ -451,10 +451,12 @@ def _finish_step(
             if r.last_good is not None
             else "no checkpoint had been written yet"
         )
+        rates = (
+            "--lr-log-alpha / --lr-lambda" if isinstance(cfg, PruneConfig) else "--lr / --lr-lambda"
+        )
         r.error = TrainingError(
-            f"pruning loss became {'NaN' if math.isnan(total) else total} at step {step}; "
-            f"stopped; {where}; lower "
-            "--lr-log-alpha / --lr-lambda or check the means and data"
+            f"{r.what} loss became {'NaN' if math.isnan(total) else total} at step {step}; "
+            f"stopped; {where}; lower {rates} or check the means and data"
         )
         return
     if export is None and scaler is None:
