@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -227,7 +228,10 @@ def test_the_batched_executor_writes_the_local_executors_sweep_on_prompts(
         a = ComponentMask.load(run_dir_for(tmp_path / "local", s, 1) / "mask.safetensors")
         b = ComponentMask.load(run_dir_for(tmp_path / "batched", s, 1) / "mask.safetensors")
         assert a == b and len(a.removed()) == round(s * 15)
-    assert batched.drop(columns="run_dir").equals(local.drop(columns="run_dir"))
+    # the same table; a group's per-run sparsities are reductions over stacked rows, equal to
+    # a run alone's up to float32 rounding (test_pruning_batched holds them to 1e-5 too)
+    pd.testing.assert_frame_equal(batched.drop(columns="run_dir"), local.drop(columns="run_dir"),
+                                  check_exact=False, rtol=0, atol=1e-6)  # fmt: skip
 
 
 def test_means_by_position_are_each_positions_mean_and_fill_each_position(answer, ioi, tmp_path):
