@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         select_mib_circuits,
     )
     from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
+    from mi_core.circuits.stability import CircuitStability, circuit_stability
     from mi_core.interventions.edges import (
         EdgeMask,
         Graph,
@@ -72,6 +73,8 @@ _NAMES = {
     "mib_circuits": "mi_core.circuits.mib",
     "mib_score": "mi_core.circuits.mib",
     "select_mib_circuits": "mi_core.circuits.mib",
+    "CircuitStability": "mi_core.circuits.stability",
+    "circuit_stability": "mi_core.circuits.stability",
     "circuit_overlap": "mi_core.circuits.analysis",
     "edges_touching": "mi_core.circuits.analysis",
     "ATTRIBUTION_METHODS": "mi_core.circuits.config",
@@ -135,6 +138,8 @@ __all__ = [
     "mib_circuits",
     "mib_score",
     "select_mib_circuits",
+    "CircuitStability",
+    "circuit_stability",
     "EdgeMask",
     "EdgePruneResult",
     "EdgePruneSettings",

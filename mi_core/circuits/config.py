@@ -255,11 +255,19 @@ class AttributeConfig(CircuitData):
     """Count only edges on an input-to-output path of kept edges against the budget (in a
     decoder with the corrupted fill the others change nothing); a circuit may hold fewer
     edges than asked (its n_edges says how many); off: exactly the first k of the ranking."""
+    bootstrap: int = 0
+    """Resample the finding pairs this many times (with replacement), score each resample and
+    report how far its circuits at MIB's sizes agree (mean pairwise Jaccard, the edges in every
+    resample; bootstrap.json, bootstrap.html); 0: off."""
 
     def validate(self) -> None:
         super().validate()
         if self.steps < 1:
             raise ConfigError(f"steps must be at least 1, not {self.steps}")
+        if self.bootstrap == 1 or self.bootstrap < 0:
+            raise ConfigError(
+                f"bootstrap compares at least 2 resamples (0: off), not {self.bootstrap}"
+            )
         if not 0.0 < self.circuit_fraction <= 1.0:
             raise ConfigError(f"circuit_fraction must lie in (0, 1], not {self.circuit_fraction}")
         if not self.fractions or any(not 0.0 <= f <= 1.0 for f in self.fractions):

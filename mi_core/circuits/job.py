@@ -174,7 +174,7 @@ def pair_forward_batches(
 #: The files every circuit job writes into its folder; ``summary.json`` marks it finished.
 _COMMON_FILES = ("scores.safetensors", "edges.json", "circuit.safetensors", "mib.json",
                  "summary.json", "circuit.html")  # fmt: skip
-_ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv")
+_ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv", "bootstrap.json", "bootstrap.html")
 _PRUNE_FILES = (*_COMMON_FILES, "history.csv", f"state/{STATE_FILE}", "state/log.csv")
 
 
@@ -264,9 +264,28 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
         "curve_difference": curve_difference(rows),
         "circuit": judged.as_dict(),
     }
+    stability = None
+    if config.bootstrap:
+        from mi_core.circuits.stability import circuit_stability
+
+        stability = circuit_stability(
+            model, find, config.bootstrap, config.method, seed=config.data_seed,
+            absolute=not config.signed, metric=metric, steps=config.steps,
+            batch_size=config.batch_size, fill=config.fill, means=means,
+            ig_rule=config.ig_rule, progress=progress,
+        )  # fmt: skip
+        summary["bootstrap"] = {"percentages": list(stability.percentages),
+                                "jaccard": stability.jaccard,
+                                "n_shared": [len(s) for s in stability.shared]}  # fmt: skip
     _start_writing(out)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
     title = f"{config.method} circuit of {short_model_name(config.model)} on {config.data}"
+    if stability is not None:
+        from mi_core.viz.figures import circuit_stability_figure, write_figure_html
+
+        write_json(out / "bootstrap.json", stability.to_dict())
+        figure = circuit_stability_figure(stability.to_dict(), title=title)
+        write_figure_html(figure, out / "bootstrap.html")
     _write_common(out, scores, circuit, summary, title, curve=rows)
     return summary
 

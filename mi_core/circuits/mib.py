@@ -41,14 +41,8 @@ from mi_core.interventions.edges.graph import top_k_order
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
-__all__ = [
-    "MIB_PERCENTAGES",
-    "MIBScore",
-    "mib_areas",
-    "mib_circuits",
-    "mib_score",
-    "select_mib_circuits",
-]
+__all__ = ["MIB_PERCENTAGES", "MIBScore", "mib_areas", "mib_circuits", "mib_score",
+           "select_mib_circuits"]  # fmt: skip
 
 #: The circuit sizes MIB scores, as fractions of the graph's edges.
 MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)

@@ -155,6 +155,12 @@ def run_attribute(args: argparse.Namespace) -> None:
         print(f"{config.out}: finished before with these settings; nothing recomputed "
               "(delete its summary.json to recompute)")  # fmt: skip
     _report(summary, config.out)
+    if "bootstrap" in summary:
+        boot = summary["bootstrap"]
+        pairs = zip(boot["percentages"], boot["jaccard"], boot["n_shared"], strict=True)
+        shown = ", ".join(f"{100 * p:g} %: {j:.2f} ({n} in all)" for p, j, n in pairs if p < 1)
+        print(f"bootstrap Jaccard of the circuits (edges in every resample): {shown} -> "
+              f"{config.out}/bootstrap.html")  # fmt: skip
 
 
 def run_sweep(args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ embedded by default, so it opens offline).
 :func:`attention_class_chart`              Figure 9: attention-class masses of chosen heads
 :func:`training_dynamics`                  ID vs OOD accuracy over fine-tuning steps
 :func:`pruning_dynamics`                   pruning runs' sparsity and subnetwork accuracy
+:func:`circuit_stability_figure`           bootstrap Jaccard of circuits at each size
 =========================================  =================================================
 """
 
@@ -705,3 +706,28 @@ def subnetworks_figure(
         xaxis_title="target sparsity",
         yaxis_title="achieved sparsity",
     )
+
+
+def circuit_stability_figure(stability: Mapping[str, Any], title: str = "") -> go.Figure:
+    """The bootstrap agreement of a method's circuits (``CircuitStability.to_dict()``): at each
+    circuit size (share of the edges, log axis), the mean pairwise Jaccard index of the
+    resamples' circuits and the share of a circuit that is in every resample's; sizes too small
+    to hold an edge are left out."""
+    rows = [(100 * p, j, len(s) / n) for p, j, s, n in zip(
+        stability["percentages"], stability["jaccard"], stability["shared"],
+        stability["n_edges"], strict=True) if n > 0]  # fmt: skip
+    pct, agreement, shared = ([r[i] for r in rows] for i in range(3))
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=pct, y=agreement, mode="lines+markers",
+                             name="mean pairwise Jaccard"))  # fmt: skip
+    fig.add_trace(go.Scatter(x=pct, y=shared, mode="lines+markers", line={"dash": "dot"},
+                             name="share of a circuit in every resample"))  # fmt: skip
+    heading = f"Circuit stability over {stability['n_resamples']} bootstrap resamples"
+    fig.update_layout(
+        title=f"{heading}<br><sup>{title}</sup>" if title else heading,
+        xaxis={"title": "circuit size (% of edges)", "type": "log", "tickvals": pct,
+               "ticktext": [f"{p:g}" for p in pct]},
+        yaxis={"title": "agreement", "range": [0, 1.05]},
+        template="plotly_white", legend={"x": 0.01, "y": 0.99},
+    )  # fmt: skip
+    return fig
