@@ -174,7 +174,9 @@ def pair_forward_batches(
 #: The files every circuit job writes into its folder; ``summary.json`` marks it finished.
 _COMMON_FILES = ("scores.safetensors", "edges.json", "circuit.safetensors", "mib.json",
                  "summary.json", "circuit.html")  # fmt: skip
-_ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv", "bootstrap.json", "bootstrap.html")
+#: What ``--bootstrap`` adds (a run without it removes an earlier run's, which are not its own).
+_BOOTSTRAP_FILES = ("bootstrap.json", "bootstrap.html")
+_ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv", *_BOOTSTRAP_FILES)
 _PRUNE_FILES = (*_COMMON_FILES, "history.csv", f"state/{STATE_FILE}", "state/log.csv")
 
 
@@ -220,7 +222,8 @@ def _finished_attribution(out: Path, config: AttributeConfig) -> dict[str, Any] 
     place (a re-run of it is a no-op, as a finished pruning run's is: an exact-patching run is
     one forward per edge); None when there is something to compute."""
     done = out / "summary.json"
-    if not done.is_file() or not all((out / name).is_file() for name in _ATTRIBUTE_FILES):
+    wanted = [n for n in _ATTRIBUTE_FILES if config.bootstrap or n not in _BOOTSTRAP_FILES]
+    if not done.is_file() or not all((out / name).is_file() for name in wanted):
         return None
     summary = read_json(done)
     saved = summary.get("config", {})
@@ -280,7 +283,10 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     _start_writing(out)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
     title = f"{config.method} circuit of {short_model_name(config.model)} on {config.data}"
-    if stability is not None:
+    if stability is None:
+        for name in _BOOTSTRAP_FILES:
+            (out / name).unlink(missing_ok=True)
+    else:
         from mi_core.viz.figures import circuit_stability_figure, write_figure_html
 
         write_json(out / "bootstrap.json", stability.to_dict())

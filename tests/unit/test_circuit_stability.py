@@ -73,6 +73,9 @@ def test_attribute_bootstrap_writes_the_stability_and_off_writes_none(
     assert "Circuit stability over 3 bootstrap resamples" in html
     assert main([*common, "--out", str(tmp_path / "plain")]) == 0
     assert not (tmp_path / "plain" / "bootstrap.json").exists()
+    # the same folder without --bootstrap: the earlier resamples' files go with the rest
+    assert main([*common, "--out", str(tmp_path / "boot")]) == 0
+    assert not (tmp_path / "boot" / "bootstrap.html").exists()
     assert "bootstrap" not in json.loads((tmp_path / "plain" / "summary.json").read_text())
     assert main([*common, "--bootstrap", "1", "--out", str(tmp_path / "one")]) == 2
     assert "bootstrap compares at least 2 resamples" in capsys.readouterr().err
