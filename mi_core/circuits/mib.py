@@ -35,7 +35,7 @@ from mi_core.circuits.evaluate import masked_metrics, mib_scores
 from mi_core.circuits.metrics import Metric, logit_difference
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
-from mi_core.interventions.edges import EdgeMask
+from mi_core.interventions.edges import EdgeMask, Graph
 from mi_core.interventions.edges.graph import top_k_order
 
 if TYPE_CHECKING:
@@ -144,17 +144,35 @@ def mib_score(
             )
         graph = circuits[0].graph
         kept = [graph.connected(c.weights > 0.5) for c in circuits]
+    full, empty, faithfulness, kls = _faithfulness(
+        model, graph, kept, pairs, fill, means, metric, batch_size, progress
+    )
+    sizes = [int(circuit.sum()) for circuit in kept]
+    cpr, cmd = mib_areas(faithfulness, MIB_PERCENTAGES, log_scale)
+    return MIBScore(cpr, cmd, faithfulness, sizes, kls, MIB_PERCENTAGES, full, empty, absolute)
+
+
+def _faithfulness(
+    model: HookedModel,
+    graph: Graph,
+    kept: Sequence[torch.Tensor],
+    pairs: PromptPairs,
+    fill: str,
+    means: torch.Tensor | None,
+    metric: Metric,
+    batch_size: int,
+    progress: bool,
+) -> tuple[float, float, list[float], list[float]]:
+    """The full model's and the empty circuit's mean metric on ``pairs``, and each kept-edge
+    set's faithfulness and KL: every circuit on each batch in turn (one full run and one
+    corrupted recording a batch, :func:`masked_metrics`)."""
     masks = [EdgeMask.empty(graph, fill, means=means)]
     masks += [EdgeMask(graph, circuit.float(), fill, means=means) for circuit in kept]
-    # every circuit on each batch in turn: one full run and one corrupted recording a batch
     results, full_values = masked_metrics(model, masks, pairs, metric, batch_size, progress)
     full, empty = float(full_values.mean()), float(results[0][0].mean())
     span = full - empty
     faithfulness = [(float(v.mean()) - empty) / span if span else math.nan for v, _ in results[1:]]
-    sizes = [int(circuit.sum()) for circuit in kept]
-    kls = [kl for _, kl in results[1:]]
-    cpr, cmd = mib_areas(faithfulness, MIB_PERCENTAGES, log_scale)
-    return MIBScore(cpr, cmd, faithfulness, sizes, kls, MIB_PERCENTAGES, full, empty, absolute)
+    return full, empty, faithfulness, [kl for _, kl in results[1:]]
 
 
 #: Shares of a selected circuit's budget filled by ``|score|`` (the rest by signed score):
@@ -194,13 +212,10 @@ def select_mib_circuits(
         for options, a, s in zip(candidates, by_abs, by_sign, strict=True):
             options.append(graph.connected(a | s))
     flat = [kept for options in candidates for kept in options]
-    masks = [EdgeMask.empty(graph, fill, means=means)]
-    masks += [EdgeMask(graph, kept.float(), fill, means=means) for kept in flat]
-    results, full_values = masked_metrics(model, masks, pairs, metric, batch_size, progress)
-    empty = float(results[0][0].mean())
-    span = float(full_values.mean()) - empty
-    faithfulness = iter((float(v.mean()) - empty) / span if span else math.nan
-                        for v, _ in results[1:])  # fmt: skip
+    _, _, values_of_all, _ = _faithfulness(
+        model, graph, flat, pairs, fill, means, metric, batch_size, progress
+    )
+    faithfulness = iter(values_of_all)
     chosen = []
     for options in candidates:
         values = [next(faithfulness) for _ in options]
