@@ -112,12 +112,15 @@ def load_mib_peer(root: str | os.PathLike[str]) -> Any:
 
 def mib_reference_score(
     peer: Any, model: HookedTransformer, dense_scores: torch.Tensor, pairs: Any,
-    absolute: bool, batch_size: int = 16,
+    absolute: bool, batch_size: int = 16, node_scores: torch.Tensor | None = None,
+    graph: Any = None,
 ) -> tuple:  # fmt: skip
     """MIB's ``evaluate_area_under_curve`` on ``pairs`` (a
     :class:`~mi_core.data.circuit_pairs.PromptPairs`) with ``dense_scores`` (``[sender,
     receiver]``, MIB's sign) on a copy of ``model`` configured as MIB's ``run_evaluation.py``
-    configures it. MIB tokenises strings; here its tokeniser is replaced, for the call, by
+    configures it; given ``node_scores`` (``[sender]``, MIB's sign, NaN unscored), at MIB's
+    node level; given ``graph`` (one MIB loaded), on it, at the node level when it has node
+    scores. MIB tokenises strings; here its tokeniser is replaced, for the call, by
     one returning the pairs' own ids, so both sides read identical inputs. Returns MIB's
     ``(edge counts, CPR, CMD, mean, faithfulnesses)``."""
     import copy
@@ -128,8 +131,12 @@ def mib_reference_score(
     theirs.set_use_hook_mlp_in(True)
     if getattr(theirs.cfg, "n_key_value_heads", None):
         theirs.set_ungroup_grouped_query_attention(True)
-    graph = peer.Graph.from_model(theirs)
-    graph.scores[:] = dense_scores.to(graph.scores)
+    if graph is None:
+        graph = peer.Graph.from_model(theirs, node_scores=node_scores is not None)
+        graph.scores[:] = dense_scores.to(graph.scores)
+        if node_scores is not None:
+            graph.nodes_scores[:] = node_scores.to(graph.nodes_scores)
+    level = "node" if getattr(graph, "nodes_scores", None) is not None else "edge"
     ids = {"clean": pairs.clean_ids.cpu(), "corrupted": pairs.corrupted_ids.cpu()}
     attention = pairs.attention_mask.cpu()
 
@@ -151,7 +158,7 @@ def mib_reference_score(
     peer.evaluate.tokenize_plus = tokenize_plus
     try:
         return peer.evaluation.evaluate_area_under_curve(
-            theirs, graph, batches, metric, quiet=True, absolute=absolute
+            theirs, graph, batches, metric, quiet=True, absolute=absolute, level=level
         )
     finally:
         peer.evaluate.tokenize_plus = original

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         mib_score,
         select_mib_circuits,
     )
+    from mi_core.circuits.nodes import NodeScores, load_scores
     from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
     from mi_core.circuits.stability import CircuitStability, circuit_stability
     from mi_core.interventions.edges import (
@@ -73,6 +74,8 @@ _NAMES = {
     "mib_circuits": "mi_core.circuits.mib",
     "mib_score": "mi_core.circuits.mib",
     "select_mib_circuits": "mi_core.circuits.mib",
+    "NodeScores": "mi_core.circuits.nodes",
+    "load_scores": "mi_core.circuits.nodes",
     "CircuitStability": "mi_core.circuits.stability",
     "circuit_stability": "mi_core.circuits.stability",
     "circuit_overlap": "mi_core.circuits.analysis",
@@ -140,6 +143,8 @@ __all__ = [
     "select_mib_circuits",
     "CircuitStability",
     "circuit_stability",
+    "NodeScores",
+    "load_scores",
     "EdgeMask",
     "EdgePruneResult",
     "EdgePruneSettings",

@@ -279,17 +279,24 @@ class AttributeConfig(CircuitData):
 #: ranking for both.
 MIB_RANKINGS = ("mib", "absolute", "signed")
 
+#: What MIB's circuits rank: edges, or nodes (the input, heads and MLPs).
+MIB_LEVELS = ("edge", "node")
+
 
 @dataclass(kw_only=True)
 class CircuitEvaluateConfig(CircuitData):
-    """``mi-core circuit evaluate``: MIB's CPR and CMD of a method's edge scores, judged on
-    the held-out pairs (:func:`~mi_core.circuits.mib.mib_score`)."""
+    """``mi-core circuit evaluate``: MIB's CPR and CMD of a method's edge or node scores,
+    judged on the held-out pairs (:func:`~mi_core.circuits.mib.mib_score`)."""
 
     scores: str
-    """An edge-scores file: ``mi-core circuit attribute``'s ``scores.safetensors``."""
+    """An edge-scores file (``mi-core circuit attribute``'s ``scores.safetensors``), a
+    node-scores file, or a pruning sweep's folder (the heuristic core's subnetworks, scored
+    per node: level node)."""
     ranking: str = option("mib", choices=MIB_RANKINGS)
     """mib: CPR from the signed ranking and CMD from |score|, as MIB reports a method;
     absolute or signed: that ranking for both."""
+    level: str = option("edge", choices=MIB_LEVELS)
+    """edge: MIB's circuits rank edges; node: they rank nodes (edge scores summed per node)."""
 
 
 #: What ``mi-core circuit submit`` writes per task and model: one importance file, or one
@@ -303,7 +310,8 @@ class CircuitSubmitConfig(Config):
     (:mod:`mi_core.circuits.submit`)."""
 
     scores: str
-    """An edge-scores file (``scores.safetensors`` of circuit attribute, prune or sweep)."""
+    """An edge-scores file (``scores.safetensors`` of circuit attribute), a node-scores file,
+    or a pruning sweep's folder (level node)."""
     task: str = option(choices=tuple(MIB_TASKS))
     """The MIB task the scores were found on."""
     model_name: str
@@ -312,8 +320,8 @@ class CircuitSubmitConfig(Config):
     """The method's name in the folder (``<method>_<ablation>_<level>``)."""
     ablation: str = option("patching", choices=("patching", "mean", "zero"))
     """The ablation the circuits were found for, as MIB names it."""
-    level: str = option("edge", choices=("edge",))
-    """The circuit level (mi_core's scores are per edge)."""
+    level: str = option("edge", choices=MIB_LEVELS)
+    """The circuit level: edge, or node (node scores; edge scores summed per node)."""
     form: str = option("importances", choices=SUBMISSION_FORMS)
     """importances: one file MIB re-ranks at every size; circuits: nine binary circuits."""
     ranking: str = option("absolute", choices=("absolute", "signed"))

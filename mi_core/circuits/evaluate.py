@@ -259,11 +259,13 @@ def _trapezoid(points: Sequence[tuple[float, float]]) -> float:
 
 
 def to_mib(
-    graph: Graph, scores: Float[torch.Tensor, " edge"], kept: EdgeMask | None = None, **info: Any
-) -> dict[str, Any]:
+    graph: Graph, scores: Float[torch.Tensor, " edge"], kept: EdgeMask | None = None,
+    node_scores: Float[torch.Tensor, " sender"] | None = None, **info: Any,
+) -> dict[str, Any]:  # fmt: skip
     """A circuit in the MIB circuit-localisation format: every edge by its MIB name
     (``a0.h1->a2.h5<q>``) with its score and whether it is in the circuit; every node with
-    whether it is in it (a node is in when an edge of the circuit touches it)."""
+    whether it is in it (a node is in when an edge of the circuit touches it) and, given
+    ``node_scores`` (MIB's sign), its score (none for a NaN: MIB's unscored node)."""
     in_graph = kept.weights > 0.5 if kept is not None else torch.ones(graph.n_edges, dtype=bool)
     edges = {}
     nodes = {to_mib_name(f"{s}->output").split("->")[0]: False for s in graph.senders}
@@ -279,7 +281,13 @@ def to_mib(
     # family's graph has no edge from a layer's heads to its own MLP there either
     cfg = {"n_layers": graph.n_layers, "n_heads": graph.n_heads,
            "parallel_attn_mlp": graph.parallel, "d_model": graph.d_model, **info}  # fmt: skip
-    return {"cfg": cfg, "nodes": {k: {"in_graph": v} for k, v in nodes.items()}, "edges": edges}
+    node_dict: dict[str, dict[str, Any]] = {k: {"in_graph": v} for k, v in nodes.items()}
+    if node_scores is not None:
+        for name, value in zip(list(node_dict)[: graph.n_senders], node_scores.tolist(),
+                               strict=True):  # fmt: skip
+            if not math.isnan(value):
+                node_dict[name]["score"] = value
+    return {"cfg": cfg, "nodes": node_dict, "edges": edges}
 
 
 def mib_scores(scores: Float[torch.Tensor, " edge"], method: str) -> Float[torch.Tensor, " edge"]:

@@ -296,32 +296,52 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
     return summary
 
 
-#: What ``mi-core circuit evaluate`` writes into its folder.
+#: What ``mi-core circuit evaluate`` writes into its folder (and, at the node level, the
+#: node scores it ranked: :data:`NODE_SCORES_FILE`).
 MIB_SCORE_FILE = "mib_score.json"
+NODE_SCORES_FILE = "node_scores.safetensors"
 
 
 def run_circuit_evaluate_job(
     config: CircuitEvaluateConfig, *, progress: bool = True
 ) -> dict[str, Any]:
-    """MIB's CPR and CMD of the edge scores ``config.scores`` on the held-out pairs (the
-    finding part left out, as the job that scored them held it out), written to
-    ``out/mib_score.json``: each ranking's ten faithfulnesses, kept edges and KLs."""
+    """MIB's CPR and CMD of the scores ``config.scores`` at ``config.level`` on the held-out
+    pairs (the finding part left out, as the job that scored them held it out), written to
+    ``out/mib_score.json``: each ranking's ten faithfulnesses, kept edges and KLs. At the node
+    level the node scores ranked are written too (``node_scores.safetensors``, what ``mi-core
+    circuit submit --level node`` reads): an attribution's edge scores summed per node, or a
+    pruning sweep's subnetworks (:meth:`~mi_core.circuits.nodes.NodeScores.from_subnetworks`)."""
     from mi_core.circuits.mib import mib_score
+    from mi_core.circuits.nodes import NodeScores, load_scores
 
     out = Path(config.out)
-    scores = EdgeScores.load(config.scores)  # a missing or foreign file: one line, first
-    check_replaceable(out, (MIB_SCORE_FILE,))
+    from_sweep = Path(config.scores).is_dir()
+    if from_sweep and config.level != "node":
+        raise ConfigError(
+            f"{config.scores} is a folder: a pruning sweep's subnetworks are scored per node "
+            "(--level node)"
+        )
+    scores = None if from_sweep else load_scores(config.scores)  # a bad file: one line, first
+    if isinstance(scores, NodeScores) and config.level != "node":
+        raise ConfigError(f"{config.scores} holds node scores: evaluate them with --level node")
+    written = (MIB_SCORE_FILE, NODE_SCORES_FILE) if config.level == "node" else (MIB_SCORE_FILE,)
+    check_replaceable(out, written)
     model, _, judge, means = _prepare(config)
     graph = Graph.from_model(model)
+    if scores is None:
+        scores = NodeScores.from_subnetworks(graph, config.scores)
     if graph != scores.graph:
         raise ConfigError(
             f"{config.scores} scores the edges of {scores.graph}; {config.model} has {graph}"
         )
+    if config.level == "node" and isinstance(scores, EdgeScores):
+        scores = NodeScores.from_edges(scores)
     rankings = ("signed", "absolute") if config.ranking == "mib" else (config.ranking,)
     results = {
-        ranking: mib_score(model, scores, judge, absolute=ranking == "absolute",
-                           fill=config.fill, means=means, metric=get_metric(config.metric),
-                           batch_size=config.batch_size, progress=progress).to_dict()
+        ranking: mib_score(model, scores, judge, level=config.level,
+                           absolute=ranking == "absolute", fill=config.fill, means=means,
+                           metric=get_metric(config.metric), batch_size=config.batch_size,
+                           progress=progress).to_dict()
         for ranking in rankings
     }  # fmt: skip
     cpr_from, cmd_from = ("signed", "absolute") if config.ranking == "mib" else rankings * 2
@@ -329,12 +349,15 @@ def run_circuit_evaluate_job(
         "config": config.to_dict(),
         "graph": str(graph),
         "method": scores.method,
+        "level": config.level,
         "n_held_out": len(judge),
         "cpr": results[cpr_from]["cpr"],
         "cmd": results[cmd_from]["cmd"],
         "rankings": results,
     }
     out.mkdir(parents=True, exist_ok=True)
+    if isinstance(scores, NodeScores):
+        scores.save(out / NODE_SCORES_FILE)
     write_json(out / MIB_SCORE_FILE, summary)
     return summary
 

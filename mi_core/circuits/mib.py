@@ -31,8 +31,10 @@ import torch
 from jaxtyping import Float
 
 from mi_core.circuits.attribution import EdgeScores
+from mi_core.circuits.config import MIB_LEVELS
 from mi_core.circuits.evaluate import masked_metrics, mib_scores
 from mi_core.circuits.metrics import Metric, logit_difference
+from mi_core.circuits.nodes import NodeScores, mib_node_circuits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph
@@ -72,6 +74,8 @@ class MIBScore:
     """The empty circuit's (every edge patched)."""
     absolute: bool
     """Whether the circuits were ranked by ``|score|`` (else by the signed score)."""
+    level: str = "edge"
+    """What was ranked: ``edge`` or ``node`` (its percentages are of the scored nodes)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,13 +100,22 @@ def mib_areas(
 
 
 def mib_circuits(
-    scores: EdgeScores,
+    scores: EdgeScores | NodeScores,
     absolute: bool = True,
     percentages: Sequence[float] = MIB_PERCENTAGES,
+    level: str = "edge",
 ) -> list[torch.Tensor]:
-    """The kept edges (``[n_edges]`` booleans) of MIB's circuit at each percentage: the top
-    ``int(pct * n_edges)`` by MIB's ranking of ``scores`` (:func:`mib_scores`: mi_core's sign
-    turned to MIB's), then what is left unconnected pruned."""
+    """The kept edges (``[n_edges]`` booleans) of MIB's circuit at each percentage. ``edge``:
+    the top ``int(pct * n_edges)`` by MIB's ranking of ``scores`` (:func:`mib_scores`: mi_core's
+    sign turned to MIB's), then what is left unconnected pruned. ``node``: the top nodes
+    (:func:`~mi_core.circuits.nodes.mib_node_circuits`; edge scores summed per node)."""
+    if level not in MIB_LEVELS:
+        raise ConfigError(f"level must be one of {', '.join(MIB_LEVELS)}, not {level!r}")
+    if level == "node":
+        nodes = scores if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
+        return mib_node_circuits(nodes, absolute, percentages)
+    if isinstance(scores, NodeScores):
+        raise ConfigError(f"{scores.method} scores rank nodes, not edges: score them at level node")
     graph = scores.graph
     order = top_k_order(mib_scores(scores.scores, scores.method), absolute=absolute)
     circuits = []
@@ -115,9 +128,10 @@ def mib_circuits(
 
 def mib_score(
     model: HookedModel,
-    scores_or_circuits: EdgeScores | Sequence[EdgeMask],
+    scores_or_circuits: EdgeScores | NodeScores | Sequence[EdgeMask],
     pairs: PromptPairs,
     *,
+    level: str = "edge",
     absolute: bool = True,
     fill: str = "corrupted",
     means: Float[torch.Tensor, "sender d_model"] | None = None,
@@ -128,13 +142,14 @@ def mib_score(
 ) -> MIBScore:
     """MIB's CPR and CMD of a method's circuits on ``pairs`` (module docstring).
 
-    ``scores_or_circuits``: edge scores (the circuits chosen as MIB chooses them, ranked by
-    ``|score|`` with ``absolute``, else signed), or one binary circuit per percentage (a method
-    that gives circuits, not scores: edge pruning at each size). ``fill``: what a removed edge
-    carries, ``corrupted`` (MIB's patching), ``mean`` or ``zero``."""
-    if isinstance(scores_or_circuits, EdgeScores):
+    ``scores_or_circuits``: edge or node scores (the circuits chosen as MIB chooses them at
+    ``level``, ranked by ``|score|`` with ``absolute``, else signed; edge scores at level
+    ``node`` are summed per node), or one binary circuit per percentage (a method that gives
+    circuits, not scores: edge pruning at each size). ``fill``: what a removed edge carries,
+    ``corrupted`` (MIB's patching), ``mean`` or ``zero``."""
+    if isinstance(scores_or_circuits, (EdgeScores, NodeScores)):
         graph = scores_or_circuits.graph
-        kept = mib_circuits(scores_or_circuits, absolute)
+        kept = mib_circuits(scores_or_circuits, absolute, level=level)
     else:
         circuits = list(scores_or_circuits)
         if len(circuits) != len(MIB_PERCENTAGES):
@@ -149,7 +164,8 @@ def mib_score(
     )
     sizes = [int(circuit.sum()) for circuit in kept]
     cpr, cmd = mib_areas(faithfulness, MIB_PERCENTAGES, log_scale)
-    return MIBScore(cpr, cmd, faithfulness, sizes, kls, MIB_PERCENTAGES, full, empty, absolute)
+    return MIBScore(cpr, cmd, faithfulness, sizes, kls, MIB_PERCENTAGES, full, empty, absolute,
+                    level)  # fmt: skip
 
 
 def _faithfulness(

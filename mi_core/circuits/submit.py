@@ -10,8 +10,11 @@ matrices), or one binary circuit per size, MIB's percentages below 100 % (``0.00
 ``0.5.json``; MIB re-ranks an importance file itself at every size, so that is what most
 methods hand in). Scores are written in MIB's sign (:func:`mib_scores`: its attribution scores
 are against the loss; edge-pruning gates shifted positive), so MIB's signed and absolute
-rankings rank them as mi_core's :func:`~mi_core.circuits.mib.mib_score` does. Edge level only:
-mi_core's scores are per edge.
+rankings rank them as mi_core's :func:`~mi_core.circuits.mib.mib_score` does. At the node level
+the files also hold a score per node (JSON: each node's ``score``, none for an unscored node,
+which MIB keeps in every circuit; pt: ``nodes_scores``, NaN for it), from node scores or an
+attribution's edge scores summed per node (:class:`~mi_core.circuits.nodes.NodeScores`), and
+the nine circuits are MIB's node-level ones: the edges among the top nodes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from mi_core.circuits.attribution import EdgeScores
 from mi_core.circuits.config import CircuitSubmitConfig
 from mi_core.circuits.evaluate import mib_scores, to_mib
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuits
+from mi_core.circuits.nodes import NodeScores, load_scores
+from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
 from mi_core.io import atomic_path, check_replaceable, write_json
 
@@ -45,13 +50,17 @@ def _node_names(graph: Graph) -> tuple[list[str], list[str]]:
     return senders, receivers
 
 
-def mib_pt(graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None = None) -> dict[str, Any]:
+def mib_pt(
+    graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None = None,
+    node_scores: torch.Tensor | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """``Graph.to_pt``'s dictionary: ``scores`` (MIB's sign) and the kept edges (all: an
-    importance file) as ``[sender, receiver]`` matrices, the nodes some kept edge leaves."""
+    importance file) as ``[sender, receiver]`` matrices, the nodes some kept edge leaves, and
+    ``node_scores`` (MIB's sign, NaN unscored) when given."""
     kept = torch.ones(graph.n_edges, dtype=torch.bool) if kept is None else kept.bool()
     senders, receivers = _node_names(graph)
     in_graph = graph.to_dense(kept)
-    return {
+    d = {
         "cfg": {"n_layers": graph.n_layers, "n_heads": graph.n_heads,
                 "parallel_attn_mlp": graph.parallel, "d_model": graph.d_model},
         "src_nodes": senders,
@@ -60,21 +69,29 @@ def mib_pt(graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None = None)
         "edges_in_graph": in_graph,
         "nodes_in_graph": in_graph.any(dim=1),
     }  # fmt: skip
+    if node_scores is not None:
+        d["nodes_scores"] = node_scores.float()
+    return d
 
 
-def _write(path: Path, graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None) -> None:
+def _write(
+    path: Path, graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None,
+    node_scores: torch.Tensor | None,
+) -> None:  # fmt: skip
     if path.suffix == ".json":
         circuit = None if kept is None else EdgeMask(graph, kept.float())
-        write_json(path, to_mib(graph, scores, circuit))
+        write_json(path, to_mib(graph, scores, circuit, node_scores))
         return
     with atomic_path(path) as temporary:
-        torch.save(mib_pt(graph, scores, kept), temporary)
+        torch.save(mib_pt(graph, scores, kept, node_scores), temporary)
 
 
 def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
     """Write the submission files of ``config.scores`` (see the module docstring); returns
     what was written."""
-    scores = EdgeScores.load(config.scores)  # a missing or foreign file: one line, first
+    scores = load_scores(config.scores)  # a missing or foreign file: one line, first
+    if isinstance(scores, NodeScores) and config.level != "node":
+        raise ConfigError(f"{config.scores} holds node scores: submit them with --level node")
     folder = submission_folder(config)
     suffix = f".{config.file_format}"
     if config.form == "importances":
@@ -83,14 +100,21 @@ def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
         names = [f"{pct:g}{suffix}" for pct in MIB_PERCENTAGES if pct < 1]
     check_replaceable(folder, names)
     folder.mkdir(parents=True, exist_ok=True)
-    ranked = mib_scores(scores.scores, scores.method)
     graph = scores.graph
+    if isinstance(scores, EdgeScores):
+        ranked = mib_scores(scores.scores, scores.method)
+    else:  # node scores alone: MIB's file needs edge scores, and reads none at node level
+        ranked = torch.zeros(graph.n_edges, dtype=torch.float64)
+    nodes = None
+    if config.level == "node":
+        nodes = scores if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
+        nodes = nodes.ranked()
     if config.form == "importances":
-        _write(folder / names[0], graph, ranked, None)
+        _write(folder / names[0], graph, ranked, None, nodes)
     else:
         sizes = [p for p in MIB_PERCENTAGES if p < 1]
-        circuits = mib_circuits(scores, absolute=config.ranking == "absolute", percentages=sizes)
+        circuits = mib_circuits(scores, config.ranking == "absolute", sizes, config.level)
         for name, kept in zip(names, circuits, strict=True):
-            _write(folder / name, graph, ranked, kept)
+            _write(folder / name, graph, ranked, kept, nodes)
     return {"folder": os.fspath(folder), "files": names, "method": scores.method,
-            "graph": str(graph)}  # fmt: skip
+            "graph": str(graph), "level": config.level}  # fmt: skip

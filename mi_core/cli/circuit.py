@@ -200,9 +200,10 @@ def run_evaluate(args: argparse.Namespace) -> None:
     summary = run_circuit_evaluate_job(config, progress=not args.no_progress)
     ranks = {"mib": ("signed", "|score|")}.get(config.ranking, (config.ranking,) * 2)
     print(
-        f"{summary['graph']}, {summary['method']} scores on {summary['n_held_out']} held-out "
-        f"pairs: MIB CPR {summary['cpr']:.3f} ({ranks[0]} ranking; higher is better), CMD "
-        f"{summary['cmd']:.3f} ({ranks[1]} ranking; lower is better) -> "
+        f"{summary['graph']}, {summary['method']} scores at the {summary['level']} level on "
+        f"{summary['n_held_out']} held-out pairs: MIB CPR {summary['cpr']:.3f} ({ranks[0]} "
+        f"ranking; higher is better), CMD {summary['cmd']:.3f} ({ranks[1]} ranking; lower is "
+        "better) -> "
         f"{config.out}/{MIB_SCORE_FILE}"
     )
 
@@ -214,4 +215,4 @@ def run_submit(args: argparse.Namespace) -> None:
     assert isinstance(config, CircuitSubmitConfig)
     written = run_circuit_submit_job(config)
     print(f"{written['graph']}, {written['method']} scores: {len(written['files'])} MIB "
-          f"submission file(s) -> {written['folder']}")  # fmt: skip
+          f"{written['level']}-level submission file(s) -> {written['folder']}")  # fmt: skip

@@ -20,6 +20,7 @@ from mi_core.circuits.mib import (
     mib_score,
     select_mib_circuits,
 )
+from mi_core.circuits.nodes import NodeScores
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
 from mi_core.testing import load_mib_peer, mib_reference_score
@@ -179,3 +180,67 @@ def test_selected_circuits_beat_plain_top_n_on_the_pairs_they_are_chosen_on(targ
             assert picked[k] >= max(p[k] for p in plain) - 1e-6
     with pytest.raises(ConfigError, match="for_metric must be cpr or cmd"):
         select_mib_circuits(model, scores, pairs, "kl")
+
+
+@pytest.mark.parametrize("absolute", [True, False])
+def test_node_level_scores_equal_mibs_evaluator(mib, absolute):
+    """MIB's node level: the top nodes of the scored ones (an unscored, NaN, node always in),
+    every node outside patched; mi_core's faithfulness, CPR and CMD equal MIB's evaluator."""
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(12, 7, high=90)
+    graph = Graph.from_model(model)
+    generator = torch.Generator().manual_seed(5 + int(absolute))
+    values = torch.randn(graph.n_senders, generator=generator, dtype=torch.float64)
+    values[graph.mlp_sender(0)] = float("nan")  # unscored: kept at every size
+    nodes = NodeScores(graph, values, "eap")
+    ours = mib_score(model, nodes, pairs, level="node", absolute=absolute, batch_size=6)
+    dense = torch.zeros(graph.exists.shape)
+    _, cpr, cmd, _, faithfulness = mib_reference_score(
+        mib, model, dense, pairs, absolute, 6, node_scores=nodes.ranked().float()
+    )
+    assert ours.level == "node"
+    assert ours.faithfulness == pytest.approx(faithfulness, abs=1e-4)
+    assert ours.cpr == pytest.approx(cpr, abs=1e-4) and ours.cmd == pytest.approx(cmd, abs=1e-4)
+    # the ranking decides: the node circuits are not the edge circuits of the same sizes
+    assert ours.n_edges[0] > 0  # the unscored MLP and its edge to the output, even at 0 nodes
+    # edge scores at the node level are summed per node, then ranked as node scores
+    edges = EdgeScores(graph, torch.randn(graph.n_edges, generator=generator), "eap", 12)
+    summed = mib_score(model, edges, pairs, level="node", absolute=absolute, batch_size=6)
+    direct = mib_score(model, NodeScores.from_edges(edges), pairs, level="node",
+                       absolute=absolute, batch_size=6)  # fmt: skip
+    assert summed.faithfulness == direct.faithfulness
+    with pytest.raises(ConfigError, match="rank nodes, not edges"):
+        mib_score(model, nodes, pairs)
+
+
+@pytest.mark.parametrize("file_format", ["json", "pt"])
+def test_a_node_level_submission_scores_in_mib_as_ours(mib, tmp_path, file_format):
+    from mi_core.cli import main
+
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(8, 7, high=90)
+    graph = Graph.from_model(model)
+    values = torch.randn(graph.n_senders, generator=torch.Generator().manual_seed(2))
+    values[0] = float("nan")
+    NodeScores(graph, values.double(), "eap-ig", 8).save(tmp_path / "nodes.safetensors")
+    common = ["circuit", "submit", "--scores", str(tmp_path / "nodes.safetensors"),
+              "--task", "ioi", "--model-name", "gpt2", "--file-format", file_format]  # fmt: skip
+    assert main([*common, "--level", "node", "--out", str(tmp_path / "sub")]) == 0
+    folder = tmp_path / "sub" / "mi-core_patching_node" / "ioi_gpt2"
+    load = mib.Graph.from_json if file_format == "json" else mib.Graph.from_pt
+    theirs = load(str(folder / f"importances.{file_format}"))
+    nodes = NodeScores(graph, values.double(), "eap-ig", 8)
+    torch.testing.assert_close(theirs.nodes_scores.double(), nodes.ranked(), equal_nan=True)
+    _, cpr, cmd, _, _ = mib_reference_score(mib, model, None, pairs, False, 4, graph=theirs)
+    ours = mib_score(model, nodes, pairs, level="node", absolute=False, batch_size=4)
+    assert ours.cpr == pytest.approx(cpr, abs=1e-4) and ours.cmd == pytest.approx(cmd, abs=1e-4)
+    # the nine circuits: MIB's node-level circuits, as mi_core ranks them
+    assert main([*common, "--level", "node", "--form", "circuits",
+                 "--out", str(tmp_path / "nine")]) == 0  # fmt: skip
+    nine = tmp_path / "nine" / "mi-core_patching_node" / "ioi_gpt2"
+    sizes = [p for p in MIB_PERCENTAGES if p < 1]
+    for pct, kept in zip(sizes, mib_circuits(nodes, True, sizes, "node"), strict=True):
+        circuit = load(str(nine / f"{pct:g}.{file_format}"))
+        assert torch.equal(circuit.in_graph.bool()[graph.exists], kept)
+    # node scores submitted at the edge level: one line, exit 2
+    assert main([*common, "--out", str(tmp_path / "edge")]) == 2

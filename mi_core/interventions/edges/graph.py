@@ -296,6 +296,21 @@ class Graph:
                 return kept
             kept = pruned
 
+    def node_edges(self, nodes: Bool[torch.Tensor, " sender"]) -> Bool[torch.Tensor, " edge"]:
+        """The edges of the circuit made of the kept ``nodes`` (senders): every edge from a kept
+        node into a kept node or the output. Everything a node outside receives or sends is
+        patched, so under the corrupted fill such a node computes its corrupted output, which
+        is what activation patching of the node means (MIB's node-level circuits)."""
+        nodes = nodes.detach().to("cpu", torch.bool)
+        if nodes.shape != (self.n_senders,):
+            raise InterventionError(
+                f"expected {self.n_senders} node values, got {list(nodes.shape)}"
+            )
+        senders, receivers = self.edges[:, 0], self.edges[:, 1]
+        owner = self._receiver_owner[receivers]
+        into_kept = torch.where(owner >= 0, nodes[owner.clamp(min=0)], True)
+        return nodes[senders] & into_kept
+
     @cached_property
     def _edge_id(self) -> torch.Tensor:
         ids = torch.full(self.exists.shape, -1, dtype=torch.long)
