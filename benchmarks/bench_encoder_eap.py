@@ -25,7 +25,7 @@ import torch
 from peak_memory import peak_growth
 
 from mi_core.circuits import Graph, logit_difference
-from mi_core.circuits.attribution import _reference, _sweep_attribution, ig_alphas
+from mi_core.circuits.attribution import _sweep_attribution, fill_outputs, ig_alphas
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.models import load_model
 from mi_core.models.frozen import frozen
@@ -47,7 +47,7 @@ def _pairs(model, batch: int, tokens: int) -> PromptPairs:
 
 def _run(model, graph, pairs, steps: int, projected: bool) -> torch.Tensor:
     with frozen(model, eval_mode=False):
-        reference = _reference(model, graph, pairs, "corrupted", None)
+        reference = fill_outputs(model, graph, pairs, "corrupted", None)
         return _sweep_attribution(
             model, graph, pairs, logit_difference, ig_alphas(steps), reference, projected=projected
         )

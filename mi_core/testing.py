@@ -119,9 +119,10 @@ def mib_reference_score(
     :class:`~mi_core.data.circuit_pairs.PromptPairs`) with ``dense_scores`` (``[sender,
     receiver]``, MIB's sign) on a copy of ``model`` configured as MIB's ``run_evaluation.py``
     configures it; given ``node_scores`` (``[sender]``, MIB's sign, NaN unscored), at MIB's
-    node level; given ``graph`` (one MIB loaded), on it, at the node level when it has node
-    scores. MIB tokenises strings; here its tokeniser is replaced, for the call, by
-    one returning the pairs' own ids, so both sides read identical inputs. Returns MIB's
+    node level (``[sender, d_model]``: its neuron level); given ``graph`` (one MIB loaded), on
+    it, at the neuron or node level when it has such scores. MIB tokenises strings; here its
+    tokeniser is replaced, for the call, by one returning the pairs' own ids, so both sides
+    read identical inputs. Returns MIB's
     ``(edge counts, CPR, CMD, mean, faithfulnesses)``."""
     import copy
 
@@ -131,12 +132,19 @@ def mib_reference_score(
     theirs.set_use_hook_mlp_in(True)
     if getattr(theirs.cfg, "n_key_value_heads", None):
         theirs.set_ungroup_grouped_query_attention(True)
+    neurons = node_scores is not None and node_scores.ndim == 2
     if graph is None:
-        graph = peer.Graph.from_model(theirs, node_scores=node_scores is not None)
+        per_node = node_scores is not None and not neurons
+        graph = peer.Graph.from_model(theirs, neuron_level=neurons, node_scores=per_node)
         graph.scores[:] = dense_scores.to(graph.scores)
         if node_scores is not None:
-            graph.nodes_scores[:] = node_scores.to(graph.nodes_scores)
-    level = "node" if getattr(graph, "nodes_scores", None) is not None else "edge"
+            target = graph.neurons_scores if neurons else graph.nodes_scores
+            target[:] = node_scores.to(target)
+    level = "edge"
+    if getattr(graph, "neurons_scores", None) is not None:
+        level = "neuron"
+    elif getattr(graph, "nodes_scores", None) is not None:
+        level = "node"
     ids = {"clean": pairs.clean_ids.cpu(), "corrupted": pairs.corrupted_ids.cpu()}
     attention = pairs.attention_mask.cpu()
 

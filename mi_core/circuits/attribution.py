@@ -231,7 +231,7 @@ class EdgeScores:
                               connected=connected, fill=fill, **kwargs)  # fmt: skip
 
 
-def _reference(
+def fill_outputs(
     model: HookedModel,
     graph: Graph,
     pairs: PromptPairs,
@@ -239,7 +239,8 @@ def _reference(
     means: torch.Tensor | None,
     like: NodeOutputs | None = None,
 ) -> NodeOutputs:
-    """The senders' fill for this batch, ``[sender, batch, pos, d_model]``."""
+    """The senders' fill for this batch, ``[sender, batch, pos, d_model]``: the corrupted
+    run's outputs, the means, or what each writes when it writes nothing."""
     if fill == "corrupted":
         return node_outputs(model, graph, **pairs.corrupted)
     shape = (graph.n_senders, *pairs.clean_ids.shape, graph.d_model)
@@ -432,9 +433,9 @@ def edge_attribution(
                 run = record_corrupted(model, graph, **pairs.corrupted)
                 reference, head_z = run.outputs, run.head_z
             else:
-                reference = _reference(model, graph, pairs, fill, means)
+                reference = fill_outputs(model, graph, pairs, fill, means)
             return _decoder_attribution(model, graph, pairs, metric, alphas, reference, head_z)
-        reference = _reference(model, graph, pairs, fill, means)
+        reference = fill_outputs(model, graph, pairs, fill, means)
         return _sweep_attribution(model, graph, pairs, metric, alphas, reference, projected=True)
 
 
@@ -777,7 +778,7 @@ def exact_patching(
     ``edges``): one forward per edge, the ground truth of EAP on small models."""
     graph.check_model(model)
     chosen = range(graph.n_edges) if edges is None else edges
-    reference = _reference(model, graph, pairs, fill, means)
+    reference = fill_outputs(model, graph, pairs, fill, means)
     mask = EdgeMask.full(graph, fill, means=means if fill == "mean" else None)
     if fill == "corrupted":
         mask = mask.with_corrupted(reference)

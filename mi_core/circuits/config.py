@@ -259,11 +259,17 @@ class AttributeConfig(CircuitData):
     """Resample the finding pairs this many times (with replacement), score each resample and
     report how far its circuits at MIB's sizes agree (mean pairwise Jaccard, the edges in every
     resample; bootstrap.json, bootstrap.html); 0: off."""
+    neurons: bool = False
+    """Also score every dimension of every node's output with the same method (MIB's neuron
+    level: neuron_scores.safetensors, which circuit evaluate and submit read with --level
+    neuron); eap and eap-ig."""
 
     def validate(self) -> None:
         super().validate()
         if self.steps < 1:
             raise ConfigError(f"steps must be at least 1, not {self.steps}")
+        if self.neurons and self.method not in ("eap", "eap-ig"):
+            raise ConfigError(f"--neurons scores with eap or eap-ig, not {self.method}")
         if self.bootstrap == 1 or self.bootstrap < 0:
             raise ConfigError(
                 f"bootstrap compares at least 2 resamples (0: off), not {self.bootstrap}"
@@ -279,8 +285,9 @@ class AttributeConfig(CircuitData):
 #: ranking for both.
 MIB_RANKINGS = ("mib", "absolute", "signed")
 
-#: What MIB's circuits rank: edges, or nodes (the input, heads and MLPs).
-MIB_LEVELS = ("edge", "node")
+#: What MIB's circuits rank: edges, nodes (the input, heads and MLPs), or neurons (each node's
+#: output dimensions).
+MIB_LEVELS = ("edge", "node", "neuron")
 
 
 @dataclass(kw_only=True)
@@ -327,9 +334,17 @@ class CircuitSubmitConfig(Config):
     ranking: str = option("absolute", choices=("absolute", "signed"))
     """How the nine circuits are chosen from the scores (form circuits)."""
     file_format: str = option("json", choices=("json", "pt"))
-    """json (Graph.to_json) or pt (Graph.to_pt)."""
+    """json (Graph.to_json) or pt (Graph.to_pt; the only one at the neuron level)."""
     out: str
     """The submission's root folder."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.level == "neuron" and self.file_format == "json":
+            raise ConfigError(
+                "neuron-level submissions are .pt files (--file-format pt): MIB's "
+                "Graph.from_json writes each head's neurons into every head of its layer"
+            )
 
 
 @dataclass(kw_only=True)

@@ -16,9 +16,10 @@ the MIB circuit-localisation benchmark does (MIB integrates over its nominal lev
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,9 @@ from mi_core.circuits.config import CURVE_FRACTIONS
 from mi_core.circuits.metrics import Metric, kl_divergence, logit_difference, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
-from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, to_mib_name
+from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, node_outputs, to_mib_name
 from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
+from mi_core.interventions.edges.output_mask import OutputMask
 from mi_core.io import write_json
 from mi_core.models.hook_context import hooked
 
@@ -114,17 +116,18 @@ def _masked_metric(
 
 def masked_metrics(
     model: HookedModel,
-    masks: Sequence[EdgeMask],
+    masks: Sequence[EdgeMask] | Sequence[OutputMask],
     pairs: PromptPairs,
     metric: Metric,
     batch_size: int,
     progress: bool = False,
 ) -> tuple[list[tuple[torch.Tensor, float]], torch.Tensor]:
-    """For each of ``masks`` (one graph and fill), the per-example metric and mean KL to the
-    full model on ``pairs``; and the full model's per-example metric. Each batch's full run
-    and corrupted recording are made once, for every mask."""
-    if len({(id(m.graph), m.fill) for m in masks}) > 1:
-        raise ConfigError("masked_metrics takes masks of one graph and one fill")
+    """For each of ``masks`` (one graph and fill; edge masks, or output masks: MIB's neuron
+    level), the per-example metric and mean KL to the full model on ``pairs``; and the full
+    model's per-example metric. Each batch's full run and corrupted recording are made once,
+    for every mask."""
+    if len({(id(m.graph), m.fill, type(m)) for m in masks}) > 1:
+        raise ConfigError("masked_metrics takes masks of one kind, graph and fill")
     values: list[list[torch.Tensor]] = [[] for _ in masks]
     kls = [0.0] * len(masks)
     full = []
@@ -133,18 +136,41 @@ def masked_metrics(
         for batch in tqdm(batches, desc="circuits", disable=not progress, leave=False):
             reference = metric_logits(model, batch, metric)  # kl_divergence reads answer_logits
             full.append(metric(reference, batch).detach().double().cpu())
-            run = (
-                record_corrupted(model, masks[0].graph, **batch.corrupted)
-                if masks[0].fill == "corrupted"
-                else None
-            )
-            for k, mask in enumerate(masks):
-                with graph_switches(model), hooked(model, masked_hooks(model, mask, corrupted=run)):
+            for k, applied in enumerate(_batch_runs(model, masks, batch)):
+                with applied:
                     logits = metric_logits(model, batch, metric)
                 values[k].append(metric(logits, batch).detach().double().cpu())
                 kls[k] += float(kl_divergence(logits, reference, batch).sum())
     results = [(torch.cat(v), kl / len(pairs)) for v, kl in zip(values, kls, strict=True)]
     return results, torch.cat(full)
+
+
+def _batch_runs(
+    model: HookedModel, masks: Sequence[EdgeMask] | Sequence[OutputMask], batch: PromptPairs
+) -> Iterator[contextlib.AbstractContextManager[Any]]:
+    """Each mask applied on ``batch`` (a ``with`` block each), the corrupted run recorded once:
+    for edge masks as the fused forward reads it, for output masks every sender's output."""
+    first = masks[0]
+    if isinstance(first, OutputMask):
+        outputs = node_outputs(model, first.graph, **batch.corrupted)
+        for mask in masks:
+            bound = mask.with_corrupted(outputs) if mask.fill == "corrupted" else mask
+            yield hooked(model, bound.hooks(model))
+        return
+    run = (
+        record_corrupted(model, first.graph, **batch.corrupted)
+        if first.fill == "corrupted"
+        else None
+    )
+    for mask in masks:
+        assert isinstance(mask, EdgeMask)  # one kind: masked_metrics checked
+        yield _edge_masked(model, mask, run)
+
+
+@contextlib.contextmanager
+def _edge_masked(model: HookedModel, mask: EdgeMask, run: Any) -> Iterator[None]:
+    with graph_switches(model), hooked(model, masked_hooks(model, mask, corrupted=run)):
+        yield
 
 
 def circuit_baselines(
@@ -282,7 +308,12 @@ def to_mib(
     cfg = {"n_layers": graph.n_layers, "n_heads": graph.n_heads,
            "parallel_attn_mlp": graph.parallel, "d_model": graph.d_model, **info}  # fmt: skip
     node_dict: dict[str, dict[str, Any]] = {k: {"in_graph": v} for k, v in nodes.items()}
-    if node_scores is not None:
+    if node_scores is not None and node_scores.ndim == 2:
+        raise ConfigError(
+            "neuron scores go in a .pt file (submit's mib_pt): MIB's Graph.from_json writes "
+            "each head's neurons into every head of its layer"
+        )
+    elif node_scores is not None:
         for name, value in zip(list(node_dict)[: graph.n_senders], node_scores.tolist(),
                                strict=True):  # fmt: skip
             if not math.isnan(value):

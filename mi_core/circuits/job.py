@@ -176,7 +176,9 @@ _COMMON_FILES = ("scores.safetensors", "edges.json", "circuit.safetensors", "mib
                  "summary.json", "circuit.html")  # fmt: skip
 #: What ``--bootstrap`` adds (a run without it removes an earlier run's, which are not its own).
 _BOOTSTRAP_FILES = ("bootstrap.json", "bootstrap.html")
-_ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv", *_BOOTSTRAP_FILES)
+#: What ``--neurons`` adds (removed by a run without it, as the bootstrap's files are).
+NEURON_SCORES_FILE = "neuron_scores.safetensors"
+_ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv", *_BOOTSTRAP_FILES, NEURON_SCORES_FILE)
 _PRUNE_FILES = (*_COMMON_FILES, "history.csv", f"state/{STATE_FILE}", "state/log.csv")
 
 
@@ -222,7 +224,9 @@ def _finished_attribution(out: Path, config: AttributeConfig) -> dict[str, Any] 
     place (a re-run of it is a no-op, as a finished pruning run's is: an exact-patching run is
     one forward per edge); None when there is something to compute."""
     done = out / "summary.json"
-    wanted = [n for n in _ATTRIBUTE_FILES if config.bootstrap or n not in _BOOTSTRAP_FILES]
+    optional = {**dict.fromkeys(_BOOTSTRAP_FILES, config.bootstrap > 0),
+                NEURON_SCORES_FILE: config.neurons}  # fmt: skip
+    wanted = [n for n in _ATTRIBUTE_FILES if optional.get(n, True)]
     if not done.is_file() or not all((out / name).is_file() for name in wanted):
         return None
     summary = read_json(done)
@@ -280,7 +284,19 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
         summary["bootstrap"] = {"percentages": list(stability.percentages),
                                 "jaccard": stability.jaccard,
                                 "n_shared": [len(s) for s in stability.shared]}  # fmt: skip
+    neurons = None
+    if config.neurons:
+        from mi_core.circuits.nodes import neuron_attribution
+
+        neurons = neuron_attribution(
+            model, find, config.method, metric, config.steps, config.batch_size, config.fill,
+            means, config.ig_rule, progress=progress,
+        )  # fmt: skip
     _start_writing(out)
+    if neurons is None:
+        (out / NEURON_SCORES_FILE).unlink(missing_ok=True)
+    else:
+        neurons.save(out / NEURON_SCORES_FILE)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
     title = f"{config.method} circuit of {short_model_name(config.model)} on {config.data}"
     if stability is None:
@@ -322,8 +338,20 @@ def run_circuit_evaluate_job(
             "(--level node)"
         )
     scores = None if from_sweep else load_scores(config.scores)  # a bad file: one line, first
-    if isinstance(scores, NodeScores) and config.level != "node":
-        raise ConfigError(f"{config.scores} holds node scores: evaluate them with --level node")
+    if isinstance(scores, NodeScores) and config.level == "edge":
+        raise ConfigError(
+            f"{config.scores} holds {scores.level} scores: evaluate them with --level "
+            f"{scores.level}"
+        )
+    if (
+        config.level == "neuron"
+        and not from_sweep
+        and not (isinstance(scores, NodeScores) and scores.level == "neuron")
+    ):
+        raise ConfigError(
+            f"{config.scores} holds no neuron scores: mi-core circuit attribute --neurons writes "
+            f"them ({NEURON_SCORES_FILE})"
+        )
     written = (MIB_SCORE_FILE, NODE_SCORES_FILE) if config.level == "node" else (MIB_SCORE_FILE,)
     check_replaceable(out, written)
     model, _, judge, means = _prepare(config)
@@ -334,8 +362,10 @@ def run_circuit_evaluate_job(
         raise ConfigError(
             f"{config.scores} scores the edges of {scores.graph}; {config.model} has {graph}"
         )
-    if config.level == "node" and isinstance(scores, EdgeScores):
-        scores = NodeScores.from_edges(scores)
+    if config.level == "node":  # edge or neuron scores summed per node
+        scores = (
+            scores.per_node() if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
+        )
     rankings = ("signed", "absolute") if config.ranking == "mib" else (config.ranking,)
     results = {
         ranking: mib_score(model, scores, judge, level=config.level,
@@ -356,7 +386,8 @@ def run_circuit_evaluate_job(
         "rankings": results,
     }
     out.mkdir(parents=True, exist_ok=True)
-    if isinstance(scores, NodeScores):
+    if config.level == "node":
+        assert isinstance(scores, NodeScores)
         scores.save(out / NODE_SCORES_FILE)
     write_json(out / MIB_SCORE_FILE, summary)
     return summary

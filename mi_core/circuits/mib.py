@@ -18,6 +18,11 @@ chosen for each metric). :func:`mib_score` computes both, and every faithfulness
 fused masked forward; the tests hold it to MIB's own evaluator on the same graph and pairs.
 :func:`select_mib_circuits` chooses a method's own circuit for each size and metric on the
 finding pairs (measured against plain top-n: docs/circuits.md).
+
+Node and neuron levels (``level``): MIB ranks nodes, or the dimensions of each node's output,
+and patches what is outside (:mod:`mi_core.circuits.nodes`). The means are over the pairs; MIB's
+evaluator averages its batches' means (its metric's ``mean=True``), which is the same when the
+batches are of one size and weights a smaller last batch's examples more otherwise.
 """
 
 from __future__ import annotations
@@ -34,10 +39,10 @@ from mi_core.circuits.attribution import EdgeScores
 from mi_core.circuits.config import MIB_LEVELS
 from mi_core.circuits.evaluate import masked_metrics, mib_scores
 from mi_core.circuits.metrics import Metric, logit_difference
-from mi_core.circuits.nodes import NodeScores, mib_node_circuits
+from mi_core.circuits.nodes import NodeScores, mib_neuron_circuits, mib_node_circuits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
-from mi_core.interventions.edges import EdgeMask, Graph
+from mi_core.interventions.edges import EdgeMask, Graph, OutputMask
 from mi_core.interventions.edges.graph import top_k_order
 
 if TYPE_CHECKING:
@@ -61,7 +66,8 @@ class MIBScore:
     faithfulness: list[float]
     """The faithfulness at each of :attr:`percentages`."""
     n_edges: list[int]
-    """The edges each circuit keeps once pruned to what is connected. MIB's evaluator reports
+    """The edges each circuit keeps once pruned to what is connected (at the neuron level: the
+    output dimensions it keeps). MIB's evaluator reports
     up to a few more: its prune stops a pass early when its top-n already marked the nodes,
     leaving edges out of nodes with no kept input, which under patching carry what a removed
     edge would (the faithfulness is the same)."""
@@ -75,7 +81,8 @@ class MIBScore:
     absolute: bool
     """Whether the circuits were ranked by ``|score|`` (else by the signed score)."""
     level: str = "edge"
-    """What was ranked: ``edge`` or ``node`` (its percentages are of the scored nodes)."""
+    """What was ranked: ``edge``, ``node`` or ``neuron`` (the percentages are of the scored
+    nodes, or output dimensions; :attr:`n_edges` then counts the kept dimensions)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,12 +114,22 @@ def mib_circuits(
 ) -> list[torch.Tensor]:
     """The kept edges (``[n_edges]`` booleans) of MIB's circuit at each percentage. ``edge``:
     the top ``int(pct * n_edges)`` by MIB's ranking of ``scores`` (:func:`mib_scores`: mi_core's
-    sign turned to MIB's), then what is left unconnected pruned. ``node``: the top nodes
-    (:func:`~mi_core.circuits.nodes.mib_node_circuits`; edge scores summed per node)."""
+    sign turned to MIB's), then what is left unconnected pruned. ``node``: the edges among the
+    top nodes (:func:`~mi_core.circuits.nodes.mib_node_circuits`; edge or neuron scores summed
+    per node). ``neuron``: the kept output dimensions instead (``[sender, d_model]``, from
+    neuron scores: :func:`~mi_core.circuits.nodes.mib_neuron_circuits`)."""
     if level not in MIB_LEVELS:
         raise ConfigError(f"level must be one of {', '.join(MIB_LEVELS)}, not {level!r}")
+    if level == "neuron":
+        if not isinstance(scores, NodeScores) or scores.level != "neuron":
+            raise ConfigError(
+                "the neuron level ranks a score per output dimension (neuron_attribution)"
+            )
+        return mib_neuron_circuits(scores, absolute, percentages)
     if level == "node":
-        nodes = scores if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
+        nodes = (
+            scores.per_node() if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
+        )
         return mib_node_circuits(nodes, absolute, percentages)
     if isinstance(scores, NodeScores):
         raise ConfigError(f"{scores.method} scores rank nodes, not edges: score them at level node")
@@ -182,8 +199,13 @@ def _faithfulness(
     """The full model's and the empty circuit's mean metric on ``pairs``, and each kept-edge
     set's faithfulness and KL: every circuit on each batch in turn (one full run and one
     corrupted recording a batch, :func:`masked_metrics`)."""
-    masks = [EdgeMask.empty(graph, fill, means=means)]
-    masks += [EdgeMask(graph, circuit.float(), fill, means=means) for circuit in kept]
+    if kept and kept[0].ndim == 2:  # output dimensions: MIB's neuron level
+        empty = torch.zeros(graph.n_senders, graph.d_model)
+        masks: list[Any] = [OutputMask(graph, empty, fill, means=means)]
+        masks += [OutputMask(graph, circuit.float(), fill, means=means) for circuit in kept]
+    else:
+        masks = [EdgeMask.empty(graph, fill, means=means)]
+        masks += [EdgeMask(graph, circuit.float(), fill, means=means) for circuit in kept]
     results, full_values = masked_metrics(model, masks, pairs, metric, batch_size, progress)
     full, empty = float(full_values.mean()), float(results[0][0].mean())
     span = full - empty

@@ -1,4 +1,5 @@
-"""Node-level circuits: a score per node (a graph's sender: the input, each head, each MLP).
+"""Node- and neuron-level circuits: a score per node (a graph's sender: the input, each head,
+each MLP), or per node and dimension of its output (MIB's neurons).
 
 MIB's node level ranks nodes, keeps the top ``int(pct * n_scored)`` (a node without a score,
 NaN, is always kept), and patches every node outside from the counterfactual prompt; the
@@ -15,6 +16,13 @@ circuit is the edges among the kept nodes and into the output
 - the heuristic core's subnetworks (:meth:`NodeScores.from_subnetworks`): how many of a
   sweep's subnetworks keep each head and MLP, ties broken by the runs' gates; the input, which
   those subnetworks never prune, is left unscored (always kept).
+
+MIB's neuron level ranks the ``d_model`` dimensions of every node's output and patches those
+outside the circuit, wherever the output goes (an
+:class:`~mi_core.interventions.edges.OutputMask`). :func:`neuron_attribution` scores them with
+EAP or EAP-IG: a dimension's activation difference times the metric's gradient at the node's
+output (a head's: the gradient at its layer's attention output, which every head of the layer
+writes into); summed over the dimensions it is the node score of the edges (tested).
 """
 
 from __future__ import annotations
@@ -25,17 +33,27 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float
+from tqdm.auto import tqdm
 
-from mi_core.circuits.attribution import EdgeScores
+from mi_core.circuits.attribution import EdgeScores, fill_outputs, ig_alphas
 from mi_core.circuits.evaluate import mib_scores
+from mi_core.circuits.metrics import Metric, logit_difference, metric_logits
+from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import InterventionError
-from mi_core.interventions.edges import Graph
+from mi_core.interventions.edges import Graph, node_outputs
 from mi_core.io import read_safetensors, write_safetensors
+from mi_core.models.hook_context import hooked
+from mi_core.models.hooks import act_name
 
-__all__ = ["NODE_SCORES_KIND", "NodeScores", "load_scores", "mib_node_circuits"]
+if TYPE_CHECKING:
+    from mi_core.models.types import HookedModel
+
+__all__ = ["NODE_SCORES_KIND", "NodeScores", "load_scores", "mib_neuron_circuits",
+           "mib_node_circuits", "neuron_attribution"]  # fmt: skip
 
 #: The ``kind`` in the metadata of a saved :class:`NodeScores`.
 NODE_SCORES_KIND = "mi_core.NodeScores"
@@ -46,21 +64,29 @@ _SUMMABLE = ("eap", "eap-ig")
 
 @dataclass(frozen=True)
 class NodeScores:
-    """A score per sender of ``graph`` (NaN: not scored, kept in every circuit): an
-    attribution's in mi_core's sign (against the metric), or, when :attr:`mib_sign`, a score
-    where higher means more important."""
+    """A score per sender of ``graph`` (``[sender]``), or per sender and output dimension
+    (``[sender, d_model]``: MIB's neurons); NaN: not scored, kept in every circuit. An
+    attribution's are in mi_core's sign (the change of the metric), or, when
+    :attr:`mib_sign`, higher means more important."""
 
     graph: Graph
-    scores: Float[torch.Tensor, " sender"]
+    scores: Float[torch.Tensor, " sender *d_model"]
     method: str
     n_examples: int = 0
 
     def __post_init__(self) -> None:
-        if self.scores.shape != (self.graph.n_senders,):
+        shapes = ((self.graph.n_senders,), (self.graph.n_senders, self.graph.d_model))
+        if tuple(self.scores.shape) not in shapes:
             raise InterventionError(
-                f"{list(self.scores.shape)} node scores for {self.graph} "
-                f"({self.graph.n_senders} nodes)"
+                f"{list(self.scores.shape)} node scores for {self.graph}: expected "
+                f"[{self.graph.n_senders}] (nodes) or [{self.graph.n_senders}, "
+                f"{self.graph.d_model}] (neurons)"
             )
+
+    @property
+    def level(self) -> str:
+        """``node`` or ``neuron`` (a score per output dimension)."""
+        return "neuron" if self.scores.ndim == 2 else "node"
 
     @classmethod
     def from_edges(cls, edges: EdgeScores) -> NodeScores:
@@ -103,6 +129,12 @@ class NodeScores:
         scores = torch.full((graph.n_senders,), math.nan, dtype=torch.float64)
         scores[1:] = per_component  # the senders after the input are each layer's heads, MLP
         return cls(graph, scores, "heuristic-core", len(sweep.masks))
+
+    def per_node(self) -> NodeScores:
+        """These scores per node: a neuron level's summed over each output's dimensions."""
+        if self.level == "node":
+            return self
+        return NodeScores(self.graph, self.scores.sum(-1), self.method, self.n_examples)
 
     @property
     def mib_sign(self) -> bool:
@@ -148,14 +180,97 @@ def mib_node_circuits(
     """The kept edges of MIB's node-level circuit at each percentage: the top ``int(pct *
     n_scored)`` nodes by MIB's ranking (``|score|`` with ``absolute``), every unscored node,
     and the edges among them and into the output."""
-    ranked = scores.ranked()
+    if scores.level != "node":
+        raise InterventionError("neuron scores make neuron-level circuits (mib_neuron_circuits)")
+    return [scores.graph.node_edges(kept) for kept in _top(scores, absolute, percentages)]
+
+
+def mib_neuron_circuits(
+    scores: NodeScores,
+    absolute: bool,
+    percentages: Sequence[float],
+) -> list[Bool[torch.Tensor, "sender d_model"]]:
+    """The kept output dimensions of MIB's neuron-level circuit at each percentage: the top
+    ``int(pct * n_scored)`` by MIB's ranking, and every unscored one."""
+    if scores.level != "neuron":
+        raise InterventionError("node scores make node-level circuits (mib_node_circuits)")
+    return _top(scores, absolute, percentages)
+
+
+def _top(scores: NodeScores, absolute: bool, percentages: Sequence[float]) -> list[torch.Tensor]:
+    """For each percentage, the top ``int(pct * n_scored)`` entries of ``scores`` by MIB's
+    ranking and every unscored one, as booleans of the scores' shape."""
+    ranked = scores.ranked().reshape(-1)
     scored = ~torch.isnan(ranked)
     key = ranked.abs() if absolute else ranked.clone()
     key[~scored] = -math.inf
     order = torch.argsort(key, descending=True, stable=True)
-    circuits = []
+    kept = []
     for pct in percentages:
-        nodes = ~scored.clone()
-        nodes[order[: int(pct * int(scored.sum()))]] = True
-        circuits.append(scores.graph.node_edges(nodes))
-    return circuits
+        chosen = ~scored.clone()
+        chosen[order[: int(pct * int(scored.sum()))]] = True
+        kept.append(chosen.reshape(scores.scores.shape))
+    return kept
+
+
+def neuron_attribution(
+    model: HookedModel,
+    pairs: PromptPairs,
+    method: str = "eap-ig",
+    metric: Metric = logit_difference,
+    steps: int = 5,
+    batch_size: int = 16,
+    fill: str = "corrupted",
+    means: Float[torch.Tensor, "sender d_model"] | None = None,
+    ig_rule: str = "left",
+    progress: bool = True,
+) -> NodeScores:
+    """EAP or EAP-IG (``method``) scores of every output dimension of every node on ``pairs``
+    (``[sender, d_model]``, averaged over the examples; module docstring): the fill's output
+    minus the clean one, times the metric's gradient at the node's output, averaged over
+    EAP-IG's points between the fill's input and the clean one (:func:`ig_alphas`)."""
+    if method not in _SUMMABLE:
+        raise InterventionError(f"neuron attribution is {' or '.join(_SUMMABLE)}, not {method!r}")
+    graph = Graph.from_model(model)
+    alphas = ig_alphas(steps if method == "eap-ig" else 1, ig_rule)
+    param = next(model.parameters())
+    total = torch.zeros(graph.n_senders, graph.d_model, dtype=torch.float64, device=param.device)
+    for batch in tqdm(list(pairs.batches(batch_size)), desc=method, disable=not progress):
+        clean = node_outputs(model, graph, **batch.clean)
+        reference = fill_outputs(model, graph, batch, fill, means)
+        diff = reference - clean
+        for alpha in alphas:
+            grads = _output_gradients(model, graph, batch, metric, clean[0], reference[0], alpha)
+            total += torch.einsum("sbpd,sbpd->sd", diff.double(), grads.double()) / len(alphas)
+    scores = (total / len(pairs)).cpu()
+    return NodeScores(graph, scores, method, len(pairs))
+
+
+def _output_gradients(
+    model: HookedModel, graph: Graph, batch: PromptPairs, metric: Metric,
+    clean_input: torch.Tensor, reference_input: torch.Tensor, alpha: float,
+) -> Float[torch.Tensor, "sender batch pos d_model"]:  # fmt: skip
+    """The summed metric's gradient at every sender's output, the input set to the point
+    ``alpha`` of the way from ``reference_input`` to ``clean_input``."""
+    seen: dict[str, torch.Tensor] = {}
+    point = reference_input + alpha * (clean_input - reference_input)
+
+    def start(x: torch.Tensor, hook: Any) -> torch.Tensor:
+        seen[hook.name] = point.detach().to(x).requires_grad_(True)
+        return seen[hook.name]
+
+    def keep(x: torch.Tensor, hook: Any) -> None:
+        seen[hook.name] = x
+
+    names = [act_name(kind, layer) for layer in range(graph.n_layers)
+             for kind in ("attn_out", "mlp_out")]  # fmt: skip
+    hooks = [(act_name("resid_pre", 0), start), *[(name, keep) for name in names]]
+    with torch.enable_grad(), hooked(model, hooks):
+        value = metric(metric_logits(model, batch, metric), batch).sum()
+        grads = torch.autograd.grad(
+            value, [seen[act_name("resid_pre", 0)], *[seen[n] for n in names]]
+        )
+    out = [grads[0]]
+    for layer in range(graph.n_layers):  # every head of a layer has its attention output's
+        out += [grads[1 + 2 * layer]] * graph.n_heads + [grads[2 + 2 * layer]]
+    return torch.stack(out)

@@ -14,7 +14,11 @@ rankings rank them as mi_core's :func:`~mi_core.circuits.mib.mib_score` does. At
 the files also hold a score per node (JSON: each node's ``score``, none for an unscored node,
 which MIB keeps in every circuit; pt: ``nodes_scores``, NaN for it), from node scores or an
 attribution's edge scores summed per node (:class:`~mi_core.circuits.nodes.NodeScores`), and
-the nine circuits are MIB's node-level ones: the edges among the top nodes.
+the nine circuits are MIB's node-level ones: the edges among the top nodes. At the neuron level
+each node also has its output dimensions' scores and which of them are in (``neurons_in_graph``
+and ``neurons_scores``), from ``mi-core circuit attribute --neurons``, in a ``.pt`` file only:
+MIB's ``Graph.from_json`` reads a head's neurons with ``forward_index(node)``, which is the slice
+of the head's whole layer, so every head of a layer would get the last one's.
 """
 
 from __future__ import annotations
@@ -52,11 +56,12 @@ def _node_names(graph: Graph) -> tuple[list[str], list[str]]:
 
 def mib_pt(
     graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None = None,
-    node_scores: torch.Tensor | None = None,
+    node_scores: torch.Tensor | None = None, neurons: torch.Tensor | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """``Graph.to_pt``'s dictionary: ``scores`` (MIB's sign) and the kept edges (all: an
     importance file) as ``[sender, receiver]`` matrices, the nodes some kept edge leaves, and
-    ``node_scores`` (MIB's sign, NaN unscored) when given."""
+    ``node_scores`` (MIB's sign, NaN unscored) when given: per node, or per output dimension
+    with the ``neurons`` kept (all unless given)."""
     kept = torch.ones(graph.n_edges, dtype=torch.bool) if kept is None else kept.bool()
     senders, receivers = _node_names(graph)
     in_graph = graph.to_dense(kept)
@@ -69,29 +74,43 @@ def mib_pt(
         "edges_in_graph": in_graph,
         "nodes_in_graph": in_graph.any(dim=1),
     }  # fmt: skip
-    if node_scores is not None:
+    if node_scores is not None and node_scores.ndim == 2:
+        d["neurons_scores"] = node_scores.float()
+        d["neurons_in_graph"] = (
+            torch.ones(node_scores.shape, dtype=torch.bool) if neurons is None else neurons.bool()
+        )
+    elif node_scores is not None:
         d["nodes_scores"] = node_scores.float()
     return d
 
 
 def _write(
     path: Path, graph: Graph, scores: torch.Tensor, kept: torch.Tensor | None,
-    node_scores: torch.Tensor | None,
+    node_scores: torch.Tensor | None, neurons: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     if path.suffix == ".json":
         circuit = None if kept is None else EdgeMask(graph, kept.float())
         write_json(path, to_mib(graph, scores, circuit, node_scores))
         return
     with atomic_path(path) as temporary:
-        torch.save(mib_pt(graph, scores, kept, node_scores), temporary)
+        torch.save(mib_pt(graph, scores, kept, node_scores, neurons), temporary)
 
 
 def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
     """Write the submission files of ``config.scores`` (see the module docstring); returns
     what was written."""
     scores = load_scores(config.scores)  # a missing or foreign file: one line, first
-    if isinstance(scores, NodeScores) and config.level != "node":
-        raise ConfigError(f"{config.scores} holds node scores: submit them with --level node")
+    if isinstance(scores, NodeScores) and config.level == "edge":
+        raise ConfigError(
+            f"{config.scores} holds {scores.level} scores: submit them with --level {scores.level}"
+        )
+    if config.level == "neuron" and not (
+        isinstance(scores, NodeScores) and scores.level == "neuron"
+    ):
+        raise ConfigError(
+            f"{config.scores} holds no neuron scores: mi-core circuit attribute --neurons writes "
+            "them"
+        )
     folder = submission_folder(config)
     suffix = f".{config.file_format}"
     if config.form == "importances":
@@ -99,22 +118,30 @@ def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
     else:
         names = [f"{pct:g}{suffix}" for pct in MIB_PERCENTAGES if pct < 1]
     check_replaceable(folder, names)
-    folder.mkdir(parents=True, exist_ok=True)
     graph = scores.graph
     if isinstance(scores, EdgeScores):
         ranked = mib_scores(scores.scores, scores.method)
-    else:  # node scores alone: MIB's file needs edge scores, and reads none at node level
+    else:  # node scores alone: MIB's file needs edge scores, and reads none at these levels
         ranked = torch.zeros(graph.n_edges, dtype=torch.float64)
     nodes = None
     if config.level == "node":
-        nodes = scores if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
+        nodes = (
+            scores.per_node() if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
+        )
         nodes = nodes.ranked()
+    elif config.level == "neuron":
+        assert isinstance(scores, NodeScores)
+        nodes = scores.ranked()
+    folder.mkdir(parents=True, exist_ok=True)
     if config.form == "importances":
         _write(folder / names[0], graph, ranked, None, nodes)
     else:
         sizes = [p for p in MIB_PERCENTAGES if p < 1]
         circuits = mib_circuits(scores, config.ranking == "absolute", sizes, config.level)
         for name, kept in zip(names, circuits, strict=True):
-            _write(folder / name, graph, ranked, kept, nodes)
+            if config.level == "neuron":  # the edges of the nodes with a dimension kept
+                _write(folder / name, graph, ranked, graph.node_edges(kept.any(1)), nodes, kept)
+            else:
+                _write(folder / name, graph, ranked, kept, nodes)
     return {"folder": os.fspath(folder), "files": names, "method": scores.method,
             "graph": str(graph), "level": config.level}  # fmt: skip

@@ -15,7 +15,9 @@ a :class:`~mi_core.interventions.mask.ComponentMask`, filled with a means file's
 or zero; the heuristic-core paper's unit) and :class:`~mi_core.interventions.neurons.PruneMasks`
 (MLP neurons and attention pre-out neurons, each with its own fill; the separability
 report's unit) and :class:`~mi_core.interventions.edges.EdgeMask` (edges between components,
-filled with a corrupted run's activations, a mean or zero; the unit of circuits). Each saves
+filled with a corrupted run's activations, a mean or zero; the unit of circuits) and
+:class:`~mi_core.interventions.edges.OutputMask` (dimensions of each component's output, with
+the same fills; MIB's neuron level). Each saves
 as safetensors whose metadata carries ``kind`` and a format version, and registers its kind
 (:func:`~mi_core.interventions.kinds.register_kind`), so :func:`load_intervention` reads any of
 them back.
@@ -33,6 +35,7 @@ from safetensors import SafetensorError
 
 # mi_core's own kinds, imported so that each registers its kind for load_intervention
 import mi_core.interventions.edges.mask  # noqa: F401
+import mi_core.interventions.edges.output_mask  # noqa: F401
 import mi_core.interventions.neurons  # noqa: F401
 import mi_core.interventions.subnetwork  # noqa: F401
 from mi_core.errors import InterventionError

@@ -20,7 +20,7 @@ from mi_core.circuits.mib import (
     mib_score,
     select_mib_circuits,
 )
-from mi_core.circuits.nodes import NodeScores
+from mi_core.circuits.nodes import NodeScores, load_scores
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
 from mi_core.testing import load_mib_peer, mib_reference_score
@@ -244,3 +244,87 @@ def test_a_node_level_submission_scores_in_mib_as_ours(mib, tmp_path, file_forma
         assert torch.equal(circuit.in_graph.bool()[graph.exists], kept)
     # node scores submitted at the edge level: one line, exit 2
     assert main([*common, "--out", str(tmp_path / "edge")]) == 2
+
+
+@pytest.mark.parametrize("absolute", [True, False])
+def test_neuron_level_scores_equal_mibs_evaluator(mib, absolute):
+    """MIB's neuron level: the top output dimensions of every node, the rest of each output
+    patched wherever it goes (an OutputMask); equal to MIB's evaluator."""
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(12, 7, high=90)
+    graph = Graph.from_model(model)
+    generator = torch.Generator().manual_seed(9 + int(absolute))
+    values = torch.randn(graph.n_senders, graph.d_model, generator=generator, dtype=torch.float64)
+    values[graph.head_sender(1, 0), :5] = float("nan")  # unscored: kept at every size
+    neurons = NodeScores(graph, values, "eap")
+    ours = mib_score(model, neurons, pairs, level="neuron", absolute=absolute, batch_size=6)
+    dense = torch.zeros(graph.exists.shape)
+    _, cpr, cmd, _, faithfulness = mib_reference_score(
+        mib, model, dense, pairs, absolute, 6, node_scores=neurons.ranked().float()
+    )
+    assert ours.level == "neuron" and ours.n_edges[0] == 5
+    assert ours.faithfulness == pytest.approx(faithfulness, abs=1e-4)
+    assert ours.cpr == pytest.approx(cpr, abs=1e-4) and ours.cmd == pytest.approx(cmd, abs=1e-4)
+    with pytest.raises(ConfigError, match="score per output dimension"):
+        mib_score(model, NodeScores(graph, values[:, 0], "eap"), pairs, level="neuron")
+
+
+def test_a_neuron_level_submission_scores_in_mib_as_ours(mib, tmp_path, capsys,
+                                                         tiny_checkpoints):  # fmt: skip
+    """``circuit attribute --neurons`` writes the output dimensions' scores; ``circuit submit
+    --level neuron`` writes them as MIB reads them; MIB's evaluator on what it loaded gives
+    mi_core's CPR and CMD; ``circuit evaluate --level neuron`` scores them."""
+    from mi_core.circuits.job import load_circuit_pairs
+    from mi_core.cli import main
+    from mi_core.models import load_model
+
+    model_path = str(tiny_checkpoints["gpt2-lm"])
+    common = ["--model", model_path, "--n-examples", "12", "--no-progress"]
+    assert main(["circuit", "attribute", *common, "--method", "eap", "--neurons",
+                 "--out", str(tmp_path / "eap")]) == 0  # fmt: skip
+    neurons_file = tmp_path / "eap" / "neuron_scores.safetensors"
+    neurons = load_scores(neurons_file)
+    assert isinstance(neurons, NodeScores) and neurons.level == "neuron"
+    submit = ["circuit", "submit", "--scores", str(neurons_file), "--task", "ioi",
+              "--model-name", "gpt2", "--level", "neuron"]  # fmt: skip
+    # JSON: refused (MIB's from_json gives every head of a layer the last head's neurons)
+    capsys.readouterr()
+    assert main([*submit, "--out", str(tmp_path / "json")]) == 2
+    assert "--file-format pt" in capsys.readouterr().err and not (tmp_path / "json").exists()
+    submit += ["--file-format", "pt"]
+    assert main([*submit, "--out", str(tmp_path / "sub")]) == 0
+    folder = tmp_path / "sub" / "mi-core_patching_neuron" / "ioi_gpt2"
+    load = mib.Graph.from_pt
+    theirs = load(str(folder / "importances.pt"))
+    torch.testing.assert_close(theirs.neurons_scores.double(), neurons.ranked(), atol=1e-6,
+                               rtol=1e-6)  # fmt: skip
+    model = load_model(model_path)
+    judge = load_circuit_pairs(model, "ioi", 12).split(0.5)[1]
+    # batches of equal size: MIB averages its batches' means, mi_core the examples
+    _, cpr, cmd, _, _ = mib_reference_score(mib, model, None, judge, True, 3, graph=theirs)
+    ours = mib_score(model, neurons, judge, level="neuron", absolute=True, batch_size=3)
+    assert ours.cpr == pytest.approx(cpr, abs=1e-4) and ours.cmd == pytest.approx(cmd, abs=1e-4)
+    # the nine circuits: each size's kept dimensions, and the edges of their nodes
+    assert main([*submit, "--form", "circuits", "--out", str(tmp_path / "nine")]) == 0
+    nine = tmp_path / "nine" / "mi-core_patching_neuron" / "ioi_gpt2"
+    sizes = [p for p in MIB_PERCENTAGES if p < 1]
+    for pct, kept in zip(sizes, mib_circuits(neurons, True, sizes, "neuron"), strict=True):
+        circuit = load(str(nine / f"{pct:g}.pt"))
+        assert torch.equal(circuit.neurons_in_graph.bool(), kept)
+    # circuit evaluate at the neuron level: the held-out pairs, as in process
+    capsys.readouterr()
+    assert main(["circuit", "evaluate", *common, "--scores", str(neurons_file),
+                 "--level", "neuron", "--ranking", "absolute",
+                 "--out", str(tmp_path / "ev")]) == 0  # fmt: skip
+    summary = json.loads((tmp_path / "ev" / "mib_score.json").read_text())
+    assert summary["cmd"] == pytest.approx(ours.cmd, abs=1e-9)
+    # edge scores at the neuron level: one line, exit 2
+    edges = str(tmp_path / "eap" / "scores.safetensors")
+    assert main(["circuit", "evaluate", *common, "--scores", edges, "--level", "neuron",
+                 "--out", str(tmp_path / "bad")]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--neurons writes" in err[0]
+    # a re-run without --neurons removes the file: it is not that run's
+    assert main(["circuit", "attribute", *common, "--method", "eap",
+                 "--out", str(tmp_path / "eap")]) == 0  # fmt: skip
+    assert not neurons_file.exists()

@@ -220,7 +220,7 @@ def test_decoder_eap_ig_and_every_fill_equal_the_split_input_path(steps, fill, k
     paths sum in other orders, and in float32 each is within about 1e-6 of the largest score
     from the exact one (measured: 1.7e-7 and 1.8e-7 of 0.20), so their float32 difference is
     rounding."""
-    from mi_core.circuits.attribution import _reference, _sweep_attribution
+    from mi_core.circuits.attribution import _sweep_attribution, fill_outputs
     from mi_core.interventions import sender_means
 
     model = tiny_model(kind)
@@ -236,7 +236,7 @@ def test_decoder_eap_ig_and_every_fill_equal_the_split_input_path(steps, fill, k
     graph = Graph.from_model(model)
     means = sender_means(model, graph, [pairs.clean]) if fill == "mean" else None
     got = edge_attribution(model, graph, pairs, steps=steps, fill=fill, means=means)
-    reference = _reference(model, graph, pairs, fill, means)
+    reference = fill_outputs(model, graph, pairs, fill, means)
     expected = _sweep_attribution(
         model, graph, pairs, logit_difference, ig_alphas(steps), reference
     )
@@ -261,13 +261,13 @@ def test_eap_ignores_use_attn_in(gpt2):
 def test_encoder_eap_from_projection_gradients_equals_split_inputs(kind, tiny_checkpoints):
     """Post-LN encoders keep query / key / value gradients at the projections (a d_head-wide
     copy per head instead of a d_model-wide one); the scores equal the split inputs' path."""
-    from mi_core.circuits.attribution import _reference, _sweep_attribution
+    from mi_core.circuits.attribution import _sweep_attribution, fill_outputs
 
     model = load_model(tiny_checkpoints[kind], task="mnli")
     graph = Graph.from_model(model)
     pairs = _classifier_pairs()
     got = edge_attribution(model, graph, pairs, steps=2)
-    reference = _reference(model, graph, pairs, "corrupted", None)
+    reference = fill_outputs(model, graph, pairs, "corrupted", None)
     expected = _sweep_attribution(model, graph, pairs, logit_difference, ig_alphas(2), reference)
     model.zero_grad(set_to_none=True)
     assert expected.abs().max() > 1e-4

@@ -14,7 +14,12 @@ from helpers import random_prompt_pairs, tiny_model
 from mi_core.circuits import attribute
 from mi_core.circuits.metrics import logit_difference
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuits, mib_score
-from mi_core.circuits.nodes import NodeScores, load_scores, mib_node_circuits
+from mi_core.circuits.nodes import (
+    NodeScores,
+    load_scores,
+    mib_node_circuits,
+    neuron_attribution,
+)
 from mi_core.errors import InterventionError
 from mi_core.interventions.edges import Graph
 from mi_core.interventions.mask import ComponentMask
@@ -22,9 +27,10 @@ from mi_core.io import write_json, write_safetensors
 
 
 def _node_attribution(model, pairs, graph, steps):
-    """Each node's (corrupted - clean output) . d metric / d output, summed over positions and
-    averaged over the pairs, the gradient averaged over EAP-IG's interpolations of the input
-    (``alpha = k / steps``, from the corrupted input): by TransformerLens's own backward."""
+    """Each node's (corrupted - clean output) * d metric / d output per dimension, summed over
+    positions and averaged over the pairs, the gradient averaged over EAP-IG's interpolations
+    of the input (``alpha = k / steps``, from the corrupted input): by TransformerLens's own
+    backward."""
     model.set_use_attn_result(True)
     names = ["blocks.0.hook_resid_pre"] + [
         name for layer in range(graph.n_layers)
@@ -54,28 +60,34 @@ def _node_attribution(model, pairs, graph, steps):
                               strict=True):  # fmt: skip
             grads[name] += grad / len(alphas)
     model.set_use_attn_result(False)
-    out = [float(((corrupted[embed] - clean[embed]) * grads[embed]).sum())]
+    out = [((corrupted[embed] - clean[embed]) * grads[embed]).sum(dim=(0, 1))[None]]
     for layer in range(graph.n_layers):
         name = f"blocks.{layer}.attn.hook_result"
-        per_head = ((corrupted[name] - clean[name]) * grads[name]).sum(dim=(0, 1, 3))
-        out += per_head.tolist()
+        out.append(((corrupted[name] - clean[name]) * grads[name]).sum(dim=(0, 1)))
         name = f"blocks.{layer}.hook_mlp_out"
-        out.append(float(((corrupted[name] - clean[name]) * grads[name]).sum()))
-    return torch.tensor(out, dtype=torch.float64)
+        out.append(((corrupted[name] - clean[name]) * grads[name]).sum(dim=(0, 1))[None])
+    return torch.cat(out).double()  # [sender, d_model]
 
 
 @pytest.mark.parametrize("method", ["eap", "eap-ig"])
-def test_node_scores_from_edges_are_the_attribution_at_each_node_output(method):
+def test_node_and_neuron_scores_are_the_attribution_at_each_node_output(method):
     model = tiny_model("gpt2", seed=3)
     pairs = random_prompt_pairs(6, 7, high=90)
     graph = Graph.from_model(model)
     steps = 3 if method == "eap-ig" else 1
-    edges = attribute(model, pairs, method=method, steps=steps, progress=False)
-    nodes = NodeScores.from_edges(edges)
     expected = _node_attribution(model, pairs, graph, steps)
-    torch.testing.assert_close(nodes.scores, expected, atol=1e-4, rtol=1e-3)
-    # MIB's sign: against the metric
-    torch.testing.assert_close(nodes.ranked(), -expected, atol=1e-4, rtol=1e-3)
+    # the edges' scores summed per node (mi_core's edge engine)
+    nodes = NodeScores.from_edges(attribute(model, pairs, method=method, steps=steps,
+                                            progress=False))  # fmt: skip
+    assert nodes.level == "node"
+    torch.testing.assert_close(nodes.scores, expected.sum(-1), atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(nodes.ranked(), -expected.sum(-1), atol=1e-4, rtol=1e-3)  # MIB's
+    # each output dimension's (batched in twos: the sums run over batches)
+    neurons = neuron_attribution(model, pairs, method, steps=steps, batch_size=4, progress=False)
+    assert neurons.level == "neuron" and neurons.n_examples == 6
+    torch.testing.assert_close(neurons.scores, expected, atol=1e-5, rtol=1e-4)
+    with pytest.raises(InterventionError, match="neuron attribution is"):
+        neuron_attribution(model, pairs, "exact", progress=False)
 
 
 def test_node_circuits_by_hand():
@@ -100,7 +112,7 @@ def test_node_circuits_by_hand():
     signed = mib_node_circuits(NodeScores(graph, scores, "heuristic-core"), False, [0.34])[0]
     top2[[2]], top2[[graph.mlp_sender(1)]] = False, True  # 5 and 4
     assert torch.equal(signed, graph.node_edges(top2))
-    with pytest.raises(InterventionError, match="node scores for"):
+    with pytest.raises(InterventionError, match="node scores for .* expected"):
         NodeScores(graph, scores[:3], "eap")
 
 
@@ -180,3 +192,55 @@ def test_cli_evaluates_a_sweeps_subnetworks_at_the_node_level(tmp_path, capsys, 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "scored per node" in err[0]
+
+
+def test_output_masks_patch_each_output_dimension(tmp_path):
+    from mi_core.interventions import apply, load_intervention
+    from mi_core.interventions.edges import OutputMask, node_outputs
+
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(4, 6, high=90)
+    graph = Graph.from_model(model)
+    with torch.no_grad():
+        clean, corrupted = model(**pairs.clean), model(**pairs.corrupted)
+        ones = torch.ones(graph.n_senders, graph.d_model)
+        with apply(model, OutputMask(graph, ones).patching(model, **pairs.corrupted)):
+            kept = model(**pairs.clean)
+        with apply(model, OutputMask(graph, 0 * ones).patching(model, **pairs.corrupted)):
+            none = model(**pairs.clean)
+        torch.testing.assert_close(kept, clean)
+        torch.testing.assert_close(none, corrupted, atol=1e-4, rtol=1e-4)  # every output patched
+        # one dimension of one head: the head's output there is the corrupted run's, and the
+        # rest of every output is what the patched run computes
+        weights = ones.clone()
+        head = graph.head_sender(1, 2)
+        weights[head, 3] = 0.0
+        outputs_corrupted = node_outputs(model, graph, **pairs.corrupted)
+        seen = {}
+        with apply(model, OutputMask(graph, weights).with_corrupted(outputs_corrupted)):
+            model.run_with_hooks(**pairs.clean, fwd_hooks=[
+                ("blocks.1.attn.hook_z", lambda z, hook: seen.setdefault("z", z.clone())),
+                ("blocks.1.hook_attn_out", lambda x, hook: seen.setdefault("out", x.clone())),
+            ])  # fmt: skip
+        w_o, b_o = model.blocks[1].attn.W_O, model.blocks[1].attn.b_O
+        results = torch.einsum("bphe,hem->hbpm", seen["z"], w_o)
+        results[2, :, :, 3] = outputs_corrupted[head, :, :, 3]
+        torch.testing.assert_close(seen["out"], results.sum(0) + b_o, atol=1e-5, rtol=1e-5)
+        # the mean fill: the same arithmetic with the means
+        means = torch.randn(graph.n_senders, graph.d_model)
+        with apply(model, OutputMask(graph, 0 * ones, "mean", means=means)):
+            filled = model.run_with_hooks(**pairs.clean, fwd_hooks=[
+                ("blocks.0.hook_resid_pre", lambda x, hook: seen.setdefault("input", x.clone()))
+            ])  # fmt: skip
+        torch.testing.assert_close(seen["input"], means[0].expand_as(seen["input"]))
+        assert not torch.allclose(filled, clean)
+    mask = OutputMask(graph, weights, "mean", means=means)
+    back = load_intervention(mask.save(tmp_path / "mask.safetensors"))
+    assert isinstance(back, OutputMask) and torch.equal(back.weights, weights)
+    assert torch.equal(back.means, means) and back.graph == graph
+    with pytest.raises(InterventionError, match="corrupted run"):
+        OutputMask(graph, weights).hooks(model)
+    with pytest.raises(InterventionError, match="weights of shape"):
+        OutputMask(graph, weights[:3])
+    with pytest.raises(InterventionError, match="means of shape"):
+        OutputMask(graph, weights, "mean")

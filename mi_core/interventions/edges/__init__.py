@@ -8,6 +8,8 @@ Public modules, each small and plain:
   (:func:`node_outputs`) and over a data set (:func:`sender_means`);
 - :mod:`~mi_core.interventions.edges.mask`: :class:`EdgeMask`, data (weights, fill, means, a
   corrupted run) that saves, loads and applies like every intervention;
+- :mod:`~mi_core.interventions.edges.output_mask`: :class:`OutputMask`, each sender's output
+  kept or replaced dimension by dimension (MIB's neuron level);
 - :mod:`~mi_core.interventions.edges.reference`: the masked forward written plainly.
 
 The fused masked forward that :meth:`EdgeMask.hooks` runs lives in the private ``_engine``
@@ -27,6 +29,7 @@ from mi_core.interventions.edges.graph import (
     top_k_order,
 )
 from mi_core.interventions.edges.mask import EDGE_MASK_KIND, EdgeMask, graph_error
+from mi_core.interventions.edges.output_mask import OUTPUT_MASK_KIND, OutputMask
 from mi_core.interventions.edges.recording import head_results, node_outputs, sender_means
 from mi_core.interventions.edges.reference import reference_hooks
 
@@ -36,6 +39,8 @@ __all__ = [
     "SUPPORTED_GRAPHS",
     "EdgeMask",
     "Graph",
+    "OUTPUT_MASK_KIND",
+    "OutputMask",
     "NodeOutputs",
     "from_mib_name",
     "graph_error",
