@@ -31,7 +31,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,14 +65,15 @@ _SUMMABLE = ("eap", "eap-ig")
 @dataclass(frozen=True)
 class NodeScores:
     """A score per sender of ``graph`` (``[sender]``), or per sender and output dimension
-    (``[sender, d_model]``: MIB's neurons); NaN: not scored, kept in every circuit. An
-    attribution's are in mi_core's sign (the change of the metric), or, when
-    :attr:`mib_sign`, higher means more important."""
+    (``[sender, d_model]``: MIB's neurons); NaN: not scored, kept in every circuit."""
 
     graph: Graph
     scores: Float[torch.Tensor, " sender *d_model"]
     method: str
     n_examples: int = 0
+    mib_sign: bool = False
+    """Whether higher already means more important (the heuristic core's shares, a ranking of
+    one's own); else the scores are an attribution's, in mi_core's sign."""
 
     def __post_init__(self) -> None:
         shapes = ((self.graph.n_senders,), (self.graph.n_senders, self.graph.d_model))
@@ -128,18 +129,13 @@ class NodeScores:
         per_component = kept.mean(0) + tie_break / (len(sweep.masks) + 1)
         scores = torch.full((graph.n_senders,), math.nan, dtype=torch.float64)
         scores[1:] = per_component  # the senders after the input are each layer's heads, MLP
-        return cls(graph, scores, "heuristic-core", len(sweep.masks))
+        return cls(graph, scores, "heuristic-core", len(sweep.masks), mib_sign=True)
 
     def per_node(self) -> NodeScores:
         """These scores per node: a neuron level's summed over each output's dimensions."""
         if self.level == "node":
             return self
-        return NodeScores(self.graph, self.scores.sum(-1), self.method, self.n_examples)
-
-    @property
-    def mib_sign(self) -> bool:
-        """Whether higher already means more important (the heuristic core's shares)."""
-        return self.method == "heuristic-core"
+        return replace(self, scores=self.scores.sum(-1))
 
     def ranked(self) -> Float[torch.Tensor, " sender"]:
         """The scores in MIB's sign (NaN stays NaN)."""
@@ -149,7 +145,8 @@ class NodeScores:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the scores as safetensors, atomically; :func:`load_scores` reads them back."""
         metadata = {"kind": NODE_SCORES_KIND, "graph": json.dumps(self.graph.to_dict()),
-                    "method": self.method, "n_examples": str(self.n_examples)}  # fmt: skip
+                    "method": self.method, "n_examples": str(self.n_examples),
+                    "mib_sign": json.dumps(self.mib_sign)}  # fmt: skip
         return write_safetensors(path, {"scores": self.scores.double().cpu()}, metadata)
 
 
@@ -167,8 +164,8 @@ def load_scores(path: str | os.PathLike[str]) -> EdgeScores | NodeScores:
         tensors, metadata = read_safetensors(path)
         if metadata.get("kind") == NODE_SCORES_KIND:
             graph = Graph(**json.loads(metadata["graph"]))
-            return NodeScores(graph, tensors["scores"].double(), metadata["method"],
-                              int(metadata.get("n_examples", "0")))  # fmt: skip
+            count, sign = int(metadata["n_examples"]), json.loads(metadata["mib_sign"])
+            return NodeScores(graph, tensors["scores"].double(), metadata["method"], count, sign)
     return EdgeScores.load(path)  # a missing or foreign file: its one line
 
 

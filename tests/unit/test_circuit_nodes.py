@@ -104,12 +104,14 @@ def test_node_circuits_by_hand():
         graph.node_edges(kept[:3])
     # MIB's ranking: the top int(pct * n_scored) of the scored nodes, the unscored always in
     scores = torch.tensor([math.nan, 5.0, -9.0, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
-    circuits = mib_node_circuits(NodeScores(graph, scores, "heuristic-core"), True, [0.0, 0.34])
+    circuits = mib_node_circuits(
+        NodeScores(graph, scores, "mine", mib_sign=True), True, [0.0, 0.34]
+    )
     assert circuits[0].sum() == 1  # input->output alone
     top2 = torch.zeros(graph.n_senders, dtype=torch.bool)
     top2[[0, 1, 2]] = True  # |-9| and 5: L0.H1 and L0.H0
     assert torch.equal(circuits[1], graph.node_edges(top2))
-    signed = mib_node_circuits(NodeScores(graph, scores, "heuristic-core"), False, [0.34])[0]
+    signed = mib_node_circuits(NodeScores(graph, scores, "mine", mib_sign=True), False, [0.34])[0]
     top2[[2]], top2[[graph.mlp_sender(1)]] = False, True  # 5 and 4
     assert torch.equal(signed, graph.node_edges(top2))
     with pytest.raises(InterventionError, match="node scores for .* expected"):
@@ -147,6 +149,7 @@ def test_the_heuristic_cores_subnetworks_as_node_scores(tmp_path):
     nodes.save(tmp_path / "nodes.safetensors")
     back = load_scores(tmp_path / "nodes.safetensors")
     assert isinstance(back, NodeScores) and back.graph == graph and back.method == nodes.method
+    assert back.mib_sign and back.n_examples == 2
     torch.testing.assert_close(back.scores, nodes.scores, equal_nan=True)
     with pytest.raises(InterventionError, match="subnetworks in"):
         NodeScores.from_subnetworks(Graph(3, 2, 8), tmp_path)
