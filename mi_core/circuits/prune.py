@@ -46,11 +46,13 @@ import torch
 from jaxtyping import Float
 
 from mi_core.buffers import reusing_buffers
+from mi_core.circuits.attribution import EdgeScores
 from mi_core.circuits.config import EdgePruneSettings
+from mi_core.circuits.evaluate import mib_scores
 from mi_core.circuits.metrics import answer_logits, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError, InterventionError, TrainingError
-from mi_core.interventions.edges import EdgeMask, Graph, graph_switches
+from mi_core.interventions.edges import EdgeMask, Graph, graph_switches, top_k_order
 from mi_core.interventions.edges._engine import masked_hooks, record_corrupted
 from mi_core.models.fingerprint import tensor_fingerprint, weights_fingerprint
 from mi_core.models.hook_context import hooked
@@ -186,6 +188,15 @@ class Edges(MaskKind):
     ) -> None:
         self.graph, self.settings = graph, settings
         self.means = means if settings.fill == "mean" else None
+        self.warm = None
+        if settings.warm_start is not None:  # a missing or foreign file: its one line
+            warm = EdgeScores.load(settings.warm_start)
+            if warm.graph != graph:
+                raise ConfigError(
+                    f"the warm start {settings.warm_start} scores the edges of {warm.graph}; "
+                    f"the model has {graph}"
+                )
+            self.warm = warm
         self.nodes = settings.node_sparsity is not None
         self._senders = graph.edges[:, 0]
 
@@ -194,13 +205,19 @@ class Edges(MaskKind):
 
     def gates(self, cfg: Any, model: HookedModel) -> HardConcrete:
         """log_alpha from N(init_mean, init_std): the edges' drawn first, then the nodes', so
-        the edge gates start the same with node masks or without."""
+        the edge gates start the same with node masks or without; with a warm start the edges'
+        mean is :func:`warm_start_log_alpha` of its scores instead."""
         generator = torch.Generator().manual_seed(derive_seed("circuit", "init", cfg.seed))
         gates = HardConcrete(self.n_gates(model), init_mean=cfg.init_mean)
         sizes = [self.graph.n_edges] + ([self.graph.n_senders] if self.nodes else [])
         noise = torch.cat([torch.randn(n, generator=generator) for n in sizes])
+        mean = torch.full_like(noise, cfg.init_mean)
+        if self.warm is not None:
+            mean[: self.graph.n_edges] = warm_start_log_alpha(
+                self.warm, cfg.sparsity, cfg.init_mean
+            )
         with torch.no_grad():
-            gates.log_alpha.copy_(noise * cfg.init_std + cfg.init_mean)
+            gates.log_alpha.copy_(noise * cfg.init_std + mean)
         return gates
 
     def controller(self) -> EdgeController:
@@ -285,6 +302,22 @@ class Edges(MaskKind):
         if self.nodes:
             row |= {"node_sparsity": read[-1], "node_target": node_target}
         return row
+
+
+def warm_start_log_alpha(
+    scores: EdgeScores, sparsity: float, scale: float
+) -> Float[torch.Tensor, " edge"]:
+    """Initial log_alpha from an attribution's ``scores``: ranked by ``|score|`` (MIB's
+    absolute ranking), the top ``(1 - sparsity)`` share from ``+scale`` (the first) down to 0
+    and the rest from 0 down to ``-scale`` (the last), linearly in rank."""
+    order = top_k_order(mib_scores(scores.scores, scores.method), absolute=True)
+    n = scores.graph.n_edges
+    n_open = max(1, round((1.0 - sparsity) * n))
+    rank = torch.empty(n, dtype=torch.float64)
+    rank[order] = torch.arange(n, dtype=torch.float64)
+    opened = scale * (1.0 - rank / n_open)
+    closed = -scale * (rank - n_open + 1) / max(1, n - n_open)
+    return torch.where(rank < n_open, opened, closed).float()
 
 
 def prune_edges(

@@ -487,3 +487,43 @@ def test_the_warm_ups_scale_with_steps_unless_given():
     assert EdgePruneSettings.from_dict(short.to_dict()) == short
     with pytest.raises(ConfigError, match=r"--sparsity-warmup-steps\) must lie in \[0, steps=4\]"):
         EdgePruneSettings(steps=4, sparsity_warmup_steps=10)
+
+
+def test_a_warm_start_opens_the_top_scored_edges_first(tmp_path):
+    from mi_core.circuits import EdgeScores
+    from mi_core.circuits.prune import Edges, warm_start_log_alpha
+
+    model = tiny_model("gpt2")
+    graph = Graph.from_model(model)
+    n = graph.n_edges
+    generator = torch.Generator().manual_seed(4)
+    values = torch.randn(n, generator=generator)
+    scores = EdgeScores(graph, values, "eap-ig", 8)
+    start = warm_start_log_alpha(scores, 0.8, 10.0)
+    order = torch.argsort(values.abs(), descending=True)  # MIB's absolute ranking
+    n_open = round(0.2 * n)
+    assert float(start[order[0]]) == pytest.approx(10.0)
+    assert float(start[order[-1]]) == pytest.approx(-10.0)
+    assert bool((start[order[:n_open]] > 0).all()) and bool((start[order[n_open:]] < 0).all())
+    assert bool((start[order].diff() < 0).all())  # strictly down the ranking
+    # a run starts from it (plus the init noise) and learns from there
+    scores.save(tmp_path / "scores.safetensors")
+    settings = EdgePruneSettings(sparsity=0.8, steps=20, sparsity_warmup_steps=0, batch_size=8,
+                                 warm_start=str(tmp_path / "scores.safetensors"))  # fmt: skip
+    gates = Edges(graph, settings).gates(settings, model)
+    torch.testing.assert_close(gates.log_alpha.detach(), start, atol=0.05, rtol=0)
+    warm = prune_edges(model, _pairs(), settings, progress=False)
+    cold = prune_edges(model, _pairs(), EdgePruneSettings(**{**settings.to_dict(),
+                                                             "warm_start": None}),
+                       progress=False)  # fmt: skip
+    kept = warm.circuit.weights > 0.5
+    top = torch.zeros(n, dtype=torch.bool)
+    top[order[:n_open]] = True
+    # 20 steps from the warm start keep most of its top edges; from a cold start, chance
+    overlap = lambda k: float((k & top).sum()) / n_open  # noqa: E731
+    assert overlap(kept) > 0.8 and overlap(cold.circuit.weights > 0.5) < 0.5
+    # a warm start of another graph: one line
+    other = Graph(graph.n_layers + 1, graph.n_heads, graph.d_model)
+    EdgeScores(other, torch.zeros(other.n_edges), "eap", 1).save(tmp_path / "other.safetensors")
+    with pytest.raises(ConfigError, match="scores the edges of"):
+        Edges(graph, EdgePruneSettings(warm_start=str(tmp_path / "other.safetensors")))
