@@ -12,7 +12,11 @@ ranking, as MIB reports a method. Methods:
   scores (:func:`mi_core.circuits.mib.select_mib_circuits`: the absolute and the signed top-n,
   and unions of the top ``a`` share by ``|score|`` with the top ``1 - a`` share by signed
   score); for CPR the candidate of highest finding faithfulness, for CMD the one closest to 1.
-  The held-out pairs never choose anything.
+  The held-out pairs never choose anything;
+* ``warm-pruned`` (with ``--prune-steps N``): edge pruning on the finding pairs warm-started
+  from EAP-IG's scores (``warm_start``, the MIB shared task's winning idea) at each sparsity of
+  ``--prune-sparsities`` (no sparsity warm-up: the gates start at the target); each run's gates
+  give the circuit of the MIB size nearest its target, EAP-IG's chosen circuits the others.
 
 Prints one row per method (CPR, CMD, the faithfulness at 1 / 5 / 10 %, the KL at 5 %, wall
 time) and writes them with every size's numbers to ``OUT/mib_methods.json``::
@@ -32,6 +36,8 @@ import torch
 from mi_core.circuits import EdgeScores, Graph, edge_attribution, logit_difference
 from mi_core.circuits.job import load_circuit_pairs
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_score, select_mib_circuits
+from mi_core.circuits.prune import EdgePruneSettings, prune_edges
+from mi_core.interventions.edges import EdgeMask
 from mi_core.io import write_json
 from mi_core.models import load_model
 
@@ -41,6 +47,7 @@ def main() -> None:
     for flag, kind, default in (("--model", str, "smollm2"), ("--data", str, "ioi"),
                                 ("--n-examples", int, 64),
                                 ("--ig-steps", int, 5), ("--batch-size", int, 16),
+                                ("--prune-steps", int, 0), ("--prune-sparsities", str, "0.95"),
                                 ("--out", Path, None)):  # fmt: skip
         parser.add_argument(flag, type=kind, default=default, required=default is None)
     args = parser.parse_args()
@@ -64,13 +71,17 @@ def main() -> None:
         cmd = mib_score(model, scores, held, absolute=True, batch_size=args.batch_size)
         rows.append((name, cpr, cmd, timings[name], time.perf_counter() - start))
     start = time.perf_counter()
-    chosen = {}
+    chosen, selected = {}, {}
     for target in ("cpr", "cmd"):  # chosen on the finding pairs, judged on the held-out ones
         circuits = select_mib_circuits(model, scored["eap-ig"], find, target,
                                        batch_size=args.batch_size)  # fmt: skip
         chosen[target] = mib_score(model, circuits, held, batch_size=args.batch_size)
+        selected[target] = circuits
     took = time.perf_counter() - start
     rows.append(("chosen", chosen["cpr"], chosen["cmd"], timings["eap-ig"] + took, 0.0))
+    if args.prune_steps:
+        rows.append(_warm_pruned(model, graph, find, held, scored["eap-ig"], args, selected))
+        rows[-1] = (*rows[-1][:3], timings["eap-ig"] + took + rows[-1][3], 0.0)
     print(f"{args.model}: {len(find)} finding / {len(held)} held-out {args.data} pairs; full "
           f"{rows[0][1].full:.3f}, empty {rows[0][1].empty:.3f}")  # fmt: skip
     print("method | CPR | CMD | f at 1 / 5 / 10 % (CPR; CMD) | KL at 5 % (CPR; CMD) | time s")
@@ -84,6 +95,31 @@ def main() -> None:
               f"{find_s:.0f} (+{judge_s:.0f} judging)")  # fmt: skip
         record[name] = {"cpr": cpr.to_dict(), "cmd": cmd.to_dict(), "find_s": find_s}
     write_json(args.out / "mib_methods.json", record)
+
+
+def _warm_pruned(model, graph, find, held, eap_ig, args, selected):
+    """Edge pruning warm-started from EAP-IG at each of ``--prune-sparsities``; each run's
+    circuit replaces the chosen circuit of the MIB size nearest its target (both metrics)."""
+    start = time.perf_counter()
+    path = args.out / "eap-ig.safetensors"
+    eap_ig.save(path)
+    circuits = {target: list(selected[target]) for target in ("cpr", "cmd")}
+    for sparsity in (float(s) for s in args.prune_sparsities.split(",")):
+        settings = EdgePruneSettings(sparsity=sparsity, steps=args.prune_steps,
+                                     sparsity_warmup_steps=0, batch_size=args.batch_size,
+                                     warm_start=str(path))  # fmt: skip
+        result = prune_edges(model, find, settings, progress=False)
+        size = min(range(len(MIB_PERCENTAGES) - 1),
+                   key=lambda i: abs(MIB_PERCENTAGES[i] - (1 - sparsity)))  # fmt: skip
+        kept = graph.connected(result.circuit.weights > 0.5)
+        for target in circuits:
+            circuits[target][size] = EdgeMask(graph, kept.float())
+        print(f"warm-pruned at {1 - sparsity:g}: {int(kept.sum())} edges for MIB size "
+              f"{MIB_PERCENTAGES[size]:g}")  # fmt: skip
+    took = time.perf_counter() - start
+    cpr = mib_score(model, circuits["cpr"], held, batch_size=args.batch_size)
+    cmd = mib_score(model, circuits["cmd"], held, batch_size=args.batch_size)
+    return "warm-pruned", cpr, cmd, took
 
 
 if __name__ == "__main__":

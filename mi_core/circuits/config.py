@@ -237,7 +237,25 @@ def lm_circuit_data(data: str) -> bool:
 
 
 @dataclass(kw_only=True)
-class AttributeConfig(CircuitData):
+class Bootstrap(Config):
+    """A circuit job's resampling of its finding pairs (:mod:`mi_core.circuits.stability`)."""
+
+    bootstrap: int = 0
+    """Resample the finding pairs this many times (with replacement), find the circuits again
+    on each resample (attribution: score it; prune: one more run each) and report how far the
+    circuits at MIB's sizes agree (mean pairwise Jaccard, the edges in every resample;
+    bootstrap.json, bootstrap.html); 0: off."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.bootstrap == 1 or self.bootstrap < 0:
+            raise ConfigError(
+                f"bootstrap compares at least 2 resamples (0: off), not {self.bootstrap}"
+            )
+
+
+@dataclass(kw_only=True)
+class AttributeConfig(Bootstrap, CircuitData):
     """``mi-core circuit attribute``: score every edge, judge the top-k circuits."""
 
     method: str = option("eap-ig", choices=ATTRIBUTION_METHODS)
@@ -260,10 +278,6 @@ class AttributeConfig(CircuitData):
     """Count only edges on an input-to-output path of kept edges against the budget (in a
     decoder with the corrupted fill the others change nothing); a circuit may hold fewer
     edges than asked (its n_edges says how many); off: exactly the first k of the ranking."""
-    bootstrap: int = 0
-    """Resample the finding pairs this many times (with replacement), score each resample and
-    report how far its circuits at MIB's sizes agree (mean pairwise Jaccard, the edges in every
-    resample; bootstrap.json, bootstrap.html); 0: off."""
     neurons: bool = False
     """Also score every dimension of every node's output with the same method (MIB's neuron
     level: neuron_scores.safetensors, which circuit evaluate and submit read with --level
@@ -275,10 +289,6 @@ class AttributeConfig(CircuitData):
             raise ConfigError(f"steps must be at least 1, not {self.steps}")
         if self.neurons and self.method not in ("eap", "eap-ig"):
             raise ConfigError(f"--neurons scores with eap or eap-ig, not {self.method}")
-        if self.bootstrap == 1 or self.bootstrap < 0:
-            raise ConfigError(
-                f"bootstrap compares at least 2 resamples (0: off), not {self.bootstrap}"
-            )
         if not 0.0 < self.circuit_fraction <= 1.0:
             raise ConfigError(f"circuit_fraction must lie in (0, 1], not {self.circuit_fraction}")
         if not self.fractions or any(not 0.0 <= f <= 1.0 for f in self.fractions):
@@ -353,8 +363,9 @@ class CircuitSubmitConfig(Config):
 
 
 @dataclass(kw_only=True)
-class CircuitPruneConfig(EdgePruneSettings, CircuitData):
-    """``mi-core circuit prune``: learn an edge circuit by edge pruning (resumable)."""
+class CircuitPruneConfig(Bootstrap, EdgePruneSettings, CircuitData):
+    """``mi-core circuit prune``: learn an edge circuit by edge pruning (resumable; with
+    ``bootstrap``, one more run per resample, each resumable too)."""
 
 
 @dataclass(kw_only=True)

@@ -58,6 +58,7 @@ from mi_core.pruning.sweeps import run_ray_tasks
 from mi_core.viz.circuits import circuit_graph_html
 
 if TYPE_CHECKING:
+    from mi_core.circuits.stability import CircuitStability
     from mi_core.models.types import HookedModel
 
 __all__ = [
@@ -179,7 +180,8 @@ _BOOTSTRAP_FILES = ("bootstrap.json", "bootstrap.html")
 #: What ``--neurons`` adds (removed by a run without it, as the bootstrap's files are).
 NEURON_SCORES_FILE = "neuron_scores.safetensors"
 _ATTRIBUTE_FILES = (*_COMMON_FILES, "faithfulness.csv", *_BOOTSTRAP_FILES, NEURON_SCORES_FILE)
-_PRUNE_FILES = (*_COMMON_FILES, "history.csv", f"state/{STATE_FILE}", "state/log.csv")
+_PRUNE_FILES = (*_COMMON_FILES, "history.csv", f"state/{STATE_FILE}", "state/log.csv",
+                *_BOOTSTRAP_FILES)  # fmt: skip
 
 
 def _start_writing(out: Path) -> None:
@@ -217,6 +219,25 @@ def _write_common(out: Path, scores: EdgeScores, circuit: EdgeMask, summary: dic
     write_text(out / "circuit.html",
                circuit_graph_html(graph, scores.scores, circuit, title=title,
                                   gates=gates, curve=curve))  # fmt: skip
+
+
+def _bootstrap_summary(stability: CircuitStability) -> dict[str, Any]:
+    return {"percentages": list(stability.percentages), "jaccard": stability.jaccard,
+            "n_shared": [len(s) for s in stability.shared]}  # fmt: skip
+
+
+def _write_bootstrap(out: Path, stability: CircuitStability | None, title: str) -> None:
+    """``bootstrap.json`` and ``bootstrap.html`` (after :func:`_start_writing`); without a
+    bootstrap, an earlier run's removed (they are not this run's)."""
+    if stability is None:
+        for name in _BOOTSTRAP_FILES:
+            (out / name).unlink(missing_ok=True)
+        return
+    from mi_core.viz.figures import circuit_stability_figure, write_figure_html
+
+    write_json(out / "bootstrap.json", stability.to_dict())
+    figure = circuit_stability_figure(stability.to_dict(), title=title)
+    write_figure_html(figure, out / "bootstrap.html")
 
 
 def _finished_attribution(out: Path, config: AttributeConfig) -> dict[str, Any] | None:
@@ -281,9 +302,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
             batch_size=config.batch_size, fill=config.fill, means=means,
             ig_rule=config.ig_rule, progress=progress,
         )  # fmt: skip
-        summary["bootstrap"] = {"percentages": list(stability.percentages),
-                                "jaccard": stability.jaccard,
-                                "n_shared": [len(s) for s in stability.shared]}  # fmt: skip
+        summary["bootstrap"] = _bootstrap_summary(stability)
     neurons = None
     if config.neurons:
         from mi_core.circuits.nodes import neuron_attribution
@@ -299,15 +318,7 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
         neurons.save(out / NEURON_SCORES_FILE)
     write_csv(out / "faithfulness.csv", pd.DataFrame([r.as_dict() for r in rows]))
     title = f"{config.method} circuit of {short_model_name(config.model)} on {config.data}"
-    if stability is None:
-        for name in _BOOTSTRAP_FILES:
-            (out / name).unlink(missing_ok=True)
-    else:
-        from mi_core.viz.figures import circuit_stability_figure, write_figure_html
-
-        write_json(out / "bootstrap.json", stability.to_dict())
-        figure = circuit_stability_figure(stability.to_dict(), title=title)
-        write_figure_html(figure, out / "bootstrap.html")
+    _write_bootstrap(out, stability, title)
     _write_common(out, scores, circuit, summary, title, curve=rows)
     return summary
 
@@ -512,6 +523,13 @@ def _prune_one(
     result = prune_edges(model, find, settings, out / "state", means=means, progress=progress)
     judged = evaluate_circuit(model, result.circuit, judge, get_metric(config.metric),
                               config.batch_size)  # fmt: skip
+    stability = None
+    if config.bootstrap:  # one more run per resample, each resumable beside the main one's
+        from mi_core.circuits.stability import pruning_stability
+
+        stability = pruning_stability(model, find, config.bootstrap, settings,
+                                      seed=config.data_seed, out=out / "state" / "bootstrap",
+                                      means=means, progress=progress)  # fmt: skip
     _start_writing(out)
     summary = {
         "info": {"model": config.model, "data": config.data, "method": "edge-pruning"},
@@ -524,8 +542,11 @@ def _prune_one(
     }
     if result.nodes is not None:  # node masks: the nodes the circuit may use
         summary["nodes"] = result.nodes
+    if stability is not None:
+        summary["bootstrap"] = _bootstrap_summary(stability)
     write_csv(out / "history.csv", pd.DataFrame(result.history))
     title = f"edge-pruning circuit of {short_model_name(config.model)} on {config.data}"
+    _write_bootstrap(out, stability, title)
     gates = EdgeScores(result.circuit.graph, result.log_alpha.detach().float().cpu(),
                        "edge-pruning", len(find))  # fmt: skip
     _write_common(out, gates, result.circuit, summary, title)

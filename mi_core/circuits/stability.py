@@ -6,32 +6,41 @@ draws ``n`` bootstrap resamples of the finding pairs (with replacement, seeded),
 edges on each with the same method, reads each resample's circuit at every MIB size (MIB's
 top-n then prune, :func:`~mi_core.circuits.mib.mib_circuits`), and reports per size the mean
 Jaccard index over every pair of resamples and the edges that are in every resample's circuit
-(the heuristic core's question asked of edges). ``mi-core circuit attribute --bootstrap N``
-writes it as ``bootstrap.json`` and ``bootstrap.html``.
+(the heuristic core's question asked of edges). :func:`pruning_stability` asks it of edge
+pruning: one run per resample, each run's circuit at every size read off its gates (MIB's
+ranking of log_alpha; at the run's own target, its circuit). ``mi-core circuit attribute
+--bootstrap N`` and ``mi-core circuit prune --bootstrap N`` write it as ``bootstrap.json`` and
+``bootstrap.html``.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
 from mi_core.circuits.attribution import EdgeScores, attribute
+from mi_core.circuits.config import EdgePruneSettings
 from mi_core.circuits.metrics import Metric, logit_difference
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuits
+from mi_core.circuits.prune import prune_edges
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
+from mi_core.interventions.edges import Graph
 from mi_core.seeding import derive_seed
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
-__all__ = ["CircuitStability", "circuit_stability", "jaccard", "resample_pairs"]
+__all__ = ["CircuitStability", "circuit_stability", "compare_circuits", "jaccard",
+           "pruning_stability", "resample_pairs"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,45 @@ def circuit_stability(
             means, progress=False, ig_rule=ig_rule,
         )  # fmt: skip
         circuits.append(mib_circuits(scores, absolute, percentages))
-    graph = scores.graph
+    return compare_circuits(scores.graph, circuits, percentages, method, absolute)
+
+
+def pruning_stability(
+    model: HookedModel,
+    pairs: PromptPairs,
+    n_resamples: int,
+    settings: EdgePruneSettings,
+    *,
+    seed: int = 0,
+    percentages: Sequence[float] = MIB_PERCENTAGES,
+    out: str | os.PathLike[str] | None = None,
+    means: torch.Tensor | None = None,
+    progress: bool = False,
+) -> CircuitStability:
+    """Edge-prune ``n_resamples`` bootstrap resamples of ``pairs`` with ``settings`` (each run
+    resumable in ``out/resample<k>``) and compare the runs' circuits at each of
+    ``percentages``, read off their gates (see the module docstring)."""
+    if n_resamples < 2:
+        raise ConfigError(f"a bootstrap compares at least 2 resamples, not {n_resamples}")
+    circuits = []
+    for k in tqdm(range(n_resamples), desc="bootstrap", disable=not progress, leave=False):
+        folder = None if out is None else Path(out) / f"resample{k}"
+        result = prune_edges(model, resample_pairs(pairs, seed, k), settings, folder, means,
+                             progress=False)  # fmt: skip
+        gates = EdgeScores(result.circuit.graph, result.log_alpha, "edge-pruning", len(pairs))
+        circuits.append(mib_circuits(gates, True, percentages))
+    return compare_circuits(Graph.from_model(model), circuits, percentages, "edge-pruning", True)
+
+
+def compare_circuits(
+    graph: Graph,
+    circuits: Sequence[Sequence[torch.Tensor]],
+    percentages: Sequence[float],
+    method: str,
+    absolute: bool,
+) -> CircuitStability:
+    """The resamples' circuits (per resample, per size: kept edges) compared at each size."""
+    n_resamples = len(circuits)
     names = graph.edge_names
     index_pairs = list(itertools.combinations(range(n_resamples), 2))
     mean_jaccard, sizes, shared = [], [], []

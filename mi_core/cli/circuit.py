@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from mi_core.circuits.config import (
     AttributeConfig,
@@ -155,12 +156,18 @@ def run_attribute(args: argparse.Namespace) -> None:
         print(f"{config.out}: finished before with these settings; nothing recomputed "
               "(delete its summary.json to recompute)")  # fmt: skip
     _report(summary, config.out)
-    if "bootstrap" in summary:
-        boot = summary["bootstrap"]
-        pairs = zip(boot["percentages"], boot["jaccard"], boot["n_shared"], strict=True)
-        shown = ", ".join(f"{100 * p:g} %: {j:.2f} ({n} in all)" for p, j, n in pairs if p < 1)
-        print(f"bootstrap Jaccard of the circuits (edges in every resample): {shown} -> "
-              f"{config.out}/bootstrap.html")  # fmt: skip
+    _report_bootstrap(summary, config.out)
+
+
+def _report_bootstrap(summary: dict[str, Any], out: str) -> None:
+    """The resamples' agreement at each size, when the job resampled its finding pairs."""
+    if "bootstrap" not in summary:
+        return
+    boot = summary["bootstrap"]
+    pairs = zip(boot["percentages"], boot["jaccard"], boot["n_shared"], strict=True)
+    shown = ", ".join(f"{100 * p:g} %: {j:.2f} ({n} in all)" for p, j, n in pairs if p < 1)
+    print(f"bootstrap Jaccard of the circuits (edges in every resample): {shown} -> "
+          f"{out}/bootstrap.html")  # fmt: skip
 
 
 def run_sweep(args: argparse.Namespace) -> None:
@@ -189,7 +196,10 @@ def run_prune(args: argparse.Namespace) -> None:
     from mi_core.circuits.job import run_circuit_prune_job
 
     config = config_from_args(args)
-    _report(run_circuit_prune_job(config, progress=not args.no_progress), config.out)
+    assert isinstance(config, CircuitPruneConfig)
+    summary = run_circuit_prune_job(config, progress=not args.no_progress)
+    _report(summary, config.out)
+    _report_bootstrap(summary, config.out)
 
 
 def run_evaluate(args: argparse.Namespace) -> None:

@@ -79,3 +79,40 @@ def test_attribute_bootstrap_writes_the_stability_and_off_writes_none(
     assert "bootstrap" not in json.loads((tmp_path / "plain" / "summary.json").read_text())
     assert main([*common, "--bootstrap", "1", "--out", str(tmp_path / "one")]) == 2
     assert "bootstrap compares at least 2 resamples" in capsys.readouterr().err
+
+
+def test_pruning_stability_compares_one_run_per_resample(tmp_path, capsys, tiny_checkpoints):
+    from mi_core.circuits import EdgeScores
+    from mi_core.circuits.prune import EdgePruneSettings, prune_edges
+    from mi_core.circuits.stability import pruning_stability
+    from mi_core.cli import main
+
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(8, 6, high=90)
+    settings = EdgePruneSettings(sparsity=0.8, steps=4, sparsity_warmup_steps=2, batch_size=4,
+                                 lr_warmup_steps=0)  # fmt: skip
+    sizes = (0.05, 0.2, 0.5)
+    got = pruning_stability(model, pairs, 2, settings, seed=1, percentages=sizes,
+                            out=tmp_path / "runs")  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["resample0", "resample1"]
+    circuits = []
+    for k in range(2):  # the same runs one by one: each resample's gates, MIB's ranking
+        result = prune_edges(model, resample_pairs(pairs, 1, k), settings, progress=False)
+        gates = EdgeScores(result.circuit.graph, result.log_alpha, "edge-pruning", 8)
+        circuits.append(mib_circuits(gates, True, sizes))
+    for s in range(len(sizes)):
+        expected = jaccard(circuits[0][s], circuits[1][s])
+        assert got.jaccard[s] == pytest.approx(expected, nan_ok=True)
+    assert got.method == "edge-pruning" and got.n_resamples == 2
+    # through the CLI: bootstrap.json beside the run, the resamples' runs in its state folder
+    out = tmp_path / "cli"
+    argv = ["circuit", "prune", "--model", str(tiny_checkpoints["gpt2-lm"]), "--n-examples",
+            "12", "--steps", "3", "--sparsity-warmup-steps", "1", "--batch-size", "4",
+            "--no-progress", "--bootstrap", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "bootstrap Jaccard of the circuits" in capsys.readouterr().out
+    stability = json.loads((out / "bootstrap.json").read_text())
+    assert stability["method"] == "edge-pruning" and stability["n_resamples"] == 2
+    assert (out / "bootstrap.html").is_file() and (
+        out / "state" / "bootstrap" / "resample1"
+    ).is_dir()
