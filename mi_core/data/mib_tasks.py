@@ -10,7 +10,8 @@ of :data:`MIB_TASKS` and ``split`` one of MIB's (``train``, ``validation``, the 
 2. the hub dataset MIB publishes (``mib-bench/<hub name>``; MCQA's ``4_answer_choices``);
 3. with ``generated``, for the tasks made from templates (:data:`GENERATED_TASKS`: IOI,
    arithmetic, the MCQA colour questions): rows in the hub's schema drawn offline from
-   mi_core's own templates (seeded; the prompts' wording is mi_core's, not MIB's).
+   mi_core's own templates (seeded; the prompts' wording is mi_core's, not MIB's: arithmetic
+   asks ``a+b=`` after :data:`ARITHMETIC_SHOTS` solved problems, the same in both prompts).
 
 Each row then goes through MIB's own code path, ported from its ``HFEAPDataset``
 (``MIB_circuit_track/dataset.py``): its filter (IOI: the indirect object, the subject and the
@@ -329,8 +330,18 @@ def _arithmetic_problem(rng: random.Random, operator: str) -> tuple[str, int]:
     return f"{a}{operator}{b}=", a + b if operator == "+" else a - b
 
 
+#: Solved problems before the one asked (the same ones in the counterfactual prompt): a small
+#: model answers single-digit sums far more often after a few (ARITHMETIC_SHOTS, measured in
+#: docs/circuits.md).
+ARITHMETIC_SHOTS = 3
+
+
 def _arithmetic_row(rng: random.Random, operator: str) -> dict[str, Any]:
+    shots = ""
+    for _ in range(ARITHMETIC_SHOTS):
+        problem, answer = _arithmetic_problem(rng, operator)
+        shots += f"{problem}{answer}\n"
     prompt, label = _arithmetic_problem(rng, operator)
     other, other_label = _arithmetic_problem(rng, operator)
-    return {"prompt": prompt, "label": label, "operator": operator,
-            "random_counterfactual": {"prompt": other, "label": other_label}}  # fmt: skip
+    return {"prompt": shots + prompt, "label": label, "operator": operator,
+            "random_counterfactual": {"prompt": shots + other, "label": other_label}}  # fmt: skip
