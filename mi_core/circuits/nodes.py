@@ -48,6 +48,8 @@ from mi_core.interventions.edges import Graph, node_outputs
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.hook_context import hooked
 from mi_core.models.hooks import act_name
+from mi_core.pruning.discretize import unflatten_components
+from mi_core.pruning.sweeps import load_sweep
 
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
@@ -71,6 +73,7 @@ class NodeScores:
     scores: Float[torch.Tensor, " sender *d_model"]
     method: str
     n_examples: int = 0
+    """The pairs the scores were found on (:meth:`from_subnetworks`: the subnetworks)."""
     mib_sign: bool = False
     """Whether higher already means more important (the heuristic core's shares, a ranking of
     one's own); else the scores are an attribution's, in mi_core's sign."""
@@ -108,9 +111,6 @@ class NodeScores:
         and MLP, ties broken by the mean ``sigmoid(log_alpha)`` of the runs' final gates
         (weighted below one subnetwork's share, so the count decides first). The input is
         unscored: those subnetworks never remove it."""
-        from mi_core.pruning.discretize import unflatten_components
-        from mi_core.pruning.sweeps import load_sweep
-
         sweep = load_sweep(sweep_dir)
         n_layers, n_heads = sweep.masks[0].n_layers, sweep.masks[0].n_heads
         if (n_layers, n_heads) != (graph.n_layers, graph.n_heads):
@@ -137,7 +137,7 @@ class NodeScores:
             return self
         return replace(self, scores=self.scores.sum(-1))
 
-    def ranked(self) -> Float[torch.Tensor, " sender"]:
+    def ranked(self) -> Float[torch.Tensor, " sender *d_model"]:
         """The scores in MIB's sign (NaN stays NaN)."""
         scores = self.scores.detach().double().cpu()
         return scores if self.mib_sign else mib_scores(scores, self.method)
