@@ -168,6 +168,10 @@ def mib_score(
         graph = scores_or_circuits.graph
         kept = mib_circuits(scores_or_circuits, absolute, level=level)
     else:
+        if level != "edge":
+            raise ConfigError(
+                f"circuits given are edge masks (level edge); the {level} level ranks scores"
+            )
         circuits = list(scores_or_circuits)
         if len(circuits) != len(MIB_PERCENTAGES):
             raise ConfigError(

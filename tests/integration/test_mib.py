@@ -77,6 +77,8 @@ def test_mib_areas_by_hand_and_circuits_given():
     assert score.cmd == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(ConfigError, match="one per size"):
         mib_score(model, full[:3], pairs)
+    with pytest.raises(ConfigError, match="circuits given are edge masks"):
+        mib_score(model, full, pairs, level="node")
     assert to_mib_name(graph.edge_names[0]).startswith("input->")
 
 
