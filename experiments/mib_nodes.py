@@ -40,24 +40,26 @@ from mi_core.models import load_model
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag, kind, default in (("--model", str, "smollm2"), ("--data", str, "ioi"),
-                                ("--n-examples", int, 64), ("--ig-steps", int, 5),
-                                ("--batch-size", int, 16), ("--sweep", Path, ""),
-                                ("--out", Path, None)):  # fmt: skip
-        parser.add_argument(flag, type=kind, default=default, required=default is None)
+    parser.add_argument("--model", default="smollm2", help="the model (default: smollm2)")
+    parser.add_argument("--data", default="ioi", help="circuit data (ioi, mib:<task>, ...)")
+    parser.add_argument("--n-examples", type=int, default=64, help="pairs: half find, half judge")
+    parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--sweep", type=Path, help="a heuristic-core sweep folder (optional)")
+    parser.add_argument("--out", type=Path, required=True, help="where mib_nodes.json goes")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = load_model(args.model)
-    find, held = load_circuit_pairs(model, args.data, args.n_examples).split(0.5)
     graph = Graph.from_model(model)
+    find, held = load_circuit_pairs(model, args.data, args.n_examples).split(0.5)
     methods: dict[str, tuple[NodeScores, float]] = {}
     for name, steps in (("eap", 1), ("eap-ig", args.ig_steps)):
         start = time.perf_counter()
         values = edge_attribution(model, graph, find, logit_difference, steps=steps)
         edges = EdgeScores(graph, values, name, len(find))
         methods[name] = (NodeScores.from_edges(edges), time.perf_counter() - start)
-    if str(args.sweep):
+    if args.sweep is not None:
         methods["heuristic-core"] = (NodeScores.from_subnetworks(graph, args.sweep), math.nan)
     generator = torch.Generator().manual_seed(0)
     random = torch.rand(graph.n_senders, generator=generator, dtype=torch.float64)

@@ -308,8 +308,9 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
         from mi_core.circuits.nodes import neuron_attribution
 
         neurons = neuron_attribution(
-            model, find, config.method, metric, config.steps, config.batch_size, config.fill,
-            means, config.ig_rule, progress=progress,
+            model, find, config.method, steps=config.steps, ig_rule=config.ig_rule,
+            metric=metric, fill=config.fill, means=means, batch_size=config.batch_size,
+            progress=progress,
         )  # fmt: skip
     _start_writing(out)
     if neurons is None:

@@ -211,17 +211,11 @@ def _top(scores: NodeScores, absolute: bool, percentages: Sequence[float]) -> li
 
 
 def neuron_attribution(
-    model: HookedModel,
-    pairs: PromptPairs,
-    method: str = "eap-ig",
-    metric: Metric = logit_difference,
-    steps: int = 5,
-    batch_size: int = 16,
-    fill: str = "corrupted",
-    means: Float[torch.Tensor, "sender d_model"] | None = None,
-    ig_rule: str = "left",
+    model: HookedModel, pairs: PromptPairs, method: str = "eap-ig", *, steps: int = 5,
+    ig_rule: str = "left", metric: Metric = logit_difference, fill: str = "corrupted",
+    means: Float[torch.Tensor, "sender d_model"] | None = None, batch_size: int = 16,
     progress: bool = True,
-) -> NodeScores:
+) -> NodeScores:  # fmt: skip
     """EAP or EAP-IG (``method``) scores of every output dimension of every node on ``pairs``
     (``[sender, d_model]``, averaged over the examples; module docstring): the fill's output
     minus the clean one, times the metric's gradient at the node's output, averaged over

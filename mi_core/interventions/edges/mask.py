@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
 from jaxtyping import Float
@@ -77,6 +77,69 @@ def _one_edge_mask(model: HookedModel) -> Iterator[None]:
         model.__dict__.pop(_EDGE_MASK_APPLIED, None)
 
 
+class GraphMask:
+    """What an edge mask and an output mask share (dataclasses with ``graph``, ``weights``,
+    ``fill``, ``means`` and ``corrupted`` fields): binding a corrupted run, and saving."""
+
+    graph: Graph
+    weights: torch.Tensor
+    fill: str
+    means: torch.Tensor | None
+    #: The ``kind`` in a saved mask's metadata, and what the mask is called in messages.
+    kind: ClassVar[str]
+    what: ClassVar[str]
+
+    def with_corrupted(self, outputs: NodeOutputs) -> Self:
+        """This mask with its fill bound to a corrupted run's sender outputs."""
+        if outputs.shape[0] != self.graph.n_senders or outputs.shape[-1] != self.graph.d_model:
+            raise InterventionError(
+                f"corrupted outputs of shape {tuple(outputs.shape)} do not fit {self.graph}"
+            )
+        return replace(self, corrupted=outputs)  # type: ignore[type-var]
+
+    def patching(self, model: HookedModel, *args: Any, **kwargs: Any) -> Self:
+        """This mask bound to the corrupted run ``model(*args, **kwargs)``."""
+        return self.with_corrupted(node_outputs(model, self.graph, *args, **kwargs))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write weights, fill and (for ``mean``) means as one safetensors file, atomically. A
+        corrupted run is data, not part of the mask, and is not saved."""
+        if Path(path).suffix.lower() != ".safetensors":
+            raise InterventionError(f"cannot save an {self.what} as {path}: use .safetensors")
+        tensors = {"weights": self.weights.detach().float()}
+        if self.means is not None:
+            tensors["means"] = self.means.detach().float()
+        metadata = {"kind": self.kind, "format_version": _FORMAT_VERSION, "fill": self.fill,
+                    "graph": json.dumps(self.graph.to_dict())}  # fmt: skip
+        return write_safetensors(path, tensors, metadata)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Self:
+        """Read a mask of this kind written by :meth:`save`."""
+        tensors, metadata = read_kind(path, cls.kind, cls.what, _FORMAT_VERSION)
+        graph = Graph(**json.loads(metadata["graph"]))
+        return cls(graph, tensors["weights"], metadata["fill"], tensors.get("means"))  # type: ignore[call-arg]
+
+
+def check_fill(
+    what: str, graph: Graph, fill: str, means: torch.Tensor | None, weights: torch.Tensor,
+    shape: tuple[int, ...],
+) -> None:  # fmt: skip
+    """Refuse an unknown fill, a ``mean`` fill without one mean output per sender, and
+    weights not of ``shape`` (what the mask weighs)."""
+    if fill not in FILLS:
+        raise InterventionError(f"unknown {what} fill {fill!r}; expected one of {FILLS}")
+    if tuple(weights.shape) != shape:
+        raise InterventionError(
+            f"an {what} of {graph} needs weights of shape {shape}, got {tuple(weights.shape)}"
+        )
+    expected = (graph.n_senders, graph.d_model)
+    if fill == "mean" and (means is None or tuple(means.shape) != expected):
+        raise InterventionError(
+            f"a mean-filled {what} needs means of shape {expected} (sender_means)"
+        )
+
+
 def _check_k(graph: Graph, k: int) -> None:
     if not 0 <= k <= graph.n_edges:
         raise InterventionError(f"k must be between 0 and {graph.n_edges}, not {k}")
@@ -84,7 +147,7 @@ def _check_k(graph: Graph, k: int) -> None:
 
 # ------------------------------------------------------------------------------ edge masks
 @dataclass(eq=False)
-class EdgeMask:
+class EdgeMask(GraphMask):
     """A weight per edge of ``graph`` (1 kept, 0 removed) and the fill of removed edges.
 
     ``fill``: ``corrupted`` (the sender's output in a corrupted run, bound per batch with
@@ -101,21 +164,12 @@ class EdgeMask:
     #: Its hooks act after every hook already on the model: it reads each sender's output and
     #: the residual stream as the model (and the interventions acting first) computed them.
     hook_position: ClassVar[str] = "last"
+    kind: ClassVar[str] = EDGE_MASK_KIND
+    what: ClassVar[str] = "edge mask"
 
     def __post_init__(self) -> None:
-        if self.fill not in FILLS:
-            raise InterventionError(f"unknown edge fill {self.fill!r}; expected one of {FILLS}")
-        if self.weights.shape != (self.graph.n_edges,):
-            raise InterventionError(
-                f"an edge mask of {self.graph} needs {self.graph.n_edges} weights, got "
-                f"{tuple(self.weights.shape)}"
-            )
-        if self.fill == "mean":
-            expected = (self.graph.n_senders, self.graph.d_model)
-            if self.means is None or tuple(self.means.shape) != expected:
-                raise InterventionError(
-                    f"a mean-filled edge mask needs means of shape {expected} (sender_means)"
-                )
+        shape = (self.graph.n_edges,)
+        check_fill("edge mask", self.graph, self.fill, self.means, self.weights, shape)
 
     # ------------------------------------------------------------------- constructors
     @classmethod
@@ -201,18 +255,6 @@ class EdgeMask:
         """Fraction of edges removed."""
         return 1.0 - self.n_kept / self.graph.n_edges
 
-    def with_corrupted(self, outputs: NodeOutputs) -> EdgeMask:
-        """This mask with its fill bound to a corrupted run's sender outputs."""
-        if outputs.shape[0] != self.graph.n_senders or outputs.shape[-1] != self.graph.d_model:
-            raise InterventionError(
-                f"corrupted outputs of shape {tuple(outputs.shape)} do not fit {self.graph}"
-            )
-        return replace(self, corrupted=outputs)
-
-    def patching(self, model: HookedModel, *args: Any, **kwargs: Any) -> EdgeMask:
-        """This mask bound to the corrupted run ``model(*args, **kwargs)``."""
-        return self.with_corrupted(node_outputs(model, self.graph, *args, **kwargs))
-
     def __or__(self, other: EdgeMask) -> EdgeMask:
         """The edges either keeps (the same graph and fill; this mask's binding)."""
         self._check_combinable(other, "|")
@@ -268,32 +310,6 @@ class EdgeMask:
     def claims(self, model: HookedModel) -> dict[Hashable, str]:
         """None: a second edge mask is refused whole, by :meth:`prepare`."""
         return {}
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write weights, fill and (for ``mean``) means as one safetensors file.
-
-        A corrupted run is data, not part of the mask, and is not saved.
-        """
-        if Path(path).suffix.lower() != ".safetensors":
-            raise InterventionError(f"cannot save an edge mask as {path}: use .safetensors")
-
-        tensors = {"weights": self.weights.detach().float()}
-        if self.means is not None:
-            tensors["means"] = self.means.detach().float()
-        metadata = {
-            "kind": EDGE_MASK_KIND,
-            "format_version": _FORMAT_VERSION,
-            "fill": self.fill,
-            "graph": json.dumps(self.graph.to_dict()),
-        }
-        return write_safetensors(path, tensors, metadata)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> EdgeMask:
-        """Read an edge mask written by :meth:`save`."""
-        tensors, metadata = read_kind(path, EDGE_MASK_KIND, "edge mask", _FORMAT_VERSION)
-        graph = Graph(**json.loads(metadata["graph"]))
-        return cls(graph, tensors["weights"], metadata["fill"], tensors.get("means"))
 
     @classmethod
     def from_json(

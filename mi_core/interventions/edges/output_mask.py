@@ -18,22 +18,18 @@ correction before that norm, per head; such a model is refused.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
 
 from mi_core.errors import InterventionError
-from mi_core.interventions.config import FILLS
 from mi_core.interventions.edges.graph import Graph, NodeOutputs
-from mi_core.interventions.edges.recording import head_results, node_outputs, sender_zero_outputs
-from mi_core.interventions.kinds import read_kind, register_kind
-from mi_core.io import write_safetensors
+from mi_core.interventions.edges.mask import GraphMask, check_fill
+from mi_core.interventions.edges.recording import head_results, sender_zero_outputs
+from mi_core.interventions.kinds import register_kind
 from mi_core.models.hooks import act_name
 
 if TYPE_CHECKING:
@@ -43,14 +39,18 @@ __all__ = ["OUTPUT_MASK_KIND", "OutputMask"]
 
 #: The ``kind`` in the metadata of a saved output mask.
 OUTPUT_MASK_KIND = "mi_core.OutputMask"
-_FORMAT_VERSION = "1"
 
 
 @dataclass(frozen=True)
-class OutputMask:
+class OutputMask(GraphMask):
     """A weight per sender of ``graph`` and dimension of its output (1 kept, 0 replaced by the
     fill): ``corrupted`` (the sender's output in a corrupted run, bound with :meth:`patching`),
     ``mean`` (``means``, ``[sender, d_model]``) or ``zero`` (the sender writes nothing)."""
+
+    #: Its hooks go first: a cache or a later hook sees the outputs it wrote.
+    hook_position: ClassVar[str] = "first"
+    kind: ClassVar[str] = OUTPUT_MASK_KIND
+    what: ClassVar[str] = "output mask"
 
     graph: Graph
     weights: Float[torch.Tensor, "sender d_model"]
@@ -58,22 +58,9 @@ class OutputMask:
     means: Float[torch.Tensor, "sender d_model"] | None = None
     corrupted: NodeOutputs | None = field(default=None, repr=False)
 
-    #: Its hooks go first: a cache or a later hook sees the outputs it wrote.
-    hook_position: ClassVar[str] = "first"
-
     def __post_init__(self) -> None:
-        if self.fill not in FILLS:
-            raise InterventionError(f"unknown output fill {self.fill!r}; expected one of {FILLS}")
-        expected = (self.graph.n_senders, self.graph.d_model)
-        if tuple(self.weights.shape) != expected:
-            raise InterventionError(
-                f"an output mask of {self.graph} needs weights of shape {expected}, got "
-                f"{tuple(self.weights.shape)}"
-            )
-        if self.fill == "mean" and (self.means is None or tuple(self.means.shape) != expected):
-            raise InterventionError(
-                f"a mean-filled output mask needs means of shape {expected} (sender_means)"
-            )
+        shape = (self.graph.n_senders, self.graph.d_model)
+        check_fill("output mask", self.graph, self.fill, self.means, self.weights, shape)
 
     @classmethod
     def full(cls, graph: Graph, fill: str = "corrupted", **kwargs: Any) -> OutputMask:
@@ -83,18 +70,6 @@ class OutputMask:
     @property
     def n_kept(self) -> int:
         return int((self.weights > 0.5).sum())
-
-    def with_corrupted(self, outputs: NodeOutputs) -> OutputMask:
-        """This mask with its fill bound to a corrupted run's sender outputs."""
-        if outputs.shape[0] != self.graph.n_senders or outputs.shape[-1] != self.graph.d_model:
-            raise InterventionError(
-                f"corrupted outputs of shape {tuple(outputs.shape)} do not fit {self.graph}"
-            )
-        return replace(self, corrupted=outputs)
-
-    def patching(self, model: HookedModel, *args: Any, **kwargs: Any) -> OutputMask:
-        """This mask bound to the corrupted run ``model(*args, **kwargs)``."""
-        return self.with_corrupted(node_outputs(model, self.graph, *args, **kwargs))
 
     def __str__(self) -> str:
         total = self.graph.n_senders * self.graph.d_model
@@ -173,25 +148,6 @@ class OutputMask:
     def claims(self, model: HookedModel) -> dict[Hashable, str]:
         """None: it replaces parts of outputs, not whole components."""
         return {}
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write weights, fill and (for ``mean``) means as one safetensors file (a corrupted
-        run is data, not part of the mask, and is not saved)."""
-        if Path(path).suffix.lower() != ".safetensors":
-            raise InterventionError(f"cannot save an output mask as {path}: use .safetensors")
-        tensors = {"weights": self.weights.detach().float()}
-        if self.means is not None:
-            tensors["means"] = self.means.detach().float()
-        metadata = {"kind": OUTPUT_MASK_KIND, "format_version": _FORMAT_VERSION,
-                    "fill": self.fill, "graph": json.dumps(self.graph.to_dict())}  # fmt: skip
-        return write_safetensors(path, tensors, metadata)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> OutputMask:
-        """Read an output mask written by :meth:`save`."""
-        tensors, metadata = read_kind(path, OUTPUT_MASK_KIND, "output mask", _FORMAT_VERSION)
-        graph = Graph(**json.loads(metadata["graph"]))
-        return cls(graph, tensors["weights"], metadata["fill"], tensors.get("means"))
 
 
 register_kind(OUTPUT_MASK_KIND, OutputMask.load)
