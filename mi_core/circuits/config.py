@@ -91,7 +91,7 @@ class EdgePruneSettings(Config):
     """Standard deviation of the initial log_alpha."""
     warm_start: str | None = None
     """An edge-scores file (circuit attribute's scores.safetensors) the gates start from, as
-    the MIB shared task's winning entry starts edge pruning from EAP-IG: ranked by |score|, the
+    the MIB shared task's winning entry starts edge pruning from EAP-IG: ranked by ``|score|``, the
     top (1 - sparsity) share opens (log_alpha from +init_mean down to 0 in rank order) and the
     rest closes (0 down to -init_mean); None: every gate from N(init_mean, init_std)."""
     fill: str = option("corrupted", choices=FILLS)

@@ -130,9 +130,8 @@ def check_fill(
     if fill not in FILLS:
         raise InterventionError(f"unknown {what} fill {fill!r}; expected one of {FILLS}")
     if tuple(weights.shape) != shape:
-        raise InterventionError(
-            f"an {what} of {graph} needs weights of shape {shape}, got {tuple(weights.shape)}"
-        )
+        wanted = f"{shape[0]} weights" if len(shape) == 1 else f"weights of shape {shape}"
+        raise InterventionError(f"an {what} of {graph} needs {wanted}, got {tuple(weights.shape)}")
     expected = (graph.n_senders, graph.d_model)
     if fill == "mean" and (means is None or tuple(means.shape) != expected):
         raise InterventionError(
