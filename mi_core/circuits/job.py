@@ -340,7 +340,7 @@ def run_circuit_evaluate_job(
     circuit submit --level node`` reads): an attribution's edge scores summed per node, or a
     pruning sweep's subnetworks (:meth:`~mi_core.circuits.nodes.NodeScores.from_subnetworks`)."""
     from mi_core.circuits.mib import mib_score
-    from mi_core.circuits.nodes import NodeScores, load_scores
+    from mi_core.circuits.nodes import NodeScores, load_scores, scores_at_level
 
     out = Path(config.out)
     from_sweep = Path(config.scores).is_dir()
@@ -349,21 +349,9 @@ def run_circuit_evaluate_job(
             f"{config.scores} is a folder: a pruning sweep's subnetworks are scored per node "
             "(--level node)"
         )
-    scores = None if from_sweep else load_scores(config.scores)  # a bad file: one line, first
-    if isinstance(scores, NodeScores) and config.level == "edge":
-        raise ConfigError(
-            f"{config.scores} holds {scores.level} scores: evaluate them with --level "
-            f"{scores.level}"
-        )
-    if (
-        config.level == "neuron"
-        and not from_sweep
-        and not (isinstance(scores, NodeScores) and scores.level == "neuron")
-    ):
-        raise ConfigError(
-            f"{config.scores} holds no neuron scores: mi-core circuit attribute --neurons writes "
-            f"them ({NEURON_SCORES_FILE})"
-        )
+    scores = None  # a sweep's subnetworks are read once the model's graph is known
+    if not from_sweep:  # a bad file or one of another level: one line, first
+        scores = scores_at_level(load_scores(config.scores), config.level, config.scores)
     written = (MIB_SCORE_FILE, NODE_SCORES_FILE) if config.level == "node" else (MIB_SCORE_FILE,)
     check_replaceable(out, written)
     model, _, judge, means = _prepare(config)
@@ -373,10 +361,6 @@ def run_circuit_evaluate_job(
     if graph != scores.graph:
         raise ConfigError(
             f"{config.scores} scores the edges of {scores.graph}; {config.model} has {graph}"
-        )
-    if config.level == "node":  # edge or neuron scores summed per node
-        scores = (
-            scores.per_node() if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
         )
     rankings = ("signed", "absolute") if config.ranking == "mib" else (config.ranking,)
     results = {

@@ -36,10 +36,14 @@ import torch
 from jaxtyping import Float
 
 from mi_core.circuits.attribution import EdgeScores
-from mi_core.circuits.config import MIB_LEVELS
 from mi_core.circuits.evaluate import masked_metrics, mib_scores
 from mi_core.circuits.metrics import Metric, logit_difference
-from mi_core.circuits.nodes import NodeScores, mib_neuron_circuits, mib_node_circuits
+from mi_core.circuits.nodes import (
+    NodeScores,
+    mib_neuron_circuits,
+    mib_node_circuits,
+    scores_at_level,
+)
 from mi_core.data.circuit_pairs import PromptPairs
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, OutputMask
@@ -118,21 +122,10 @@ def mib_circuits(
     top nodes (:func:`~mi_core.circuits.nodes.mib_node_circuits`; edge or neuron scores summed
     per node). ``neuron``: the kept output dimensions instead (``[sender, d_model]``, from
     neuron scores: :func:`~mi_core.circuits.nodes.mib_neuron_circuits`)."""
-    if level not in MIB_LEVELS:
-        raise ConfigError(f"level must be one of {', '.join(MIB_LEVELS)}, not {level!r}")
-    if level == "neuron":
-        if not isinstance(scores, NodeScores) or scores.level != "neuron":
-            raise ConfigError(
-                "the neuron level ranks a score per output dimension (neuron_attribution)"
-            )
-        return mib_neuron_circuits(scores, absolute, percentages)
-    if level == "node":
-        nodes = (
-            scores.per_node() if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
-        )
-        return mib_node_circuits(nodes, absolute, percentages)
+    scores = scores_at_level(scores, level, f"the {scores.method} scores")
     if isinstance(scores, NodeScores):
-        raise ConfigError(f"{scores.method} scores rank nodes, not edges: score them at level node")
+        circuits_of = mib_neuron_circuits if level == "neuron" else mib_node_circuits
+        return circuits_of(scores, absolute, percentages)
     graph = scores.graph
     order = top_k_order(mib_scores(scores.scores, scores.method), absolute=absolute)
     circuits = []

@@ -40,10 +40,11 @@ from jaxtyping import Bool, Float
 from tqdm.auto import tqdm
 
 from mi_core.circuits.attribution import EdgeScores, fill_outputs, ig_alphas
+from mi_core.circuits.config import MIB_LEVELS
 from mi_core.circuits.evaluate import mib_scores
 from mi_core.circuits.metrics import Metric, logit_difference, metric_logits
 from mi_core.data.circuit_pairs import PromptPairs
-from mi_core.errors import InterventionError
+from mi_core.errors import ConfigError, InterventionError
 from mi_core.interventions.edges import Graph, node_outputs
 from mi_core.io import read_safetensors, write_safetensors
 from mi_core.models.hook_context import hooked
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
 __all__ = ["NODE_SCORES_KIND", "NodeScores", "load_scores", "mib_neuron_circuits",
-           "mib_node_circuits", "neuron_attribution"]  # fmt: skip
+           "mib_node_circuits", "neuron_attribution", "scores_at_level"]  # fmt: skip
 
 #: The ``kind`` in the metadata of a saved :class:`NodeScores`.
 NODE_SCORES_KIND = "mi_core.NodeScores"
@@ -167,6 +168,31 @@ def load_scores(path: str | os.PathLike[str]) -> EdgeScores | NodeScores:
             count, sign = int(metadata["n_examples"]), json.loads(metadata["mib_sign"])
             return NodeScores(graph, tensors["scores"].double(), metadata["method"], count, sign)
     return EdgeScores.load(path)  # a missing or foreign file: its one line
+
+
+def scores_at_level(
+    scores: EdgeScores | NodeScores, level: str, source: str
+) -> EdgeScores | NodeScores:
+    """``scores`` as MIB's ``level`` ranks them: edge scores at the edge level; edge or neuron
+    scores summed per node at the node level; neuron scores at the neuron level. Anything else
+    is refused in one line naming ``source`` (a file, or the scores' method)."""
+    if level not in MIB_LEVELS:
+        raise ConfigError(f"level must be one of {', '.join(MIB_LEVELS)}, not {level!r}")
+    if level == "node":
+        return (
+            scores.per_node() if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
+        )
+    if level == "edge" and isinstance(scores, NodeScores):
+        raise ConfigError(
+            f"{source} holds {scores.level} scores, which rank nodes, not edges: use level "
+            f"{scores.level}"
+        )
+    if level == "neuron" and not (isinstance(scores, NodeScores) and scores.level == "neuron"):
+        raise ConfigError(
+            f"{source} holds no score per output dimension: mi-core circuit attribute --neurons "
+            "writes them (neuron_attribution)"
+        )
+    return scores
 
 
 def mib_node_circuits(

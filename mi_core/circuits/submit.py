@@ -33,8 +33,7 @@ from mi_core.circuits.attribution import EdgeScores
 from mi_core.circuits.config import CircuitSubmitConfig
 from mi_core.circuits.evaluate import mib_scores, to_mib
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuits
-from mi_core.circuits.nodes import NodeScores, load_scores
-from mi_core.errors import ConfigError
+from mi_core.circuits.nodes import NodeScores, load_scores, scores_at_level
 from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
 from mi_core.io import atomic_path, check_replaceable, write_json
 
@@ -99,18 +98,8 @@ def _write(
 def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
     """Write the submission files of ``config.scores`` (see the module docstring); returns
     what was written."""
-    scores = load_scores(config.scores)  # a missing or foreign file: one line, first
-    if isinstance(scores, NodeScores) and config.level == "edge":
-        raise ConfigError(
-            f"{config.scores} holds {scores.level} scores: submit them with --level {scores.level}"
-        )
-    if config.level == "neuron" and not (
-        isinstance(scores, NodeScores) and scores.level == "neuron"
-    ):
-        raise ConfigError(
-            f"{config.scores} holds no neuron scores: mi-core circuit attribute --neurons writes "
-            "them"
-        )
+    loaded = load_scores(config.scores)  # a missing or foreign file: one line, first
+    scores = scores_at_level(loaded, config.level, config.scores)
     folder = submission_folder(config)
     suffix = f".{config.file_format}"
     if config.form == "importances":
@@ -119,19 +108,11 @@ def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
         names = [f"{pct:g}{suffix}" for pct in MIB_PERCENTAGES if pct < 1]
     check_replaceable(folder, names)
     graph = scores.graph
-    if isinstance(scores, EdgeScores):
-        ranked = mib_scores(scores.scores, scores.method)
+    if isinstance(loaded, EdgeScores):
+        ranked = mib_scores(loaded.scores, loaded.method)
     else:  # node scores alone: MIB's file needs edge scores, and reads none at these levels
         ranked = torch.zeros(graph.n_edges, dtype=torch.float64)
-    nodes = None
-    if config.level == "node":
-        nodes = (
-            scores.per_node() if isinstance(scores, NodeScores) else NodeScores.from_edges(scores)
-        )
-        nodes = nodes.ranked()
-    elif config.level == "neuron":
-        assert isinstance(scores, NodeScores)
-        nodes = scores.ranked()
+    nodes = scores.ranked() if isinstance(scores, NodeScores) else None
     folder.mkdir(parents=True, exist_ok=True)
     if config.form == "importances":
         _write(folder / names[0], graph, ranked, None, nodes)

@@ -121,7 +121,7 @@ class GraphMask:
         return cls(graph, tensors["weights"], metadata["fill"], tensors.get("means"))  # type: ignore[call-arg]
 
 
-def check_fill(
+def check_mask(
     what: str, graph: Graph, fill: str, means: torch.Tensor | None, weights: torch.Tensor,
     shape: tuple[int, ...],
 ) -> None:  # fmt: skip
@@ -168,7 +168,7 @@ class EdgeMask(GraphMask):
 
     def __post_init__(self) -> None:
         shape = (self.graph.n_edges,)
-        check_fill("edge mask", self.graph, self.fill, self.means, self.weights, shape)
+        check_mask("edge mask", self.graph, self.fill, self.means, self.weights, shape)
 
     # ------------------------------------------------------------------- constructors
     @classmethod

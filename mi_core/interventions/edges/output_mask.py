@@ -27,7 +27,7 @@ from jaxtyping import Float
 
 from mi_core.errors import InterventionError
 from mi_core.interventions.edges.graph import Graph, NodeOutputs
-from mi_core.interventions.edges.mask import GraphMask, check_fill
+from mi_core.interventions.edges.mask import GraphMask, check_mask
 from mi_core.interventions.edges.recording import head_results, sender_zero_outputs
 from mi_core.interventions.kinds import register_kind
 from mi_core.models.hooks import act_name
@@ -60,7 +60,7 @@ class OutputMask(GraphMask):
 
     def __post_init__(self) -> None:
         shape = (self.graph.n_senders, self.graph.d_model)
-        check_fill("output mask", self.graph, self.fill, self.means, self.weights, shape)
+        check_mask("output mask", self.graph, self.fill, self.means, self.weights, shape)
 
     @classmethod
     def full(cls, graph: Graph, fill: str = "corrupted", **kwargs: Any) -> OutputMask:
