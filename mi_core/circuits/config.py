@@ -304,6 +304,12 @@ MIB_RANKINGS = ("mib", "absolute", "signed")
 #: output dimensions).
 MIB_LEVELS = ("edge", "node", "neuron")
 
+#: How ``mi-core circuit evaluate`` turns edge scores into MIB's circuits: MIB's own top-n of
+#: the ranking, one reading per size and metric chosen on the finding pairs
+#: (:func:`~mi_core.circuits.mib.select_mib_circuits`), or those refined on the finding pairs
+#: by gradient-guided edge swaps (:func:`~mi_core.circuits.refine.refine_mib_circuits`).
+MIB_CIRCUITS = ("top-n", "chosen", "refined")
+
 
 @dataclass(kw_only=True)
 class CircuitEvaluateConfig(CircuitData):
@@ -319,6 +325,27 @@ class CircuitEvaluateConfig(CircuitData):
     absolute or signed: that ranking for both."""
     level: str = option("edge", choices=MIB_LEVELS)
     """edge: MIB's circuits rank edges; node: they rank nodes (edge scores summed per node)."""
+    circuits: str = option("top-n", choices=MIB_CIRCUITS)
+    """top-n: MIB's circuits of the ranking; chosen: per size and metric, the reading of the
+    scores best on the finding pairs; refined: those refined on the finding pairs by
+    gradient-guided edge swaps (edge level, ranking mib; writes OUT/circuits/cpr and cmd)."""
+    refine_rounds: int = 8
+    """Forward-and-backward passes per size and metric (circuits refined)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.circuits != "top-n" and (self.level != "edge" or self.ranking != "mib"):
+            raise ConfigError(
+                f"--circuits {self.circuits} chooses edge circuits for CPR and CMD each "
+                f"(level edge, ranking mib), not level {self.level}, ranking {self.ranking}"
+            )
+        if self.circuits == "refined" and self.fill != "corrupted":
+            raise ConfigError(
+                "--circuits refined refines under MIB's patching (--fill corrupted), "
+                f"not --fill {self.fill}"
+            )
+        if self.refine_rounds < 1:
+            raise ConfigError(f"refine_rounds must be at least 1, not {self.refine_rounds}")
 
 
 #: What ``mi-core circuit submit`` writes per task and model: one importance file, or one
@@ -348,6 +375,9 @@ class CircuitSubmitConfig(Config):
     """importances: one file MIB re-ranks at every size; circuits: nine binary circuits."""
     ranking: str = option("absolute", choices=("absolute", "signed"))
     """How the nine circuits are chosen from the scores (form circuits)."""
+    circuits: str | None = None
+    """A folder of nine circuits to write instead of the scores' top-n (form circuits, level
+    edge): circuit evaluate --circuits chosen|refined's OUT/circuits/cpr or cmd."""
     file_format: str = option("json", choices=("json", "pt"))
     """json (Graph.to_json) or pt (Graph.to_pt; the only one at the neuron level)."""
     out: str
@@ -355,6 +385,11 @@ class CircuitSubmitConfig(Config):
 
     def validate(self) -> None:
         super().validate()
+        if self.circuits is not None and (self.form != "circuits" or self.level != "edge"):
+            raise ConfigError(
+                "--circuits writes nine edge circuits (--form circuits, --level edge), "
+                f"not --form {self.form} at level {self.level}"
+            )
         if self.level == "neuron" and self.file_format == "json":
             raise ConfigError(
                 "neuron-level submissions are .pt files (--file-format pt): MIB's "

@@ -328,6 +328,9 @@ def run_attribute_job(config: AttributeConfig, *, progress: bool = True) -> dict
 #: node scores it ranked: :data:`NODE_SCORES_FILE`).
 MIB_SCORE_FILE = "mib_score.json"
 NODE_SCORES_FILE = "node_scores.safetensors"
+#: Where ``circuit evaluate --circuits chosen|refined`` writes each metric's circuits (one
+#: edge mask per MIB size below 100 %, ``<pct>.safetensors``; ``circuit submit --circuits``).
+CIRCUITS_DIR = "circuits"
 
 
 def run_circuit_evaluate_job(
@@ -338,7 +341,9 @@ def run_circuit_evaluate_job(
     ``out/mib_score.json``: each ranking's ten faithfulnesses, kept edges and KLs. At the node
     level the node scores ranked are written too (``node_scores.safetensors``, what ``mi-core
     circuit submit --level node`` reads): an attribution's edge scores summed per node, or a
-    pruning sweep's subnetworks (:meth:`~mi_core.circuits.nodes.NodeScores.from_subnetworks`)."""
+    pruning sweep's subnetworks (:meth:`~mi_core.circuits.nodes.NodeScores.from_subnetworks`).
+    With ``circuits`` chosen or refined, each metric's nine circuits are made on the finding
+    pairs (:func:`_mib_circuits_of`) and written to ``out/circuits/<metric>/``."""
     from mi_core.circuits.mib import mib_score
     from mi_core.circuits.nodes import NodeScores, load_scores, scores_at_level
 
@@ -354,7 +359,10 @@ def run_circuit_evaluate_job(
         scores = scores_at_level(load_scores(config.scores), config.level, config.scores)
     written = (MIB_SCORE_FILE, NODE_SCORES_FILE) if config.level == "node" else (MIB_SCORE_FILE,)
     check_replaceable(out, written)
-    model, _, judge, means = _prepare(config)
+    if config.circuits != "top-n":
+        for target in ("cpr", "cmd"):
+            check_replaceable(out / CIRCUITS_DIR / target, _circuit_files())
+    model, find, judge, means = _prepare(config)
     graph = Graph.from_model(model)
     if scores is None:
         scores = NodeScores.from_subnetworks(graph, config.scores)
@@ -363,8 +371,13 @@ def run_circuit_evaluate_job(
             f"{config.scores} scores the edges of {scores.graph}; {config.model} has {graph}"
         )
     rankings = ("signed", "absolute") if config.ranking == "mib" else (config.ranking,)
+    made: dict[str, list[EdgeMask]] = {}
+    if config.circuits != "top-n":  # for CPR and for CMD, made on the finding pairs
+        assert isinstance(scores, EdgeScores)  # validate: level edge
+        made = {ranking: _mib_circuits_of(model, scores, find, config, target, means, progress)
+                for ranking, target in (("signed", "cpr"), ("absolute", "cmd"))}  # fmt: skip
     results = {
-        ranking: mib_score(model, scores, judge, level=config.level,
+        ranking: mib_score(model, made.get(ranking, scores), judge, level=config.level,
                            absolute=ranking == "absolute", fill=config.fill, means=means,
                            metric=get_metric(config.metric), batch_size=config.batch_size,
                            progress=progress).to_dict()
@@ -376,6 +389,7 @@ def run_circuit_evaluate_job(
         "graph": str(graph),
         "method": scores.method,
         "level": config.level,
+        "circuits": config.circuits,
         "n_held_out": len(judge),
         "cpr": results[cpr_from]["cpr"],
         "cmd": results[cmd_from]["cmd"],
@@ -385,8 +399,40 @@ def run_circuit_evaluate_job(
     if config.level == "node":
         assert isinstance(scores, NodeScores)
         scores.save(out / NODE_SCORES_FILE)
+    for ranking, target in (("signed", "cpr"), ("absolute", "cmd")):
+        folder = out / CIRCUITS_DIR / target
+        for name, circuit in zip(_circuit_files(), made.get(ranking, []), strict=False):
+            folder.mkdir(parents=True, exist_ok=True)
+            circuit.save(folder / name)
     write_json(out / MIB_SCORE_FILE, summary)
     return summary
+
+
+def _circuit_files() -> list[str]:
+    """The files of one metric's circuits: one per MIB size below 100 %."""
+    from mi_core.circuits.mib import MIB_PERCENTAGES
+
+    return [f"{pct:g}.safetensors" for pct in MIB_PERCENTAGES if pct < 1]
+
+
+def _mib_circuits_of(
+    model: Any, scores: EdgeScores, find: PromptPairs, config: CircuitEvaluateConfig,
+    target: str, means: torch.Tensor | None, progress: bool,
+) -> list[EdgeMask]:  # fmt: skip
+    """MIB's ten circuits for ``target`` (cpr or cmd) made on the finding pairs: the readings
+    of ``scores`` chosen there, refined there with ``circuits`` refined."""
+    from mi_core.circuits.mib import select_mib_circuits
+    from mi_core.circuits.refine import refine_mib_circuits
+
+    metric = get_metric(config.metric)
+    chosen = select_mib_circuits(model, scores, find, target, fill=config.fill, means=means,
+                                 metric=metric, batch_size=config.batch_size,
+                                 progress=progress)  # fmt: skip
+    if config.circuits == "chosen":
+        return chosen
+    return refine_mib_circuits(model, chosen, find, target, rounds=config.refine_rounds,
+                               metric=metric, batch_size=config.batch_size,
+                               progress=progress)  # fmt: skip
 
 
 def run_circuit_prune_job(config: CircuitPruneConfig, *, progress: bool = True) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from mi_core.circuits.config import CircuitSubmitConfig
 from mi_core.circuits.evaluate import mib_scores, to_mib
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuits
 from mi_core.circuits.nodes import NodeScores, load_scores, scores_at_level
+from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
 from mi_core.io import atomic_path, check_replaceable, write_json
 
@@ -95,6 +96,29 @@ def _write(
         torch.save(mib_pt(graph, scores, kept, node_scores, neurons), temporary)
 
 
+def _given_circuits(folder: str, graph: Graph) -> list[torch.Tensor]:
+    """The kept edges of the nine circuits in ``folder`` (``<pct>.safetensors`` edge masks,
+    what ``circuit evaluate --circuits chosen|refined`` writes), checked against the sizes and
+    the graph."""
+    kept = []
+    for pct in (p for p in MIB_PERCENTAGES if p < 1):
+        path = Path(folder) / f"{pct:g}.safetensors"
+        if not path.is_file():
+            raise ConfigError(
+                f"{folder} has no circuit {path.name}: --circuits takes the folder "
+                "circuit evaluate --circuits chosen|refined wrote (OUT/circuits/cpr)"
+            )
+        mask = EdgeMask.load(path)
+        if mask.graph != graph:
+            raise ConfigError(f"{path} is a circuit of {mask.graph}; the scores are of {graph}")
+        circuit = mask.weights > 0.5
+        if int(circuit.sum()) > int(pct * graph.n_edges):
+            raise ConfigError(f"{path} keeps {int(circuit.sum())} edges, over MIB's "
+                              f"{int(pct * graph.n_edges)} at {pct:g}")  # fmt: skip
+        kept.append(circuit)
+    return kept
+
+
 def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
     """Write the submission files of ``config.scores`` (see the module docstring); returns
     what was written."""
@@ -108,6 +132,7 @@ def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
         names = [f"{pct:g}{suffix}" for pct in MIB_PERCENTAGES if pct < 1]
     check_replaceable(folder, names)
     graph = scores.graph
+    given = None if config.circuits is None else _given_circuits(config.circuits, graph)
     if isinstance(loaded, EdgeScores):
         ranked = mib_scores(loaded.scores, loaded.method)
     else:  # node scores alone: MIB's file needs edge scores, and reads none at these levels
@@ -118,7 +143,7 @@ def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
         _write(folder / names[0], graph, ranked, None, nodes)
     else:
         sizes = [p for p in MIB_PERCENTAGES if p < 1]
-        circuits = mib_circuits(scores, config.ranking == "absolute", sizes, config.level)
+        circuits = given or mib_circuits(scores, config.ranking == "absolute", sizes, config.level)
         for name, kept in zip(names, circuits, strict=True):
             if config.level == "neuron":  # the edges of the nodes with a dimension kept
                 _write(folder / name, graph, ranked, graph.node_edges(kept.any(1)), nodes, kept)

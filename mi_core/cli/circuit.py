@@ -209,6 +209,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
     assert isinstance(config, CircuitEvaluateConfig)
     summary = run_circuit_evaluate_job(config, progress=not args.no_progress)
     ranks = {"mib": ("signed", "|score|")}.get(config.ranking, (config.ranking,) * 2)
+    if config.circuits != "top-n":  # one set of circuits per metric, made on the finding pairs
+        ranks = tuple(f"{config.circuits} for {m}, circuits in {config.out}/circuits/{m}"
+                      for m in ("cpr", "cmd"))  # fmt: skip
     print(
         f"{summary['graph']}, {summary['method']} scores at the {summary['level']} level on "
         f"{summary['n_held_out']} held-out pairs: MIB CPR {summary['cpr']:.3f} ({ranks[0]} "
