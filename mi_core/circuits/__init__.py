@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     )
     from mi_core.circuits.nodes import NodeScores, load_scores
     from mi_core.circuits.prune import EdgePruneResult, EdgePruneSettings, prune_edges
+    from mi_core.circuits.refine import circuit_gradient, refine_circuit, refine_mib_circuits
     from mi_core.circuits.stability import CircuitStability, circuit_stability
     from mi_core.interventions.edges import (
         EdgeMask,
@@ -74,6 +75,9 @@ _NAMES = {
     "mib_circuits": "mi_core.circuits.mib",
     "mib_score": "mi_core.circuits.mib",
     "select_mib_circuits": "mi_core.circuits.mib",
+    "circuit_gradient": "mi_core.circuits.refine",
+    "refine_circuit": "mi_core.circuits.refine",
+    "refine_mib_circuits": "mi_core.circuits.refine",
     "NodeScores": "mi_core.circuits.nodes",
     "load_scores": "mi_core.circuits.nodes",
     "CircuitStability": "mi_core.circuits.stability",
@@ -141,6 +145,9 @@ __all__ = [
     "mib_circuits",
     "mib_score",
     "select_mib_circuits",
+    "circuit_gradient",
+    "refine_circuit",
+    "refine_mib_circuits",
     "CircuitStability",
     "circuit_stability",
     "NodeScores",

@@ -85,8 +85,8 @@ def _flips(
 ) -> torch.Tensor:
     """The circuit after the flips of largest estimated gain (``gain``: the estimated change of
     the objective if each edge is flipped), at most ``n_flips`` additions and as many removals,
-    never more than ``budget`` edges; with ``limit``, flips taken in order of gain only while
-    their estimated sum stays within it."""
+    never more than ``budget`` edges; with ``limit``, each of those flips in order of gain
+    taken only if the estimated sum stays within it (a flip too large passed over)."""
     gain_in = torch.where(kept, gain, torch.zeros_like(gain))
     gain_out = torch.where(~kept, gain, torch.zeros_like(gain))
     removals = torch.argsort(gain_in, descending=True)[:n_flips]
@@ -96,18 +96,16 @@ def _flips(
     room = budget - int(kept.sum()) + len(removals)
     additions = additions[: max(room, 0)]
     chosen = torch.cat([removals, additions])
-    if limit is not None:
-        chosen = chosen[torch.argsort(gain[chosen], descending=True)]
-        within = torch.cumsum(gain[chosen], 0) <= limit
-        chosen = chosen[within]
-        # the additions kept must still fit beside the removals kept
-        is_add = ~kept[chosen]
-        excess = int(kept.sum()) + int(is_add.sum()) - int((~is_add).sum()) - budget
-        if excess > 0:
-            drop = torch.nonzero(is_add).flatten()[-excess:]
-            keep = torch.ones(len(chosen), dtype=torch.bool)
-            keep[drop] = False
-            chosen = chosen[keep]
+    if limit is not None:  # greedily, largest first: each flip taken if the sum stays within
+        order = chosen[torch.argsort(gain[chosen], descending=True)].tolist()
+        values, added = gain[order].tolist(), (~kept[order]).tolist()
+        taken, total, size = [], 0.0, int(kept.sum())
+        for edge, value, adds in zip(order, values, added, strict=True):
+            if total + value <= limit and (not adds or size < budget):
+                taken.append(edge)
+                total += value
+                size += 1 if adds else -1
+        chosen = torch.tensor(taken, dtype=torch.long)
     new = kept.clone()
     new[chosen] = ~new[chosen]
     return new

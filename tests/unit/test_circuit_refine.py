@@ -196,3 +196,15 @@ def test_cli_evaluates_and_submits_the_circuits_made(tmp_path, capsys, tiny_chec
         assert main(argv) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not any((tmp_path / name).exists() for name in "xyzw")
+
+
+def test_a_cmd_round_passes_over_a_flip_that_would_overshoot():
+    from mi_core.circuits.refine import _flips
+
+    kept = torch.tensor([True, True, False, False, False])
+    gain = torch.tensor([0.1, -1.0, 5.0, 0.3, 0.2])  # flipping edge 2 alone overshoots 1.0
+    new = _flips(kept, gain, budget=4, n_flips=3, limit=1.0)
+    assert new.tolist() == [False, True, False, True, True]  # 0.3 + 0.2 + 0.1, within 1.0
+    assert _flips(kept, gain, budget=4, n_flips=3, limit=None).tolist() == [
+        False, True, True, True, True
+    ]  # fmt: skip
