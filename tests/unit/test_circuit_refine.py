@@ -28,58 +28,78 @@ def setup():
 
 
 def _baselines(model, graph, pairs):
-    return {"full": _metric(model, graph, torch.ones(graph.n_edges), pairs),
+    """Each pair's metric in the full model and the empty circuit's mean metric."""
+    return {"full": _values(model, graph, torch.ones(graph.n_edges), pairs),
             "empty": _metric(model, graph, torch.zeros(graph.n_edges), pairs)}  # fmt: skip
 
 
-def _metric(model, graph, weights, pairs):
+def _values(model, graph, weights, pairs):
     mask = EdgeMask(graph, weights.float())
     [(values, _)], _ = masked_metrics(model, [mask], pairs, logit_difference, 4)
-    return float(values.double().mean())
+    return values
 
 
-def test_circuit_gradient_is_the_masked_forward_s_derivative(setup):
+def _metric(model, graph, weights, pairs):
+    return float(_values(model, graph, weights, pairs).double().mean())
+
+
+def _squared_error(model, graph, weights, pairs, full):
+    return float(((_values(model, graph, weights, pairs) - full) ** 2).mean())
+
+
+@pytest.mark.parametrize("objective", ["mean", "squared error"])
+def test_circuit_gradient_is_the_masked_forward_s_derivative(setup, objective):
     model, pairs, graph, kept = setup
-    value, grad = circuit_gradient(model, graph, kept, pairs, batch_size=4)
-    assert value == pytest.approx(_metric(model, graph, kept, pairs), abs=1e-5)
-    eps = 1e-2  # the masked forward is linear in each weight: central differences are exact
+    full = _baselines(model, graph, pairs)["full"] if objective == "squared error" else None
+
+    def value_of(weights):
+        if full is None:
+            return _metric(model, graph, weights, pairs)
+        return _squared_error(model, graph, weights, pairs, full)
+
+    value, grad = circuit_gradient(model, graph, kept, pairs, batch_size=4, against=full)
+    assert value == pytest.approx(value_of(kept), abs=1e-5)
+    eps = 1e-2  # linear in each weight (the mean) or quadratic: central differences are exact
     for edge in [int(torch.nonzero(kept)[0]), int(torch.nonzero(~kept)[0]),
                  int(grad.abs().argmax())]:  # fmt: skip
         up, down = kept.float().clone(), kept.float().clone()
         up[edge] += eps
         down[edge] -= eps
-        estimate = (_metric(model, graph, up, pairs) - _metric(model, graph, down, pairs)) / (
-            2 * eps
-        )
+        estimate = (value_of(up) - value_of(down)) / (2 * eps)
         assert float(grad[edge]) == pytest.approx(estimate, rel=1e-3, abs=1e-4)
 
 
-def test_refining_for_cpr_raises_the_metric_within_the_budget(setup):
+def test_refining_for_cpr_raises_the_faithfulness_within_the_budget(setup):
     model, pairs, graph, kept = setup
     budget = int(kept.sum())
     ends = _baselines(model, graph, pairs)
     refined, history = refine_circuit(model, graph, kept, pairs, budget, "cpr", rounds=4, **ends)
     assert int(refined.sum()) <= budget
     assert torch.equal(graph.connected(refined), refined)
-    faithfulness = [(v - ends["empty"]) / (ends["full"] - ends["empty"]) for v in history]
+    full, empty = float(ends["full"].double().mean()), ends["empty"]
+    faithfulness = [(v - empty) / (full - empty) for v in history]
     assert all(b >= a for a, b in zip(faithfulness, faithfulness[1:], strict=False))
     assert faithfulness[-1] > faithfulness[0]  # a random circuit leaves room
     assert history[-1] == pytest.approx(_metric(model, graph, refined, pairs), abs=1e-5)
 
 
-def test_refining_for_cmd_moves_towards_the_full_model_not_above_it(setup):
+def test_refining_for_cmd_matches_each_pair_of_the_full_model(setup):
     model, pairs, graph, kept = setup
     ends = _baselines(model, graph, pairs)
-    full, budget = ends["full"], int(kept.sum())
-    _, history = refine_circuit(model, graph, kept, pairs, budget, "cmd", rounds=4, **ends)
-    gaps = [abs(v - full) for v in history]
-    assert all(b <= a for a, b in zip(gaps, gaps[1:], strict=False)) and gaps[-1] < gaps[0]
+    budget = int(kept.sum())
+    refined, history = refine_circuit(model, graph, kept, pairs, budget, "cmd", rounds=4, **ends)
+    assert all(b <= a for a, b in zip(history, history[1:], strict=False))
+    assert history[-1] < history[0]
+    assert history[-1] == pytest.approx(
+        _squared_error(model, graph, refined, pairs, ends["full"]), abs=1e-5
+    )
     # from the whole graph CMD has nothing to gain; CPR goes past the model by dropping edges
     whole = torch.ones(graph.n_edges, dtype=torch.bool)
     for_cmd, _ = refine_circuit(model, graph, whole, pairs, graph.n_edges, "cmd", **ends)
     for_cpr, _ = refine_circuit(model, graph, whole, pairs, graph.n_edges, "cpr", **ends)
     assert torch.equal(for_cmd, whole)
-    faithfulness = (_metric(model, graph, for_cpr, pairs) - ends["empty"]) / (full - ends["empty"])
+    full, empty = float(ends["full"].double().mean()), ends["empty"]
+    faithfulness = (_metric(model, graph, for_cpr, pairs) - empty) / (full - empty)
     assert faithfulness > 1.05 and int(for_cpr.sum()) < graph.n_edges
 
 
@@ -104,9 +124,17 @@ def test_refine_refuses_what_it_cannot_do(setup):
     with pytest.raises(ConfigError, match="target must be"):
         refine_circuit(model, graph, kept, pairs, 10, "kl", **ends)
     with pytest.raises(ConfigError, match="score the same"):
-        refine_circuit(model, graph, kept, pairs, 10, "cmd", full=1.0, empty=1.0)
+        refine_circuit(model, graph, kept, pairs, 10, "cmd", full=torch.ones(len(pairs)),
+                       empty=1.0)  # fmt: skip
+    with pytest.raises(ConfigError, match="full-model values for"):
+        refine_circuit(model, graph, kept, pairs, 10, "cmd", full=torch.ones(2), empty=0.0)
     with pytest.raises(ConfigError, match="over its budget"):
         refine_circuit(model, graph, kept, pairs, 1, "cpr", **ends)
+    zeros = [EdgeMask.full(graph, "zero")] * len(MIB_PERCENTAGES)
+    with pytest.raises(ConfigError, match="corrupted-fill circuits"):
+        refine_mib_circuits(model, zeros, pairs)
+    with pytest.raises(ConfigError, match="one circuit per MIB size"):
+        refine_mib_circuits(model, zeros[:2], pairs)
 
 
 def test_cli_evaluates_and_submits_the_circuits_made(tmp_path, capsys, tiny_checkpoints):
@@ -147,11 +175,14 @@ def test_cli_evaluates_and_submits_the_circuits_made(tmp_path, capsys, tiny_chec
             assert summary["rankings"][ranking]["faithfulness"] == pytest.approx(
                 judged.faithfulness
             )
-            made[kind, target] = mib_score(model, circuits, find)
+            made[kind, target] = (mib_score(model, circuits, find), circuits)
     # refining moves the finding pairs' numbers the way each metric wants
-    assert made["refined", "cpr"].cpr >= made["chosen", "cpr"].cpr
-    assert made["refined", "cmd"].cmd <= made["chosen", "cmd"].cmd
-    assert made["refined", "cpr"].faithfulness != made["chosen", "cpr"].faithfulness
+    assert made["refined", "cpr"][0].cpr >= made["chosen", "cpr"][0].cpr
+    assert made["refined", "cpr"][0].faithfulness != made["chosen", "cpr"][0].faithfulness
+    full = _values(model, graph, torch.ones(graph.n_edges), find)
+    for refined, chosen in zip(made["refined", "cmd"][1], made["chosen", "cmd"][1], strict=True):
+        errors = [_squared_error(model, graph, c.weights, find, full) for c in (refined, chosen)]
+        assert errors[0] <= errors[1] + 1e-6
 
     submit = ["circuit", "submit", "--scores", scores_file, "--task", "ioi", "--model-name",
               "gpt2", "--form", "circuits", "--circuits",
@@ -198,13 +229,11 @@ def test_cli_evaluates_and_submits_the_circuits_made(tmp_path, capsys, tiny_chec
     assert not any((tmp_path / name).exists() for name in "xyzw")
 
 
-def test_a_cmd_round_passes_over_a_flip_that_would_overshoot():
+def test_a_round_s_flips_keep_the_budget():
     from mi_core.circuits.refine import _flips
 
     kept = torch.tensor([True, True, False, False, False])
-    gain = torch.tensor([0.1, -1.0, 5.0, 0.3, 0.2])  # flipping edge 2 alone overshoots 1.0
-    new = _flips(kept, gain, budget=4, n_flips=3, limit=1.0)
-    assert new.tolist() == [False, True, False, True, True]  # 0.3 + 0.2 + 0.1, within 1.0
-    assert _flips(kept, gain, budget=4, n_flips=3, limit=None).tolist() == [
-        False, True, True, True, True
-    ]  # fmt: skip
+    gain = torch.tensor([0.1, -1.0, 5.0, 0.3, 0.2])  # removing edge 0 gains, edge 1 loses
+    assert _flips(kept, gain, budget=4, n_flips=3).tolist() == [False, True, True, True, True]
+    assert _flips(kept, gain, budget=2, n_flips=3).tolist() == [False, True, True, False, False]
+    assert _flips(kept, gain, budget=4, n_flips=1).tolist() == [False, True, True, False, False]
