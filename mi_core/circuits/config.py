@@ -330,7 +330,8 @@ class CircuitEvaluateConfig(CircuitData):
     scores best on the finding pairs; refined: those refined on the finding pairs by
     gradient-guided edge swaps (edge level, ranking mib; writes OUT/circuits/cpr and cmd)."""
     refine_rounds: int = 8
-    """Forward-and-backward passes per size and metric (circuits refined)."""
+    """Refinement proposals per size and metric (circuits refined), a forward and backward
+    pass each."""
 
     def validate(self) -> None:
         super().validate()
@@ -345,7 +346,7 @@ class CircuitEvaluateConfig(CircuitData):
                 f"not --fill {self.fill}"
             )
         if self.refine_rounds < 1:
-            raise ConfigError(f"refine_rounds must be at least 1, not {self.refine_rounds}")
+            raise ConfigError(f"--refine-rounds must be at least 1, not {self.refine_rounds}")
 
 
 #: What ``mi-core circuit submit`` writes per task and model: one importance file, or one

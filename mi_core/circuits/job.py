@@ -53,7 +53,14 @@ from mi_core.data.pairs import MNLI_LABELS
 from mi_core.data.prompt_tasks import load_prompt_task
 from mi_core.errors import ConfigError, DataError, TrainingError
 from mi_core.interventions.edges import EdgeMask, Graph, sender_means
-from mi_core.io import check_replaceable, read_json, write_csv, write_json, write_text
+from mi_core.io import (
+    check_replaceable,
+    ensure_writable,
+    read_json,
+    write_csv,
+    write_json,
+    write_text,
+)
 from mi_core.pruning.sweeps import run_ray_tasks
 from mi_core.viz.circuits import circuit_graph_html
 
@@ -359,9 +366,9 @@ def run_circuit_evaluate_job(
         scores = scores_at_level(load_scores(config.scores), config.level, config.scores)
     written = (MIB_SCORE_FILE, NODE_SCORES_FILE) if config.level == "node" else (MIB_SCORE_FILE,)
     check_replaceable(out, written)
-    if config.circuits != "top-n":
-        for target in ("cpr", "cmd"):
-            check_replaceable(out / CIRCUITS_DIR / target, _circuit_files())
+    for target in ("cpr", "cmd"):  # a top-n run removes an earlier run's circuits
+        ensure_writable(out / CIRCUITS_DIR / target, "folder")
+        check_replaceable(out / CIRCUITS_DIR / target, _circuit_files())
     model, find, judge, means = _prepare(config)
     graph = Graph.from_model(model)
     if scores is None:
@@ -401,8 +408,12 @@ def run_circuit_evaluate_job(
         scores.save(out / NODE_SCORES_FILE)
     for ranking, target in (("signed", "cpr"), ("absolute", "cmd")):
         folder = out / CIRCUITS_DIR / target
-        for name, circuit in zip(_circuit_files(), made.get(ranking, []), strict=False):
-            folder.mkdir(parents=True, exist_ok=True)
+        if ranking not in made:  # no earlier run's circuits beside these scores
+            for name in _circuit_files():
+                (folder / name).unlink(missing_ok=True)
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, circuit in zip(_circuit_files(), made[ranking], strict=False):
             circuit.save(folder / name)
     write_json(out / MIB_SCORE_FILE, summary)
     return summary

@@ -15,7 +15,7 @@ of flips. Targets (:func:`refine_circuit`):
 - ``cmd``: the mean squared difference between each pair's metric in the circuit and in the
   full model, lowered (MIB's CMD is the area of ``|1 - f|``). Matching the mean alone fits the
   finding pairs' noise: such circuits reach ``f = 1.00`` on the pairs they were made on and
-  stray on others (measured in docs/circuits.md); matching each pair asks the circuit to
+  stray on others (docs/circuits.md); matching each pair asks the circuit to
   compute what the model computes.
 
 Everything is chosen on the pairs given (the *finding* pairs); judge the circuits on others
@@ -65,6 +65,13 @@ def circuit_gradient(
     the counterfactual prompt), or with ``against`` (each pair's metric in the full model) the
     mean of ``(metric - against) ** 2``; and its gradient with respect to every edge's weight in
     the masked forward (a kept edge has weight 1, a removed one 0)."""
+    if len(pairs) == 0 or kept.shape != (graph.n_edges,):
+        raise ConfigError(
+            f"a circuit gradient needs pairs and {graph.n_edges} kept flags; got "
+            f"{len(pairs)} pairs, kept of shape {tuple(kept.shape)}"
+        )
+    if against is not None and len(against) != len(pairs):
+        raise ConfigError(f"{len(against)} full-model values for {len(pairs)} pairs")
     device = next(model.parameters()).device
     weights = kept.to(device, torch.float32).requires_grad_(True)
     mask = EdgeMask(graph, weights, "corrupted")
@@ -123,8 +130,9 @@ def refine_circuit(
 
     ``full``: each pair's metric in the full model; ``empty``: the empty circuit's mean
     metric on ``pairs`` (both from :func:`~mi_core.circuits.evaluate.masked_metrics`).
-    ``rounds``: forward-and-backward passes at most; ``flips``: the share of ``budget`` a
-    round may add (and remove) at first, halved by each round that does not improve."""
+    ``rounds``: proposals at most (a forward and backward each, after the one at ``kept``);
+    ``flips``: the share of ``budget`` a round may add (and remove) at first, halved by each
+    round that does not improve."""
     if target not in REFINE_TARGETS:
         raise ConfigError(f"target must be one of {', '.join(REFINE_TARGETS)}, not {target!r}")
     if budget < 1 or rounds < 0 or not 0 < flips <= 1:
@@ -132,8 +140,11 @@ def refine_circuit(
             f"budget must be positive, rounds non-negative and flips in (0, 1]; "
             f"got {budget}, {rounds}, {flips}"
         )
-    if len(full) != len(pairs):
-        raise ConfigError(f"{len(full)} full-model values for {len(pairs)} pairs")
+    if len(full) != len(pairs) or kept.shape != (graph.n_edges,):
+        raise ConfigError(
+            f"{len(full)} full-model values for {len(pairs)} pairs, kept of shape "
+            f"{tuple(kept.shape)} for {graph.n_edges} edges"
+        )
     mean_full = float(full.double().mean())
     if mean_full == empty:
         raise ConfigError("the full model and the empty circuit score the same: no faithfulness")

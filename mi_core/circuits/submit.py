@@ -96,10 +96,14 @@ def _write(
         torch.save(mib_pt(graph, scores, kept, node_scores, neurons), temporary)
 
 
-def _given_circuits(folder: str, graph: Graph) -> list[torch.Tensor]:
+#: The fill of a circuit under each of MIB's ablation names.
+_FILL_OF_ABLATION = {"patching": "corrupted", "mean": "mean", "zero": "zero"}
+
+
+def _given_circuits(folder: str, graph: Graph, ablation: str) -> list[torch.Tensor]:
     """The kept edges of the nine circuits in ``folder`` (``<pct>.safetensors`` edge masks,
-    what ``circuit evaluate --circuits chosen|refined`` writes), checked against the sizes and
-    the graph."""
+    what ``circuit evaluate --circuits chosen|refined`` writes), checked against the sizes, the
+    graph and the submission's ablation."""
     kept = []
     for pct in (p for p in MIB_PERCENTAGES if p < 1):
         path = Path(folder) / f"{pct:g}.safetensors"
@@ -111,6 +115,11 @@ def _given_circuits(folder: str, graph: Graph) -> list[torch.Tensor]:
         mask = EdgeMask.load(path)
         if mask.graph != graph:
             raise ConfigError(f"{path} is a circuit of {mask.graph}; the scores are of {graph}")
+        if mask.fill != _FILL_OF_ABLATION[ablation]:
+            raise ConfigError(
+                f"{path} is a circuit made under the {mask.fill} fill; the "
+                f"submission's ablation {ablation} needs {_FILL_OF_ABLATION[ablation]}"
+            )
         circuit = mask.weights > 0.5
         if int(circuit.sum()) > int(pct * graph.n_edges):
             raise ConfigError(f"{path} keeps {int(circuit.sum())} edges, over MIB's "
@@ -132,7 +141,9 @@ def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
         names = [f"{pct:g}{suffix}" for pct in MIB_PERCENTAGES if pct < 1]
     check_replaceable(folder, names)
     graph = scores.graph
-    given = None if config.circuits is None else _given_circuits(config.circuits, graph)
+    given = None
+    if config.circuits is not None:
+        given = _given_circuits(config.circuits, graph, config.ablation)
     if isinstance(loaded, EdgeScores):
         ranked = mib_scores(loaded.scores, loaded.method)
     else:  # node scores alone: MIB's file needs edge scores, and reads none at these levels
