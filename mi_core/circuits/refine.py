@@ -24,8 +24,8 @@ with :func:`~mi_core.circuits.mib.mib_score`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float
@@ -72,24 +72,55 @@ def circuit_gradient(
         )
     if against is not None and len(against) != len(pairs):
         raise ConfigError(f"{len(against)} full-model values for {len(pairs)} pairs")
+    mean, mean_grad, squared, squared_grad = _gradients(
+        model, graph, kept, pairs, metric, batch_size, against
+    )
+    if squared is None:
+        return mean, mean_grad
+    assert squared_grad is not None
+    return squared, squared_grad
+
+
+def _gradients(
+    model: HookedModel,
+    graph: Graph,
+    kept: torch.Tensor,
+    pairs: PromptPairs,
+    metric: Metric,
+    batch_size: int,
+    against: torch.Tensor | None,
+) -> tuple[float, torch.Tensor, float | None, torch.Tensor | None]:
+    """The circuit's mean metric and its gradient, and with ``against`` the mean squared
+    difference from it and that gradient too, from one forward a batch."""
     device = next(model.parameters()).device
     weights = kept.to(device, torch.float32).requires_grad_(True)
     mask = EdgeMask(graph, weights, "corrupted")
-    total, start = 0.0, 0
+    mean_grad = torch.zeros(graph.n_edges, device=device)
+    squared_grad = None if against is None else torch.zeros(graph.n_edges, device=device)
+    mean, squared, start, n = 0.0, 0.0, 0, len(pairs)
     with frozen(model), graph_switches(model), reusing_buffers(fixed_weights=True):
         for batch in pairs.batches(batch_size):
             with torch.no_grad():
                 run = record_corrupted(model, graph, **batch.corrupted)
             with hooked(model, masked_hooks(model, mask, corrupted=run)):
                 values = metric(metric_logits(model, batch, metric), batch).float()
-            if against is not None:
-                full = against[start : start + len(values)].to(values.device, values.dtype)
-                values = (values - full) ** 2
+            mean += float(values.detach().double().sum()) / n
+            if against is None:
+                (grad,) = torch.autograd.grad(values.sum() / n, weights)
+                mean_grad += grad
+                continue
+            full = against[start : start + len(values)].to(values.device, values.dtype)
+            errors = (values - full) ** 2
             start += len(values)
-            (values.sum() / len(pairs)).backward()
-            total += float(values.detach().double().sum())
-    assert weights.grad is not None
-    return total / len(pairs), weights.grad.detach().cpu()
+            squared += float(errors.detach().double().sum()) / n
+            (grad,) = torch.autograd.grad(values.sum() / n, weights, retain_graph=True)
+            (grad_of_squared,) = torch.autograd.grad(errors.sum() / n, weights)
+            mean_grad += grad
+            assert squared_grad is not None
+            squared_grad += grad_of_squared
+    if squared_grad is None:
+        return mean, mean_grad.cpu(), None, None
+    return mean, mean_grad.cpu(), squared, squared_grad.cpu()
 
 
 def _flips(kept: torch.Tensor, gain: torch.Tensor, budget: int, n_flips: int) -> torch.Tensor:
@@ -106,6 +137,58 @@ def _flips(kept: torch.Tensor, gain: torch.Tensor, budget: int, n_flips: int) ->
     chosen = torch.cat([removals, additions[: max(room, 0)]])
     new = kept.clone()
     new[chosen] = ~new[chosen]
+    return new
+
+
+def held_out_error(bias: float, squared: float, n: int) -> float:
+    """The expected squared error of a circuit's mean metric on ``n`` new pairs, from the
+    finding pairs' (``n`` of them too): ``bias`` the mean difference from the full model there,
+    ``squared`` the mean squared difference. Each pair's difference has variance ``squared -
+    bias ** 2``; the new pairs' mean of it strays from the finding pairs' by that over ``n``
+    twice over, so the error is about ``bias ** 2 + 2 / n * (squared - bias ** 2)``: matching
+    the mean alone fits the finding pairs' noise, matching each pair alone leaves the mean
+    off."""
+    share = min(1.0, 2.0 / n)
+    return (1 - share) * bias**2 + share * squared
+
+
+def _matching_flips(
+    kept: torch.Tensor,
+    squared_grad: torch.Tensor,
+    mean_grad: torch.Tensor,
+    bias: float,
+    n: int,
+    budget: int,
+    n_flips: int,
+) -> torch.Tensor:
+    """The circuit after the flips that lower :func:`held_out_error` by its estimate: a set
+    of flips (``s = +1`` adding an edge, ``-1`` removing it) moves the mean by about
+    ``shift = sum(s * mean_grad)`` and the mean squared difference by about ``sum(s *
+    squared_grad) + shift ** 2`` (the mean's shift squared, the least the pairs' shifts add:
+    without it one edge carrying the answer looks like a gain). Of the ``2 * n_flips`` flips
+    best alone, each in turn is taken if it lowers the estimate, within ``budget``."""
+
+    share = min(1.0, 2.0 / n)
+
+    def change(linear: Any, shift: Any) -> Any:
+        """The estimated change of :func:`held_out_error` (floats or one per edge)."""
+        return (1 - share) * (2 * bias * shift + shift**2) + share * (linear + shift**2)
+
+    step = torch.where(kept, -1.0, 1.0)
+    lin, shift = step * squared_grad, step * mean_grad
+    alone = change(lin, shift)
+    order = torch.argsort(alone)[: 2 * n_flips]
+    order = order[alone[order] < 0]
+    taken, linear, moved, size = [], 0.0, 0.0, int(kept.sum())
+    for edge, s, h, g in zip(order.tolist(), step[order].tolist(), lin[order].tolist(),
+                             shift[order].tolist(), strict=True):  # fmt: skip
+        if s > 0 and size >= budget:
+            continue
+        if change(linear + h, moved + g) < change(linear, moved):
+            taken.append(edge)
+            linear, moved, size = linear + h, moved + g, size + int(s)
+    new = kept.clone()
+    new[taken] = ~new[taken]
     return new
 
 
@@ -156,20 +239,30 @@ def refine_circuit(
     sign = (1.0 if mean_full > empty else -1.0) if target == "cpr" else -1.0
     against = full if target == "cmd" else None
 
-    def evaluate(circuit: torch.Tensor) -> tuple[float, torch.Tensor]:
-        return circuit_gradient(model, graph, circuit, pairs, metric, batch_size, against)
+    def evaluate(circuit: torch.Tensor) -> tuple[float, Callable[[int], torch.Tensor]]:
+        """The circuit's objective, and its proposal of ``n`` flips at most each way."""
+        mean, mean_grad, squared, squared_grad = _gradients(
+            model, graph, circuit, pairs, metric, batch_size, against
+        )
+        if squared is None:
+            gain = sign * torch.where(circuit, -mean_grad, mean_grad)
+            return mean, lambda k: _flips(circuit, gain, budget, k)
+        assert squared_grad is not None
+        bias = mean - mean_full
+        return held_out_error(bias, squared, len(pairs)), lambda k: _matching_flips(
+            circuit, squared_grad, mean_grad, bias, len(pairs), budget, k
+        )
 
-    value, grad = evaluate(kept)
+    value, propose = evaluate(kept)
     history = [value]
     n_flips = max(1, int(flips * budget))
     for _ in range(rounds):
-        gain = sign * torch.where(kept, -grad, grad)  # the objective's estimated gain per flip
-        proposal = graph.connected(_flips(kept, gain, budget, n_flips))
+        proposal = graph.connected(propose(n_flips))
         if not torch.equal(proposal, kept):
-            new_value, new_grad = evaluate(proposal)
+            new_value, new_propose = evaluate(proposal)
             better = sign * new_value > sign * value
             if better:
-                kept, value, grad = proposal, new_value, new_grad
+                kept, value, propose = proposal, new_value, new_propose
             history.append(value)
             if better:
                 continue
