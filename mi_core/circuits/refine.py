@@ -91,7 +91,7 @@ def _gradients(
     against: torch.Tensor | None,
 ) -> tuple[float, torch.Tensor, float | None, torch.Tensor | None]:
     """The circuit's mean metric and its gradient, and with ``against`` the mean squared
-    difference from it and that gradient too, from one forward a batch."""
+    difference from it and that gradient too (a second forward and backward)."""
     device = next(model.parameters()).device
     weights = kept.to(device, torch.float32).requires_grad_(True)
     mask = EdgeMask(graph, weights, "corrupted")
@@ -102,22 +102,25 @@ def _gradients(
         for batch in pairs.batches(batch_size):
             with torch.no_grad():
                 run = record_corrupted(model, graph, **batch.corrupted)
-            with hooked(model, masked_hooks(model, mask, corrupted=run)):
-                values = metric(metric_logits(model, batch, metric), batch).float()
+
+            def forward(batch: PromptPairs = batch, run: Any = run) -> torch.Tensor:
+                with hooked(model, masked_hooks(model, mask, corrupted=run)):
+                    return metric(metric_logits(model, batch, metric), batch).float()
+
+            values = forward()
             mean += float(values.detach().double().sum()) / n
-            if against is None:
-                (grad,) = torch.autograd.grad(values.sum() / n, weights)
-                mean_grad += grad
-                continue
-            full = against[start : start + len(values)].to(values.device, values.dtype)
-            errors = (values - full) ** 2
-            start += len(values)
-            squared += float(errors.detach().double().sum()) / n
-            (grad,) = torch.autograd.grad(values.sum() / n, weights, retain_graph=True)
-            (grad_of_squared,) = torch.autograd.grad(errors.sum() / n, weights)
+            (grad,) = torch.autograd.grad(values.sum() / n, weights)
             mean_grad += grad
-            assert squared_grad is not None
-            squared_grad += grad_of_squared
+            if against is None or squared_grad is None:
+                continue
+            # a second pass: the masked forward's backward reuses its buffers, so one graph
+            # gives one gradient
+            full = against[start : start + len(values)].to(values.device, values.dtype)
+            start += len(values)
+            errors = (forward() - full) ** 2
+            squared += float(errors.detach().double().sum()) / n
+            (grad,) = torch.autograd.grad(errors.sum() / n, weights)
+            squared_grad += grad
     if squared_grad is None:
         return mean, mean_grad.cpu(), None, None
     return mean, mean_grad.cpu(), squared, squared_grad.cpu()
@@ -165,8 +168,9 @@ def _matching_flips(
     of flips (``s = +1`` adding an edge, ``-1`` removing it) moves the mean by about
     ``shift = sum(s * mean_grad)`` and the mean squared difference by about ``sum(s *
     squared_grad) + shift ** 2`` (the mean's shift squared, the least the pairs' shifts add:
-    without it one edge carrying the answer looks like a gain). Of the ``2 * n_flips`` flips
-    best alone, each in turn is taken if it lowers the estimate, within ``budget``."""
+    without it one edge carrying the answer looks like a gain). Of the ``n_flips`` removals
+    and the ``n_flips`` additions best alone, each in turn is taken if it lowers the estimate,
+    within ``budget`` (an addition with no room, once more after the others)."""
 
     share = min(1.0, 2.0 / n)
 
@@ -177,16 +181,26 @@ def _matching_flips(
     step = torch.where(kept, -1.0, 1.0)
     lin, shift = step * squared_grad, step * mean_grad
     alone = change(lin, shift)
-    order = torch.argsort(alone)[: 2 * n_flips]
-    order = order[alone[order] < 0]
+    best = []
+    for side in (kept, ~kept):  # the best removals and the best additions
+        on_side = torch.where(side, alone, torch.inf)
+        picked = torch.argsort(on_side)[:n_flips]
+        best.append(picked[on_side[picked] < 0])
+    order = torch.cat(best)
+    order = order[torch.argsort(alone[order])]
+    candidates = list(zip(order.tolist(), step[order].tolist(), lin[order].tolist(),
+                          shift[order].tolist(), strict=True))  # fmt: skip
     taken, linear, moved, size = [], 0.0, 0.0, int(kept.sum())
-    for edge, s, h, g in zip(order.tolist(), step[order].tolist(), lin[order].tolist(),
-                             shift[order].tolist(), strict=True):  # fmt: skip
-        if s > 0 and size >= budget:
-            continue
-        if change(linear + h, moved + g) < change(linear, moved):
-            taken.append(edge)
-            linear, moved, size = linear + h, moved + g, size + int(s)
+    for _ in range(2):  # an addition with no room yet is tried again once removals made some
+        waiting = []
+        for candidate in candidates:
+            edge, s, h, g = candidate
+            if s > 0 and size >= budget:
+                waiting.append(candidate)
+            elif change(linear + h, moved + g) < change(linear, moved):
+                taken.append(edge)
+                linear, moved, size = linear + h, moved + g, size + int(s)
+        candidates = waiting
     new = kept.clone()
     new[taken] = ~new[taken]
     return new

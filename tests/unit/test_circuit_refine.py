@@ -13,7 +13,12 @@ from helpers import random_prompt_pairs, tiny_model
 from mi_core.circuits.evaluate import masked_metrics
 from mi_core.circuits.metrics import logit_difference
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_score
-from mi_core.circuits.refine import circuit_gradient, refine_circuit, refine_mib_circuits
+from mi_core.circuits.refine import (
+    circuit_gradient,
+    held_out_error,
+    refine_circuit,
+    refine_mib_circuits,
+)
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph
 
@@ -45,6 +50,11 @@ def _metric(model, graph, weights, pairs):
 
 def _squared_error(model, graph, weights, pairs, full):
     return float(((_values(model, graph, weights, pairs) - full) ** 2).mean())
+
+
+def _held_out_error(model, graph, weights, pairs, full):
+    difference = _values(model, graph, weights, pairs).double() - full.double()
+    return held_out_error(float(difference.mean()), float((difference**2).mean()), len(pairs))
 
 
 @pytest.mark.parametrize("objective", ["mean", "squared error"])
@@ -82,14 +92,20 @@ def test_refining_for_cpr_raises_the_faithfulness_within_the_budget(setup):
     assert history[-1] == pytest.approx(_metric(model, graph, refined, pairs), abs=1e-5)
 
 
-def test_refining_for_cmd_matches_each_pair_of_the_full_model(setup):
+def test_held_out_error_by_hand():
+    # 8 pairs: a quarter of the variance (squared - bias ** 2 = 3) joins the bias squared
+    assert held_out_error(1.0, 4.0, 8) == pytest.approx(0.75 * 1.0 + 0.25 * 4.0)
+    assert held_out_error(1.0, 4.0, 2) == pytest.approx(4.0)  # two pairs: all of it
+
+
+def test_refining_for_cmd_lowers_the_expected_held_out_error(setup):
     model, pairs, graph, kept = setup
     ends = _baselines(model, graph, pairs)
-    budget = int(kept.sum())
+    budget = int(kept.sum()) + 20  # room to add what the random circuit lacks
     refined, history = refine_circuit(model, graph, kept, pairs, budget, "cmd", rounds=4, **ends)
     assert history[-1] < history[0]
     assert history[-1] == pytest.approx(
-        _squared_error(model, graph, refined, pairs, ends["full"]), abs=1e-5
+        _held_out_error(model, graph, refined, pairs, ends["full"]), abs=1e-5
     )
     # from the whole graph CMD has nothing to gain; CPR goes past the model by dropping edges
     whole = torch.ones(graph.n_edges, dtype=torch.bool)
@@ -183,7 +199,7 @@ def test_cli_evaluates_and_submits_the_circuits_made(tmp_path, capsys, tiny_chec
     assert made["refined", "cpr"][0].faithfulness != made["chosen", "cpr"][0].faithfulness
     full = _values(model, graph, torch.ones(graph.n_edges), find)
     for refined, chosen in zip(made["refined", "cmd"][1], made["chosen", "cmd"][1], strict=True):
-        errors = [_squared_error(model, graph, c.weights, find, full) for c in (refined, chosen)]
+        errors = [_held_out_error(model, graph, c.weights, find, full) for c in (refined, chosen)]
         assert errors[0] <= errors[1] + 1e-6
 
     submit = ["circuit", "submit", "--scores", scores_file, "--task", "ioi", "--model-name",
@@ -222,3 +238,15 @@ def test_a_round_s_flips_keep_the_budget():
     assert _flips(kept, gain, budget=4, n_flips=3).tolist() == [False, True, True, True, True]
     assert _flips(kept, gain, budget=2, n_flips=3).tolist() == [False, True, True, False, False]
     assert _flips(kept, gain, budget=4, n_flips=1).tolist() == [False, True, True, False, False]
+
+
+def test_a_matching_round_passes_over_an_edge_that_carries_the_answer():
+    from mi_core.circuits.refine import _matching_flips
+
+    kept = torch.tensor([True, True, False, False])
+    # removing edge 0 lowers the squared difference to first order (-4) but moves the mean by
+    # -3: 0.75 * 9 + 0.25 * (9 - 4) > 0 once the shift is squared; adding edge 2 helps
+    squared_grad = torch.tensor([4.0, 0.0, -1.0, 0.0])
+    mean_grad = torch.tensor([3.0, 0.0, 0.1, 0.0])
+    new = _matching_flips(kept, squared_grad, mean_grad, bias=0.0, n=8, budget=3, n_flips=2)
+    assert new.tolist() == [True, True, True, False]
