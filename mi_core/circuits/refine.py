@@ -12,11 +12,12 @@ of flips. Targets (:func:`refine_circuit`):
 
 - ``cpr``: the mean metric, moved from the empty circuit's side past the full model's (a
   higher faithfulness: MIB's CPR rewards faithfulness above 1);
-- ``cmd``: the mean squared difference between each pair's metric in the circuit and in the
-  full model, lowered (MIB's CMD is the area of ``|1 - f|``). Matching the mean alone fits the
-  finding pairs' noise: such circuits reach ``f = 1.00`` on the pairs they were made on and
-  stray on others (docs/circuits.md); matching each pair asks the circuit to
-  compute what the model computes.
+- ``cmd``: the expected squared error of the circuit's mean metric on new pairs
+  (:func:`held_out_error`), lowered (MIB's CMD is the area of ``|1 - f|``). Matching the
+  finding pairs' mean alone fits their noise: such circuits reach ``f = 1.00`` there and
+  stray on other pairs; matching each pair alone (the mean squared difference) leaves the mean
+  off (docs/circuits.md). Its flips are estimated with the mean's shift squared, so that an
+  edge carrying the answer is not taken for a gain.
 
 Everything is chosen on the pairs given (the *finding* pairs); judge the circuits on others
 with :func:`~mi_core.circuits.mib.mib_score`.
@@ -45,10 +46,11 @@ from mi_core.models.hook_context import hooked
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
-__all__ = ["REFINE_TARGETS", "circuit_gradient", "refine_circuit", "refine_mib_circuits"]
+__all__ = ["REFINE_TARGETS", "circuit_gradient", "held_out_error", "refine_circuit",
+           "refine_mib_circuits"]  # fmt: skip
 
-#: What a refinement aims at: the highest faithfulness (MIB's CPR) or each pair's metric in
-#: the full model (its CMD).
+#: What a refinement aims at: the highest faithfulness (MIB's CPR) or the full model's mean
+#: metric on new pairs (its CMD).
 REFINE_TARGETS = ("cpr", "cmd")
 
 
@@ -223,7 +225,7 @@ def refine_circuit(
 ) -> tuple[Bool[torch.Tensor, " edge"], list[float]]:
     """``kept`` refined by gradient-guided swaps on ``pairs`` (module docstring), at most
     ``budget`` edges; the refined circuit and its objective after each round (``cpr``: the
-    mean metric; ``cmd``: the mean squared difference from the full model).
+    mean metric; ``cmd``: :func:`held_out_error`).
 
     ``full``: each pair's metric in the full model; ``empty``: the empty circuit's mean
     metric on ``pairs`` (both from :func:`~mi_core.circuits.evaluate.masked_metrics`).
