@@ -10,21 +10,18 @@ import pytest
 import torch
 from helpers import random_prompt_pairs, tiny_model
 
+from mi_core.circuits import circuit_gradient, refine_circuit, refine_mib_circuits
 from mi_core.circuits.evaluate import masked_metrics
 from mi_core.circuits.metrics import logit_difference
 from mi_core.circuits.mib import MIB_PERCENTAGES, mib_score
-from mi_core.circuits.refine import (
-    circuit_gradient,
-    held_out_error,
-    refine_circuit,
-    refine_mib_circuits,
-)
+from mi_core.circuits.refine import held_out_error
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph
 
 
 @pytest.fixture(scope="module")
 def setup():
+    """A tiny GPT-2, random pairs, its graph and a random connected circuit of it."""
     model = tiny_model("gpt2", seed=3)
     pairs = random_prompt_pairs(6, 7, high=90)
     graph = Graph.from_model(model)
