@@ -351,7 +351,7 @@ def run_circuit_evaluate_job(
     pruning sweep's subnetworks (:meth:`~mi_core.circuits.nodes.NodeScores.from_subnetworks`).
     With ``circuits`` chosen or refined, each metric's nine circuits are made on the finding
     pairs (:func:`_mib_circuits_of`) and written to ``out/circuits/<metric>/``."""
-    from mi_core.circuits.mib import mib_score
+    from mi_core.circuits.mib import mib_circuit_files, mib_score
     from mi_core.circuits.nodes import NodeScores, load_scores, scores_at_level
 
     out = Path(config.out)
@@ -368,7 +368,7 @@ def run_circuit_evaluate_job(
     check_replaceable(out, written)
     for target in ("cpr", "cmd"):  # a top-n run removes an earlier run's circuits
         ensure_writable(out / CIRCUITS_DIR / target, "folder")
-        check_replaceable(out / CIRCUITS_DIR / target, _circuit_files())
+        check_replaceable(out / CIRCUITS_DIR / target, mib_circuit_files(".safetensors"))
     model, find, judge, means = _prepare(config)
     graph = Graph.from_model(model)
     if scores is None:
@@ -409,25 +409,18 @@ def run_circuit_evaluate_job(
     for ranking, target in (("signed", "cpr"), ("absolute", "cmd")):
         folder = out / CIRCUITS_DIR / target
         if ranking not in made:  # no earlier run's circuits beside these scores
-            for name in _circuit_files():
+            for name in mib_circuit_files(".safetensors"):
                 (folder / name).unlink(missing_ok=True)
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        for name, circuit in zip(_circuit_files(), made[ranking], strict=False):
+        for name, circuit in zip(mib_circuit_files(".safetensors"), made[ranking], strict=False):
             circuit.save(folder / name)
     write_json(out / MIB_SCORE_FILE, summary)
     return summary
 
 
-def _circuit_files() -> list[str]:
-    """The files of one metric's circuits: one per MIB size below 100 %."""
-    from mi_core.circuits.mib import MIB_PERCENTAGES
-
-    return [f"{pct:g}.safetensors" for pct in MIB_PERCENTAGES if pct < 1]
-
-
 def _mib_circuits_of(
-    model: Any, scores: EdgeScores, find: PromptPairs, config: CircuitEvaluateConfig,
+    model: HookedModel, scores: EdgeScores, find: PromptPairs, config: CircuitEvaluateConfig,
     target: str, means: torch.Tensor | None, progress: bool,
 ) -> list[EdgeMask]:  # fmt: skip
     """MIB's ten circuits for ``target`` (cpr or cmd) made on the finding pairs: the readings

@@ -52,11 +52,18 @@ from mi_core.interventions.edges.graph import top_k_order
 if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
-__all__ = ["MIB_PERCENTAGES", "MIBScore", "mib_areas", "mib_circuits", "mib_score",
-           "select_mib_circuits"]  # fmt: skip
+__all__ = ["MIB_PERCENTAGES", "MIBScore", "mib_areas", "mib_circuit_files", "mib_circuits",
+           "mib_score", "select_mib_circuits"]  # fmt: skip
 
 #: The circuit sizes MIB scores, as fractions of the graph's edges.
 MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def mib_circuit_files(suffix: str) -> list[str]:
+    """The file names of a method's nine circuits, one per MIB size below 100 %
+    (``0.001<suffix>`` ... ``0.5<suffix>``), as MIB's submissions and mi_core's made circuits
+    name them."""
+    return [f"{pct:g}{suffix}" for pct in MIB_PERCENTAGES if pct < 1]
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import torch
 from mi_core.circuits.attribution import EdgeScores
 from mi_core.circuits.config import CircuitSubmitConfig
 from mi_core.circuits.evaluate import mib_scores, to_mib
-from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuits
+from mi_core.circuits.mib import MIB_PERCENTAGES, mib_circuit_files, mib_circuits
 from mi_core.circuits.nodes import NodeScores, load_scores, scores_at_level
 from mi_core.errors import ConfigError
 from mi_core.interventions.edges import EdgeMask, Graph, to_mib_name
@@ -105,8 +105,9 @@ def _given_circuits(folder: str, graph: Graph, ablation: str) -> list[torch.Tens
     what ``circuit evaluate --circuits chosen|refined`` writes), checked against the sizes, the
     graph and the submission's ablation."""
     kept = []
-    for pct in (p for p in MIB_PERCENTAGES if p < 1):
-        path = Path(folder) / f"{pct:g}.safetensors"
+    sizes = [p for p in MIB_PERCENTAGES if p < 1]
+    for pct, name in zip(sizes, mib_circuit_files(".safetensors"), strict=True):
+        path = Path(folder) / name
         if not path.is_file():
             raise ConfigError(
                 f"{folder} has no circuit {path.name}: --circuits takes the folder "
@@ -138,7 +139,7 @@ def run_circuit_submit_job(config: CircuitSubmitConfig) -> dict[str, Any]:
     if config.form == "importances":
         names = [f"importances{suffix}"]
     else:
-        names = [f"{pct:g}{suffix}" for pct in MIB_PERCENTAGES if pct < 1]
+        names = mib_circuit_files(suffix)
     check_replaceable(folder, names)
     graph = scores.graph
     given = None
