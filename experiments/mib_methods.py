@@ -22,11 +22,20 @@ ranking, as MIB reports a method. Methods:
   ``N`` rounds at each size), towards the highest logit difference for CPR and towards the full
   model's for CMD.
 
+``--find N`` takes the first ``N`` pairs to find the circuits (default half of
+``--n-examples``) and judges on the rest: the generated tasks' pairs do not depend on how many
+are asked for, so ``--n-examples 288 --find 32`` judges the same circuits as the default on
+256 held-out pairs, the first 32 of them the default's.
+
 Prints one row per method (CPR, CMD, the faithfulness at 1 / 5 / 10 %, the KL at 5 %, wall
-time) and writes them with every size's numbers to ``OUT/mib_methods.json``::
+time), then each method's 95 % bootstrap intervals over the held-out pairs
+(:meth:`~mi_core.circuits.MIBScore.interval`) and of its difference from EAP-IG's on the same
+resamples (:func:`~mi_core.circuits.mib_difference`), and writes them with every size's numbers
+to ``OUT/mib_methods.json``::
 
     python experiments/mib_methods.py --model smollm2 --n-examples 64 --out runs/mib_methods
     python experiments/mib_methods.py --data mib:arithmetic_addition:generated --out runs/add
+    python experiments/mib_methods.py --n-examples 288 --find 32 --refine-rounds 8 --out runs/256
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import torch
 
 from mi_core.circuits import EdgeScores, Graph, edge_attribution, logit_difference
 from mi_core.circuits.job import load_circuit_pairs
-from mi_core.circuits.mib import MIB_PERCENTAGES, mib_score, select_mib_circuits
+from mi_core.circuits.mib import MIB_PERCENTAGES, mib_difference, mib_score, select_mib_circuits
 from mi_core.circuits.prune import EdgePruneSettings, prune_edges
 from mi_core.circuits.refine import refine_mib_circuits
 from mi_core.interventions.edges import EdgeMask
@@ -50,7 +59,7 @@ from mi_core.models import load_model
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for flag, kind, default in (("--model", str, "smollm2"), ("--data", str, "ioi"),
-                                ("--n-examples", int, 64),
+                                ("--n-examples", int, 64), ("--find", int, 0),
                                 ("--ig-steps", int, 5), ("--batch-size", int, 16),
                                 ("--prune-steps", int, 0), ("--prune-sparsities", str, "0.95"),
                                 ("--refine-rounds", int, 0),
@@ -60,7 +69,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = load_model(args.model)
-    find, held = load_circuit_pairs(model, args.data, args.n_examples).split(0.5)
+    pairs = load_circuit_pairs(model, args.data, args.n_examples)
+    cut = args.find or len(pairs) // 2
+    find, held = pairs.select(slice(0, cut)), pairs.select(slice(cut, None))
     graph = Graph.from_model(model)
     rows, timings, scored = [], {}, {}
     for name, steps in (("eap", 1), ("eap-ig", args.ig_steps)):
@@ -116,6 +127,14 @@ def main() -> None:
         print(f"{name} | {cpr.cpr:.3f} | {cmd.cmd:.3f} | {f_cpr}; {f_cmd} | {kl} | "
               f"{find_s:.0f} (+{judge_s:.0f} judging)")  # fmt: skip
         record[name] = {"cpr": cpr.to_dict(), "cmd": cmd.to_dict(), "find_s": find_s}
+    print("method | CPR [95 %] | CMD [95 %] | CPR - EAP-IG's [95 %] | CMD - EAP-IG's [95 %]")
+    reference = next((cpr, cmd) for name, cpr, cmd, *_ in rows if name == "eap-ig")
+    for name, cpr, cmd, *_ in rows:
+        spans = {"cpr": cpr.interval()["cpr"], "cmd": cmd.interval()["cmd"],
+                 "cpr_vs_eap_ig": mib_difference(cpr, reference[0])["cpr"],
+                 "cmd_vs_eap_ig": mib_difference(cmd, reference[1])["cmd"]}  # fmt: skip
+        print(f"{name} | " + " | ".join(f"[{lo:.3f}, {hi:.3f}]" for lo, hi in spans.values()))
+        record[name]["intervals"] = spans
     write_json(args.out / "mib_methods.json", record)
 
 

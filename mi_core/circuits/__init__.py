@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         MIBScore,
         mib_areas,
         mib_circuits,
+        mib_difference,
         mib_score,
         select_mib_circuits,
     )
@@ -73,6 +74,7 @@ _NAMES = {
     "MIBScore": "mi_core.circuits.mib",
     "mib_areas": "mi_core.circuits.mib",
     "mib_circuits": "mi_core.circuits.mib",
+    "mib_difference": "mi_core.circuits.mib",
     "mib_score": "mi_core.circuits.mib",
     "select_mib_circuits": "mi_core.circuits.mib",
     "circuit_gradient": "mi_core.circuits.refine",
@@ -143,6 +145,7 @@ __all__ = [
     "MIBScore",
     "mib_areas",
     "mib_circuits",
+    "mib_difference",
     "mib_score",
     "select_mib_circuits",
     "circuit_gradient",

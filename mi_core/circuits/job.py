@@ -345,7 +345,9 @@ def run_circuit_evaluate_job(
 ) -> dict[str, Any]:
     """MIB's CPR and CMD of the scores ``config.scores`` at ``config.level`` on the held-out
     pairs (the finding part left out, as the job that scored them held it out), written to
-    ``out/mib_score.json``: each ranking's ten faithfulnesses, kept edges and KLs. At the node
+    ``out/mib_score.json``: each ranking's ten faithfulnesses, kept edges, KLs and per-pair
+    metrics, and 95 % bootstrap intervals of CPR and CMD over the held-out pairs
+    (:meth:`~mi_core.circuits.mib.MIBScore.interval`). At the node
     level the node scores ranked are written too (``node_scores.safetensors``, what ``mi-core
     circuit submit --level node`` reads): an attribution's edge scores summed per node, or a
     pruning sweep's subnetworks (:meth:`~mi_core.circuits.nodes.NodeScores.from_subnetworks`).
@@ -383,13 +385,14 @@ def run_circuit_evaluate_job(
         assert isinstance(scores, EdgeScores)  # validate: level edge
         made = {ranking: _mib_circuits_of(model, scores, find, config, target, means, progress)
                 for ranking, target in (("signed", "cpr"), ("absolute", "cmd"))}  # fmt: skip
-    results = {
+    judged = {
         ranking: mib_score(model, made.get(ranking, scores), judge, level=config.level,
                            absolute=ranking == "absolute", fill=config.fill, means=means,
                            metric=get_metric(config.metric), batch_size=config.batch_size,
-                           progress=progress).to_dict()
+                           progress=progress)
         for ranking in rankings
     }  # fmt: skip
+    results = {ranking: score.to_dict() for ranking, score in judged.items()}
     cpr_from, cmd_from = ("signed", "absolute") if config.ranking == "mib" else rankings * 2
     summary = {
         "config": config.to_dict(),
@@ -400,6 +403,11 @@ def run_circuit_evaluate_job(
         "n_held_out": len(judge),
         "cpr": results[cpr_from]["cpr"],
         "cmd": results[cmd_from]["cmd"],
+        "interval": {  # how far another draw of as many held-out pairs could move them
+            "confidence": 0.95,
+            "cpr": judged[cpr_from].interval(0.95)["cpr"],
+            "cmd": judged[cmd_from].interval(0.95)["cmd"],
+        },
         "rankings": results,
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 from mi_core.circuits.attribution import EdgeScores
 from mi_core.circuits.evaluate import masked_metrics, mib_scores
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from mi_core.models.types import HookedModel
 
 __all__ = ["MIB_PERCENTAGES", "MIBScore", "mib_areas", "mib_circuit_files", "mib_circuits",
-           "mib_score", "select_mib_circuits"]  # fmt: skip
+           "mib_difference", "mib_score", "select_mib_circuits"]  # fmt: skip
 
 #: The circuit sizes MIB scores, as fractions of the graph's edges.
 MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -94,9 +94,83 @@ class MIBScore:
     level: str = "edge"
     """What was ranked: ``edge``, ``node`` or ``neuron`` (the percentages are of the scored
     nodes, or output dimensions; :attr:`n_edges` then counts the kept dimensions)."""
+    pair_values: list[list[float]] = field(default_factory=list)
+    """Each circuit's metric on each pair (``[size][pair]``), what :meth:`interval` resamples."""
+    full_values: list[float] = field(default_factory=list)
+    """The full model's metric on each pair."""
+    empty_values: list[float] = field(default_factory=list)
+    """The empty circuit's metric on each pair."""
+    log_scale: bool = False
+    """Whether the areas are over the percentages' logarithms."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def interval(
+        self, confidence: float = 0.95, resamples: int = 1000, seed: int = 0
+    ) -> dict[str, tuple[float, float]]:
+        """Percentile bootstrap intervals of CPR and CMD over the judged pairs: each resample
+        draws the pairs with replacement and recomputes the full model's, the empty circuit's
+        and every circuit's mean, the faithfulness and the two areas (no forward pass). How far
+        another set of as many pairs could move the scores."""
+        return _intervals(_resampled_areas(self, _resample(self, resamples, seed)), confidence)
+
+
+def mib_difference(
+    a: MIBScore, b: MIBScore, confidence: float = 0.95, resamples: int = 1000, seed: int = 0
+) -> dict[str, tuple[float, float]]:
+    """Paired percentile bootstrap intervals of ``a.cpr - b.cpr`` and ``a.cmd - b.cmd``: two
+    methods judged on the same pairs, the same pairs drawn for both in each resample (a
+    difference whose interval excludes 0 is not one set of pairs' luck). Raises
+    :class:`ConfigError` when the scores were not computed on the same pairs."""
+    if a.full_values != b.full_values or a.empty_values != b.empty_values:
+        raise ConfigError(
+            "the two scores were judged on different pairs (their full model's or empty "
+            "circuit's per-pair metrics differ); a paired difference needs the same pairs"
+        )
+    index = _resample(a, resamples, seed)
+    cpr_a, cmd_a = _resampled_areas(a, index)
+    cpr_b, cmd_b = _resampled_areas(b, index)
+    return _intervals((cpr_a - cpr_b, cmd_a - cmd_b), confidence)
+
+
+def _resample(score: MIBScore, resamples: int, seed: int) -> torch.Tensor:
+    """``[resamples, n_pairs]`` indices of pairs drawn with replacement."""
+    n = len(score.full_values)
+    if not n or len(score.pair_values) != len(score.percentages):
+        raise ConfigError("this MIBScore has no per-pair values to resample (mib_score makes them)")
+    if resamples < 1:
+        raise ConfigError(f"resamples must be at least 1, not {resamples}")
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(n, (resamples, n), generator=generator)
+
+
+def _resampled_areas(
+    score: MIBScore, index: Int[torch.Tensor, "resample pair"]
+) -> tuple[Float[torch.Tensor, " resample"], Float[torch.Tensor, " resample"]]:
+    """CPR and CMD of ``score`` on each row of ``index``'s pairs (the areas of
+    :func:`mib_areas`, vectorised over the resamples)."""
+    values = torch.tensor(score.pair_values, dtype=torch.float64)[:, index].mean(-1)
+    full = torch.tensor(score.full_values, dtype=torch.float64)[index].mean(-1)
+    empty = torch.tensor(score.empty_values, dtype=torch.float64)[index].mean(-1)
+    faithfulness = (values - empty) / (full - empty)  # [size, resample]
+    xs = [math.log(p) for p in score.percentages] if score.log_scale else score.percentages
+    widths = torch.tensor(xs, dtype=torch.float64).diff()[:, None]
+    gap = (1 - faithfulness).abs()
+    cpr = (widths * (faithfulness[1:] + faithfulness[:-1]) / 2).sum(0)
+    cmd = (widths * (gap[1:] + gap[:-1]) / 2).sum(0)
+    return cpr, cmd
+
+
+def _intervals(
+    areas: tuple[torch.Tensor, torch.Tensor], confidence: float
+) -> dict[str, tuple[float, float]]:
+    """The central ``confidence`` percentile interval of each of (CPR, CMD)'s resamples."""
+    if not 0 < confidence < 1:
+        raise ConfigError(f"confidence must be between 0 and 1, not {confidence}")
+    tails = torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=torch.float64)
+    bounds = [torch.quantile(values, tails).tolist() for values in areas]
+    return {name: (lo, hi) for name, (lo, hi) in zip(("cpr", "cmd"), bounds, strict=True)}
 
 
 def mib_areas(
@@ -180,41 +254,39 @@ def mib_score(
             )
         graph = circuits[0].graph
         kept = [graph.connected(c.weights > 0.5) for c in circuits]
-    full, empty, faithfulness, kls = _faithfulness(
-        model, graph, kept, pairs, fill, means, metric, batch_size, progress
-    )
+    masks = _masks(graph, kept, fill, means)
+    results, full_values = masked_metrics(model, masks, pairs, metric, batch_size, progress)
+    full, empty, faithfulness = _means(results, full_values)
     sizes = [int(circuit.sum()) for circuit in kept]
     cpr, cmd = mib_areas(faithfulness, MIB_PERCENTAGES, log_scale)
-    return MIBScore(cpr, cmd, faithfulness, sizes, kls, MIB_PERCENTAGES, full, empty, absolute,
-                    level)  # fmt: skip
+    return MIBScore(cpr, cmd, faithfulness, sizes, [kl for _, kl in results[1:]],
+                    MIB_PERCENTAGES, full, empty, absolute, level,
+                    [v.tolist() for v, _ in results[1:]], full_values.tolist(),
+                    results[0][0].tolist(), log_scale)  # fmt: skip
 
 
-def _faithfulness(
-    model: HookedModel,
-    graph: Graph,
-    kept: Sequence[torch.Tensor],
-    pairs: PromptPairs,
-    fill: str,
-    means: torch.Tensor | None,
-    metric: Metric,
-    batch_size: int,
-    progress: bool,
-) -> tuple[float, float, list[float], list[float]]:
-    """The full model's and the empty circuit's mean metric on ``pairs``, and each kept-edge
-    set's faithfulness and KL: every circuit on each batch in turn (one full run and one
-    corrupted recording a batch, :func:`masked_metrics`)."""
-    if kept and kept[0].ndim == 2:  # output dimensions: MIB's neuron level
+def _masks(
+    graph: Graph, kept: Sequence[torch.Tensor], fill: str, means: torch.Tensor | None
+) -> list[Any]:
+    """The empty circuit's mask, then each kept set's (edges, or output dimensions: MIB's
+    neuron level), as :func:`masked_metrics` takes them."""
+    if kept and kept[0].ndim == 2:
         empty = torch.zeros(graph.n_senders, graph.d_model)
         masks: list[Any] = [OutputMask(graph, empty, fill, means=means)]
-        masks += [OutputMask(graph, circuit.float(), fill, means=means) for circuit in kept]
-    else:
-        masks = [EdgeMask.empty(graph, fill, means=means)]
-        masks += [EdgeMask(graph, circuit.float(), fill, means=means) for circuit in kept]
-    results, full_values = masked_metrics(model, masks, pairs, metric, batch_size, progress)
+        return masks + [OutputMask(graph, circuit.float(), fill, means=means) for circuit in kept]
+    masks = [EdgeMask.empty(graph, fill, means=means)]
+    return masks + [EdgeMask(graph, circuit.float(), fill, means=means) for circuit in kept]
+
+
+def _means(
+    results: list[tuple[torch.Tensor, float]], full_values: torch.Tensor
+) -> tuple[float, float, list[float]]:
+    """The full model's and the empty circuit's (``results[0]``) mean metric, and each other
+    mask's faithfulness."""
     full, empty = float(full_values.mean()), float(results[0][0].mean())
     span = full - empty
     faithfulness = [(float(v.mean()) - empty) / span if span else math.nan for v, _ in results[1:]]
-    return full, empty, faithfulness, [kl for _, kl in results[1:]]
+    return full, empty, faithfulness
 
 
 #: Shares of a selected circuit's budget filled by ``|score|`` (the rest by signed score):
@@ -254,9 +326,9 @@ def select_mib_circuits(
         for options, a, s in zip(candidates, by_abs, by_sign, strict=True):
             options.append(graph.connected(a | s))
     flat = [kept for options in candidates for kept in options]
-    _, _, values_of_all, _ = _faithfulness(
-        model, graph, flat, pairs, fill, means, metric, batch_size, progress
-    )
+    masks = _masks(graph, flat, fill, means)
+    results, full_values = masked_metrics(model, masks, pairs, metric, batch_size, progress)
+    _, _, values_of_all = _means(results, full_values)
     faithfulness = iter(values_of_all)
     chosen = []
     for options in candidates:

@@ -212,12 +212,13 @@ def run_evaluate(args: argparse.Namespace) -> None:
     if config.circuits != "top-n":  # one set of circuits per metric, made on the finding pairs
         ranks = tuple(f"{config.circuits} for {m}, circuits in {config.out}/circuits/{m}"
                       for m in ("cpr", "cmd"))  # fmt: skip
+    (cpr_lo, cpr_hi), (cmd_lo, cmd_hi) = summary["interval"]["cpr"], summary["interval"]["cmd"]
     print(
         f"{summary['graph']}, {summary['method']} scores at the {summary['level']} level on "
         f"{summary['n_held_out']} held-out pairs: MIB CPR {summary['cpr']:.3f} ({ranks[0]} "
         f"ranking; higher is better), CMD {summary['cmd']:.3f} ({ranks[1]} ranking; lower is "
-        "better) -> "
-        f"{config.out}/{MIB_SCORE_FILE}"
+        f"better); 95 % bootstrap intervals over the pairs CPR {cpr_lo:.3f}-{cpr_hi:.3f}, CMD "
+        f"{cmd_lo:.3f}-{cmd_hi:.3f} -> {config.out}/{MIB_SCORE_FILE}"
     )
 
 

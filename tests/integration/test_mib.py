@@ -15,8 +15,11 @@ from mi_core.circuits import EdgeScores
 from mi_core.circuits.evaluate import mib_scores
 from mi_core.circuits.mib import (
     MIB_PERCENTAGES,
+    MIBScore,
+    _resampled_areas,
     mib_areas,
     mib_circuits,
+    mib_difference,
     mib_score,
     select_mib_circuits,
 )
@@ -82,6 +85,43 @@ def test_mib_areas_by_hand_and_circuits_given():
     assert to_mib_name(graph.edge_names[0]).startswith("input->")
 
 
+@pytest.mark.parametrize("log_scale", [False, True])
+def test_intervals_resample_the_judged_pairs(log_scale):
+    """A resample's areas are mib_score's on those pairs (a forward on them); the interval of a
+    set of one pair repeated has no width; a paired difference needs the same pairs."""
+    model = tiny_model("gpt2", seed=3)
+    pairs = random_prompt_pairs(12, 7, high=90)
+    graph = Graph.from_model(model)
+    generator = torch.Generator().manual_seed(5)
+    scores = EdgeScores(graph, torch.randn(graph.n_edges, generator=generator), "eap", 12)
+    score = mib_score(model, scores, pairs, batch_size=6, log_scale=log_scale)
+    assert len(score.pair_values) == len(MIB_PERCENTAGES) and len(score.full_values) == 12
+    everyone = torch.arange(12)[None]
+    cpr, cmd = _resampled_areas(score, everyone)
+    assert (float(cpr), float(cmd)) == pytest.approx((score.cpr, score.cmd), abs=1e-9)
+    drawn = torch.tensor([3, 3, 0, 7, 11, 11, 11, 5, 2, 9, 9, 1])
+    cpr, cmd = _resampled_areas(score, drawn[None])
+    again = mib_score(model, scores, pairs.select(drawn), batch_size=4, log_scale=log_scale)
+    assert (float(cpr), float(cmd)) == pytest.approx((again.cpr, again.cmd), abs=1e-5)
+    wide, narrow = score.interval(0.95, resamples=400), score.interval(0.5, resamples=400)
+    for name, point in (("cpr", score.cpr), ("cmd", score.cmd)):
+        assert wide[name][0] < narrow[name][0] <= point <= narrow[name][1] < wide[name][1]
+    one = mib_score(model, scores, pairs.select(torch.ones(6, dtype=torch.long)), batch_size=6,
+                    log_scale=log_scale)  # fmt: skip
+    assert one.interval()["cmd"] == pytest.approx((one.cmd, one.cmd), abs=1e-9)
+    signed = mib_score(model, scores, pairs, absolute=False, batch_size=6, log_scale=log_scale)
+    assert mib_difference(score, score)["cpr"] == (0.0, 0.0)
+    lo, hi = mib_difference(signed, score)["cpr"]
+    assert lo <= signed.cpr - score.cpr <= hi and lo < hi
+    with pytest.raises(ConfigError, match="judged on different pairs"):
+        mib_difference(score, one)
+    bare = MIBScore(**{**score.to_dict(), "pair_values": [], "full_values": []})
+    with pytest.raises(ConfigError, match="no per-pair values"):
+        bare.interval()
+    with pytest.raises(ConfigError, match="confidence must be between 0 and 1"):
+        score.interval(1.0)
+
+
 def test_cli_circuit_evaluate_scores_as_mib(tmp_path, capsys, tiny_checkpoints):
     from mi_core.circuits.job import load_circuit_pairs
     from mi_core.cli import main
@@ -108,6 +148,9 @@ def test_cli_circuit_evaluate_scores_as_mib(tmp_path, capsys, tiny_checkpoints):
     assert summary["cpr"] == pytest.approx(signed.cpr, abs=1e-9)
     assert summary["rankings"]["signed"]["faithfulness"] == pytest.approx(signed.faithfulness)
     assert summary["cmd"] == summary["rankings"]["absolute"]["cmd"]
+    low, high = summary["interval"]["cpr"]  # the signed ranking's pairs resampled
+    assert (low, high) == pytest.approx(signed.interval()["cpr"], abs=1e-9) and low < high
+    assert f"intervals over the pairs CPR {low:.3f}-{high:.3f}" in printed
     # scores of another graph (two layers, not three): one line, exit 2
     other = Graph(2, scores.graph.n_heads, scores.graph.d_model)
     EdgeScores(other, torch.zeros(other.n_edges), "eap", 8).save(tmp_path / "other.safetensors")
