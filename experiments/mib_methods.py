@@ -25,7 +25,9 @@ ranking, as MIB reports a method. Methods:
 ``--find N`` takes the first ``N`` pairs to find the circuits (default half of
 ``--n-examples``) and judges on the rest: the generated tasks' pairs do not depend on how many
 are asked for, so ``--n-examples 288 --find 32`` judges the same circuits as the default on
-256 held-out pairs, the first 32 of them the default's.
+256 held-out pairs, the first 32 of them the default's. ``--scored`` names the score methods
+judged (EAP-IG's always is: the others' difference is from it) and ``--targets`` the metrics
+(``cmd`` alone skips the CPR circuits' choosing and refining).
 
 Prints one row per method (CPR, CMD, the faithfulness at 1 / 5 / 10 %, the KL at 5 %, wall
 time), then each method's 95 % bootstrap intervals over the held-out pairs
@@ -61,11 +63,14 @@ def main() -> None:
     for flag, kind, default in (("--model", str, "smollm2"), ("--data", str, "ioi"),
                                 ("--n-examples", int, 64), ("--find", int, 0),
                                 ("--ig-steps", int, 5), ("--batch-size", int, 16),
+                                ("--scored", str, "eap,eap-ig,ensemble"),
+                                ("--targets", str, "cpr,cmd"),
                                 ("--prune-steps", int, 0), ("--prune-sparsities", str, "0.95"),
                                 ("--refine-rounds", int, 0),
                                 ("--out", Path, None)):  # fmt: skip
         parser.add_argument(flag, type=kind, default=default, required=default is None)
     args = parser.parse_args()
+    targets = [t for t in ("cpr", "cmd") if t in args.targets.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = load_model(args.model)
@@ -80,28 +85,29 @@ def main() -> None:
         timings[name] = time.perf_counter() - start
         scored[name] = EdgeScores(graph, values, name, len(find))
     ensemble = sum(s.scores / s.scores.abs().max() for s in scored.values())
-    scored["ensemble"] = EdgeScores(graph, ensemble, "eap-ig", len(find))
+    scored["ensemble"] = EdgeScores(graph, ensemble, "eap-ig", len(find))  # type: ignore[arg-type]
     timings["ensemble"] = timings["eap"] + timings["eap-ig"]
-    for name, scores in scored.items():
+    judged = ["eap-ig", *(n for n in scored if n != "eap-ig" and n in args.scored.split(","))]
+    for name in judged:
         start = time.perf_counter()
-        cpr = mib_score(model, scores, held, absolute=False, batch_size=args.batch_size)
-        cmd = mib_score(model, scores, held, absolute=True, batch_size=args.batch_size)
-        rows.append((name, cpr, cmd, timings[name], time.perf_counter() - start))
+        row = {t: mib_score(model, scored[name], held, absolute=t == "cmd",
+                            batch_size=args.batch_size) for t in targets}  # fmt: skip
+        rows.append((name, row, timings[name], time.perf_counter() - start))
     start = time.perf_counter()
-    chosen, selected = {}, {}
-    for target in ("cpr", "cmd"):  # chosen on the finding pairs, judged on the held-out ones
-        circuits = select_mib_circuits(model, scored["eap-ig"], find, target,
-                                       batch_size=args.batch_size)  # fmt: skip
-        chosen[target] = mib_score(model, circuits, held, batch_size=args.batch_size)
-        selected[target] = circuits
+    selected = {
+        target: select_mib_circuits(
+            model, scored["eap-ig"], find, target, batch_size=args.batch_size
+        )
+        for target in targets
+    }  # chosen on the finding pairs, judged on the held-out
     took = time.perf_counter() - start
-    rows.append(("chosen", chosen["cpr"], chosen["cmd"], timings["eap-ig"] + took, 0.0))
+    rows.append(("chosen", _judge(model, selected, held, args), timings["eap-ig"] + took, 0.0))
     if args.refine_rounds:
         start = time.perf_counter()
         refined = {target: refine_mib_circuits(model, selected[target], find, target,
                                                rounds=args.refine_rounds,
                                                batch_size=args.batch_size, progress=True)
-                   for target in ("cpr", "cmd")}  # fmt: skip
+                   for target in targets}  # fmt: skip
         spent = time.perf_counter() - start
         for target, circuits in refined.items():  # how far the finding pairs' numbers carry
             on_find = mib_score(model, circuits, find, batch_size=args.batch_size)
@@ -109,30 +115,44 @@ def main() -> None:
                 f"refined for {target} on the finding pairs: CPR {on_find.cpr:.3f}, CMD "
                 f"{on_find.cmd:.3f}, f {[round(f, 2) for f in on_find.faithfulness]}"
             )
-        rows.append(("refined", mib_score(model, refined["cpr"], held, batch_size=args.batch_size),
-                     mib_score(model, refined["cmd"], held, batch_size=args.batch_size),
+        rows.append(("refined", _judge(model, refined, held, args),
                      timings["eap-ig"] + took + spent, 0.0))  # fmt: skip
     if args.prune_steps:
         rows.append(_warm_pruned(model, graph, find, held, scored["eap-ig"], args, selected))
-        rows[-1] = (*rows[-1][:3], timings["eap-ig"] + took + rows[-1][3], 0.0)
-    print(f"{args.model}: {len(find)} finding / {len(held)} held-out {args.data} pairs; full "
-          f"{rows[0][1].full:.3f}, empty {rows[0][1].empty:.3f}")  # fmt: skip
+        rows[-1] = (*rows[-1][:2], timings["eap-ig"] + took + rows[-1][2], 0.0)
+    _report(rows, targets, args, len(find), len(held))
+
+
+def _judge(model, circuits, held, args):
+    """Each target's circuits scored on the held-out pairs."""
+    return {t: mib_score(model, c, held, batch_size=args.batch_size) for t, c in circuits.items()}
+
+
+def _report(rows, targets, args, n_find, n_held):
+    """The table, the intervals against EAP-IG's, and ``OUT/mib_methods.json``."""
+    first = rows[0][1][targets[0]]
+    print(f"{args.model}: {n_find} finding / {n_held} held-out {args.data} pairs; full "
+          f"{first.full:.3f}, empty {first.empty:.3f}")  # fmt: skip
     print("method | CPR | CMD | f at 1 / 5 / 10 % (CPR; CMD) | KL at 5 % (CPR; CMD) | time s")
     at = [MIB_PERCENTAGES.index(p) for p in (0.01, 0.05, 0.1)]
     record = {}
-    for name, cpr, cmd, find_s, judge_s in rows:
-        f_cpr = " / ".join(f"{cpr.faithfulness[i]:.2f}" for i in at)
-        f_cmd = " / ".join(f"{cmd.faithfulness[i]:.2f}" for i in at)
-        kl = f"{cpr.kl[at[1]]:.2f}; {cmd.kl[at[1]]:.2f}"
-        print(f"{name} | {cpr.cpr:.3f} | {cmd.cmd:.3f} | {f_cpr}; {f_cmd} | {kl} | "
+    for name, row, find_s, judge_s in rows:
+        cells = [f"{row[t].cpr if t == 'cpr' else row[t].cmd:.3f}" if t in row else "-"
+                 for t in ("cpr", "cmd")]  # fmt: skip
+        curve = "; ".join(" / ".join(f"{row[t].faithfulness[i]:.2f}" for i in at)
+                          for t in targets)  # fmt: skip
+        kl = "; ".join(f"{row[t].kl[at[1]]:.2f}" for t in targets)
+        print(f"{name} | {' | '.join(cells)} | {curve} | {kl} | "
               f"{find_s:.0f} (+{judge_s:.0f} judging)")  # fmt: skip
-        record[name] = {"cpr": cpr.to_dict(), "cmd": cmd.to_dict(), "find_s": find_s}
-    print("method | CPR [95 %] | CMD [95 %] | CPR - EAP-IG's [95 %] | CMD - EAP-IG's [95 %]")
-    reference = next((cpr, cmd) for name, cpr, cmd, *_ in rows if name == "eap-ig")
-    for name, cpr, cmd, *_ in rows:
-        spans = {"cpr": cpr.interval()["cpr"], "cmd": cmd.interval()["cmd"],
-                 "cpr_vs_eap_ig": mib_difference(cpr, reference[0])["cpr"],
-                 "cmd_vs_eap_ig": mib_difference(cmd, reference[1])["cmd"]}  # fmt: skip
+        record[name] = {**{t: row[t].to_dict() for t in targets}, "find_s": find_s}
+    print("method | " + " | ".join(f"{t.upper()} [95 %] | {t.upper()} - EAP-IG's [95 %]"
+                                   for t in targets))  # fmt: skip
+    reference = next(row for name, row, *_ in rows if name == "eap-ig")
+    for name, row, *_ in rows:
+        spans = {}
+        for t in targets:
+            spans[t] = row[t].interval()[t]
+            spans[f"{t}_vs_eap_ig"] = mib_difference(row[t], reference[t])[t]
         print(f"{name} | " + " | ".join(f"[{lo:.3f}, {hi:.3f}]" for lo, hi in spans.values()))
         record[name]["intervals"] = spans
     write_json(args.out / "mib_methods.json", record)
@@ -144,7 +164,7 @@ def _warm_pruned(model, graph, find, held, eap_ig, args, selected):
     start = time.perf_counter()
     path = args.out / "eap-ig.safetensors"
     eap_ig.save(path)
-    circuits = {target: list(selected[target]) for target in ("cpr", "cmd")}
+    circuits = {target: list(circuits) for target, circuits in selected.items()}
     for sparsity in (float(s) for s in args.prune_sparsities.split(",")):
         settings = EdgePruneSettings(sparsity=sparsity, steps=args.prune_steps,
                                      sparsity_warmup_steps=0, batch_size=args.batch_size,
@@ -158,9 +178,7 @@ def _warm_pruned(model, graph, find, held, eap_ig, args, selected):
         print(f"warm-pruned at {1 - sparsity:g}: {int(kept.sum())} edges for MIB size "
               f"{MIB_PERCENTAGES[size]:g}")  # fmt: skip
     took = time.perf_counter() - start
-    cpr = mib_score(model, circuits["cpr"], held, batch_size=args.batch_size)
-    cmd = mib_score(model, circuits["cmd"], held, batch_size=args.batch_size)
-    return "warm-pruned", cpr, cmd, took
+    return "warm-pruned", _judge(model, circuits, held, args), took
 
 
 if __name__ == "__main__":
