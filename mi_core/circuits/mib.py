@@ -122,12 +122,15 @@ def mib_difference(
     """Paired percentile bootstrap intervals of ``a.cpr - b.cpr`` and ``a.cmd - b.cmd``: two
     methods judged on the same pairs, the same pairs drawn for both in each resample (a
     difference whose interval excludes 0 is not one set of pairs' luck). Raises
-    :class:`ConfigError` when the scores were not computed on the same pairs."""
+    :class:`ConfigError` when the scores were not computed on the same pairs, or their areas
+    on different axes."""
     if a.full_values != b.full_values or a.empty_values != b.empty_values:
         raise ConfigError(
             "the two scores were judged on different pairs (their full model's or empty "
             "circuit's per-pair metrics differ); a paired difference needs the same pairs"
         )
+    if a.log_scale != b.log_scale or a.percentages != b.percentages:
+        raise ConfigError("the two scores' areas are over different axes (log_scale differs)")
     index = _resample(a, resamples, seed)
     cpr_a, cmd_a = _resampled_areas(a, index)
     cpr_b, cmd_b = _resampled_areas(b, index)

@@ -115,6 +115,8 @@ def test_intervals_resample_the_judged_pairs(log_scale):
     assert lo <= signed.cpr - score.cpr <= hi and lo < hi
     with pytest.raises(ConfigError, match="judged on different pairs"):
         mib_difference(score, one)
+    with pytest.raises(ConfigError, match="over different axes"):
+        mib_difference(score, MIBScore(**{**score.to_dict(), "log_scale": not log_scale}))
     bare = MIBScore(**{**score.to_dict(), "pair_values": [], "full_values": []})
     with pytest.raises(ConfigError, match="no per-pair values"):
         bare.interval()
