@@ -157,8 +157,17 @@ def _resampled_areas(
     full = torch.tensor(score.full_values, dtype=torch.float64)[index].mean(-1)
     empty = torch.tensor(score.empty_values, dtype=torch.float64)[index].mean(-1)
     faithfulness = (values - empty) / (full - empty)  # [size, resample]
-    xs = [math.log(p) for p in score.percentages] if score.log_scale else score.percentages
-    widths = torch.tensor(xs, dtype=torch.float64).diff()[:, None]
+    return _trapezoids(faithfulness, score.percentages, score.log_scale)
+
+
+def _trapezoids(
+    faithfulness: Float[torch.Tensor, "size ..."], percentages: Sequence[float], log_scale: bool
+) -> tuple[Float[torch.Tensor, "..."], Float[torch.Tensor, "..."]]:
+    """The trapezoid areas of ``f`` and of ``|1 - f|`` over ``percentages`` (their logarithms
+    with ``log_scale``), for every column of ``faithfulness``: MIB's evaluator's sums."""
+    xs = [math.log(p) for p in percentages] if log_scale else list(percentages)
+    widths = torch.tensor(xs, dtype=torch.float64).diff()
+    widths = widths.reshape(-1, *[1] * (faithfulness.ndim - 1))
     gap = (1 - faithfulness).abs()
     cpr = (widths * (faithfulness[1:] + faithfulness[:-1]) / 2).sum(0)
     cmd = (widths * (gap[1:] + gap[:-1]) / 2).sum(0)
@@ -185,13 +194,9 @@ def mib_areas(
     (``log_scale``: over their logarithms), as its evaluator sums them."""
     if len(faithfulness) != len(percentages):
         raise ConfigError(f"{len(faithfulness)} faithfulness values for {len(percentages)} sizes")
-    xs = [math.log(p) for p in percentages] if log_scale else list(percentages)
-    cpr = cmd = 0.0
-    for i in range(len(xs) - 1):
-        width = xs[i + 1] - xs[i]
-        cpr += width * (faithfulness[i] + faithfulness[i + 1]) / 2
-        cmd += width * (abs(1.0 - faithfulness[i]) + abs(1.0 - faithfulness[i + 1])) / 2
-    return cpr, cmd
+    values = torch.tensor(list(faithfulness), dtype=torch.float64)
+    cpr, cmd = _trapezoids(values, percentages, log_scale)
+    return float(cpr), float(cmd)
 
 
 def mib_circuits(
@@ -264,8 +269,9 @@ def mib_score(
     cpr, cmd = mib_areas(faithfulness, MIB_PERCENTAGES, log_scale)
     return MIBScore(cpr, cmd, faithfulness, sizes, [kl for _, kl in results[1:]],
                     MIB_PERCENTAGES, full, empty, absolute, level,
-                    [v.tolist() for v, _ in results[1:]], full_values.tolist(),
-                    results[0][0].tolist(), log_scale)  # fmt: skip
+                    pair_values=[v.tolist() for v, _ in results[1:]],
+                    full_values=full_values.tolist(), empty_values=results[0][0].tolist(),
+                    log_scale=log_scale)  # fmt: skip
 
 
 def _masks(
