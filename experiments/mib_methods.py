@@ -84,8 +84,8 @@ def main() -> None:
         values = edge_attribution(model, graph, find, logit_difference, steps=steps)
         timings[name] = time.perf_counter() - start
         scored[name] = EdgeScores(graph, values, name, len(find))
-    ensemble = sum(s.scores / s.scores.abs().max() for s in scored.values())
-    scored["ensemble"] = EdgeScores(graph, ensemble, "eap-ig", len(find))  # type: ignore[arg-type]
+    ensemble = torch.stack([s.scores / s.scores.abs().max() for s in scored.values()]).sum(0)
+    scored["ensemble"] = EdgeScores(graph, ensemble, "eap-ig", len(find))
     timings["ensemble"] = timings["eap"] + timings["eap-ig"]
     judged = ["eap-ig", *(n for n in scored if n != "eap-ig" and n in args.scored.split(","))]
     for name in judged:
